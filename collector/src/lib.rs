@@ -1,0 +1,1 @@
+//! stallwatch collector (filled by its issue).

@@ -1,0 +1,1 @@
+//! stallwatch dashboards (filled by its issue).

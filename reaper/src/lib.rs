@@ -1,0 +1,1 @@
+//! stallwatch reaper (filled by its issue).

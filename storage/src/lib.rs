@@ -1,0 +1,29 @@
+//! stallwatch storage: the record model and the only crate that knows SQL.
+//!
+//! One SQLite file (WAL). Telemetry (spans, logs, metric points) goes through one writer
+//! thread that group-commits many export requests per transaction with
+//! `synchronous=NORMAL`; an export is acknowledged only after its commit. Control records
+//! (incidents, runners, the action ledger, the checkpoint journal, the webhook outbox, the
+//! open-span ledger) go through [`Storage::control`] on their own connection with
+//! `synchronous=FULL`. Reads use a small pool of read-only connections.
+//!
+//! Each domain keeps its tables and queries in its own module (`incidents.rs`,
+//! `ledger.rs`, `runners.rs`, `checkpoints.rs`, `outbox.rs`, `telemetry/`); `schema.rs`
+//! assembles their DDL into numbered migrations (`PRAGMA user_version`).
+
+pub mod checkpoints;
+pub mod config;
+mod db;
+pub mod error;
+pub mod incidents;
+pub mod ledger;
+pub mod model;
+pub mod outbox;
+pub mod runners;
+mod schema;
+pub mod telemetry;
+
+pub use config::{StorageConfig, Synchronous};
+pub use db::Storage;
+pub use error::{StorageError, WriteError};
+pub use schema::SCHEMA_VERSION;

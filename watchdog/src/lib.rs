@@ -1,0 +1,1 @@
+//! stallwatch watchdog (filled by its issue).
