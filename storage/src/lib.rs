@@ -13,8 +13,10 @@
 
 pub mod checkpoints;
 pub mod config;
+pub mod control;
 mod db;
 pub mod error;
+pub mod events;
 pub mod incidents;
 pub mod ledger;
 pub mod model;
@@ -26,4 +28,13 @@ pub mod telemetry;
 pub use config::{StorageConfig, Synchronous};
 pub use db::Storage;
 pub use error::{StorageError, WriteError};
+pub use events::EventBus;
+pub use incidents::IncidentQuery;
 pub use schema::SCHEMA_VERSION;
+
+/// Something that renders its counters in the Prometheus text format for `GET /metrics`.
+/// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).
+pub trait MetricsSource: Send + Sync {
+    /// Appends `# HELP`/`# TYPE` lines and samples to `out`.
+    fn render_prometheus(&self, out: &mut String);
+}

@@ -1,0 +1,92 @@
+//! The event bus: record an incident durably, then broadcast it in-process.
+//!
+//! Every incident, whichever crate raises it, goes through [`EventBus::publish`]: first a
+//! `synchronous=FULL` insert (idempotent by key), then a `tokio::sync::broadcast` that the
+//! dashboard's SSE stream and the webhook outbox follow. On a full disk the incident is
+//! still broadcast and held in memory, then written once space returns, so the watchdog and
+//! reaper act anyway (DESIGN, Durability levels).
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+
+use crate::db::Storage;
+use crate::error::StorageError;
+use crate::model::{Incident, NewIncident};
+
+/// Broadcast capacity: a subscriber that falls this far behind re-reads from the table.
+pub const EVENT_BUS_CAPACITY: usize = 1024;
+
+/// Records incidents and fans them out. Cheap to clone.
+#[derive(Clone)]
+pub struct EventBus {
+    storage: Storage,
+    tx: broadcast::Sender<Incident>,
+    pending: Arc<Mutex<Vec<NewIncident>>>,
+}
+
+impl EventBus {
+    /// A bus writing to `storage`.
+    pub fn new(storage: Storage) -> Self {
+        let (tx, _) = broadcast::channel(EVENT_BUS_CAPACITY);
+        Self {
+            storage,
+            tx,
+            pending: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Follows every incident published from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Incident> {
+        self.tx.subscribe()
+    }
+
+    /// Records `incident` and broadcasts it. Answers `Ok(None)` when an incident with the
+    /// same idempotency key was already recorded (nothing is broadcast then).
+    ///
+    /// On a full disk the incident is held in memory (id 0 until written), broadcast, and
+    /// retried by [`EventBus::flush_pending`]; other errors are returned.
+    pub async fn publish(&self, incident: NewIncident) -> Result<Option<Incident>, StorageError> {
+        self.flush_pending().await;
+        match self.storage.record_incident(incident.clone()).await {
+            Ok(Some(recorded)) => {
+                let _ = self.tx.send(recorded.clone());
+                Ok(Some(recorded))
+            }
+            Ok(None) => Ok(None),
+            Err(e) if e.is_full() => {
+                tracing::error!(kind = %incident.kind, reason = %incident.reason, "incident held in memory: {e}");
+                if let Ok(mut p) = self.pending.lock() {
+                    p.push(incident.clone());
+                }
+                let held = Incident { id: 0, incident };
+                let _ = self.tx.send(held.clone());
+                Ok(Some(held))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes incidents held in memory during a full disk; keeps those that still fail.
+    pub async fn flush_pending(&self) {
+        let held: Vec<NewIncident> = match self.pending.lock() {
+            Ok(mut p) if !p.is_empty() => std::mem::take(&mut *p),
+            _ => return,
+        };
+        let mut still = Vec::new();
+        for inc in held {
+            if self.storage.record_incident(inc.clone()).await.is_err() {
+                still.push(inc);
+            }
+        }
+        if let Ok(mut p) = self.pending.lock() {
+            still.append(&mut p);
+            *p = still;
+        }
+    }
+
+    /// Number of incidents held in memory awaiting disk space.
+    pub fn pending_len(&self) -> usize {
+        self.pending.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
