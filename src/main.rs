@@ -1,5 +1,26 @@
-//! The `stallwatch` binary: CLI, config merge, wiring of stages, ordered shutdown.
+//! The `stallwatch` binary: CLI, config merge, wiring of stages, ordered shutdown. No
+//! domain logic lives here; see ARCHITECTURE.md for the map.
 
-fn main() {
-    println!("stallwatch {}", env!("CARGO_PKG_VERSION"));
+mod cli;
+mod config;
+mod datadir;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let result = match cli.command {
+        cli::Command::Serve(args) => serve::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Print the whole context chain once, then map to an exit code.
+            eprintln!("stallwatch: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
 }

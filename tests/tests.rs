@@ -1,1 +1,11 @@
-//! Whole-system tests of the `stallwatch` binary.
+//! Whole-system tests of the `stallwatch` binary: real processes, real sockets, a real
+//! SQLite file, real OpenTelemetry SDK exporters. One test target; a module per concern.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+#[macro_use]
+mod support;
+
+mod cli;
+mod crash;
+mod exporters;
+mod spine;

@@ -1,0 +1,59 @@
+//! Command-line interface. Each flag of `serve` has its own `STALLWATCH_*` variable
+//! (clap's `env =`, no prefix scan); precedence is CLI > env > TOML > default
+//! (DESIGN, Interfaces: CLI).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// `stallwatch`: an embedded OpenTelemetry collector with a stall watchdog.
+#[derive(Debug, Parser)]
+#[command(name = "stallwatch", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the sidecar: OTLP in, SQLite, watchdog, reaper, dashboard.
+    Serve(ServeArgs),
+}
+
+/// Log line format on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags of `stallwatch serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file (sections [otlp], [storage], [watchdog], [reaper], [dashboard],
+    /// [[runner]], [[alerts.webhook]]; unknown keys are refused).
+    #[arg(long, env = "STALLWATCH_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data folder (database, token, lock, run/). Default: $XDG_DATA_HOME/stallwatch, else
+    /// ~/.local/share/stallwatch.
+    #[arg(long, env = "STALLWATCH_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// OTLP/gRPC listen address (default 127.0.0.1:4317; port 0 picks one).
+    #[arg(long, env = "STALLWATCH_OTLP_GRPC_LISTEN", value_name = "ADDR")]
+    pub otlp_grpc_listen: Option<SocketAddr>,
+    /// OTLP/HTTP listen address (default 127.0.0.1:4318; port 0 picks one).
+    #[arg(long, env = "STALLWATCH_OTLP_HTTP_LISTEN", value_name = "ADDR")]
+    pub otlp_http_listen: Option<SocketAddr>,
+    /// Dashboard, JSON API, /healthz, /readyz and /metrics (default 127.0.0.1:4319).
+    #[arg(long, env = "STALLWATCH_DASHBOARD_LISTEN", value_name = "ADDR")]
+    pub dashboard_listen: Option<SocketAddr>,
+    /// Log format on stderr.
+    #[arg(long, env = "STALLWATCH_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}

@@ -1,0 +1,171 @@
+//! The data folder: `stallwatch.db` (+ WAL), `token`, `lock`, `run/` (DESIGN, Interfaces:
+//! Files). Created with mode 0700; the token with `O_EXCL` and mode 0600, kept across
+//! restarts; the lock is an `flock` held for the life of the process, so a crashed
+//! instance's lock is free again and is simply taken over.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use rustix::fs::{flock, FlockOperation};
+
+/// Token length in hex characters (32 random bytes).
+pub const TOKEN_HEX_LEN: usize = 64;
+
+/// The default data folder: `$XDG_DATA_HOME/stallwatch`, else `~/.local/share/stallwatch`.
+pub fn default_data_dir() -> Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("stallwatch"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .context("neither XDG_DATA_HOME nor HOME is set: pass --data-dir")?;
+    Ok(PathBuf::from(home).join(".local/share/stallwatch"))
+}
+
+/// An opened data folder. Holding it holds the instance lock.
+#[derive(Debug)]
+pub struct DataDir {
+    /// The folder.
+    pub path: PathBuf,
+    /// The control-API bearer token (64 hex characters).
+    pub token: String,
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates (mode 0700) or opens the folder, takes the instance lock, and loads or
+    /// creates the token.
+    ///
+    /// Errors: the folder cannot be created; another live stallwatch holds the lock (the
+    /// message names its pid); the token file is malformed.
+    pub fn open(path: &Path) -> Result<Self> {
+        fs::create_dir_all(path)
+            .with_context(|| format!("cannot create data folder {}", path.display()))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set mode 0700 on {}", path.display()))?;
+        let path = path
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", path.display()))?;
+        let lock = take_lock(&path.join("lock"))?;
+        let token = load_or_create_token(&path.join("token"))?;
+        fs::create_dir_all(path.join("run"))
+            .with_context(|| format!("cannot create {}", path.join("run").display()))?;
+        fs::set_permissions(path.join("run"), fs::Permissions::from_mode(0o700))?;
+        Ok(Self {
+            path,
+            token,
+            _lock: lock,
+        })
+    }
+
+    /// The database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.path.join("stallwatch.db")
+    }
+}
+
+fn take_lock(path: &Path) -> Result<File> {
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() {
+            "another process".to_string()
+        } else {
+            format!("stallwatch pid {holder}")
+        };
+        bail!(
+            "data folder {} is in use by {who}; stop it or pass another --data-dir",
+            path.parent().unwrap_or(path).display()
+        );
+    }
+    f.set_len(0)?;
+    f.seek(SeekFrom::Start(0))?;
+    writeln!(f, "{}", std::process::id())?;
+    f.sync_all()?;
+    Ok(f)
+}
+
+fn load_or_create_token(path: &Path) -> Result<String> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(mut f) => {
+            let mut bytes = [0u8; TOKEN_HEX_LEN / 2];
+            rand::fill(&mut bytes);
+            let token = hex::encode(bytes);
+            f.write_all(token.as_bytes())?;
+            f.sync_all()?;
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = fs::metadata(path)?;
+            if meta.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(path = %path.display(), "token file was readable by others; setting mode 0600");
+                fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+            }
+            let token = fs::read_to_string(path)
+                .with_context(|| format!("cannot read token {}", path.display()))?
+                .trim()
+                .to_string();
+            if token.len() != TOKEN_HEX_LEN || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+                bail!(
+                    "token file {} is not {TOKEN_HEX_LEN} hex characters; delete it to make a new one",
+                    path.display()
+                );
+            }
+            Ok(token)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot create token {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_is_created_once_with_mode_0600_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = DataDir::open(dir.path()).unwrap();
+        let t1 = a.token.clone();
+        assert_eq!(t1.len(), 64);
+        let mode = fs::metadata(dir.path().join("token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let dmode = fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(dmode & 0o777, 0o700);
+        drop(a);
+        let b = DataDir::open(dir.path()).unwrap();
+        assert_eq!(b.token, t1);
+    }
+
+    #[test]
+    fn second_open_names_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let _a = DataDir::open(dir.path()).unwrap();
+        let err = DataDir::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+    }
+
+    #[test]
+    fn malformed_token_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("token"), "short").unwrap();
+        let err = DataDir::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("64 hex"), "{err}");
+    }
+}

@@ -1,0 +1,351 @@
+//! `stallwatch serve`: builds every stage, wires the channels between them (the table in
+//! ARCHITECTURE.md), prints the `ready` line, and shuts down in order.
+//!
+//! Shutdown order (SIGTERM, SIGINT or `POST /api/v1/shutdown`): mark not ready → stop OTLP
+//! intake and finish in-flight exports → stop spawned runners (normal termination) → stop
+//! the watchdog and reaper → stop the dashboard and webhook worker → storage commits what
+//! is queued and stops. Each stage has its own deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use stallwatch_collector::{Collector, CollectorConfig};
+use stallwatch_dashboards::{AppState, DashboardConfig};
+use stallwatch_reaper::{Reaper, ReaperConfig};
+use stallwatch_storage::control::{ControlRequest, Observation, RunnerChange, Trip};
+use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
+use stallwatch_storage::{EventBus, MetricsSource, Storage};
+use stallwatch_watchdog::{Watchdog, WatchdogConfig};
+
+use crate::cli::{LogFormat, ServeArgs};
+use crate::config::{self, Settings};
+use crate::datadir::DataDir;
+
+/// Observations waiting for the watchdog (export requests).
+const OBSERVATION_QUEUE: usize = 1024;
+/// Trips waiting for the reaper.
+const TRIP_QUEUE: usize = 256;
+/// Runner lifecycle notices waiting for the watchdog.
+const RUNNER_CHANGE_QUEUE: usize = 256;
+/// Control requests waiting for routing.
+const CONTROL_QUEUE: usize = 64;
+/// Deadline for each shutdown stage.
+const STAGE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Parses settings, opens the data folder, and runs the sidecar until it is told to stop.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let settings = config::merge(&args)?;
+    init_logging(settings.log_format);
+    let data = DataDir::open(&settings.data_dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("stallwatch")
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(settings, data))
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn serve(settings: Settings, data: DataDir) -> Result<()> {
+    let file = &settings.file;
+    let storage_config = file.storage.to_config(data.db_path())?;
+    let storage = Storage::open(storage_config).context("cannot open the database")?;
+    let events = EventBus::new(storage.clone());
+    let shutdown = CancellationToken::new();
+
+    let (obs_tx, obs_rx) = mpsc::channel::<Observation>(OBSERVATION_QUEUE);
+    let (trip_tx, trip_rx) = mpsc::channel::<Trip>(TRIP_QUEUE);
+    let (change_tx, mut change_rx) = mpsc::channel::<RunnerChange>(RUNNER_CHANGE_QUEUE);
+    let (wd_change_tx, wd_change_rx) = mpsc::channel::<RunnerChange>(RUNNER_CHANGE_QUEUE);
+    let (control_tx, mut control_rx) = mpsc::channel::<ControlRequest>(CONTROL_QUEUE);
+
+    // Watchdog: decides.
+    let raw_wd: stallwatch_watchdog::RawWatchdogConfig = config::section("watchdog", &file.watchdog)?;
+    let wd_config = WatchdogConfig::try_from(raw_wd).context("invalid [watchdog] section")?;
+    let wd_token = CancellationToken::new();
+    let (watchdog, wd_task) = Watchdog::start(
+        wd_config,
+        storage.clone(),
+        events.clone(),
+        obs_rx,
+        wd_change_rx,
+        trip_tx,
+        wd_token.clone(),
+    );
+
+    // Reaper: acts.
+    let raw_reaper: stallwatch_reaper::RawReaperConfig = config::section("reaper", &file.reaper)?;
+    let mut reaper_config = ReaperConfig::try_from(raw_reaper).context("invalid [reaper] section")?;
+    reaper_config.data_dir = data.path.clone();
+    reaper_config.runners = file.runner.clone();
+    let reaper_token = CancellationToken::new();
+
+    // Collector: binds now so port 0 resolves before the reaper injects the endpoint.
+    let collector_config = collector_config(&settings)?;
+    let collector = Collector::bind(collector_config, storage.clone(), obs_tx)
+        .await
+        .context("cannot bind the OTLP listeners")?;
+    reaper_config.otlp_endpoint = format!("http://{}", loopback_for_clients(collector.http_addr()));
+    let (reaper, reaper_task) = Reaper::start(
+        reaper_config,
+        storage.clone(),
+        events.clone(),
+        trip_rx,
+        change_tx,
+        reaper_token.clone(),
+    )
+    .context("cannot start the reaper")?;
+
+    // Lifecycle notices: reaper → watchdog (named in ARCHITECTURE.md).
+    let forward_changes = tokio::spawn(async move {
+        while let Some(change) = change_rx.recv().await {
+            if wd_change_tx.send(change).await.is_err() {
+                break;
+            }
+        }
+    });
+
+    // Dashboard.
+    let raw_dash: stallwatch_dashboards::RawDashboardConfig = config::section("dashboard", &file.dashboard)?;
+    let raw_alerts: stallwatch_dashboards::RawAlertsConfig = config::section("alerts", &file.alerts)?;
+    let mut dash_config =
+        DashboardConfig::try_from((raw_dash, raw_alerts)).context("invalid [dashboard] or [alerts] section")?;
+    dash_config.listen = settings.dashboard_listen;
+    let listener = tokio::net::TcpListener::bind(settings.dashboard_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (dashboard)", settings.dashboard_listen))?;
+    let dashboard_addr = listener.local_addr()?;
+    dash_config.listen = dashboard_addr;
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let metrics: Vec<Arc<dyn MetricsSource>> = vec![
+        collector.stats(),
+        storage.telemetry_stats(),
+        watchdog.stats(),
+        reaper.stats(),
+    ];
+    let dash_config = Arc::new(dash_config);
+    let state = AppState {
+        storage: storage.clone(),
+        events: events.clone(),
+        board: watchdog.board(),
+        control: control_tx,
+        token: data.token.clone(),
+        metrics,
+        ready: ready_rx,
+        config: dash_config.clone(),
+    };
+    let dash_token = CancellationToken::new();
+    let app = stallwatch_dashboards::app(state);
+    let dash_task = tokio::spawn(stallwatch_dashboards::serve(listener, app, dash_token.clone()));
+    let webhooks = stallwatch_dashboards::start_webhooks(
+        dash_config.clone(),
+        storage.clone(),
+        events.clone(),
+        dash_token.clone(),
+    );
+
+    // Storage-full alarm → `storage.full` incident.
+    let full_task = tokio::spawn(watch_storage_full(storage.clone(), events.clone()));
+
+    // Control routing: the one reverse edge.
+    let control_shutdown = shutdown.clone();
+    let wd_for_control = watchdog.clone();
+    let reaper_for_control = reaper.clone();
+    let control_task = tokio::spawn(async move {
+        while let Some(req) = control_rx.recv().await {
+            match req {
+                ControlRequest::Shutdown => control_shutdown.cancel(),
+                ControlRequest::ResetBreaker { id, reply } => {
+                    let answer = match wd_for_control.reset_breaker(&id).await {
+                        Ok(()) => Ok(serde_json::json!({"id": id, "state": "CLOSED"})),
+                        Err(e) => Err(stallwatch_storage::control::ControlError::new(
+                            404,
+                            "runner_not_found",
+                            e.to_string(),
+                        )),
+                    };
+                    let _ = reply.send(answer);
+                }
+                other => {
+                    let reaper = reaper_for_control.clone();
+                    tokio::spawn(async move { reaper.handle(other).await });
+                }
+            }
+        }
+    });
+
+    let collector_token = CancellationToken::new();
+    let grpc_addr = collector.grpc_addr();
+    let http_addr = collector.http_addr();
+    let collector_task = tokio::spawn(collector.run(collector_token.clone()));
+
+    let ready = serde_json::json!({
+        "event": "ready",
+        "otlp_grpc": grpc_addr.to_string(),
+        "otlp_http": http_addr.to_string(),
+        "dashboard": dashboard_addr.to_string(),
+        "data_dir": data.path.display().to_string(),
+    });
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{ready}").context("cannot write the ready line")?;
+        out.flush()?;
+    }
+    let _ = ready_tx.send(true);
+    tracing::info!(otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr, data_dir = %data.path.display(), "stallwatch ready");
+
+    wait_for_stop(&shutdown).await;
+    tracing::info!("shutting down");
+    let _ = ready_tx.send(false);
+
+    // 1. Stop intake; in-flight exports finish and are committed.
+    collector_token.cancel();
+    stage("collector", collector_task).await;
+    // 2. Spawned runners get the normal termination sequence (attached ones are left).
+    if tokio::time::timeout(STAGE_DEADLINE * 3, reaper.stop_spawned_runners())
+        .await
+        .is_err()
+    {
+        tracing::warn!("stopping spawned runners passed its deadline");
+    }
+    // 3. Watchdog and reaper.
+    wd_token.cancel();
+    reaper_token.cancel();
+    stage("watchdog", wd_task).await;
+    stage("reaper", reaper_task).await;
+    forward_changes.abort();
+    control_task.abort();
+    full_task.abort();
+    // 4. Dashboard and webhooks.
+    dash_token.cancel();
+    stage("dashboard", dash_task).await;
+    stage("webhooks", webhooks).await;
+    // 5. Storage flushes last.
+    if tokio::time::timeout(STAGE_DEADLINE, storage.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("storage flush passed its deadline");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Waits for one stage's task with the stage deadline, logging what went wrong.
+async fn stage<T>(name: &str, task: tokio::task::JoinHandle<T>) {
+    match tokio::time::timeout(STAGE_DEADLINE, task).await {
+        Ok(Ok(_)) => tracing::debug!(stage = name, "stopped"),
+        Ok(Err(e)) => tracing::error!(stage = name, "task failed: {e}"),
+        Err(_) => tracing::warn!(stage = name, "did not stop within {STAGE_DEADLINE:?}"),
+    }
+}
+
+/// Resolves on SIGTERM, SIGINT, or a cancelled `shutdown` (control API).
+async fn wait_for_stop(shutdown: &CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot watch SIGTERM: {e}");
+            shutdown.cancelled().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = shutdown.cancelled() => tracing::info!("shutdown requested through the API"),
+    }
+}
+
+/// Raises `storage.full` when telemetry ingest stops for lack of space, once per episode.
+async fn watch_storage_full(storage: Storage, events: EventBus) {
+    let mut full = storage.storage_full();
+    let mut episode = 0u64;
+    loop {
+        let reason = full.borrow_and_update().clone();
+        if let Some(reason) = reason {
+            episode += 1;
+            let at = now_unix_nano();
+            let incident = NewIncident {
+                kind: EventKind::StorageFull,
+                runner_id: None,
+                tool_name: None,
+                trace_id: None,
+                span_id: None,
+                reason: format!("telemetry ingest paused: {reason}"),
+                evidence: serde_json::json!({ "reason": reason }),
+                idempotency_key: format!("storage.full:{at}:{episode}"),
+                at_unix_nano: at,
+            };
+            if let Err(e) = events.publish(incident).await {
+                tracing::error!("cannot record storage.full: {e}");
+            }
+        } else {
+            events.flush_pending().await;
+        }
+        if full.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The collector's config from `[otlp]` plus the merged listen addresses.
+fn collector_config(settings: &Settings) -> Result<CollectorConfig> {
+    let o = &settings.file.otlp;
+    let mut c = CollectorConfig {
+        grpc_listen: settings.grpc_listen,
+        http_listen: settings.http_listen,
+        ..CollectorConfig::default()
+    };
+    if let Some(v) = o.max_request_bytes {
+        anyhow::ensure!(v >= 1024, "[otlp] max_request_bytes must be at least 1024");
+        c.max_request_bytes = v;
+    }
+    if let Some(v) = o.max_inflight_bytes {
+        anyhow::ensure!(
+            v >= c.max_request_bytes,
+            "[otlp] max_inflight_bytes must be at least max_request_bytes"
+        );
+        c.max_inflight_bytes = v;
+    }
+    if let Some(v) = o.max_nesting_depth {
+        anyhow::ensure!(v >= 1, "[otlp] max_nesting_depth must be at least 1");
+        c.max_nesting_depth = v;
+    }
+    if let Some(v) = &o.cors_allowed_origins {
+        c.cors_allowed_origins = v.clone();
+    }
+    c.ingest_token = o.ingest_token.clone();
+    Ok(c)
+}
+
+/// An address clients on this machine can dial: a wildcard listen address becomes loopback.
+fn loopback_for_clients(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    if addr.ip().is_unspecified() {
+        let ip = if addr.is_ipv4() {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        } else {
+            std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        };
+        std::net::SocketAddr::new(ip, addr.port())
+    } else {
+        addr
+    }
+}

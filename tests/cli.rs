@@ -1,0 +1,92 @@
+//! The `stallwatch` command line: version, config errors, one instance per data folder,
+//! schema versions.
+
+use std::process::Command;
+
+use crate::support::*;
+
+#[test]
+fn version_flag_prints_the_version() {
+    let out = Command::new(bin()).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.trim(), format!("stallwatch {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn unknown_config_key_is_refused_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[otlp]\nmax_requst_bytes = 10\n").unwrap();
+    let out = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("d"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_requst_bytes"), "{err}");
+}
+
+#[test]
+fn a_second_instance_on_the_same_data_dir_names_the_holder_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = Server::start(&data);
+    let out = Command::new(bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--otlp-grpc-listen", "127.0.0.1:0", "--otlp-http-listen", "127.0.0.1:0"])
+        .args(["--dashboard-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("pid {}", first.child.id())), "{err}");
+    // A crashed instance's lock is taken over.
+    first.crash();
+    let second = Server::start(&data);
+    assert_eq!(second.stop(), Some(0));
+}
+
+#[test]
+fn env_variables_set_flags_and_cli_wins_over_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[otlp]\nhttp_listen = \"127.0.0.1:1\"\n").unwrap();
+    // env beats TOML for the HTTP listener; the CLI flag (port 0 in Server) beats env.
+    let server = Server::start_with(ServerOpts {
+        data_dir: data,
+        config: Some("[otlp]\ngrpc_listen = \"127.0.0.1:1\"\n".into()),
+        env: vec![("STALLWATCH_OTLP_GRPC_LISTEN".into(), "127.0.0.1:2".into())],
+    });
+    assert_ne!(server.grpc.port(), 1);
+    assert_ne!(server.grpc.port(), 2);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[test]
+fn a_database_from_a_newer_stallwatch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data);
+    assert_eq!(server.stop(), Some(0));
+    let conn = rusqlite::Connection::open(data.join("stallwatch.db")).unwrap();
+    conn.pragma_update(None, "user_version", 999).unwrap();
+    drop(conn);
+    let out = Command::new(bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--otlp-grpc-listen", "127.0.0.1:0", "--otlp-http-listen", "127.0.0.1:0"])
+        .args(["--dashboard-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("newer"), "{err}");
+}
