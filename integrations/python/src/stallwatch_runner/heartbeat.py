@@ -1,0 +1,194 @@
+"""Heartbeat server: answers stallwatch's ``PING`` with ``PONG`` on a UNIX socket.
+
+stallwatch tells a stuck runner from a busy one by pinging a UNIX domain socket that
+the runner serves from a thread of its own, never the main thread (DESIGN.md,
+"Heartbeat" and "Heartbeat details"). Protocol: the client connects and writes
+``PING\\n``; the server reads at most 64 bytes up to ``\\n``, answers ``PONG\\n`` and
+closes. Anything else is closed without a ``PONG``.
+
+A thread that only waits in ``accept``/``recv`` keeps answering while the main thread
+sleeps, waits on a lock or does I/O (all of which release the GIL). A native call that
+holds the GIL starves it, and stallwatch reads that as *suspect* rather than dead.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+#: Environment variable that carries the socket path (set by stallwatch for spawned runners).
+HEARTBEAT_SOCKET_ENV = "STALLWATCH_HEARTBEAT_SOCKET"
+
+#: Longest socket path in bytes: ``sun_path`` is 108 bytes on Linux including the NUL.
+MAX_SOCKET_PATH_BYTES = 107
+
+#: Most bytes read from one client, per the heartbeat protocol.
+MAX_REQUEST_BYTES = 64
+
+#: How long one client may take to send its ``PING`` line, in seconds; the server
+#: answers clients one at a time, so a silent client delays the next one by at most this.
+CLIENT_READ_TIMEOUT_S = 1.0
+
+_PING = b"PING"
+_PONG = b"PONG\n"
+
+
+class HeartbeatError(RuntimeError):
+    """The heartbeat socket could not be served (bad path, not a socket, bind failed)."""
+
+
+class SocketPathTooLongError(HeartbeatError, ValueError):
+    """The socket path is longer than the 107-byte UNIX socket limit."""
+
+
+def _check_path(path: Path) -> bytes:
+    raw = os.fsencode(path)
+    if len(raw) > MAX_SOCKET_PATH_BYTES:
+        raise SocketPathTooLongError(
+            f"heartbeat socket path is {len(raw)} bytes, over the {MAX_SOCKET_PATH_BYTES}-byte "
+            f"UNIX socket limit: {os.fsdecode(raw)!r} (choose a shorter path, e.g. under /tmp)"
+        )
+    return raw
+
+
+def _remove_stale(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise HeartbeatError(
+            f"heartbeat socket path {str(path)!r} exists and is not a socket; refusing to remove it"
+        )
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class HeartbeatServer:
+    """A UNIX socket server on a daemon thread that answers ``PING\\n`` with ``PONG\\n``.
+
+    ``path`` is the socket path (str or Path); its parent folder is created (mode 0700)
+    and a stale socket file left by an earlier process is unlinked first. Raises
+    :class:`SocketPathTooLongError` when the path is over 107 bytes and
+    :class:`HeartbeatError` when the path is taken by something that is not a socket or
+    cannot be bound. Use :meth:`start` (or ``with``) to serve and :meth:`close` to stop,
+    which also removes the socket file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        _check_path(self.path)
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        #: Number of PONG answers sent (for diagnostics and tests).
+        self.pongs = 0
+
+    def start(self) -> "HeartbeatServer":
+        """Bind the socket and start the serving thread; returns ``self``."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            parent = self.path.parent
+            try:
+                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as err:
+                raise HeartbeatError(f"cannot create heartbeat socket folder {str(parent)!r}: {err}") from err
+            _remove_stale(self.path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(os.fsencode(self.path))
+                os.chmod(self.path, 0o600)
+                sock.listen(16)
+            except OSError as err:
+                sock.close()
+                raise HeartbeatError(f"cannot serve heartbeat socket {str(self.path)!r}: {err}") from err
+            # A timeout on accept lets close() stop the loop without relying on
+            # shutdown() semantics of listening sockets.
+            sock.settimeout(0.5)
+            self._sock = sock
+            self._thread = threading.Thread(
+                target=self._serve, name="stallwatch-heartbeat", daemon=True
+            )
+            self._thread.start()
+            return self
+
+    def _serve(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:
+                continue
+            except OSError as err:
+                if self._stop.is_set() or err.errno in (errno.EBADF, errno.EINVAL):
+                    return
+                continue
+            try:
+                self._answer(conn)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(CLIENT_READ_TIMEOUT_S)
+        data = b""
+        while len(data) < MAX_REQUEST_BYTES and b"\n" not in data:
+            chunk = conn.recv(MAX_REQUEST_BYTES - len(data))
+            if not chunk:
+                break
+            data += chunk
+        line, newline, _ = data.partition(b"\n")
+        if newline and line.rstrip(b"\r") == _PING:
+            conn.sendall(_PONG)
+            self.pongs += 1
+
+    @property
+    def running(self) -> bool:
+        """True while the serving thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop serving, join the thread (at most ~1 s) and remove the socket file."""
+        self._stop.set()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        try:
+            st = os.lstat(self.path)
+            if stat.S_ISSOCK(st.st_mode):
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "HeartbeatServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_heartbeat(path: str | os.PathLike[str] | None = None) -> HeartbeatServer | None:
+    """Start a :class:`HeartbeatServer` on ``path`` (default: ``$STALLWATCH_HEARTBEAT_SOCKET``).
+
+    Returns the running server, or ``None`` when no path is given and the variable is
+    unset or empty. Raises what :class:`HeartbeatServer` raises.
+    """
+    if path is None:
+        env = os.environ.get(HEARTBEAT_SOCKET_ENV, "")
+        if not env:
+            return None
+        path = env
+    return HeartbeatServer(path).start()

@@ -1,0 +1,225 @@
+"""On-start span processor: exports a running tool span at once, then refreshes it.
+
+OpenTelemetry SDKs export a span only when it ends, so a tool that hangs is never seen.
+stallwatch's open-span ledger accepts a *snapshot of the running span exported with
+``end_time_unix_nano = 0``* (DESIGN.md, "Open spans", wire shape 1). This processor
+sends that snapshot as soon as a tool span starts and again every ``refresh_interval_s``
+while it runs, so stallwatch can tell a long tool (fresh) from a dead one (stale).
+
+Rules that keep the watched tool safe:
+- ``on_start``/``on_end`` only touch a dict and put into a bounded queue (no I/O, no
+  waiting); a full queue drops the record.
+- Exports run on one daemon thread with a short per-request timeout; a failed or
+  slow export is dropped, never retried in the tool's thread.
+
+A tool span is one whose attribute ``gen_ai.operation.name == "execute_tool"`` or
+``mcp.method.name == "tools/call"`` (DESIGN.md, "Tool spans"). A span that gains those
+attributes after start is picked up at the next refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter
+
+_logger = logging.getLogger(__name__)
+
+#: Default seconds between refreshes of a running tool span.
+DEFAULT_REFRESH_INTERVAL_S = 5.0
+#: Default per-request timeout in seconds of the snapshot exporter built by ``setup()``.
+DEFAULT_EXPORT_TIMEOUT_S = 2.0
+#: Most start records waiting for the export thread; more are dropped.
+MAX_QUEUED_STARTS = 1024
+#: Most running spans tracked (tool spans plus candidates that may become tool spans).
+MAX_TRACKED_SPANS = 4096
+
+_OP_KEY = "gen_ai.operation.name"
+_OP_TOOL = "execute_tool"
+_MCP_KEY = "mcp.method.name"
+_MCP_TOOL = "tools/call"
+
+
+def is_tool_span(attributes: Any) -> bool:
+    """True when the attributes mark a tool execution (see module docs)."""
+    if not attributes:
+        return False
+    try:
+        return attributes.get(_OP_KEY) == _OP_TOOL or attributes.get(_MCP_KEY) == _MCP_TOOL
+    except Exception:  # pragma: no cover - defensive against odd mappings
+        return False
+
+
+def snapshot(span: Span) -> Optional[ReadableSpan]:
+    """A :class:`ReadableSpan` copy of a running span with no end time (encoded as 0).
+
+    Returns ``None`` when the span has ended meanwhile or cannot be read.
+    """
+    try:
+        if span.end_time is not None:
+            return None
+        attrs: Dict[str, Any] = {}
+        for _ in range(3):
+            try:
+                attrs = dict(span.attributes or {})
+                break
+            except (RuntimeError, KeyError):
+                continue
+        return ReadableSpan(
+            name=span.name,
+            context=span.get_span_context(),
+            parent=span.parent,
+            resource=span.resource,
+            attributes=attrs,
+            events=tuple(span.events),
+            links=tuple(span.links),
+            kind=span.kind,
+            status=span.status,
+            start_time=span.start_time,
+            end_time=None,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+    except Exception:  # never let a snapshot error reach the tool
+        _logger.debug("stallwatch: cannot snapshot span", exc_info=True)
+        return None
+
+
+class OnStartSpanProcessor(SpanProcessor):
+    """Exports a snapshot (end time 0) of every tool span when it starts and while it runs.
+
+    ``exporter`` is any :class:`SpanExporter` (``setup()`` passes an
+    ``OTLPSpanExporter`` with the SDK's endpoint/headers and a short timeout);
+    ``refresh_interval_s`` is the seconds between refreshes (> 0). The processor owns
+    the exporter and shuts it down in :meth:`shutdown`.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
+    ) -> None:
+        if not refresh_interval_s > 0:
+            raise ValueError(f"refresh_interval_s must be > 0, got {refresh_interval_s!r}")
+        self._exporter = exporter
+        self._interval = float(refresh_interval_s)
+        self._starts: "queue.Queue[Optional[Span]]" = queue.Queue(maxsize=MAX_QUEUED_STARTS)
+        self._tools: Dict[int, Span] = {}
+        self._candidates: Dict[int, Span] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        #: Snapshots handed to the exporter / dropped (queue full, export failed).
+        self.exported = 0
+        self.dropped = 0
+        self._thread = threading.Thread(
+            target=self._run, name="stallwatch-onstart", daemon=True
+        )
+        self._thread.start()
+
+    # -- called in the tool's thread: never block -------------------------------------
+
+    def on_start(self, span: Span, parent_context: Optional[Context] = None) -> None:
+        if self._stopped.is_set():
+            return
+        try:
+            key = span.get_span_context().span_id
+            if is_tool_span(span.attributes):
+                with self._lock:
+                    if len(self._tools) >= MAX_TRACKED_SPANS:
+                        self.dropped += 1
+                        return
+                    self._tools[key] = span
+                try:
+                    self._starts.put_nowait(span)
+                except queue.Full:
+                    self.dropped += 1
+            else:
+                with self._lock:
+                    if len(self._candidates) < MAX_TRACKED_SPANS:
+                        self._candidates[key] = span
+        except Exception:  # pragma: no cover - never raise into the tool
+            _logger.debug("stallwatch: on_start failed", exc_info=True)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            key = span.get_span_context().span_id
+            with self._lock:
+                self._tools.pop(key, None)
+                self._candidates.pop(key, None)
+        except Exception:  # pragma: no cover
+            pass
+
+    # -- export thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_refresh = time.monotonic() + self._interval
+        while not self._stopped.is_set():
+            timeout = max(0.0, next_refresh - time.monotonic())
+            batch = []
+            try:
+                item = self._starts.get(timeout=timeout)
+                if item is None:
+                    return
+                batch.append(item)
+                while len(batch) < 512:
+                    item = self._starts.get_nowait()
+                    if item is None:
+                        self._export(batch)
+                        return
+                    batch.append(item)
+            except queue.Empty:
+                pass
+            if batch:
+                self._export(batch)
+            if time.monotonic() >= next_refresh:
+                self._export(self._running_tools())
+                next_refresh = time.monotonic() + self._interval
+
+    def _running_tools(self) -> list:
+        with self._lock:
+            for key, span in list(self._candidates.items()):
+                if is_tool_span(span.attributes):
+                    del self._candidates[key]
+                    self._tools[key] = span
+            return list(self._tools.values())
+
+    def _export(self, spans: list) -> None:
+        snaps = [s for s in (snapshot(span) for span in spans) if s is not None]
+        if not snaps:
+            return
+        try:
+            result = self._exporter.export(snaps)
+            ok = getattr(result, "name", "") == "SUCCESS"
+        except Exception:
+            _logger.debug("stallwatch: snapshot export failed", exc_info=True)
+            ok = False
+        if ok:
+            self.exported += len(snaps)
+        else:
+            self.dropped += len(snaps)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the export thread (waits at most the export timeout plus 1 s) and the exporter."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        try:
+            self._starts.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=3.0)
+        try:
+            self._exporter.shutdown()
+        except Exception:  # pragma: no cover
+            pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing is buffered beyond the start queue; returns True at once."""
+        return True
