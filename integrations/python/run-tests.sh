@@ -8,6 +8,6 @@ VENV="${STALLWATCH_VENV:-$ROOT/.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$HERE[test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$HERE/constraints.txt" -e "$HERE[test]"
 cd "$HERE"
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

@@ -219,3 +219,28 @@ def test_setup_long_heartbeat_path_fails_clearly(spawn, receiver, short_tmp):
     assert child.proc.wait(timeout=20) != 0
     err = child.proc.stderr.read()
     assert "SocketPathTooLongError" in err and "107-byte" in err
+
+
+EXISTING_PROVIDER = """
+import time
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+import stallwatch_runner as sw
+mine = TracerProvider(resource=Resource.create({"custom.key": "kept"}))
+trace.set_tracer_provider(mine)
+runner = sw.setup(refresh_interval_s=600)
+assert runner.tracer_provider is mine
+with sw.tool_span("slow_tool"):
+    print("in-tool", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_setup_keeps_an_existing_sdk_provider(spawn, receiver, short_tmp):
+    child = spawn(EXISTING_PROVIDER, runner_env(receiver.endpoint, short_tmp))
+    child.wait_line("in-tool")
+    rec = wait_until(lambda: receiver.named(TOOL), what="start record")[0]
+    assert rec["end"] == 0
+    assert rec["resource"]["custom.key"] == "kept"
+    assert rec["resource"]["stallwatch.runner.id"] == "rt-1"  # from OTEL_RESOURCE_ATTRIBUTES

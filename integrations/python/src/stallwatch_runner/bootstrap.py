@@ -161,7 +161,9 @@ def setup(
       :class:`~stallwatch_runner.heartbeat.HeartbeatError` on a bad path).
     - ``logs``: also set a global LoggerProvider exporting OTLP logs and attach an
       OpenTelemetry handler to the root logger.
-    - ``set_global``: install the TracerProvider as the global one.
+    - ``set_global``: install the TracerProvider as the global one. When an SDK
+      TracerProvider is already global, it is kept (with its resource and exporters)
+      and only the on-start processor is added to it.
 
     Exporter endpoint, headers, compression and timeouts come from the standard
     ``OTEL_EXPORTER_OTLP_*`` variables (default ``http://localhost:4318``). Calling
@@ -180,15 +182,22 @@ def setup(
                 pass
         check_mpl_backend()
 
-        resource = build_resource(service_name)
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         on_start = OnStartSpanProcessor(
             OTLPSpanExporter(timeout=export_timeout_s), refresh_interval_s=refresh_interval_s
         )
+        existing = trace.get_tracer_provider()
+        if set_global and isinstance(existing, TracerProvider):
+            # Someone (e.g. opentelemetry-instrument) already installed an SDK provider:
+            # the global provider cannot be replaced, so watch its spans instead.
+            provider = existing
+            resource = provider.resource
+        else:
+            resource = build_resource(service_name)
+            provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            if set_global:
+                trace.set_tracer_provider(provider)
         provider.add_span_processor(on_start)
-        if set_global:
-            trace.set_tracer_provider(provider)
 
         server = serve_heartbeat() if heartbeat else None
 
