@@ -1,1 +1,29 @@
-//! stallwatch dashboards (filled by its issue).
+//! stallwatch dashboards: the outward face. The web UI (embedded, no build step), the JSON
+//! read API (DESIGN, Read API JSON), the incident stream over Server-Sent Events, the
+//! token-protected control endpoints, `/healthz`, `/readyz`, `/metrics`, and the alert
+//! webhook outbox worker.
+//!
+//! Wiring (`src/`): build an [`AppState`], call [`app`] and [`serve`] it on the dashboard
+//! listener; call [`start_webhooks`] once with the same storage and event bus.
+
+mod app;
+pub mod config;
+pub mod error;
+mod json;
+pub mod metrics;
+mod params;
+mod routes;
+mod state;
+pub mod webhooks;
+
+pub use app::{app, host_allowed, origin_matches, serve, SHUTDOWN_DEADLINE};
+pub use config::{
+    DashboardConfig, RawAlertsConfig, RawDashboardConfig, RawWebhookConfig, WebhookConfig,
+};
+pub use error::DashboardError;
+pub use routes::ROUTES;
+pub use state::AppState;
+pub use webhooks::start_webhooks;
+
+/// The OpenAPI 3 document served at `GET /api/v1/openapi.json`.
+pub const OPENAPI_JSON: &str = routes::OPENAPI;

@@ -1,0 +1,218 @@
+//! The HTTP application: [`app`] assembles every route with the safety layers (the `Host`
+//! check against DNS rebinding, CORS for configured origins only, request counters), and
+//! [`serve`] runs it on a listener until shutdown.
+//!
+//! `app` takes no socket, so tests drive it in-process as well as over a real listener.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::config::DashboardConfig;
+use crate::error::DashboardError;
+use crate::metrics::HttpMetrics;
+use crate::routes;
+use crate::state::{AppState, Ctx, Shared};
+
+/// How long [`serve`] waits for open connections after shutdown before it stops anyway.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The whole dashboard: web UI, JSON API, SSE, control endpoints, `/healthz`, `/readyz`,
+/// `/metrics`. Every request first passes the `Host` check (421 for a name that is neither
+/// loopback nor in `allowed_hosts`).
+pub fn app(state: AppState) -> Router {
+    let config = state.config.clone();
+    let ctx: Shared = Arc::new(Ctx {
+        app: state,
+        http: Arc::new(HttpMetrics::default()),
+    });
+    let mut router = routes::router()
+        .route_layer(middleware::from_fn_with_state(ctx.clone(), count_requests))
+        .fallback(not_found)
+        .with_state(ctx);
+    if let Some(cors) = cors_layer(&config) {
+        router = router.layer(cors);
+    }
+    router.layer(middleware::from_fn_with_state(config, check_host))
+}
+
+/// Serves `app` on `listener` until `shutdown` is cancelled, then waits at most
+/// [`SHUTDOWN_DEADLINE`] for open connections (SSE streams end on the state's own token).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let graceful = shutdown.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        graceful.cancelled().await;
+    });
+    tokio::select! {
+        r = server => r,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_DEADLINE).await;
+        } => {
+            tracing::warn!("dashboard connections still open after the shutdown deadline; closing");
+            Ok(())
+        }
+    }
+}
+
+async fn not_found() -> DashboardError {
+    DashboardError::NotFound("no such route".into())
+}
+
+async fn count_requests(State(ctx): State<Shared>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let resp = next.run(req).await;
+    ctx.http.count(&route, resp.status().as_u16());
+    resp
+}
+
+/// True for a `Host` header naming a loopback host or one of `allowed` (any port).
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inner, port)) if port.is_empty() || port.starts_with(':') => {
+                return inner == "::1" || allowed.iter().any(|a| a.trim_matches(['[', ']']) == inner);
+            }
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host.as_str(),
+        }
+    };
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    if let Ok(ip) = name.parse::<std::net::Ipv4Addr>() {
+        if ip.is_loopback() {
+            return true;
+        }
+    }
+    allowed.iter().any(|a| a == name)
+}
+
+async fn check_host(
+    State(config): State<Arc<DashboardConfig>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_string()));
+    match host {
+        Some(h) if host_allowed(&h, &config.allowed_hosts) => next.run(req).await,
+        Some(h) => {
+            tracing::warn!(host = %h, "refused a request for a foreign Host (DNS rebinding guard)");
+            DashboardError::ForbiddenHost(h).into_response()
+        }
+        None => DashboardError::ForbiddenHost(String::new()).into_response(),
+    }
+}
+
+/// True when `origin` matches `pattern` exactly, or `pattern` ends in `:*` and `origin` is
+/// the same scheme and host with any port (or none).
+pub fn origin_matches(pattern: &str, origin: &str) -> bool {
+    if pattern.eq_ignore_ascii_case(origin) {
+        return true;
+    }
+    if let Some(base) = pattern.strip_suffix(":*") {
+        if origin.len() >= base.len() && origin[..base.len()].eq_ignore_ascii_case(base) {
+            let rest = &origin[base.len()..];
+            return rest.is_empty()
+                || (rest.len() > 1
+                    && rest.starts_with(':')
+                    && rest[1..].bytes().all(|b| b.is_ascii_digit()));
+        }
+    }
+    false
+}
+
+fn cors_layer(config: &DashboardConfig) -> Option<CorsLayer> {
+    if config.cors_allowed_origins.is_empty() {
+        return None;
+    }
+    let patterns = config.cors_allowed_origins.clone();
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::predicate(
+                move |origin: &HeaderValue, _parts| {
+                    origin
+                        .to_str()
+                        .map(|o| patterns.iter().any(|p| origin_matches(p, o)))
+                        .unwrap_or(false)
+                },
+            ))
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_headers([
+                http::header::AUTHORIZATION,
+                http::header::CONTENT_TYPE,
+                http::header::HeaderName::from_static("last-event-id"),
+            ])
+            .expose_headers([http::header::RETRY_AFTER])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_with_any_port() {
+        for h in [
+            "localhost",
+            "localhost:4319",
+            "127.0.0.1",
+            "127.0.0.1:1",
+            "[::1]",
+            "[::1]:4319",
+            "LOCALHOST:80",
+            "tauri.localhost",
+        ] {
+            assert!(host_allowed(h, &[]), "{h}");
+        }
+        for h in [
+            "evil.com",
+            "evil.com:4319",
+            "127.0.0.1.evil.com",
+            "[::2]:1",
+            "localhost:x",
+            "10.0.0.1",
+            "",
+        ] {
+            assert!(!host_allowed(h, &[]), "{h}");
+        }
+        assert!(host_allowed("box.lan:4319", &["box.lan".into()]));
+    }
+
+    #[test]
+    fn origin_port_wildcard() {
+        assert!(origin_matches("http://localhost:*", "http://localhost:1420"));
+        assert!(origin_matches("http://localhost:*", "http://localhost"));
+        assert!(!origin_matches("http://localhost:*", "http://localhost.evil.com"));
+        assert!(!origin_matches("http://localhost:*", "http://localhost:1x"));
+        assert!(origin_matches("tauri://localhost", "tauri://localhost"));
+    }
+}

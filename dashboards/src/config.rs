@@ -1,0 +1,290 @@
+//! The dashboard's configuration: the raw TOML shapes (`[dashboard]`, `[[alerts.webhook]]`)
+//! and the validated [`DashboardConfig`] they convert into with `TryFrom`.
+//!
+//! Edge names carry their units (`retry_initial_ms`); inside, durations are `Duration`.
+//! Unknown keys are refused by name (`deny_unknown_fields`, DESIGN "CLI").
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+use stallwatch_storage::model::EventKind;
+
+use crate::error::DashboardError;
+
+/// Default dashboard + JSON API listen address (DESIGN, Defaults).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4319";
+/// Default first webhook retry delay: 1000 ms (DESIGN, "retries from 1 s doubling").
+pub const DEFAULT_RETRY_INITIAL_MS: u64 = 1_000;
+/// Default cap of the webhook retry delay: 300000 ms (5 minutes).
+pub const DEFAULT_RETRY_MAX_MS: u64 = 300_000;
+/// Default attempts before a delivery is given up: 100 (about eight hours at the cap).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 100;
+/// Default timeout of one webhook HTTP attempt: 10000 ms.
+pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+
+/// Raw `[dashboard]` section as written in TOML.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDashboardConfig {
+    /// Listen address; default [`DEFAULT_LISTEN`]. Port 0 picks a free port.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// `Host` names accepted besides the loopback names (DNS-rebinding guard).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Origins allowed by CORS; an entry may end in `:*` for any port
+    /// (e.g. `http://localhost:*`). Empty: no CORS headers at all.
+    #[serde(default)]
+    pub cors_allowed_origins: Vec<String>,
+    /// Base URL used for links in webhook bodies; default `http://<listen>`.
+    #[serde(default)]
+    pub public_url: Option<String>,
+}
+
+/// Raw `[[alerts.webhook]]` entry as written in TOML.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWebhookConfig {
+    /// Receiver URL, `http://` or `https://`.
+    pub url: String,
+    /// HMAC-SHA256 key for `X-Stallwatch-Signature`.
+    pub secret: String,
+    /// Event names to send (DESIGN "One event vocabulary"); empty or absent: all.
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// First retry delay, ms; default [`DEFAULT_RETRY_INITIAL_MS`].
+    #[serde(default)]
+    pub retry_initial_ms: Option<u64>,
+    /// Retry delay cap, ms; default [`DEFAULT_RETRY_MAX_MS`].
+    #[serde(default)]
+    pub retry_max_ms: Option<u64>,
+    /// Attempts before giving up; default [`DEFAULT_MAX_ATTEMPTS`].
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// Timeout of one attempt, ms; default [`DEFAULT_WEBHOOK_TIMEOUT_MS`].
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Raw `[alerts]` section: `[[alerts.webhook]]` entries.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlertsConfig {
+    /// The webhooks.
+    #[serde(default)]
+    pub webhook: Vec<RawWebhookConfig>,
+}
+
+/// One validated webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Receiver URL (also the webhook's identity in the outbox).
+    pub url: String,
+    /// HMAC-SHA256 key of the body signature.
+    pub secret: String,
+    /// Events it receives; empty: every event.
+    pub events: Vec<EventKind>,
+    /// First retry delay (default 1 s); doubles each attempt.
+    pub retry_initial: Duration,
+    /// Retry delay cap (default 300 s).
+    pub retry_max: Duration,
+    /// Attempts before the delivery is marked failed (default 100).
+    pub max_attempts: u32,
+    /// Timeout of one attempt (default 10 s).
+    pub timeout: Duration,
+}
+
+impl WebhookConfig {
+    /// True when this webhook wants `kind`.
+    pub fn wants(&self, kind: EventKind) -> bool {
+        self.events.is_empty() || self.events.contains(&kind)
+    }
+}
+
+impl TryFrom<RawWebhookConfig> for WebhookConfig {
+    type Error = DashboardError;
+
+    fn try_from(raw: RawWebhookConfig) -> Result<Self, Self::Error> {
+        let url = reqwest::Url::parse(&raw.url).map_err(|e| {
+            DashboardError::Config(format!("alerts.webhook url {:?}: {e}", raw.url))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(DashboardError::Config(format!(
+                "alerts.webhook url {:?}: scheme must be http or https",
+                raw.url
+            )));
+        }
+        if raw.secret.is_empty() {
+            return Err(DashboardError::Config(format!(
+                "alerts.webhook {:?}: secret must not be empty",
+                raw.url
+            )));
+        }
+        let mut events = Vec::new();
+        for name in &raw.events {
+            let kind = EventKind::parse(name).ok_or_else(|| {
+                DashboardError::Config(format!(
+                    "alerts.webhook {:?}: unknown event {name:?} (known: {})",
+                    raw.url,
+                    EventKind::ALL.map(|k| k.as_str()).join(", ")
+                ))
+            })?;
+            if !events.contains(&kind) {
+                events.push(kind);
+            }
+        }
+        let retry_initial_ms = raw.retry_initial_ms.unwrap_or(DEFAULT_RETRY_INITIAL_MS);
+        let retry_max_ms = raw.retry_max_ms.unwrap_or(DEFAULT_RETRY_MAX_MS);
+        if retry_initial_ms == 0 || retry_max_ms < retry_initial_ms {
+            return Err(DashboardError::Config(format!(
+                "alerts.webhook {:?}: need 0 < retry_initial_ms <= retry_max_ms",
+                raw.url
+            )));
+        }
+        let max_attempts = raw.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        if max_attempts == 0 {
+            return Err(DashboardError::Config(format!(
+                "alerts.webhook {:?}: max_attempts must be at least 1",
+                raw.url
+            )));
+        }
+        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_WEBHOOK_TIMEOUT_MS).max(1);
+        Ok(Self {
+            url: raw.url,
+            secret: raw.secret,
+            events,
+            retry_initial: Duration::from_millis(retry_initial_ms),
+            retry_max: Duration::from_millis(retry_max_ms),
+            max_attempts,
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+}
+
+/// The validated dashboard configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DashboardConfig {
+    /// Listen address (default `127.0.0.1:4319`).
+    pub listen: SocketAddr,
+    /// Lowercase `Host` names accepted besides loopback names (`localhost`, `127.0.0.1`,
+    /// `[::1]`), without port.
+    pub allowed_hosts: Vec<String>,
+    /// CORS origins; an entry ending in `:*` allows any port. Empty: no CORS.
+    pub cors_allowed_origins: Vec<String>,
+    /// Base URL for links in webhook bodies, without trailing `/`; `None`: `http://<listen>`.
+    pub public_url: Option<String>,
+    /// Alert webhooks.
+    pub webhooks: Vec<WebhookConfig>,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 4319)),
+            allowed_hosts: Vec::new(),
+            cors_allowed_origins: Vec::new(),
+            public_url: None,
+            webhooks: Vec::new(),
+        }
+    }
+}
+
+impl DashboardConfig {
+    /// The base URL links point to: `public_url`, else `http://<listen>`.
+    pub fn base_url(&self) -> String {
+        self.public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+}
+
+impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
+    type Error = DashboardError;
+
+    fn try_from(
+        (raw, alerts): (RawDashboardConfig, RawAlertsConfig),
+    ) -> Result<Self, Self::Error> {
+        let listen = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let listen: SocketAddr = listen
+            .parse()
+            .map_err(|e| DashboardError::Config(format!("dashboard.listen {listen:?}: {e}")))?;
+        let mut allowed_hosts = Vec::new();
+        for h in raw.allowed_hosts {
+            let h = h.trim().to_ascii_lowercase();
+            if h.is_empty() || h.contains('/') || h.contains(' ') {
+                return Err(DashboardError::Config(format!(
+                    "dashboard.allowed_hosts: {h:?} is not a host name"
+                )));
+            }
+            allowed_hosts.push(h);
+        }
+        for o in &raw.cors_allowed_origins {
+            if !(o.starts_with("http://") || o.starts_with("https://") || o.contains("://")) {
+                return Err(DashboardError::Config(format!(
+                    "dashboard.cors_allowed_origins: {o:?} is not an origin (scheme://host[:port])"
+                )));
+            }
+        }
+        let public_url = match raw.public_url {
+            Some(u) => {
+                let parsed = reqwest::Url::parse(&u).map_err(|e| {
+                    DashboardError::Config(format!("dashboard.public_url {u:?}: {e}"))
+                })?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err(DashboardError::Config(format!(
+                        "dashboard.public_url {u:?}: scheme must be http or https"
+                    )));
+                }
+                Some(u.trim_end_matches('/').to_string())
+            }
+            None => None,
+        };
+        let webhooks = alerts
+            .webhook
+            .into_iter()
+            .map(WebhookConfig::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            listen,
+            allowed_hosts,
+            cors_allowed_origins: raw.cors_allowed_origins,
+            public_url,
+            webhooks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_event_is_refused_by_name() {
+        let raw = RawWebhookConfig {
+            url: "http://127.0.0.1:9/hook".into(),
+            secret: "s".into(),
+            events: vec!["breaker.opened".into(), "breaker.exploded".into()],
+            retry_initial_ms: None,
+            retry_max_ms: None,
+            max_attempts: None,
+            timeout_ms: None,
+        };
+        let err = WebhookConfig::try_from(raw).unwrap_err().to_string();
+        assert!(err.contains("breaker.exploded"), "{err}");
+    }
+
+    #[test]
+    fn defaults_and_unknown_keys() {
+        let raw: RawDashboardConfig = toml_like(r#"{"allowed_hosts":["Stall.Local"]}"#);
+        let cfg = DashboardConfig::try_from((raw, RawAlertsConfig::default())).unwrap();
+        assert_eq!(cfg.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(cfg.allowed_hosts, vec!["stall.local".to_string()]);
+        let bad = serde_json::from_str::<RawDashboardConfig>(r#"{"listen_addr":"x"}"#);
+        assert!(bad.unwrap_err().to_string().contains("listen_addr"));
+    }
+
+    fn toml_like(json: &str) -> RawDashboardConfig {
+        serde_json::from_str(json).unwrap()
+    }
+}

@@ -1,0 +1,140 @@
+//! The dashboard's one error type, and how it is answered over HTTP.
+//!
+//! Every handler returns [`DashboardError`]; its `IntoResponse` renders the API error shape
+//! `{"error": {"code", "message"}}` (DESIGN, Read API JSON) with the matching status. Storage
+//! failures are logged once here and shown to clients only as `internal`.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use stallwatch_storage::control::ControlError;
+use stallwatch_storage::telemetry::QueryError;
+use stallwatch_storage::StorageError;
+
+/// What a dashboard operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum DashboardError {
+    /// The configuration is invalid; the message names the key.
+    #[error("invalid dashboard config: {0}")]
+    Config(String),
+    /// A request parameter or body is invalid (HTTP 400); `code` is machine-readable.
+    #[error("{message}")]
+    BadRequest {
+        /// Machine-readable code, e.g. `invalid_parameter`.
+        code: &'static str,
+        /// What was wrong, naming the parameter.
+        message: String,
+    },
+    /// The thing asked for does not exist (HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The bearer token is missing or wrong (HTTP 401); nothing was done.
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// The `Host` header is not a loopback or configured name (HTTP 421, DNS rebinding).
+    #[error("host {0:?} is not allowed")]
+    ForbiddenHost(String),
+    /// The reaper or watchdog refused the control request (its status and code).
+    #[error("{0}")]
+    Control(ControlError),
+    /// Nothing is listening for control requests (stallwatch is shutting down): HTTP 503.
+    #[error("control channel closed")]
+    ControlUnavailable,
+    /// The storage failed (HTTP 500; 503 when full).
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// A socket failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<QueryError> for DashboardError {
+    fn from(e: QueryError) -> Self {
+        match e {
+            QueryError::BadCursor => DashboardError::BadRequest {
+                code: "invalid_cursor",
+                message: "invalid cursor".into(),
+            },
+            QueryError::NeedsTimeRange(key) => DashboardError::BadRequest {
+                code: "needs_time_range",
+                message: format!(
+                    "attribute key {key:?} is not indexed: give start_unix_nano and end_unix_nano"
+                ),
+            },
+            QueryError::Storage(s) => DashboardError::Storage(s),
+        }
+    }
+}
+
+impl DashboardError {
+    /// Shorthand for an `invalid_parameter` 400.
+    pub fn bad_param(message: impl Into<String>) -> Self {
+        DashboardError::BadRequest {
+            code: "invalid_parameter",
+            message: message.into(),
+        }
+    }
+}
+
+/// Renders `{"error":{"code","message"}}`.
+pub(crate) fn error_body(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({"error": {"code": code, "message": message}})
+}
+
+impl IntoResponse for DashboardError {
+    fn into_response(self) -> Response {
+        let (status, code, message) = match &self {
+            DashboardError::BadRequest { code, message } => {
+                (StatusCode::BAD_REQUEST, (*code).to_string(), message.clone())
+            }
+            DashboardError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found".into(), m.clone()),
+            DashboardError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized".into(),
+                self.to_string(),
+            ),
+            DashboardError::ForbiddenHost(_) => (
+                StatusCode::MISDIRECTED_REQUEST,
+                "host_not_allowed".into(),
+                self.to_string(),
+            ),
+            DashboardError::Control(c) => (
+                StatusCode::from_u16(c.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                c.code.clone(),
+                c.message.clone(),
+            ),
+            DashboardError::ControlUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "control_unavailable".into(),
+                self.to_string(),
+            ),
+            DashboardError::Storage(e) if e.is_full() => {
+                tracing::warn!("dashboard request failed: {e}");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "storage_full".into(),
+                    "storage is full".into(),
+                )
+            }
+            DashboardError::Storage(_) | DashboardError::Io(_) | DashboardError::Config(_) => {
+                tracing::error!("dashboard request failed: {self}");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal".into(),
+                    "internal error (see stallwatch's log)".into(),
+                )
+            }
+        };
+        let mut resp = (status, axum::Json(error_body(&code, &message))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

@@ -1,0 +1,71 @@
+//! Strict query-string parsing: every parameter is taken by name, validated with a 400 that
+//! names it, and anything left over is refused as unknown.
+
+use std::collections::BTreeMap;
+
+use crate::error::DashboardError;
+
+/// Query parameters of one request, consumed by name.
+pub(crate) struct Params {
+    map: BTreeMap<String, String>,
+}
+
+impl Params {
+    /// Builds from the raw pairs; a repeated parameter is a 400.
+    pub(crate) fn new(pairs: Vec<(String, String)>) -> Result<Self, DashboardError> {
+        let mut map = BTreeMap::new();
+        for (k, v) in pairs {
+            if map.insert(k.clone(), v).is_some() {
+                return Err(DashboardError::bad_param(format!(
+                    "query parameter {k:?} given more than once"
+                )));
+            }
+        }
+        Ok(Self { map })
+    }
+
+    /// A non-empty string parameter.
+    pub(crate) fn string(&mut self, name: &str) -> Result<Option<String>, DashboardError> {
+        match self.map.remove(name) {
+            None => Ok(None),
+            Some(v) if v.is_empty() => Ok(None),
+            Some(v) if v.len() > 1024 => Err(DashboardError::bad_param(format!(
+                "query parameter {name:?} is longer than 1024 bytes"
+            ))),
+            Some(v) => Ok(Some(v)),
+        }
+    }
+
+    /// An unsigned integer parameter within `min..=max`.
+    pub(crate) fn u64_in(
+        &mut self,
+        name: &str,
+        min: u64,
+        max: u64,
+    ) -> Result<Option<u64>, DashboardError> {
+        let Some(v) = self.string(name)? else {
+            return Ok(None);
+        };
+        match v.parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(DashboardError::bad_param(format!(
+                "query parameter {name:?} must be an integer from {min} to {max}, got {v:?}"
+            ))),
+        }
+    }
+
+    /// A page size: default `default`, 1..=`max`.
+    pub(crate) fn limit(&mut self, default: u64, max: u64) -> Result<usize, DashboardError> {
+        Ok(self.u64_in("limit", 1, max)?.unwrap_or(default) as usize)
+    }
+
+    /// Refuses parameters nobody took.
+    pub(crate) fn finish(self) -> Result<(), DashboardError> {
+        match self.map.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(DashboardError::bad_param(format!(
+                "unknown query parameter {k:?}"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The control endpoints (DESIGN, Control endpoints; Security): each needs
+//! `Authorization: Bearer <token>` (compared in constant time), validates its input, sends
+//! one [`ControlRequest`] to the reaper or watchdog, and answers from its reply. A missing or
+//! wrong token answers 401 before anything is parsed or sent.
+
+use std::path::PathBuf;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use stallwatch_storage::control::{valid_runner_id, ControlReply, ControlRequest, RunnerSpec};
+use tokio::sync::oneshot;
+
+use crate::error::DashboardError;
+use crate::state::Shared;
+
+/// Compares two byte strings in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// Proof that the request carried the right bearer token. Put it first among a handler's
+/// extractors so a bad token is answered before the body is read.
+pub(crate) struct Authorized;
+
+impl FromRequestParts<Shared> for Authorized {
+    type Rejection = DashboardError;
+
+    async fn from_request_parts(parts: &mut Parts, ctx: &Shared) -> Result<Self, Self::Rejection> {
+        let given = parts
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            });
+        let expected = ctx.app.token.as_bytes();
+        match given {
+            Some(t) if !expected.is_empty() && constant_time_eq(t.as_bytes(), expected) => {
+                Ok(Authorized)
+            }
+            _ => {
+                tracing::warn!(path = %parts.uri.path(), "control request refused: missing or wrong bearer token");
+                Err(DashboardError::Unauthorized)
+            }
+        }
+    }
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, DashboardError> {
+    body.map(|Json(v)| v).map_err(|e| DashboardError::BadRequest {
+        code: "invalid_body",
+        message: e.body_text(),
+    })
+}
+
+fn check_runner_id(id: &str) -> Result<(), DashboardError> {
+    if valid_runner_id(id) {
+        Ok(())
+    } else {
+        Err(DashboardError::BadRequest {
+            code: "invalid_runner_id",
+            message: format!("runner id {id:?} must match ^[a-z0-9][a-z0-9._-]{{0,62}}$"),
+        })
+    }
+}
+
+fn check_checkpoint_id(id: &str) -> Result<(), DashboardError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !id.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(DashboardError::BadRequest {
+            code: "invalid_checkpoint_id",
+            message: format!("checkpoint id {id:?} must be 1 to 128 of [A-Za-z0-9._-], not starting with '.'"),
+        })
+    }
+}
+
+/// Sends a request built around a fresh reply channel and answers from the reply.
+async fn ask(
+    ctx: &Shared,
+    ok_status: StatusCode,
+    build: impl FnOnce(oneshot::Sender<ControlReply>) -> ControlRequest,
+) -> Result<Response, DashboardError> {
+    let (tx, rx) = oneshot::channel();
+    ctx.app
+        .control
+        .send(build(tx))
+        .await
+        .map_err(|_| DashboardError::ControlUnavailable)?;
+    match rx.await {
+        Ok(Ok(body)) => Ok((ok_status, Json(body)).into_response()),
+        Ok(Err(e)) => Err(DashboardError::Control(e)),
+        Err(_) => Err(DashboardError::ControlUnavailable),
+    }
+}
+
+/// `POST /api/v1/runners` (token), body = `RunnerSpec` JSON → 201 with the reaper's answer;
+/// 409 when the same id is alive (from the reaper).
+pub(crate) async fn register_runner(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+    body: Result<Json<RunnerSpec>, JsonRejection>,
+) -> Result<Response, DashboardError> {
+    let spec = json_body(body)?;
+    check_runner_id(&spec.id)?;
+    match (&spec.spawn, &spec.attach) {
+        (Some(s), None) if s.argv.is_empty() || s.argv[0].is_empty() => {
+            return Err(DashboardError::BadRequest {
+                code: "invalid_runner",
+                message: "spawn.argv must name a program".into(),
+            })
+        }
+        (Some(_), None) => {}
+        (None, Some(a)) if a.pid <= 1 => {
+            return Err(DashboardError::BadRequest {
+                code: "invalid_runner",
+                message: format!("attach.pid {} cannot be watched", a.pid),
+            })
+        }
+        (None, Some(_)) => {}
+        _ => {
+            return Err(DashboardError::BadRequest {
+                code: "invalid_runner",
+                message: "give exactly one of spawn and attach".into(),
+            })
+        }
+    }
+    ask(&ctx, StatusCode::CREATED, |reply| {
+        ControlRequest::RegisterRunner { spec, reply }
+    })
+    .await
+}
+
+/// `DELETE /api/v1/runners/{id}` (token) → answers when termination is done.
+pub(crate) async fn delete_runner(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Response, DashboardError> {
+    check_runner_id(&id)?;
+    ask(&ctx, StatusCode::OK, |reply| ControlRequest::DeleteRunner {
+        id,
+        reply,
+    })
+    .await
+}
+
+/// `POST /api/v1/runners/{id}/breaker/reset` (token).
+pub(crate) async fn reset_breaker(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Response, DashboardError> {
+    check_runner_id(&id)?;
+    ask(&ctx, StatusCode::OK, |reply| ControlRequest::ResetBreaker {
+        id,
+        reply,
+    })
+    .await
+}
+
+/// Body of `POST /api/v1/checkpoints`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewCheckpoint {
+    runner_id: String,
+    workspace: PathBuf,
+}
+
+/// `POST /api/v1/checkpoints` (token), body `{"runner_id","workspace"}` → 201 `{"id","path"}`.
+pub(crate) async fn create_checkpoint(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+    body: Result<Json<NewCheckpoint>, JsonRejection>,
+) -> Result<Response, DashboardError> {
+    let NewCheckpoint {
+        runner_id,
+        workspace,
+    } = json_body(body)?;
+    check_runner_id(&runner_id)?;
+    if !workspace.is_absolute() {
+        return Err(DashboardError::BadRequest {
+            code: "invalid_workspace",
+            message: format!("workspace {} must be an absolute path", workspace.display()),
+        });
+    }
+    ask(&ctx, StatusCode::CREATED, |reply| {
+        ControlRequest::CreateCheckpoint {
+            runner_id,
+            workspace,
+            reply,
+        }
+    })
+    .await
+}
+
+/// `POST /api/v1/checkpoints/{id}/commit` (token).
+pub(crate) async fn commit_checkpoint(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Response, DashboardError> {
+    check_checkpoint_id(&id)?;
+    ask(&ctx, StatusCode::OK, |reply| {
+        ControlRequest::CommitCheckpoint { id, reply }
+    })
+    .await
+}
+
+/// `POST /api/v1/checkpoints/{id}/rollback` (token).
+pub(crate) async fn rollback_checkpoint(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Response, DashboardError> {
+    check_checkpoint_id(&id)?;
+    ask(&ctx, StatusCode::OK, |reply| {
+        ControlRequest::RollbackCheckpoint { id, reply }
+    })
+    .await
+}
+
+/// `POST /api/v1/shutdown` (token) → 202 `{"shutting_down":true}`; the ordered shutdown
+/// follows.
+pub(crate) async fn shutdown(
+    _auth: Authorized,
+    State(ctx): State<Shared>,
+) -> Result<Response, DashboardError> {
+    ctx.app
+        .control
+        .send(ControlRequest::Shutdown)
+        .await
+        .map_err(|_| DashboardError::ControlUnavailable)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"shutting_down": true}))).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_strings() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}

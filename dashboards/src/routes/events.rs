@@ -1,0 +1,143 @@
+//! `GET /api/v1/events`: the incident stream as Server-Sent Events.
+//!
+//! Each event carries `id:` = incident id, `event:` = event name, `data:` = the incident
+//! JSON. With `Last-Event-ID` (or `?last_event_id=`), incidents recorded after that id are
+//! replayed from storage first, then the stream follows the [`EventBus`] live without gaps
+//! or repeats: it subscribes before replaying and skips live ids already sent. A subscriber
+//! that falls behind the bus re-reads from storage. Keep-alive comments every 15 s.
+//!
+//! [`EventBus`]: stallwatch_storage::EventBus
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use stallwatch_storage::model::Incident;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::DashboardError;
+use crate::json;
+use crate::params::Params;
+use crate::state::Shared;
+
+/// Keep-alive comment interval.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Incidents read per replay page.
+const REPLAY_PAGE: usize = 500;
+
+fn to_event(i: &Incident) -> Event {
+    let data = json::incident(i).to_string();
+    let ev = Event::default().event(i.incident.kind.as_str()).data(data);
+    if i.id > 0 {
+        ev.id(i.id.to_string())
+    } else {
+        ev
+    }
+}
+
+/// Sends incidents after `last` from storage; answers the newest id sent (or `last`).
+async fn replay(
+    ctx: &Shared,
+    mut last: i64,
+    tx: &mpsc::Sender<Result<Event, Infallible>>,
+) -> Option<i64> {
+    loop {
+        let page = match ctx.app.storage.incidents_after(last, REPLAY_PAGE).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("sse replay failed: {e}");
+                return Some(last);
+            }
+        };
+        let n = page.len();
+        for i in &page {
+            tx.send(Ok(to_event(i))).await.ok()?;
+            last = i.id;
+        }
+        if n < REPLAY_PAGE {
+            return Some(last);
+        }
+    }
+}
+
+async fn pump(
+    ctx: Shared,
+    mut rx: broadcast::Receiver<Incident>,
+    start: Option<i64>,
+    tx: mpsc::Sender<Result<Event, Infallible>>,
+) {
+    let mut last = match start {
+        Some(after) => match replay(&ctx, after, &tx).await {
+            Some(l) => l,
+            None => return,
+        },
+        None => 0,
+    };
+    let shutdown = ctx.app.shutdown.clone();
+    loop {
+        let got = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tx.closed() => return,
+            got = rx.recv() => got,
+        };
+        match got {
+            Ok(i) if i.id == 0 || i.id > last => {
+                if tx.send(Ok(to_event(&i))).await.is_err() {
+                    return;
+                }
+                last = last.max(i.id);
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(missed = n, "sse subscriber lagged; re-reading from storage");
+                match replay(&ctx, last, &tx).await {
+                    Some(l) => last = l,
+                    None => return,
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// `GET /api/v1/events` → `text/event-stream`.
+pub(crate) async fn stream(
+    State(ctx): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Response, DashboardError> {
+    let mut p = Params::new(q)?;
+    let from_query = p.u64_in("last_event_id", 0, i64::MAX as u64)?;
+    p.finish()?;
+    let from_header = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => {
+            let s = v.to_str().unwrap_or("").trim();
+            if s.is_empty() {
+                None
+            } else {
+                Some(s.parse::<u64>().map_err(|_| {
+                    DashboardError::bad_param(format!(
+                        "Last-Event-ID must be an incident id, got {s:?}"
+                    ))
+                })?)
+            }
+        }
+    };
+    let start = from_header.or(from_query).map(|v| v.min(i64::MAX as u64) as i64);
+    let rx = ctx.app.events.subscribe();
+    let (tx, out) = mpsc::channel(64);
+    let metrics = ctx.http.clone();
+    metrics.sse(1);
+    tokio::spawn(async move {
+        pump(ctx, rx, start, tx).await;
+        metrics.sse(-1);
+    });
+    Ok(Sse::new(ReceiverStream::new(out))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response())
+}

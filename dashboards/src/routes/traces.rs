@@ -1,0 +1,189 @@
+//! Trace reads: search, one trace (spans, inferred parents, logs), one span, open spans,
+//! services and span names (DESIGN, Read API JSON).
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde_json::{json, Value};
+use stallwatch_storage::model::{now_unix_nano, SpanId, TraceId};
+use stallwatch_storage::telemetry::{StatusFilter, TraceQuery};
+
+use crate::error::DashboardError;
+use crate::json;
+use crate::params::Params;
+use crate::state::Shared;
+
+/// Default search page size.
+pub const DEFAULT_PAGE: u64 = 50;
+/// Largest search page size.
+pub const MAX_PAGE: u64 = 1000;
+
+fn trace_id(s: &str) -> Result<TraceId, DashboardError> {
+    if s.len() != 32 {
+        return Err(DashboardError::bad_param(format!(
+            "trace_id must be 32 hex characters, got {s:?}"
+        )));
+    }
+    TraceId::from_hex(s)
+        .ok_or_else(|| DashboardError::bad_param(format!("trace_id {s:?} is not hex")))
+}
+
+fn span_id(s: &str) -> Result<SpanId, DashboardError> {
+    if s.len() != 16 {
+        return Err(DashboardError::bad_param(format!(
+            "span_id must be 16 hex characters, got {s:?}"
+        )));
+    }
+    SpanId::from_hex(s).ok_or_else(|| DashboardError::bad_param(format!("span_id {s:?} is not hex")))
+}
+
+/// Parses the search parameters: `service`, `span_name`, `tool_name`,
+/// `status=unset|ok|error`, `min_duration_ms`, `attr=key=value`, `start_unix_nano`,
+/// `end_unix_nano`, `limit` (1..=1000, default 50), `cursor`.
+pub(crate) fn trace_query(mut p: Params) -> Result<TraceQuery, DashboardError> {
+    let status = match p.string("status")?.as_deref() {
+        None => None,
+        Some("unset") => Some(StatusFilter::Unset),
+        Some("ok") => Some(StatusFilter::Ok),
+        Some("error") => Some(StatusFilter::Error),
+        Some(other) => {
+            return Err(DashboardError::bad_param(format!(
+                "query parameter \"status\" must be unset, ok or error, got {other:?}"
+            )))
+        }
+    };
+    let min_duration_ns = match p.string("min_duration_ms")? {
+        None => None,
+        Some(v) => match v.parse::<f64>() {
+            Ok(ms) if (0.0..1e12).contains(&ms) => Some((ms * 1e6) as u64),
+            _ => {
+                return Err(DashboardError::bad_param(format!(
+                    "query parameter \"min_duration_ms\" must be a non-negative number of ms, got {v:?}"
+                )))
+            }
+        },
+    };
+    let attribute = match p.string("attr")? {
+        None => None,
+        Some(v) => match v.split_once('=') {
+            Some((k, val)) if !k.is_empty() => Some((k.to_string(), val.to_string())),
+            _ => {
+                return Err(DashboardError::bad_param(format!(
+                    "query parameter \"attr\" must be key=value, got {v:?}"
+                )))
+            }
+        },
+    };
+    let start = p.u64_in("start_unix_nano", 0, u64::MAX)?;
+    let end = p.u64_in("end_unix_nano", 0, u64::MAX)?;
+    if let (Some(s), Some(e)) = (start, end) {
+        if e <= s {
+            return Err(DashboardError::bad_param(
+                "end_unix_nano must be after start_unix_nano",
+            ));
+        }
+    }
+    let q = TraceQuery {
+        service: p.string("service")?,
+        span_name: p.string("span_name")?,
+        tool_name: p.string("tool_name")?,
+        status,
+        min_duration_ns,
+        attribute,
+        start_min_unix_nano: start,
+        start_max_unix_nano: end,
+        limit: p.limit(DEFAULT_PAGE, MAX_PAGE)?,
+        cursor: p.string("cursor")?,
+    };
+    p.finish()?;
+    Ok(q)
+}
+
+/// `GET /api/v1/traces` → `{"items":[trace summary...],"next_cursor":string|null}`.
+pub(crate) async fn search(
+    State(ctx): State<Shared>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Json<Value>, DashboardError> {
+    let query = trace_query(Params::new(q)?)?;
+    let page = ctx.app.storage.search_traces(query).await?;
+    Ok(Json(json!({
+        "items": page.items.iter().map(json::trace_summary).collect::<Vec<_>>(),
+        "next_cursor": page.next_cursor,
+    })))
+}
+
+/// `GET /api/v1/traces/{trace_id}` → `{"trace_id","spans","logs"}`; 404 when unknown.
+pub(crate) async fn trace(
+    State(ctx): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, DashboardError> {
+    let id = trace_id(&id)?;
+    match ctx.app.storage.trace(id).await? {
+        Some(v) => Ok(Json(json::trace_view(&v))),
+        None => Err(DashboardError::NotFound(format!("trace {id} not found"))),
+    }
+}
+
+/// `GET /api/v1/traces/{trace_id}/spans/{span_id}` → one span; a parent only named by its
+/// children answers as an `inferred` span; 404 when unknown.
+pub(crate) async fn span(
+    State(ctx): State<Shared>,
+    Path((t, s)): Path<(String, String)>,
+) -> Result<Json<Value>, DashboardError> {
+    let (t, s) = (trace_id(&t)?, span_id(&s)?);
+    if let Some(sp) = ctx.app.storage.span(t, s).await? {
+        return Ok(Json(json::stored_span(&sp)));
+    }
+    if let Some(v) = ctx.app.storage.trace(t).await? {
+        let child_start = v
+            .spans
+            .iter()
+            .filter(|c| c.span.parent_span_id == Some(s))
+            .map(|c| c.span.start_time_unix_nano)
+            .min();
+        if let Some(start) = child_start {
+            return Ok(Json(json::inferred_span(t, s, start)));
+        }
+    }
+    Err(DashboardError::NotFound(format!("span {t}/{s} not found")))
+}
+
+/// `GET /api/v1/open-spans[?runner_id=]` → `{"items":[open span...]}` from the open-span
+/// ledger, oldest first.
+pub(crate) async fn open_spans(
+    State(ctx): State<Shared>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Json<Value>, DashboardError> {
+    let mut p = Params::new(q)?;
+    let runner = p.string("runner_id")?;
+    p.finish()?;
+    let now = now_unix_nano();
+    let rows = ctx.app.storage.open_spans().await?;
+    let items: Vec<Value> = rows
+        .iter()
+        .filter(|r| runner.is_none() || r.runner_id == runner)
+        .map(|r| json::open_span(r, now))
+        .collect();
+    Ok(Json(json!({ "items": items })))
+}
+
+/// `GET /api/v1/services` → `{"items":[name...]}`.
+pub(crate) async fn services(
+    State(ctx): State<Shared>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Json<Value>, DashboardError> {
+    Params::new(q)?.finish()?;
+    Ok(Json(json!({ "items": ctx.app.storage.services().await? })))
+}
+
+/// `GET /api/v1/span-names[?service=]` → `{"items":[name...]}`.
+pub(crate) async fn span_names(
+    State(ctx): State<Shared>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Result<Json<Value>, DashboardError> {
+    let mut p = Params::new(q)?;
+    let service = p.string("service")?;
+    p.finish()?;
+    Ok(Json(
+        json!({ "items": ctx.app.storage.span_names(service).await? }),
+    ))
+}
