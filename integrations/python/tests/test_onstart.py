@@ -244,3 +244,27 @@ def test_setup_keeps_an_existing_sdk_provider(spawn, receiver, short_tmp):
     assert rec["end"] == 0
     assert rec["resource"]["custom.key"] == "kept"
     assert rec["resource"]["stallwatch.runner.id"] == "rt-1"  # from OTEL_RESOURCE_ATTRIBUTES
+
+
+QUIET_FAILURES = """
+import os, time
+import stallwatch_runner as sw
+runner = sw.setup(refresh_interval_s=0.1, export_timeout_s=0.5)
+with sw.tool_span("slow_tool"):
+    deadline = time.monotonic() + 20
+    while runner.on_start.dropped < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+print("dropped", runner.on_start.dropped, flush=True)
+os._exit(0)  # skip the exit-time flush of the batch processor
+"""
+
+
+def test_failed_snapshot_exports_are_logged_once(spawn, short_tmp):
+    env = runner_env(f"http://127.0.0.1:{_closed_port()}", short_tmp, OTEL_BSP_SCHEDULE_DELAY="60000")
+    child = spawn(QUIET_FAILURES, env)
+    dropped = int(child.wait_line("dropped ").split()[1])
+    assert dropped >= 4
+    assert child.proc.wait(timeout=20) == 0
+    err = child.proc.stderr.read()
+    assert err.count("cannot export open-span snapshots") == 1, err
+    assert "Transient error" not in err and "Failed to export" not in err, err

@@ -40,10 +40,35 @@ MAX_QUEUED_STARTS = 1024
 #: Most running spans tracked (tool spans plus candidates that may become tool spans).
 MAX_TRACKED_SPANS = 4096
 
+#: Name of the export thread; exporter log records from it are filtered (see below).
+THREAD_NAME = "stallwatch-onstart"
+#: Loggers of the OTLP span exporters, whose per-failure records from the export
+#: thread are dropped so a runner's stderr (which stallwatch keeps) is not flooded
+#: every refresh; the first failure is logged once by ``stallwatch_runner`` instead.
+EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+)
+
 _OP_KEY = "gen_ai.operation.name"
 _OP_TOOL = "execute_tool"
 _MCP_KEY = "mcp.method.name"
 _MCP_TOOL = "tools/call"
+
+
+class _FromExportThread(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != THREAD_NAME
+
+
+_QUIET = _FromExportThread()
+
+
+def _quiet_exporter_logs() -> None:
+    for name in EXPORTER_LOGGERS:
+        lg = logging.getLogger(name)
+        if _QUIET not in lg.filters:
+            lg.addFilter(_QUIET)
 
 
 def is_tool_span(attributes: Any) -> bool:
@@ -116,9 +141,9 @@ class OnStartSpanProcessor(SpanProcessor):
         #: Snapshots handed to the exporter / dropped (queue full, export failed).
         self.exported = 0
         self.dropped = 0
-        self._thread = threading.Thread(
-            target=self._run, name="stallwatch-onstart", daemon=True
-        )
+        self._warned = False
+        _quiet_exporter_logs()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     # -- called in the tool's thread: never block -------------------------------------
@@ -192,16 +217,23 @@ class OnStartSpanProcessor(SpanProcessor):
         snaps = [s for s in (snapshot(span) for span in spans) if s is not None]
         if not snaps:
             return
+        error = ""
         try:
             result = self._exporter.export(snaps)
             ok = getattr(result, "name", "") == "SUCCESS"
-        except Exception:
-            _logger.debug("stallwatch: snapshot export failed", exc_info=True)
-            ok = False
+        except Exception as err:
+            ok, error = False, f": {err}"
         if ok:
             self.exported += len(snaps)
-        else:
-            self.dropped += len(snaps)
+            return
+        self.dropped += len(snaps)
+        if not self._warned:
+            self._warned = True
+            _logger.warning(
+                "stallwatch: cannot export open-span snapshots%s; dropping them "
+                "(further failures are counted, not logged)",
+                error,
+            )
 
     # -- lifecycle ---------------------------------------------------------------------
 
