@@ -1,0 +1,352 @@
+//! The watchdog's configuration: the raw `[watchdog]` TOML shape (edge names carry units,
+//! `*_ms`) and the validated [`WatchdogConfig`] (durations inside) built from it by
+//! `TryFrom`. Every default is a named constant beside its field; every error names the key
+//! (and the rule) that was wrong. Defaults come from DESIGN.md ("Defaults", "Interfaces:
+//! Heartbeat details", "SLA and staleness").
+
+use std::time::Duration;
+
+use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
+use serde::Deserialize;
+
+use crate::error::WatchdogError;
+
+/// Default heartbeat ping interval: 2000 ms (DESIGN, Defaults).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(2000);
+/// Default heartbeat timeout: no PONG for 5000 ms since the last one means *lost* (DESIGN).
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(5000);
+/// Default start-up grace before a new runner's first PONG is due: 30000 ms (DESIGN,
+/// Interfaces: Heartbeat details, `startup_grace_ms`).
+pub const DEFAULT_STARTUP_GRACE: Duration = Duration::from_millis(30_000);
+/// Default staleness limit of a refreshed open span: 15000 ms (DESIGN, `staleness_ms`).
+pub const DEFAULT_STALENESS: Duration = Duration::from_millis(15_000);
+/// Default breaker cooldown in OPEN before HALF_OPEN: 15000 ms (DESIGN, Defaults).
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(15_000);
+/// Default tool SLA: 60000 ms (DESIGN, Defaults).
+pub const DEFAULT_SLA: Duration = Duration::from_millis(60_000);
+/// Hard cap of the rendering / I/O tool class: 30000 ms (DESIGN, Defaults).
+pub const DEFAULT_CLASS_CAP: Duration = Duration::from_millis(30_000);
+/// Floor of a per-span `stallwatch.sla_ms` override: 1000 ms (DESIGN, `min_sla_ms`).
+pub const DEFAULT_MIN_SLA: Duration = Duration::from_millis(1000);
+/// Ceiling of every SLA: 3600000 ms (one hour; DESIGN names `max_sla_ms` without a value).
+pub const DEFAULT_MAX_SLA: Duration = Duration::from_millis(3_600_000);
+/// Longest a lost heartbeat with a fresh span within SLA stays *suspect* before it trips:
+/// 30000 ms (DESIGN, "trip after min(SLA, 30 s)").
+pub const DEFAULT_SUSPECT_CAP: Duration = Duration::from_millis(30_000);
+/// Default evaluation period of the watchdog loop: 50 ms (bounds detection latency).
+pub const DEFAULT_TICK: Duration = Duration::from_millis(50);
+/// Default period at which the runner board is republished when nothing changed: 1000 ms.
+pub const DEFAULT_BOARD_INTERVAL: Duration = Duration::from_millis(1000);
+/// Tool-name globs of the rendering / I/O class capped at [`DEFAULT_CLASS_CAP`].
+pub const DEFAULT_CLASS_GLOBS: &[&str] = &[
+    "*render*",
+    "*plot*",
+    "*draw*",
+    "*screenshot*",
+    "*image*",
+    "*read_file*",
+    "*write_file*",
+    "*download*",
+    "*upload*",
+    "*fetch*",
+    "*http*",
+];
+
+/// Raw `[watchdog]` TOML section. Unknown keys are refused with their name.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWatchdogConfig {
+    /// Ping interval, ms (default [`DEFAULT_HEARTBEAT_INTERVAL`]).
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Heartbeat timeout, ms (default [`DEFAULT_HEARTBEAT_TIMEOUT`]).
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// Start-up grace, ms (default [`DEFAULT_STARTUP_GRACE`]).
+    pub startup_grace_ms: Option<u64>,
+    /// Staleness limit, ms (default [`DEFAULT_STALENESS`]).
+    pub staleness_ms: Option<u64>,
+    /// Breaker cooldown, ms (default [`DEFAULT_BREAKER_COOLDOWN`]).
+    pub breaker_cooldown_ms: Option<u64>,
+    /// Suspect cap, ms (default [`DEFAULT_SUSPECT_CAP`]).
+    pub suspect_cap_ms: Option<u64>,
+    /// Evaluation period, ms (default [`DEFAULT_TICK`]).
+    pub tick_ms: Option<u64>,
+    /// Board republish period, ms (default [`DEFAULT_BOARD_INTERVAL`]).
+    pub board_interval_ms: Option<u64>,
+    /// Default tool SLA, ms (default [`DEFAULT_SLA`]).
+    pub default_sla_ms: Option<u64>,
+    /// Floor of `stallwatch.sla_ms` overrides, ms (default [`DEFAULT_MIN_SLA`]).
+    pub min_sla_ms: Option<u64>,
+    /// Ceiling of every SLA, ms (default [`DEFAULT_MAX_SLA`]).
+    pub max_sla_ms: Option<u64>,
+    /// Hard cap of the rendering / I/O class, ms (default [`DEFAULT_CLASS_CAP`]).
+    pub class_cap_ms: Option<u64>,
+    /// Tool-name globs of the capped class (default [`DEFAULT_CLASS_GLOBS`]).
+    pub class_tools: Option<Vec<String>>,
+    /// Extra span-name globs that make a span a tool span.
+    #[serde(default)]
+    pub tool_name_patterns: Vec<String>,
+    /// SLA rules by tool-name glob; the first match wins (`[[watchdog.sla_rule]]`).
+    #[serde(default, rename = "sla_rule")]
+    pub sla_rules: Vec<RawSlaRule>,
+}
+
+/// One raw `[[watchdog.sla_rule]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSlaRule {
+    /// Tool-name glob, e.g. `run_notebook*`.
+    pub tool: String,
+    /// SLA for matching tools, ms.
+    pub sla_ms: u64,
+}
+
+/// One validated SLA rule.
+#[derive(Clone, Debug)]
+pub struct SlaRule {
+    /// The glob as written.
+    pub glob: String,
+    /// Its SLA.
+    pub sla: Duration,
+    matcher: GlobMatcher,
+}
+
+impl SlaRule {
+    /// Builds a rule; errors name `sla_rule[index].tool` when the glob is invalid.
+    pub fn new(index: usize, glob: &str, sla: Duration) -> Result<Self, WatchdogError> {
+        let matcher = Glob::new(glob)
+            .map_err(|e| WatchdogError::Config {
+                key: format!("watchdog.sla_rule[{index}].tool"),
+                message: format!("invalid glob {glob:?}: {e}"),
+            })?
+            .compile_matcher();
+        Ok(Self {
+            glob: glob.to_string(),
+            sla,
+            matcher,
+        })
+    }
+
+    /// True when `tool` matches the rule's glob.
+    pub fn matches(&self, tool: &str) -> bool {
+        self.matcher.is_match(tool)
+    }
+}
+
+/// The SLA policy (DESIGN, Interfaces: SLA and staleness). See [`SlaPolicy::resolve`].
+#[derive(Clone, Debug)]
+pub struct SlaPolicy {
+    /// SLA when no override and no rule applies.
+    pub default_sla: Duration,
+    /// Rules by tool-name glob, first match wins.
+    pub rules: Vec<SlaRule>,
+    /// Globs of the rendering / I/O class, as written.
+    pub class_globs: Vec<String>,
+    /// Hard cap of that class.
+    pub class_cap: Duration,
+    /// Floor of per-span overrides.
+    pub min_sla: Duration,
+    /// Ceiling of every SLA.
+    pub max_sla: Duration,
+    class_set: GlobSet,
+}
+
+impl SlaPolicy {
+    /// Builds a policy; errors name `watchdog.class_tools[i]` for a bad class glob.
+    pub fn new(
+        default_sla: Duration,
+        rules: Vec<SlaRule>,
+        class_globs: Vec<String>,
+        class_cap: Duration,
+        min_sla: Duration,
+        max_sla: Duration,
+    ) -> Result<Self, WatchdogError> {
+        let class_set = glob_set("watchdog.class_tools", &class_globs)?;
+        if min_sla > max_sla {
+            return Err(WatchdogError::Config {
+                key: "watchdog.min_sla_ms".into(),
+                message: format!(
+                    "min_sla_ms ({} ms) is above max_sla_ms ({} ms)",
+                    min_sla.as_millis(),
+                    max_sla.as_millis()
+                ),
+            });
+        }
+        Ok(Self {
+            default_sla,
+            rules,
+            class_globs,
+            class_cap,
+            min_sla,
+            max_sla,
+            class_set,
+        })
+    }
+
+    /// True when `tool` belongs to the capped rendering / I/O class.
+    pub fn in_capped_class(&self, tool: &str) -> bool {
+        self.class_set.is_match(tool)
+    }
+}
+
+impl Default for SlaPolicy {
+    fn default() -> Self {
+        let class_globs: Vec<String> = DEFAULT_CLASS_GLOBS.iter().map(|s| s.to_string()).collect();
+        // The defaults are constants known to be valid globs; fall back to an empty set
+        // rather than panic if that ever changes.
+        let class_set =
+            glob_set("watchdog.class_tools", &class_globs).unwrap_or_else(|_| GlobSet::empty());
+        Self {
+            default_sla: DEFAULT_SLA,
+            rules: Vec::new(),
+            class_globs,
+            class_cap: DEFAULT_CLASS_CAP,
+            min_sla: DEFAULT_MIN_SLA,
+            max_sla: DEFAULT_MAX_SLA,
+            class_set,
+        }
+    }
+}
+
+fn glob_set(key: &str, globs: &[String]) -> Result<GlobSet, WatchdogError> {
+    let mut b = GlobSetBuilder::new();
+    for (i, g) in globs.iter().enumerate() {
+        b.add(Glob::new(g).map_err(|e| WatchdogError::Config {
+            key: format!("{key}[{i}]"),
+            message: format!("invalid glob {g:?}: {e}"),
+        })?);
+    }
+    b.build().map_err(|e| WatchdogError::Config {
+        key: key.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// The validated watchdog configuration.
+#[derive(Clone, Debug)]
+pub struct WatchdogConfig {
+    /// Ping interval ([`DEFAULT_HEARTBEAT_INTERVAL`]).
+    pub heartbeat_interval: Duration,
+    /// No PONG for this long since the last one means the heartbeat is lost; also the
+    /// timeout of each ping and of the HALF_OPEN probe ([`DEFAULT_HEARTBEAT_TIMEOUT`]).
+    pub heartbeat_timeout: Duration,
+    /// Grace after (re-)registration before the first PONG is due ([`DEFAULT_STARTUP_GRACE`]).
+    pub startup_grace: Duration,
+    /// Staleness limit of refreshed open spans ([`DEFAULT_STALENESS`]).
+    pub staleness: Duration,
+    /// Time in OPEN before HALF_OPEN ([`DEFAULT_BREAKER_COOLDOWN`]).
+    pub breaker_cooldown: Duration,
+    /// Cap of the lost-heartbeat *suspect* period ([`DEFAULT_SUSPECT_CAP`]).
+    pub suspect_cap: Duration,
+    /// The SLA policy.
+    pub sla: SlaPolicy,
+    /// Compiled extra span-name globs that make a span a tool span.
+    pub tool_name_patterns: Vec<String>,
+    /// Evaluation period ([`DEFAULT_TICK`]).
+    pub tick: Duration,
+    /// Board republish period when nothing changed ([`DEFAULT_BOARD_INTERVAL`]).
+    pub board_interval: Duration,
+    tool_set: GlobSet,
+}
+
+impl WatchdogConfig {
+    /// Sets the tool-name patterns; errors name `watchdog.tool_name_patterns[i]`.
+    pub fn with_tool_name_patterns(mut self, patterns: Vec<String>) -> Result<Self, WatchdogError> {
+        self.tool_set = glob_set("watchdog.tool_name_patterns", &patterns)?;
+        self.tool_name_patterns = patterns;
+        Ok(self)
+    }
+
+    /// True when a span named `name` matches a configured tool-name pattern.
+    pub fn name_is_tool(&self, name: &str) -> bool {
+        !self.tool_name_patterns.is_empty() && self.tool_set.is_match(name)
+    }
+
+    fn validate(&self) -> Result<(), WatchdogError> {
+        let positive = [
+            ("watchdog.heartbeat_interval_ms", self.heartbeat_interval),
+            ("watchdog.heartbeat_timeout_ms", self.heartbeat_timeout),
+            ("watchdog.tick_ms", self.tick),
+            ("watchdog.default_sla_ms", self.sla.default_sla),
+            ("watchdog.board_interval_ms", self.board_interval),
+        ];
+        for (key, d) in positive {
+            if d.is_zero() {
+                return Err(WatchdogError::Config {
+                    key: key.into(),
+                    message: "must be greater than 0".into(),
+                });
+            }
+        }
+        for (i, r) in self.sla.rules.iter().enumerate() {
+            if r.sla.is_zero() {
+                return Err(WatchdogError::Config {
+                    key: format!("watchdog.sla_rule[{i}].sla_ms"),
+                    message: format!("rule {:?} has an SLA of 0 ms", r.glob),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            startup_grace: DEFAULT_STARTUP_GRACE,
+            staleness: DEFAULT_STALENESS,
+            breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
+            suspect_cap: DEFAULT_SUSPECT_CAP,
+            sla: SlaPolicy::default(),
+            tool_name_patterns: Vec::new(),
+            tick: DEFAULT_TICK,
+            board_interval: DEFAULT_BOARD_INTERVAL,
+            tool_set: GlobSet::empty(),
+        }
+    }
+}
+
+fn ms(v: Option<u64>, default: Duration) -> Duration {
+    v.map(Duration::from_millis).unwrap_or(default)
+}
+
+impl TryFrom<RawWatchdogConfig> for WatchdogConfig {
+    type Error = WatchdogError;
+
+    /// Validates the raw section. Errors: [`WatchdogError::Config`] naming the key (and the
+    /// rule index for `sla_rule`), e.g. `watchdog.sla_rule[1].tool: invalid glob "[x"`.
+    fn try_from(raw: RawWatchdogConfig) -> Result<Self, Self::Error> {
+        let mut rules = Vec::with_capacity(raw.sla_rules.len());
+        for (i, r) in raw.sla_rules.iter().enumerate() {
+            rules.push(SlaRule::new(i, &r.tool, Duration::from_millis(r.sla_ms))?);
+        }
+        let class_globs = raw
+            .class_tools
+            .unwrap_or_else(|| DEFAULT_CLASS_GLOBS.iter().map(|s| s.to_string()).collect());
+        let sla = SlaPolicy::new(
+            ms(raw.default_sla_ms, DEFAULT_SLA),
+            rules,
+            class_globs,
+            ms(raw.class_cap_ms, DEFAULT_CLASS_CAP),
+            ms(raw.min_sla_ms, DEFAULT_MIN_SLA),
+            ms(raw.max_sla_ms, DEFAULT_MAX_SLA),
+        )?;
+        let cfg = WatchdogConfig {
+            heartbeat_interval: ms(raw.heartbeat_interval_ms, DEFAULT_HEARTBEAT_INTERVAL),
+            heartbeat_timeout: ms(raw.heartbeat_timeout_ms, DEFAULT_HEARTBEAT_TIMEOUT),
+            startup_grace: ms(raw.startup_grace_ms, DEFAULT_STARTUP_GRACE),
+            staleness: ms(raw.staleness_ms, DEFAULT_STALENESS),
+            breaker_cooldown: ms(raw.breaker_cooldown_ms, DEFAULT_BREAKER_COOLDOWN),
+            suspect_cap: ms(raw.suspect_cap_ms, DEFAULT_SUSPECT_CAP),
+            sla,
+            tool_name_patterns: Vec::new(),
+            tick: ms(raw.tick_ms, DEFAULT_TICK),
+            board_interval: ms(raw.board_interval_ms, DEFAULT_BOARD_INTERVAL),
+            tool_set: GlobSet::empty(),
+        }
+        .with_tool_name_patterns(raw.tool_name_patterns)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,369 @@
+//! Socket heartbeats (DESIGN, Heartbeat; Interfaces: Heartbeat details).
+//!
+//! [`ping`] is the only I/O: a fresh UNIX connection per ping, write `PING\n`, read at most
+//! 64 bytes up to `\n`, accept exactly `PONG`, close; every failure is a named
+//! [`HeartbeatFailure`]. [`HeartbeatTracker`] is the pure per-runner state: *lost* means no
+//! PONG for the timeout since the last PONG (pings may overlap), and a new runner has a
+//! start-up grace before its first PONG is due. Pings are plain futures: thousands of
+//! runners share the runtime's few worker threads, never a thread each.
+
+use std::collections::VecDeque;
+use std::io::ErrorKind;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Usable bytes of `sun_path` on Linux (108 including the terminating NUL).
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+/// Longest answer read from a heartbeat socket, bytes (DESIGN: "read at most 64 bytes").
+pub const MAX_ANSWER_BYTES: usize = 64;
+/// Round-trip samples kept per runner for the dashboard.
+pub const RTT_RING: usize = 32;
+
+/// Why one ping failed. Each is a distinct, named failure (`as_str`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeartbeatFailure {
+    /// The path does not fit `sun_path`; no connection was attempted.
+    #[error("socket path is {len} bytes; a UNIX socket path holds at most 107 bytes on Linux (108 with the NUL), so it cannot be connected: register a shorter path (stallwatch's own fallback is /tmp/stallwatch-$UID/<hash>.sock)")]
+    PathTooLong {
+        /// Length of the path in bytes.
+        len: usize,
+    },
+    /// No socket file at the path (the runner has not bound it, or it is gone).
+    #[error("no socket at the heartbeat path")]
+    SocketMissing,
+    /// A socket file exists but nobody accepts on it (a stale file of a dead runner).
+    #[error("connection refused: a stale socket file or a runner not listening")]
+    ConnectionRefused,
+    /// The runner answered something other than `PONG`.
+    #[error("bad answer {0:?}, expected \"PONG\"")]
+    BadAnswer(String),
+    /// No complete answer within the heartbeat timeout.
+    #[error("no answer within the heartbeat timeout")]
+    Timeout,
+    /// Any other I/O error (permission denied, not a socket, ...).
+    #[error("heartbeat i/o error: {0}")]
+    Io(String),
+}
+
+impl HeartbeatFailure {
+    /// Every failure name, for counters.
+    pub const NAMES: [&'static str; 6] = [
+        "path_too_long",
+        "socket_missing",
+        "connection_refused",
+        "bad_answer",
+        "timeout",
+        "io_error",
+    ];
+
+    /// The failure's name: `path_too_long`, `socket_missing`, `connection_refused`,
+    /// `bad_answer`, `timeout` or `io_error`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HeartbeatFailure::PathTooLong { .. } => "path_too_long",
+            HeartbeatFailure::SocketMissing => "socket_missing",
+            HeartbeatFailure::ConnectionRefused => "connection_refused",
+            HeartbeatFailure::BadAnswer(_) => "bad_answer",
+            HeartbeatFailure::Timeout => "timeout",
+            HeartbeatFailure::Io(_) => "io_error",
+        }
+    }
+
+    /// Index into [`HeartbeatFailure::NAMES`].
+    pub fn index(&self) -> usize {
+        match self {
+            HeartbeatFailure::PathTooLong { .. } => 0,
+            HeartbeatFailure::SocketMissing => 1,
+            HeartbeatFailure::ConnectionRefused => 2,
+            HeartbeatFailure::BadAnswer(_) => 3,
+            HeartbeatFailure::Timeout => 4,
+            HeartbeatFailure::Io(_) => 5,
+        }
+    }
+}
+
+/// Checks a socket path against the `sun_path` limit before any syscall.
+pub fn check_path(path: &Path) -> Result<(), HeartbeatFailure> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH_BYTES {
+        return Err(HeartbeatFailure::PathTooLong { len });
+    }
+    Ok(())
+}
+
+/// One ping: connect to `path`, write `PING\n`, read at most 64 bytes up to `\n`, accept
+/// exactly `PONG`. Answers the round-trip time, or the named failure; the whole exchange is
+/// bounded by `timeout`.
+pub async fn ping(path: &Path, timeout: Duration) -> Result<Duration, HeartbeatFailure> {
+    check_path(path)?;
+    let start = Instant::now();
+    match tokio::time::timeout(timeout, exchange(path)).await {
+        Ok(Ok(())) => Ok(start.elapsed()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(HeartbeatFailure::Timeout),
+    }
+}
+
+async fn exchange(path: &Path) -> Result<(), HeartbeatFailure> {
+    let mut stream = UnixStream::connect(path)
+        .await
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => HeartbeatFailure::SocketMissing,
+            ErrorKind::ConnectionRefused => HeartbeatFailure::ConnectionRefused,
+            _ => HeartbeatFailure::Io(e.to_string()),
+        })?;
+    stream
+        .write_all(b"PING\n")
+        .await
+        .map_err(|e| HeartbeatFailure::Io(e.to_string()))?;
+    let mut buf = [0u8; MAX_ANSWER_BYTES];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            return Err(HeartbeatFailure::BadAnswer(lossy(&buf[..n])));
+        }
+        let got = stream
+            .read(&mut buf[n..])
+            .await
+            .map_err(|e| HeartbeatFailure::Io(e.to_string()))?;
+        if got == 0 {
+            // closed before a newline: judge what came
+            break;
+        }
+        n += got;
+        if buf[..n].contains(&b'\n') {
+            break;
+        }
+    }
+    let line = buf[..n].split(|b| *b == b'\n').next().unwrap_or_default();
+    if line == b"PONG" {
+        Ok(())
+    } else {
+        Err(HeartbeatFailure::BadAnswer(lossy(line)))
+    }
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The heartbeat state the fusion table reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeartbeatState {
+    /// The runner has no heartbeat socket (or one stallwatch cannot connect to by
+    /// construction, e.g. a path over 107 bytes).
+    NotConfigured,
+    /// Registered recently; its first PONG is not due yet.
+    Starting,
+    /// A PONG arrived within the timeout.
+    Ok,
+    /// No PONG for the timeout since the last one (or since the grace ended); `since` is
+    /// when the deadline passed.
+    Lost {
+        /// When the heartbeat became lost.
+        since: Instant,
+    },
+}
+
+impl HeartbeatState {
+    /// `not_configured`, `starting`, `ok` or `lost`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HeartbeatState::NotConfigured => "not_configured",
+            HeartbeatState::Starting => "starting",
+            HeartbeatState::Ok => "ok",
+            HeartbeatState::Lost { .. } => "lost",
+        }
+    }
+}
+
+/// Per-runner heartbeat bookkeeping. Pure: every method takes `now`.
+#[derive(Clone, Debug)]
+pub struct HeartbeatTracker {
+    configured: bool,
+    registered_at: Instant,
+    last_pong: Option<Instant>,
+    last_failure: Option<HeartbeatFailure>,
+    last_result_ok: bool,
+    next_ping: Instant,
+    in_flight: u32,
+    rtt: VecDeque<(u64, u64)>,
+}
+
+impl HeartbeatTracker {
+    /// A tracker for a runner registered at `now`; `configured` when it has a usable socket.
+    pub fn new(configured: bool, now: Instant) -> Self {
+        Self {
+            configured,
+            registered_at: now,
+            last_pong: None,
+            last_failure: None,
+            last_result_ok: false,
+            next_ping: now,
+            in_flight: 0,
+            rtt: VecDeque::new(),
+        }
+    }
+
+    /// Restarts the start-up grace at `now` (a restart or re-registration).
+    pub fn restart(&mut self, configured: bool, now: Instant) {
+        let rtt = std::mem::take(&mut self.rtt);
+        *self = Self::new(configured, now);
+        self.rtt = rtt;
+    }
+
+    /// True when the runner has a usable heartbeat socket.
+    pub fn configured(&self) -> bool {
+        self.configured
+    }
+
+    /// The state at `now` (DESIGN: lost = no PONG for `timeout` since the last PONG; before
+    /// the first PONG, lost once `grace` has passed since registration).
+    pub fn state(&self, now: Instant, timeout: Duration, grace: Duration) -> HeartbeatState {
+        if !self.configured {
+            return HeartbeatState::NotConfigured;
+        }
+        match self.last_pong {
+            Some(p) => {
+                let deadline = p + timeout;
+                if now > deadline {
+                    HeartbeatState::Lost { since: deadline }
+                } else {
+                    HeartbeatState::Ok
+                }
+            }
+            None => {
+                let deadline = self.registered_at + grace;
+                if now > deadline {
+                    HeartbeatState::Lost { since: deadline }
+                } else {
+                    HeartbeatState::Starting
+                }
+            }
+        }
+    }
+
+    /// When the latest PONG arrived.
+    pub fn last_pong(&self) -> Option<Instant> {
+        self.last_pong
+    }
+
+    /// The latest failure, if the latest finished ping failed.
+    pub fn current_failure(&self) -> Option<&HeartbeatFailure> {
+        if self.last_result_ok {
+            None
+        } else {
+            self.last_failure.as_ref()
+        }
+    }
+
+    /// True when a ping should start at `now`; `max_in_flight` bounds overlapping pings.
+    pub fn due(&self, now: Instant, max_in_flight: u32) -> bool {
+        self.configured && now >= self.next_ping && self.in_flight < max_in_flight
+    }
+
+    /// Records that a ping started at `now`; the next is due one `interval` later.
+    pub fn ping_started(&mut self, now: Instant, interval: Duration) {
+        self.in_flight += 1;
+        // keep the schedule (no drift), but never schedule in the past after a stall
+        self.next_ping = (self.next_ping + interval).max(now);
+    }
+
+    /// Records the outcome of a ping that started at `sent` and finished at `now`.
+    /// `unix_ms` stamps the RTT sample.
+    pub fn ping_finished(
+        &mut self,
+        sent: Instant,
+        now: Instant,
+        result: &Result<Duration, HeartbeatFailure>,
+        unix_ms: u64,
+    ) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        match result {
+            Ok(rtt) => {
+                // a PONG proves liveness as of when the ping was sent at the latest
+                let at = now.max(sent);
+                self.last_pong = Some(self.last_pong.map_or(at, |p| p.max(at)));
+                self.last_result_ok = true;
+                self.rtt.push_back((unix_ms, rtt.as_micros() as u64));
+                while self.rtt.len() > RTT_RING {
+                    self.rtt.pop_front();
+                }
+            }
+            Err(f) => {
+                self.last_result_ok = false;
+                self.last_failure = Some(f.clone());
+            }
+        }
+    }
+
+    /// Records a PONG at `now` obtained outside the schedule (the HALF_OPEN probe).
+    pub fn pong_at(&mut self, now: Instant) {
+        self.last_pong = Some(now);
+        self.last_result_ok = true;
+    }
+
+    /// Recent (unix ms, µs) round trips, oldest first.
+    pub fn rtt_samples(&self) -> Vec<(u64, u64)> {
+        self.rtt.iter().copied().collect()
+    }
+
+    /// The latest round trip in µs.
+    pub fn last_rtt_us(&self) -> Option<u64> {
+        self.rtt.back().map(|(_, us)| *us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_millis(5000);
+    const G: Duration = Duration::from_millis(30_000);
+
+    #[test]
+    fn grace_then_lost_then_ok() {
+        let t0 = Instant::now();
+        let mut h = HeartbeatTracker::new(true, t0);
+        assert_eq!(
+            h.state(t0 + Duration::from_secs(29), T, G),
+            HeartbeatState::Starting
+        );
+        assert_eq!(
+            h.state(t0 + Duration::from_secs(31), T, G),
+            HeartbeatState::Lost { since: t0 + G }
+        );
+        let t1 = t0 + Duration::from_secs(1);
+        h.ping_started(t1, Duration::from_secs(2));
+        h.ping_finished(t1, t1, &Ok(Duration::from_micros(80)), 1);
+        assert_eq!(h.state(t1 + T, T, G), HeartbeatState::Ok);
+        assert_eq!(
+            h.state(t1 + T + Duration::from_millis(1), T, G),
+            HeartbeatState::Lost { since: t1 + T }
+        );
+        assert_eq!(h.rtt_samples(), vec![(1, 80)]);
+        // a failure is named but does not by itself make the heartbeat lost
+        h.ping_finished(t1, t1, &Err(HeartbeatFailure::ConnectionRefused), 2);
+        assert_eq!(
+            h.current_failure().map(|f| f.as_str()),
+            Some("connection_refused")
+        );
+        assert_eq!(
+            h.state(t1 + Duration::from_secs(1), T, G),
+            HeartbeatState::Ok
+        );
+        let h = HeartbeatTracker::new(false, t0);
+        assert_eq!(h.state(t0 + G + T, T, G), HeartbeatState::NotConfigured);
+    }
+
+    #[test]
+    fn long_path_is_named_before_any_syscall() {
+        let p = std::path::PathBuf::from(format!("/tmp/{}/r.sock", "d".repeat(120)));
+        let e = check_path(&p).unwrap_err();
+        assert_eq!(e.as_str(), "path_too_long");
+        assert!(e.to_string().contains("107 bytes"));
+    }
+}

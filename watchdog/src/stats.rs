@@ -1,0 +1,155 @@
+//! The watchdog's counters, rendered for `GET /metrics` through
+//! [`stallwatch_storage::MetricsSource`]. One place counts each thing (STYLE, internal
+//! telemetry); names follow `stallwatch_<name>_<unit>_total` with closed label sets.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use stallwatch_storage::MetricsSource;
+
+use crate::fusion::Verdict;
+use crate::heartbeat::HeartbeatFailure;
+
+/// Counters of one watchdog. All monotonic except the gauges (`ledger_open_spans`,
+/// `runners`).
+#[derive(Debug, Default)]
+pub struct WatchdogStats {
+    /// Pings sent (including HALF_OPEN probes).
+    pub heartbeats_sent: AtomicU64,
+    /// PONGs received.
+    pub heartbeats_ok: AtomicU64,
+    /// Failed pings by [`HeartbeatFailure::NAMES`] index.
+    pub heartbeats_failed: [AtomicU64; 6],
+    /// Breaker trips (CLOSED → OPEN).
+    pub trips: AtomicU64,
+    /// Verdict changes by [`Verdict::ALL`] index (counted when a runner enters it).
+    pub verdicts: [AtomicU64; 6],
+    /// Observations (export requests) read.
+    pub observations: AtomicU64,
+    /// Ledger records applied (open, refresh, end).
+    pub ledger_records: AtomicU64,
+    /// Ledger rows written to storage.
+    pub ledger_rows_written: AtomicU64,
+    /// Ledger batches that failed to write (retried with the next batch).
+    pub ledger_write_errors: AtomicU64,
+    /// Incidents that could not be recorded.
+    pub incident_errors: AtomicU64,
+    /// Gauge: entries in the open-span ledger.
+    pub ledger_open_spans: AtomicU64,
+    /// Gauge: registered runners.
+    pub runners: AtomicU64,
+}
+
+impl WatchdogStats {
+    /// Counts one failed ping.
+    pub fn heartbeat_failed(&self, f: &HeartbeatFailure) {
+        self.heartbeats_failed[f.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a runner entering `v`.
+    pub fn verdict(&self, v: Verdict) {
+        self.verdicts[v.index()].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+    );
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+impl MetricsSource for WatchdogStats {
+    fn render_prometheus(&self, out: &mut String) {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            out,
+            "stallwatch_watchdog_heartbeats_sent_total",
+            "Heartbeat pings sent.",
+            g(&self.heartbeats_sent),
+        );
+        counter(
+            out,
+            "stallwatch_watchdog_heartbeats_ok_total",
+            "Heartbeat PONGs received.",
+            g(&self.heartbeats_ok),
+        );
+        let name = "stallwatch_watchdog_heartbeats_failed_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Heartbeat pings that failed, by reason.\n# TYPE {name} counter"
+        );
+        for (i, reason) in HeartbeatFailure::NAMES.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}{{reason=\"{reason}\"}} {}",
+                g(&self.heartbeats_failed[i])
+            );
+        }
+        counter(
+            out,
+            "stallwatch_watchdog_trips_total",
+            "Breaker trips (CLOSED to OPEN).",
+            g(&self.trips),
+        );
+        let name = "stallwatch_watchdog_verdicts_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Runners entering a verdict.\n# TYPE {name} counter"
+        );
+        for v in Verdict::ALL {
+            let _ = writeln!(
+                out,
+                "{name}{{verdict=\"{}\"}} {}",
+                v.as_str(),
+                g(&self.verdicts[v.index()])
+            );
+        }
+        counter(
+            out,
+            "stallwatch_watchdog_observations_total",
+            "Export requests read by the watchdog.",
+            g(&self.observations),
+        );
+        counter(
+            out,
+            "stallwatch_watchdog_ledger_records_total",
+            "Open-span records applied to the ledger.",
+            g(&self.ledger_records),
+        );
+        counter(
+            out,
+            "stallwatch_watchdog_ledger_rows_written_total",
+            "Ledger rows written to storage.",
+            g(&self.ledger_rows_written),
+        );
+        counter(
+            out,
+            "stallwatch_watchdog_ledger_write_errors_total",
+            "Ledger batches that failed to write.",
+            g(&self.ledger_write_errors),
+        );
+        counter(
+            out,
+            "stallwatch_watchdog_incident_errors_total",
+            "Incidents that could not be recorded.",
+            g(&self.incident_errors),
+        );
+        gauge(
+            out,
+            "stallwatch_watchdog_ledger_open_spans",
+            "Entries in the open-span ledger.",
+            g(&self.ledger_open_spans),
+        );
+        gauge(
+            out,
+            "stallwatch_watchdog_runners",
+            "Runners watched.",
+            g(&self.runners),
+        );
+    }
+}

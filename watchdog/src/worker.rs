@@ -1,0 +1,1004 @@
+//! The watchdog task: moves messages around the pure cores and does nothing else.
+//!
+//! One task owns the open-span ledger, every runner's heartbeat tracker, verdict and
+//! breaker. It reads committed telemetry ([`Observation`]) and lifecycle notices
+//! ([`RunnerChange`]), starts pings as futures in a `JoinSet` (thousands of runners on the
+//! runtime's few threads), and every `tick` evaluates each runner: fusion, breaker moves,
+//! probes. Side effects leave through two helper tasks so the loop never waits on a disk:
+//! the *effects* task records each incident through [`EventBus::publish`] and only then
+//! sends the [`Trip`] (an incident is written before anything acts on it), and the
+//! *persister* task writes ledger changes in batches (one control transaction per batch).
+//! The watchdog never sends a signal and never touches a workspace file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use stallwatch_storage::control::{
+    BreakerState, Observation, ObservedData, RunnerBoard, RunnerChange, RunnerStatus, Trip,
+    WorstSpan,
+};
+use stallwatch_storage::ledger::LedgerWrite;
+use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
+use stallwatch_storage::{EventBus, Storage};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::breaker::{Admission, Breaker, Transition};
+use crate::clock::MonoClock;
+use crate::config::WatchdogConfig;
+use crate::error::WatchdogError;
+use crate::fusion::{fuse, Cause, Fused, SpanFacts, Verdict};
+use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState, HeartbeatTracker};
+use crate::ledger::{Applied, Ledger, WorstView};
+use crate::shapes::{self, Record, SpanKey};
+use crate::stats::WatchdogStats;
+
+/// Bound of the effects queue (incidents and trips waiting to be recorded).
+const EFFECTS_CAPACITY: usize = 4096;
+/// Bound of the ledger persistence queue, in batches.
+const PERSIST_CAPACITY: usize = 16;
+/// Bound of the handle's command queue.
+const COMMAND_CAPACITY: usize = 64;
+
+/// The watchdog: see the module docs. Start it with [`Watchdog::start`].
+pub struct Watchdog;
+
+/// A cheap, cloneable handle to a running watchdog.
+#[derive(Clone)]
+pub struct WatchdogHandle {
+    board: watch::Receiver<RunnerBoard>,
+    breakers: Arc<RwLock<HashMap<String, Breaker>>>,
+    commands: mpsc::Sender<Command>,
+    stats: Arc<WatchdogStats>,
+}
+
+enum Command {
+    Reset {
+        id: String,
+        reply: oneshot::Sender<Result<(), WatchdogError>>,
+    },
+}
+
+impl WatchdogHandle {
+    /// The runner board (breaker, heartbeat, verdict, worst span per runner), republished
+    /// on every change and at least every `board_interval`.
+    pub fn board(&self) -> watch::Receiver<RunnerBoard> {
+        self.board.clone()
+    }
+
+    /// The admission answer for `runner_id` now (`GET /api/v1/runners/{id}/admit`: 200 when
+    /// `admit`, 503 with `Retry-After` otherwise); `None` for an unknown runner (404).
+    pub fn admit(&self, runner_id: &str) -> Option<Admission> {
+        let map = self.breakers.read().ok()?;
+        map.get(runner_id).map(|b| b.admission(Instant::now()))
+    }
+
+    /// Manual breaker reset (`POST /api/v1/runners/{id}/breaker/reset`): → CLOSED with a
+    /// `breaker.closed` incident, heartbeat grace restarted. Errors:
+    /// [`WatchdogError::UnknownRunner`], [`WatchdogError::Stopped`].
+    pub async fn reset_breaker(&self, runner_id: &str) -> Result<(), WatchdogError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Reset {
+                id: runner_id.to_string(),
+                reply,
+            })
+            .await
+            .map_err(|_| WatchdogError::Stopped)?;
+        rx.await.map_err(|_| WatchdogError::Stopped)?
+    }
+
+    /// The counters (a [`stallwatch_storage::MetricsSource`]).
+    pub fn stats(&self) -> Arc<WatchdogStats> {
+        self.stats.clone()
+    }
+}
+
+enum Effect {
+    Incident(NewIncident),
+    IncidentThenTrip(NewIncident, Trip),
+}
+
+struct PingDone {
+    runner: String,
+    incarnation: u64,
+    sent: Instant,
+    probe: Option<u64>,
+    result: Result<Duration, HeartbeatFailure>,
+}
+
+struct Runner {
+    pid: Option<u32>,
+    spawned: bool,
+    socket: Option<PathBuf>,
+    /// A socket path stallwatch can never connect to (over 107 bytes): named, and the
+    /// heartbeat counts as not configured rather than lost.
+    socket_problem: Option<HeartbeatFailure>,
+    hb: HeartbeatTracker,
+    breaker: Breaker,
+    fused: Fused,
+    worst: Option<WorstView>,
+    dead: bool,
+    restarted_since_trip: bool,
+    tripped_at: Option<Instant>,
+    incarnation: u64,
+    published: Option<(BreakerState, Verdict, String, Option<SpanKey>)>,
+}
+
+const HEALTHY: Fused = Fused {
+    verdict: Verdict::Healthy,
+    trip: false,
+    cause: Cause::None,
+    trips_at: None,
+};
+
+impl Runner {
+    fn new(
+        id: String,
+        pid: Option<u32>,
+        socket: Option<PathBuf>,
+        spawned: bool,
+        now: Instant,
+    ) -> Self {
+        let socket_problem = socket.as_deref().and_then(|p| check_path(p).err());
+        if let Some(p) = &socket_problem {
+            tracing::warn!(runner = %id, "heartbeat socket unusable: {p}");
+        }
+        let configured = socket.is_some() && socket_problem.is_none();
+        Self {
+            pid,
+            spawned,
+            socket,
+            socket_problem,
+            hb: HeartbeatTracker::new(configured, now),
+            breaker: Breaker::new(),
+            fused: HEALTHY,
+            worst: None,
+            dead: false,
+            restarted_since_trip: false,
+            tripped_at: None,
+            incarnation: 0,
+            published: None,
+        }
+    }
+
+    fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
+        if let Some(p) = &self.socket_problem {
+            return p.as_str().to_string();
+        }
+        if let Some(f) = self.hb.current_failure() {
+            return f.as_str().to_string();
+        }
+        self.hb
+            .state(now, cfg.heartbeat_timeout, cfg.startup_grace)
+            .as_str()
+            .to_string()
+    }
+}
+
+struct Worker {
+    cfg: WatchdogConfig,
+    ledger: Ledger,
+    clock: MonoClock,
+    runners: BTreeMap<String, Runner>,
+    pids: HashMap<u32, String>,
+    pings: JoinSet<PingDone>,
+    effects: mpsc::Sender<Effect>,
+    persist: mpsc::Sender<Vec<LedgerWrite>>,
+    board: watch::Sender<RunnerBoard>,
+    breakers: Arc<RwLock<HashMap<String, Breaker>>>,
+    stats: Arc<WatchdogStats>,
+    records: Vec<Record>,
+    last_board: Instant,
+    max_in_flight: u32,
+}
+
+impl Watchdog {
+    /// Starts the watchdog on the current tokio runtime.
+    ///
+    /// Inputs: committed telemetry (`observations`, from the collector after storage),
+    /// runner lifecycle notices (`runner_changes`), and `shutdown`. Outputs: `trips` to the
+    /// reaper (each sent after its `breaker.opened` incident is recorded through `events`),
+    /// the board (through the handle), and ledger rows in `storage`. The task first reloads
+    /// the durable ledger, then runs until `shutdown` is cancelled or both input channels
+    /// close; on the way out it writes pending ledger changes and incidents.
+    pub fn start(
+        config: WatchdogConfig,
+        storage: Storage,
+        events: EventBus,
+        observations: mpsc::Receiver<Observation>,
+        runner_changes: mpsc::Receiver<RunnerChange>,
+        trips: mpsc::Sender<Trip>,
+        shutdown: CancellationToken,
+    ) -> (WatchdogHandle, JoinHandle<()>) {
+        let stats = Arc::new(WatchdogStats::default());
+        let (board_tx, board_rx) = watch::channel(RunnerBoard::default());
+        let breakers = Arc::new(RwLock::new(HashMap::new()));
+        let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
+        let handle = WatchdogHandle {
+            board: board_rx,
+            breakers: breakers.clone(),
+            commands: cmd_tx,
+            stats: stats.clone(),
+        };
+        let join = tokio::spawn(async move {
+            let (effects_tx, effects_rx) = mpsc::channel(EFFECTS_CAPACITY);
+            let (persist_tx, persist_rx) = mpsc::channel(PERSIST_CAPACITY);
+            let effects_task = tokio::spawn(run_effects(events, trips, effects_rx, stats.clone()));
+            let persist_task =
+                tokio::spawn(run_persister(storage.clone(), persist_rx, stats.clone()));
+            let clock = MonoClock::new();
+            let mut ledger = Ledger::new();
+            match storage.ledger_load().await {
+                Ok(rows) => ledger.load(rows, &clock, Instant::now()),
+                Err(e) => tracing::error!("open-span ledger not reloaded: {e}"),
+            }
+            let per = config.heartbeat_interval.as_nanos().max(1);
+            let max_in_flight = (config.heartbeat_timeout.as_nanos().div_ceil(per) + 1) as u32;
+            let mut w = Worker {
+                cfg: config,
+                ledger,
+                clock,
+                runners: BTreeMap::new(),
+                pids: HashMap::new(),
+                pings: JoinSet::new(),
+                effects: effects_tx,
+                persist: persist_tx,
+                board: board_tx,
+                breakers,
+                stats,
+                records: Vec::new(),
+                last_board: Instant::now(),
+                max_in_flight,
+            };
+            w.stats
+                .ledger_open_spans
+                .store(w.ledger.len() as u64, Ordering::Relaxed);
+            w.run(observations, runner_changes, cmd_rx, shutdown).await;
+            w.flush_ledger(true).await;
+            drop(w);
+            let _ = effects_task.await;
+            let _ = persist_task.await;
+        });
+        (handle, join)
+    }
+}
+
+impl Worker {
+    async fn run(
+        &mut self,
+        mut observations: mpsc::Receiver<Observation>,
+        mut changes: mpsc::Receiver<RunnerChange>,
+        mut commands: mpsc::Receiver<Command>,
+        shutdown: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(self.cfg.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut obs_open, mut changes_open) = (true, true);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(cmd) = commands.recv() => self.command(cmd).await,
+                ch = changes.recv(), if changes_open => match ch {
+                    Some(ch) => self.runner_change(ch).await,
+                    None => changes_open = false,
+                },
+                Some(done) = self.pings.join_next(), if !self.pings.is_empty() => {
+                    if let Ok(done) = done {
+                        self.ping_done(done).await;
+                    }
+                }
+                _ = tick.tick() => self.evaluate(Instant::now()).await,
+                o = observations.recv(), if obs_open => match o {
+                    Some(o) => self.observe(o),
+                    None => obs_open = false,
+                },
+            }
+            if !obs_open && !changes_open {
+                break;
+            }
+        }
+    }
+
+    fn observe(&mut self, obs: Observation) {
+        self.stats.observations.fetch_add(1, Ordering::Relaxed);
+        let mut records = std::mem::take(&mut self.records);
+        records.clear();
+        match &obs.data {
+            ObservedData::Spans(b) => shapes::from_traces(b, &mut records),
+            ObservedData::Logs(b) => shapes::from_logs(b, &mut records),
+        }
+        if !records.is_empty() {
+            let age = Instant::now().saturating_duration_since(obs.received);
+            let unix = now_unix_nano().saturating_sub(age.as_nanos() as u64);
+            let pids = &self.pids;
+            let lookup = |p: u32| pids.get(&p).cloned();
+            let mut changed = 0u64;
+            for r in &records {
+                if self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup) != Applied::Ignored
+                {
+                    changed += 1;
+                }
+            }
+            self.stats
+                .ledger_records
+                .fetch_add(changed, Ordering::Relaxed);
+            self.stats
+                .ledger_open_spans
+                .store(self.ledger.len() as u64, Ordering::Relaxed);
+        }
+        self.records = records;
+    }
+
+    async fn runner_change(&mut self, ch: RunnerChange) {
+        let now = Instant::now();
+        match ch {
+            RunnerChange::Registered {
+                id,
+                pid,
+                heartbeat_socket,
+                spawned,
+                restarted,
+            } => {
+                let existed = self.runners.contains_key(&id);
+                if let Some(r) = self.runners.get(&id) {
+                    if let Some(old) = r.pid {
+                        self.pids.remove(&old);
+                    }
+                }
+                let r = self.runners.entry(id.clone()).or_insert_with(|| {
+                    Runner::new(id.clone(), pid, heartbeat_socket.clone(), spawned, now)
+                });
+                if existed {
+                    // a restart or a re-registration: same breaker, new process
+                    let configured = heartbeat_socket_usable(&heartbeat_socket);
+                    r.socket_problem = heartbeat_socket
+                        .as_deref()
+                        .and_then(|p| check_path(p).err());
+                    r.socket = heartbeat_socket;
+                    r.pid = pid;
+                    r.spawned = spawned;
+                    r.hb.restart(configured, now);
+                    r.dead = false;
+                    r.incarnation += 1;
+                    r.restarted_since_trip = true;
+                    if r.breaker.state() == BreakerState::Closed {
+                        r.fused = HEALTHY;
+                    }
+                }
+                if existed || restarted {
+                    // the old process's open spans died with it
+                    for k in self.ledger.runner_spans_before(&id, now) {
+                        self.ledger.close(k);
+                    }
+                }
+                if let Some(p) = pid {
+                    self.pids.insert(p, id.clone());
+                    self.ledger.bind_pid(p, &id);
+                }
+                self.sync_breaker(&id);
+            }
+            RunnerChange::Gone { id, removed } => {
+                if removed {
+                    if let Some(r) = self.runners.remove(&id) {
+                        if let Some(p) = r.pid {
+                            self.pids.remove(&p);
+                        }
+                    }
+                    if let Ok(mut m) = self.breakers.write() {
+                        m.remove(&id);
+                    }
+                } else if let Some(r) = self.runners.get_mut(&id) {
+                    r.dead = true;
+                }
+            }
+        }
+        self.stats
+            .runners
+            .store(self.runners.len() as u64, Ordering::Relaxed);
+        self.publish_board(now, true);
+    }
+
+    async fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Reset { id, reply } => {
+                let now = Instant::now();
+                let out = match self.runners.get_mut(&id) {
+                    None => Err(WatchdogError::UnknownRunner(id.clone())),
+                    Some(r) => {
+                        if r.breaker.reset().is_some() {
+                            let configured = r.hb.configured();
+                            r.hb.restart(configured, now);
+                            self.after_close(&id, now, "breaker reset by a person")
+                                .await;
+                        }
+                        Ok(())
+                    }
+                };
+                self.publish_board(now, true);
+                let _ = reply.send(out);
+            }
+        }
+    }
+
+    fn spawn_ping(&mut self, id: &str, probe: Option<u64>, now: Instant) {
+        let Some(r) = self.runners.get_mut(id) else {
+            return;
+        };
+        let Some(path) = r.socket.clone() else { return };
+        self.stats.heartbeats_sent.fetch_add(1, Ordering::Relaxed);
+        if probe.is_none() {
+            r.hb.ping_started(now, self.cfg.heartbeat_interval);
+        }
+        let timeout = self.cfg.heartbeat_timeout;
+        let runner = id.to_string();
+        let incarnation = r.incarnation;
+        self.pings.spawn(async move {
+            let sent = Instant::now();
+            let result = ping(&path, timeout).await;
+            PingDone {
+                runner,
+                incarnation,
+                sent,
+                probe,
+                result,
+            }
+        });
+    }
+
+    async fn ping_done(&mut self, d: PingDone) {
+        let now = Instant::now();
+        match &d.result {
+            Ok(_) => self.stats.heartbeats_ok.fetch_add(1, Ordering::Relaxed),
+            Err(f) => {
+                self.stats.heartbeat_failed(f);
+                0
+            }
+        };
+        let cooldown = self.cfg.breaker_cooldown;
+        let Some(r) = self.runners.get_mut(&d.runner) else {
+            return;
+        };
+        match d.probe {
+            None => {
+                if d.incarnation == r.incarnation {
+                    r.hb.ping_finished(d.sent, now, &d.result, now_unix_nano() / 1_000_000);
+                } else {
+                    // a ping of a previous incarnation: only release its in-flight slot
+                    r.hb.ping_finished(d.sent, now, &Err(HeartbeatFailure::Timeout), 0);
+                }
+            }
+            Some(probe) => {
+                let failure = match &d.result {
+                    Ok(_) => String::new(),
+                    Err(f) => f.to_string(),
+                };
+                let ok = d.result.is_ok();
+                if ok {
+                    r.hb.ping_finished(d.sent, now, &d.result, now_unix_nano() / 1_000_000);
+                }
+                let t = r.breaker.probe_result(now, probe, ok, cooldown, &failure);
+                match t {
+                    Some(Transition::Closed) => {
+                        r.hb.restart(r.hb.configured(), now);
+                        r.hb.pong_at(now);
+                        self.after_close(&d.runner, now, "probe answered PONG")
+                            .await;
+                    }
+                    Some(Transition::Opened) => {
+                        let reason = format!("HALF_OPEN probe failed: {failure}");
+                        self.reopened(&d.runner, now, &reason).await;
+                    }
+                    _ => {}
+                }
+                self.publish_board(now, true);
+            }
+        }
+    }
+
+    /// After → CLOSED: drop the open spans of the tripped process, clear the verdict,
+    /// record `breaker.closed`.
+    async fn after_close(&mut self, id: &str, now: Instant, why: &str) {
+        let Some(r) = self.runners.get_mut(id) else {
+            return;
+        };
+        let tripped_at = r.tripped_at.take();
+        r.fused = HEALTHY;
+        r.worst = None;
+        r.restarted_since_trip = false;
+        if let Some(t) = tripped_at {
+            for k in self.ledger.runner_spans_before(id, t) {
+                self.ledger.close(k);
+            }
+        }
+        let ev = self.evidence(id, now);
+        self.sync_breaker(id);
+        self.emit(Effect::Incident(incident(
+            EventKind::BreakerClosed,
+            id,
+            None,
+            format!("breaker of runner {id} CLOSED: {why}"),
+            ev,
+            format!("breaker.closed/{id}/{}", now_unix_nano()),
+        )))
+        .await;
+    }
+
+    async fn reopened(&mut self, id: &str, now: Instant, reason: &str) {
+        let open_spans: Vec<_> = self
+            .ledger
+            .runner_tool_spans(id)
+            .into_iter()
+            .map(|k| (k.trace_id, k.span_id))
+            .collect();
+        if let Some(r) = self.runners.get_mut(id) {
+            r.tripped_at = Some(now);
+        }
+        let ev = self.evidence(id, now);
+        self.sync_breaker(id);
+        let at = now_unix_nano();
+        let inc = incident(
+            EventKind::BreakerOpened,
+            id,
+            None,
+            format!("breaker of runner {id} OPEN again: {reason}"),
+            ev,
+            format!("breaker.opened/{id}/probe/{at}"),
+        );
+        let trip = Trip {
+            runner_id: id.to_string(),
+            verdict: "probe_failed".into(),
+            reason: reason.to_string(),
+            incident_id: None,
+            open_spans,
+            at_unix_nano: at,
+        };
+        self.emit(Effect::IncidentThenTrip(inc, trip)).await;
+    }
+
+    fn sync_breaker(&self, id: &str) {
+        if let (Some(r), Ok(mut m)) = (self.runners.get(id), self.breakers.write()) {
+            m.insert(id.to_string(), r.breaker.clone());
+        }
+    }
+
+    async fn emit(&self, e: Effect) {
+        if self.effects.send(e).await.is_err() {
+            self.stats.incident_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn evidence(&self, id: &str, now: Instant) -> serde_json::Value {
+        let Some(r) = self.runners.get(id) else {
+            return json!({});
+        };
+        let hb =
+            r.hb.state(now, self.cfg.heartbeat_timeout, self.cfg.startup_grace);
+        let span = r.worst.as_ref().map(|w| {
+            json!({
+                "trace_id": w.key.trace_id.to_hex(),
+                "span_id": w.key.span_id.to_hex(),
+                "tool_name": w.tool,
+                "elapsed_ms": w.elapsed.as_millis() as u64,
+                "sla_ms": w.sla.as_millis() as u64,
+                "stale": w.stale,
+                "since_last_seen_ms": w.since_last_seen.as_millis() as u64,
+            })
+        });
+        json!({
+            "verdict": r.fused.verdict.as_str(),
+            "cause": r.fused.cause.as_str(),
+            "heartbeat": hb.as_str(),
+            "heartbeat_failure": r.socket_problem.as_ref().or(r.hb.current_failure()).map(|f| f.as_str()),
+            "last_pong_age_ms": r.hb.last_pong().map(|p| now.saturating_duration_since(p).as_millis() as u64),
+            "rtt_us": r.hb.last_rtt_us(),
+            "pid": r.pid,
+            "span": span,
+        })
+    }
+
+    async fn evaluate(&mut self, now: Instant) {
+        let ids: Vec<String> = self.runners.keys().cloned().collect();
+        let mut changed = false;
+        for id in ids {
+            changed |= self.evaluate_runner(&id, now).await;
+        }
+        self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
+        self.stats
+            .ledger_open_spans
+            .store(self.ledger.len() as u64, Ordering::Relaxed);
+        self.flush_ledger(false).await;
+        self.publish_board(now, changed);
+    }
+
+    /// Evaluates one runner; answers whether its board line changed.
+    async fn evaluate_runner(&mut self, id: &str, now: Instant) -> bool {
+        let cfg = &self.cfg;
+        let Some(r) = self.runners.get_mut(id) else {
+            return false;
+        };
+        let state = r.breaker.state();
+        // heartbeats: regular pings only while CLOSED and alive
+        let ping_due =
+            state == BreakerState::Closed && !r.dead && r.hb.due(now, self.max_in_flight);
+        // breaker timers; a dead attached runner is not probed until re-registered
+        let can_probe = !(r.dead && !r.spawned);
+        let t = r
+            .breaker
+            .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout);
+        if ping_due {
+            self.spawn_ping(id, None, now);
+        }
+        match t {
+            Some(Transition::HalfOpen { probe }) => {
+                self.half_open(id, probe, now).await;
+                return true;
+            }
+            Some(Transition::Opened) => {
+                self.reopened(
+                    id,
+                    now,
+                    "HALF_OPEN probe got no answer within the heartbeat timeout",
+                )
+                .await;
+                return true;
+            }
+            _ => {}
+        }
+        let cfg = &self.cfg;
+        let Some(r) = self.runners.get_mut(id) else {
+            return false;
+        };
+        if r.breaker.state() != BreakerState::Closed || r.dead {
+            return false;
+        }
+        let worst = self.ledger.worst_for(id, now, cfg.staleness);
+        let hb = r.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
+        let f = fuse(
+            hb,
+            worst.as_ref().map(|w| SpanFacts {
+                elapsed: w.elapsed,
+                sla: w.sla,
+                stale: w.stale,
+            }),
+            now,
+            cfg.suspect_cap,
+        );
+        let prev = r.fused;
+        r.fused = f;
+        r.worst = worst;
+        if f.verdict != prev.verdict || f.cause != prev.cause {
+            self.stats.verdict(f.verdict);
+            if f.verdict == Verdict::Suspect {
+                self.suspect(id, now, hb).await;
+            }
+        }
+        if f.trip {
+            self.trip(id, now).await;
+        }
+        let Some(r) = self.runners.get(id) else {
+            return false;
+        };
+        let key = (
+            r.breaker.state(),
+            r.fused.verdict,
+            r.heartbeat_label(now, &self.cfg),
+            r.worst.as_ref().map(|w| w.key),
+        );
+        r.published.as_ref() != Some(&key)
+    }
+
+    async fn half_open(&mut self, id: &str, probe: u64, now: Instant) {
+        let ev = self.evidence(id, now);
+        self.sync_breaker(id);
+        self.emit(Effect::Incident(incident(
+            EventKind::BreakerHalfOpen,
+            id,
+            None,
+            format!("breaker of runner {id} HALF_OPEN after its cooldown: sending one probe ping"),
+            ev,
+            format!("breaker.half_open/{id}/{}", now_unix_nano()),
+        )))
+        .await;
+        let Some(r) = self.runners.get_mut(id) else {
+            return;
+        };
+        if r.socket.is_some() && r.socket_problem.is_none() {
+            self.spawn_ping(id, Some(probe), now);
+        } else {
+            // no heartbeat socket to probe: only a restart since the trip counts as an answer
+            let ok = r.restarted_since_trip && !r.dead;
+            let failure = if ok {
+                String::new()
+            } else {
+                "no heartbeat socket and no restart since the trip".to_string()
+            };
+            let cooldown = self.cfg.breaker_cooldown;
+            match r.breaker.probe_result(now, probe, ok, cooldown, &failure) {
+                Some(Transition::Closed) => {
+                    r.hb.restart(r.hb.configured(), now);
+                    self.after_close(id, now, "runner restarted since the trip")
+                        .await
+                }
+                Some(Transition::Opened) => self.reopened(id, now, &failure).await,
+                _ => {}
+            }
+        }
+    }
+
+    async fn suspect(&mut self, id: &str, now: Instant, hb: HeartbeatState) {
+        let Some(r) = self.runners.get(id) else {
+            return;
+        };
+        let Some(w) = r.worst.clone() else { return };
+        let reason = match r.fused.cause {
+            Cause::StaleSpan => format!(
+                "tool span {} of runner {id} is stale: no refresh for {} ms (limit {} ms)",
+                w.tool,
+                w.since_last_seen.as_millis(),
+                self.cfg.staleness.as_millis()
+            ),
+            _ => format!(
+                "runner {id} lost its heartbeat ({}) while tool span {} is within its SLA of {} ms: a native call may hold the GIL; trips after {} ms",
+                hb.as_str(),
+                w.tool,
+                w.sla.as_millis(),
+                w.sla.min(self.cfg.suspect_cap).as_millis()
+            ),
+        };
+        let ev = self.evidence(id, now);
+        let key = format!(
+            "verdict.suspect/{id}/{}/{}/{}",
+            r.fused.cause.as_str(),
+            w.key.trace_id,
+            w.key.span_id
+        );
+        let mut inc = incident(EventKind::VerdictSuspect, id, Some(&w), reason, ev, key);
+        inc.tool_name = Some(w.tool.clone());
+        self.emit(Effect::Incident(inc)).await;
+    }
+
+    async fn trip(&mut self, id: &str, now: Instant) {
+        let cooldown = self.cfg.breaker_cooldown;
+        let Some(r) = self.runners.get_mut(id) else {
+            return;
+        };
+        let f = r.fused;
+        let reason = match (&r.worst, f.cause) {
+            (Some(w), Cause::OverSla) => format!(
+                "{}: tool span {} of runner {id} ran {} ms, over its SLA of {} ms",
+                f.verdict.as_str(),
+                w.tool,
+                w.elapsed.as_millis(),
+                w.sla.as_millis()
+            ),
+            (Some(w), Cause::StaleSpan) => format!(
+                "{}: tool span {} of runner {id} stopped refreshing {} ms ago",
+                f.verdict.as_str(),
+                w.tool,
+                w.since_last_seen.as_millis()
+            ),
+            (Some(w), Cause::LostHeartbeat) => format!(
+                "{}: runner {id} answered no PONG for {} ms while tool span {} ran",
+                f.verdict.as_str(),
+                r.hb.last_pong()
+                    .map_or(0, |p| now.saturating_duration_since(p).as_millis()),
+                w.tool
+            ),
+            _ => format!(
+                "{}: runner {id} answered no PONG within the heartbeat timeout ({} ms){}",
+                f.verdict.as_str(),
+                self.cfg.heartbeat_timeout.as_millis(),
+                r.hb.current_failure()
+                    .map(|e| format!(", last failure: {e}"))
+                    .unwrap_or_default()
+            ),
+        };
+        if r.breaker.trip(now, cooldown, &reason).is_none() {
+            return;
+        }
+        r.tripped_at = Some(now);
+        r.restarted_since_trip = false;
+        self.stats.trips.fetch_add(1, Ordering::Relaxed);
+        let worst = r.worst.clone();
+        let open_spans: Vec<_> = self
+            .ledger
+            .runner_tool_spans(id)
+            .into_iter()
+            .map(|k| (k.trace_id, k.span_id))
+            .collect();
+        let ev = self.evidence(id, now);
+        self.sync_breaker(id);
+        let at = now_unix_nano();
+        let key = match &worst {
+            Some(w) if f.cause != Cause::LostNoSpan => format!(
+                "breaker.opened/{id}/{}/{}/{}",
+                f.verdict.as_str(),
+                w.key.trace_id,
+                w.key.span_id
+            ),
+            _ => format!("breaker.opened/{id}/{}/{at}", f.verdict.as_str()),
+        };
+        let mut inc = incident(
+            EventKind::BreakerOpened,
+            id,
+            worst.as_ref(),
+            reason.clone(),
+            ev,
+            key,
+        );
+        inc.at_unix_nano = at;
+        let trip = Trip {
+            runner_id: id.to_string(),
+            verdict: f.verdict.as_str().to_string(),
+            reason,
+            incident_id: None,
+            open_spans,
+            at_unix_nano: at,
+        };
+        self.emit(Effect::IncidentThenTrip(inc, trip)).await;
+    }
+
+    async fn flush_ledger(&mut self, last: bool) {
+        if self.ledger.dirty_len() == 0 {
+            return;
+        }
+        if last {
+            let writes = self.ledger.take_writes(&self.clock);
+            let _ = self.persist.send(writes).await;
+            return;
+        }
+        if let Ok(permit) = self.persist.try_reserve() {
+            permit.send(self.ledger.take_writes(&self.clock));
+        }
+    }
+
+    fn publish_board(&mut self, now: Instant, changed: bool) {
+        if !changed && now.saturating_duration_since(self.last_board) < self.cfg.board_interval {
+            return;
+        }
+        self.last_board = now;
+        let cfg = &self.cfg;
+        let mut map = BTreeMap::new();
+        for (id, r) in self.runners.iter_mut() {
+            let hb = r.heartbeat_label(now, cfg);
+            let adm = r.breaker.admission(now);
+            let reason = if r.breaker.state() != BreakerState::Closed {
+                r.breaker.reason().to_string()
+            } else if r.fused.verdict == Verdict::Suspect {
+                format!("suspect: {}", r.fused.cause.as_str())
+            } else {
+                String::new()
+            };
+            r.published = Some((
+                r.breaker.state(),
+                r.fused.verdict,
+                hb.clone(),
+                r.worst.as_ref().map(|w| w.key),
+            ));
+            let verdict = if r.dead && r.breaker.state() == BreakerState::Closed {
+                "gone".to_string()
+            } else {
+                r.fused.verdict.as_str().to_string()
+            };
+            map.insert(
+                id.clone(),
+                RunnerStatus {
+                    id: id.clone(),
+                    pid: r.pid,
+                    spawned: r.spawned,
+                    breaker: r.breaker.state(),
+                    verdict,
+                    reason,
+                    retry_after_ms: adm.retry_after_ms,
+                    heartbeat: hb,
+                    heartbeat_rtt_us: r.hb.rtt_samples(),
+                    worst_span: r.worst.as_ref().map(|w| WorstSpan {
+                        trace_id: w.key.trace_id,
+                        span_id: w.key.span_id,
+                        tool_name: w.tool.clone(),
+                        elapsed_ms: w.elapsed.as_millis() as u64,
+                        sla_ms: w.sla.as_millis() as u64,
+                        stale: w.stale,
+                    }),
+                },
+            );
+        }
+        self.board.send_replace(Arc::new(map));
+    }
+}
+
+fn heartbeat_socket_usable(p: &Option<PathBuf>) -> bool {
+    p.as_deref().is_some_and(|p| check_path(p).is_ok())
+}
+
+fn incident(
+    kind: EventKind,
+    runner: &str,
+    span: Option<&WorstView>,
+    reason: String,
+    evidence: serde_json::Value,
+    idempotency_key: String,
+) -> NewIncident {
+    NewIncident {
+        kind,
+        runner_id: Some(runner.to_string()),
+        tool_name: span.map(|w| w.tool.clone()),
+        trace_id: span.map(|w| w.key.trace_id),
+        span_id: span.map(|w| w.key.span_id),
+        reason,
+        evidence,
+        idempotency_key,
+        at_unix_nano: now_unix_nano(),
+    }
+}
+
+/// Records incidents in order; a trip is sent only after its incident is recorded (or
+/// failed to record: the watchdog acts anyway, DESIGN Durability levels).
+async fn run_effects(
+    events: EventBus,
+    trips: mpsc::Sender<Trip>,
+    mut rx: mpsc::Receiver<Effect>,
+    stats: Arc<WatchdogStats>,
+) {
+    while let Some(e) = rx.recv().await {
+        let (inc, trip) = match e {
+            Effect::Incident(i) => (i, None),
+            Effect::IncidentThenTrip(i, t) => (i, Some(t)),
+        };
+        let kind = inc.kind;
+        let id = match events.publish(inc).await {
+            Ok(Some(recorded)) => (recorded.id != 0).then_some(recorded.id),
+            Ok(None) => None,
+            Err(e) => {
+                stats.incident_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%kind, "incident not recorded: {e}");
+                None
+            }
+        };
+        if let Some(mut t) = trip {
+            t.incident_id = id;
+            if trips.send(t).await.is_err() {
+                tracing::warn!("trip not delivered: the reaper's channel is closed");
+            }
+        }
+    }
+}
+
+/// Writes ledger batches, merging whatever queued up meanwhile into one transaction; a
+/// failed batch is retried with the next one.
+async fn run_persister(
+    storage: Storage,
+    mut rx: mpsc::Receiver<Vec<LedgerWrite>>,
+    stats: Arc<WatchdogStats>,
+) {
+    let mut carry: Vec<LedgerWrite> = Vec::new();
+    while let Some(mut batch) = rx.recv().await {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        if !carry.is_empty() {
+            carry.append(&mut batch);
+            batch = std::mem::take(&mut carry);
+        }
+        let n = batch.len() as u64;
+        match storage.ledger_apply(batch.clone()).await {
+            Ok(()) => {
+                stats.ledger_rows_written.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => {
+                stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    "open-span ledger batch of {n} rows not written (kept for retry): {e}"
+                );
+                carry = batch;
+            }
+        }
+    }
+}
