@@ -1,0 +1,385 @@
+//! Every Linux process call of stallwatch in one module: pidfds, `/proc` reads, `waitid`,
+//! the child-subreaper flag, and [`send_signal`], the one funnel through which a signal is
+//! ever sent (`clippy.toml` `disallowed-methods` bans the raw calls everywhere else).
+//!
+//! Keeping these here is what makes a later macOS port (kqueue, no pidfd) one module of
+//! work (DESIGN, Linux notes). The rules of the funnel come from DESIGN, Reaper: never PID 0
+//! or 1, never stallwatch itself or its parent, never our own process group, never a group
+//! id <= 1. Identity (pidfd held since registration, or start time + boot id) is proven by
+//! the callers in `terminate.rs` before they call the funnel; a pidfd target carries that
+//! proof with it, since a pidfd can only ever reach the process it was opened for.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::process::{Pid, PidfdFlags, Signal};
+use serde::{Deserialize, Serialize};
+
+/// The two signals the reaper sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Sig {
+    /// SIGTERM: please stop.
+    Term,
+    /// SIGKILL: stop now.
+    Kill,
+}
+
+impl Sig {
+    fn raw(self) -> Signal {
+        match self {
+            Sig::Term => Signal::TERM,
+            Sig::Kill => Signal::KILL,
+        }
+    }
+    /// `SIGTERM` or `SIGKILL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sig::Term => "SIGTERM",
+            Sig::Kill => "SIGKILL",
+        }
+    }
+}
+
+/// Whom a signal goes to.
+#[derive(Clone, Copy, Debug)]
+pub enum SignalTarget<'a> {
+    /// One process, through a pidfd opened for it (identity pinned by the fd). `pid` is only
+    /// checked against the forbidden set.
+    Pidfd {
+        /// The pidfd.
+        fd: BorrowedFd<'a>,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A whole process group, `kill(-pgid)`. Callers may use it only while the group leader
+    /// is an unreaped child of stallwatch (so the group id cannot be reused).
+    Group {
+        /// The process group id (the leader's pid).
+        pgid: u32,
+    },
+}
+
+/// Why the funnel refused to send a signal.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    /// The target is PID 0/1, stallwatch, its parent, its own group, or a group id <= 1.
+    #[error("refusing to signal {0}: protected process")]
+    Protected(String),
+    /// The kernel refused (ESRCH: it is already gone; EPERM: not ours).
+    #[error("signal failed: {0}")]
+    Os(#[from] io::Error),
+}
+
+fn protected(id: u32) -> bool {
+    let me = std::process::id();
+    let parent = rustix::process::getppid().map(|p| p.as_raw_pid() as u32);
+    id <= 1 || id == me || Some(id) == parent
+}
+
+/// The one function that sends signals. Refuses protected targets (DESIGN, Reaper).
+///
+/// Errors: [`SignalError::Protected`], or [`SignalError::Os`] with the kernel's error.
+#[allow(clippy::disallowed_methods)]
+pub fn send_signal(target: SignalTarget<'_>, sig: Sig) -> Result<(), SignalError> {
+    match target {
+        SignalTarget::Pidfd { fd, pid } => {
+            if protected(pid) {
+                return Err(SignalError::Protected(format!("pid {pid}")));
+            }
+            rustix::process::pidfd_send_signal(fd, sig.raw()).map_err(io::Error::from)?;
+        }
+        SignalTarget::Group { pgid } => {
+            let own_group = rustix::process::getpgrp().as_raw_pid() as u32;
+            if protected(pgid) || pgid == own_group {
+                return Err(SignalError::Protected(format!("process group {pgid}")));
+            }
+            let pg = Pid::from_raw(pgid as i32)
+                .ok_or_else(|| SignalError::Protected(format!("process group {pgid}")))?;
+            rustix::process::kill_process_group(pg, sig.raw()).map_err(io::Error::from)?;
+        }
+    }
+    Ok(())
+}
+
+/// Opens a pidfd for `pid` (Linux >= 5.3).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let p = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(p, PidfdFlags::empty())?)
+}
+
+/// True when the process behind `fd` has exited (pidfd readable), without waiting.
+pub fn pidfd_exited(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(n) => n > 0,
+        Err(_) => false,
+    }
+}
+
+/// Wraps a pidfd for async waiting: it becomes readable when the process exits.
+///
+/// tokio 1.54 deprecated the safe `AsyncFd` constructors because a `T` that does not own
+/// its fd could close it while registered; an `OwnedFd` owns it, so this use is sound.
+#[allow(deprecated)]
+pub fn async_pidfd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
+}
+
+/// Marks stallwatch as a child subreaper (`PR_SET_CHILD_SUBREAPER`): orphaned descendants
+/// of runners are re-parented to it, so it can reap them.
+pub fn set_child_subreaper() -> io::Result<()> {
+    Ok(rustix::process::set_child_subreaper(Some(
+        rustix::process::getpid(),
+    ))?)
+}
+
+/// `/proc/sys/kernel/random/boot_id`, trimmed.
+pub fn boot_id() -> io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_string())
+}
+
+/// The fields of `/proc/PID/stat` the reaper uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Pid.
+    pub pid: u32,
+    /// State letter (`R`, `S`, `Z`, ...).
+    pub state: char,
+    /// Parent pid.
+    pub ppid: u32,
+    /// Process group id.
+    pub pgid: u32,
+    /// Start time, clock ticks since boot (field 22).
+    pub start_time_ticks: u64,
+}
+
+/// Parses the text of `/proc/PID/stat` (the command name may contain spaces and parens).
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let (head, rest) = text.rsplit_once(')')?;
+    let pid = head.split_whitespace().next()?.parse().ok()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): index i holds field i + 3.
+    Some(ProcStat {
+        pid,
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        pgid: f.get(2)?.parse().ok()?,
+        start_time_ticks: f.get(19)?.parse().ok()?,
+    })
+}
+
+/// Reads `/proc/PID/stat`. `NotFound` when the process is gone.
+pub fn proc_stat(pid: u32) -> io::Result<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad /proc stat"))
+}
+
+/// Opens a pidfd for `pid` and proves it is the process that started at
+/// `start_time_ticks` and is not a zombie. `Ok(None)` when it is gone or is another process
+/// (a recycled pid); the fd is opened first and the start time read after, so the answer
+/// cannot race with a recycle.
+pub fn open_verified(pid: u32, start_time_ticks: u64) -> io::Result<Option<OwnedFd>> {
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match proc_stat(pid) {
+        Ok(st) if st.start_time_ticks == start_time_ticks && st.state != 'Z' => Ok(Some(fd)),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    /// Exit code when it exited normally.
+    pub code: Option<i32>,
+    /// Signal number when a signal ended it.
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    /// True for exit code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+    /// `exit code N` or `signal N`.
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (_, Some(s)) => format!("signal {s}"),
+            _ => "unknown".into(),
+        }
+    }
+}
+
+fn to_exit(st: WaitStatus) -> Option<ExitInfo> {
+    match st {
+        WaitStatus::Exited(_, code) => Some(ExitInfo {
+            code: Some(code),
+            signal: None,
+        }),
+        WaitStatus::Signaled(_, sig, _) => Some(ExitInfo {
+            code: None,
+            signal: Some(sig as i32),
+        }),
+        _ => None,
+    }
+}
+
+/// Peeks whether child `pid` has exited without reaping it (`waitid(P_PID, WEXITED |
+/// WNOHANG | WNOWAIT)`).
+pub fn peek_child(pid: u32) -> io::Result<Option<ExitInfo>> {
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    let st = waitid(
+        Id::Pid(p),
+        WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+    )
+    .map_err(io::Error::from)?;
+    Ok(to_exit(st))
+}
+
+/// Reaps child `pid` if it has exited (`waitid(P_PID, WEXITED | WNOHANG)`); never
+/// `waitpid(-1)`.
+pub fn reap_child(pid: u32) -> io::Result<Option<ExitInfo>> {
+    let p = nix::unistd::Pid::from_raw(pid as i32);
+    let st =
+        waitid(Id::Pid(p), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG).map_err(io::Error::from)?;
+    Ok(to_exit(st))
+}
+
+/// True when some child of stallwatch is waitable (`waitid(P_ALL, WEXITED | WNOHANG |
+/// WNOWAIT)`, which reaps nothing).
+pub fn any_child_exited() -> bool {
+    matches!(
+        waitid(
+            Id::All,
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT
+        ),
+        Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..))
+    )
+}
+
+/// Every process in `/proc` (pid, stat) readable now. Vanishing entries are skipped.
+pub fn all_processes() -> Vec<ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter_map(|pid| proc_stat(pid).ok())
+        .collect()
+}
+
+/// Zombie children of stallwatch (state `Z`, parent = us).
+pub fn zombie_children() -> Vec<u32> {
+    let me = std::process::id();
+    all_processes()
+        .into_iter()
+        .filter(|p| p.ppid == me && p.state == 'Z')
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// True when `/proc/PID/environ` holds exactly `key=value`.
+pub fn environ_has(pid: u32, key: &str, value: &str) -> bool {
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let want = format!("{key}={value}");
+    env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
+}
+
+/// Live (non-zombie) processes that descend from `root` by parent links, or carry
+/// `STALLWATCH_RUNNER_ID=<runner_id>` in their environment, excluding `root`.
+pub fn descendants(root: u32, runner_id: &str) -> Vec<ProcStat> {
+    let procs = all_processes();
+    let by_parent: HashMap<u32, Vec<u32>> = procs.iter().fold(HashMap::new(), |mut m, p| {
+        m.entry(p.ppid).or_default().push(p.pid);
+        m
+    });
+    let mut found: HashMap<u32, ()> = HashMap::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for c in by_parent.get(&p).into_iter().flatten() {
+            if found.insert(*c, ()).is_none() {
+                stack.push(*c);
+            }
+        }
+    }
+    let me = std::process::id();
+    procs
+        .into_iter()
+        .filter(|p| p.pid != root && p.pid != me && p.state != 'Z')
+        .filter(|p| {
+            found.contains_key(&p.pid) || environ_has(p.pid, "STALLWATCH_RUNNER_ID", runner_id)
+        })
+        .collect()
+}
+
+/// True when the process recorded as (`pid`, `start_time_ticks`) is still alive (not a
+/// zombie).
+pub fn alive(pid: u32, start_time_ticks: u64) -> bool {
+    matches!(proc_stat(pid), Ok(st) if st.start_time_ticks == start_time_ticks && st.state != 'Z')
+}
+
+/// Borrows an owned fd (helper for callers holding `OwnedFd`).
+pub fn borrow(fd: &OwnedFd) -> BorrowedFd<'_> {
+    fd.as_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_spaces_and_parens_in_the_name() {
+        let s = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 98765 0 0";
+        let st = parse_stat(s).unwrap();
+        assert_eq!((st.pid, st.state, st.ppid, st.pgid), (1234, 'S', 1, 1234));
+        assert_eq!(st.start_time_ticks, 98765);
+    }
+
+    #[test]
+    fn funnel_refuses_protected_targets() {
+        for pgid in [0, 1, std::process::id()] {
+            assert!(matches!(
+                send_signal(SignalTarget::Group { pgid }, Sig::Term),
+                Err(SignalError::Protected(_))
+            ));
+        }
+        let own = rustix::process::getpgrp().as_raw_pid() as u32;
+        assert!(send_signal(SignalTarget::Group { pgid: own }, Sig::Term).is_err());
+        let me = pidfd_open(std::process::id()).unwrap();
+        assert!(send_signal(
+            SignalTarget::Pidfd {
+                fd: me.as_fd(),
+                pid: std::process::id()
+            },
+            Sig::Term
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn verified_open_rejects_wrong_start_time() {
+        let me = std::process::id();
+        let st = proc_stat(me).unwrap();
+        assert!(open_verified(me, st.start_time_ticks).unwrap().is_some());
+        assert!(open_verified(me, st.start_time_ticks + 1)
+            .unwrap()
+            .is_none());
+    }
+}

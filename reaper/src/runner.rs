@@ -1,0 +1,271 @@
+//! Starting a spawned runner: spec checks, the heartbeat socket path, the injected
+//! environment, the process itself (own process group, piped output), and the bounded tail
+//! of its output kept for incidents.
+//!
+//! DESIGN, Interfaces: Runners: environment precedence is inherited < injected < the
+//! runner's own `env`; the socket goes under `<data_dir>/run/<id>.sock`, falling back to
+//! `/tmp/stallwatch-$UID/<hash>.sock` when the path would pass 107 bytes (C29: the
+//! `sun_path` limit is 108 bytes with the NUL).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+use stallwatch_storage::control::{valid_runner_id, ControlError, RunnerSpec, SpawnSpec};
+
+use crate::config::ReaperConfig;
+use crate::platform;
+
+/// Longest usable UNIX socket path on Linux, bytes (`sun_path` is 108 with the NUL).
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+
+/// Checks a runner spec: id shape, exactly one of `spawn`/`attach`, non-empty argv.
+/// Errors: 400 `bad_runner` naming what is wrong.
+pub fn validate_spec(spec: &RunnerSpec) -> Result<(), ControlError> {
+    let bad = |m: String| ControlError::new(400, "bad_runner", m);
+    if !valid_runner_id(&spec.id) {
+        return Err(bad(format!(
+            "runner id {:?} must match ^[a-z0-9][a-z0-9._-]{{0,62}}$",
+            spec.id
+        )));
+    }
+    match (&spec.spawn, &spec.attach) {
+        (Some(s), None) if s.argv.is_empty() || s.argv[0].is_empty() => {
+            Err(bad(format!("runner {}: spawn.argv is empty", spec.id)))
+        }
+        (Some(_), None) | (None, Some(_)) => Ok(()),
+        _ => Err(bad(format!(
+            "runner {}: exactly one of spawn or attach is required",
+            spec.id
+        ))),
+    }
+}
+
+/// Where a runner's heartbeat socket goes, and why it moved when it did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketChoice {
+    /// The path given to the runner.
+    pub path: PathBuf,
+    /// Set when the preferred path was too long and a short one was chosen instead.
+    pub fallback_reason: Option<String>,
+}
+
+/// Chooses the socket path: `preferred` (or `<data_dir>/run/<id>.sock`), or, when that
+/// would pass [`MAX_SOCKET_PATH_BYTES`], `/tmp/stallwatch-$UID/<hash>.sock` with the reason.
+pub fn choose_socket_path(data_dir: &Path, id: &str, preferred: Option<&Path>) -> SocketChoice {
+    let path = preferred
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| data_dir.join("run").join(format!("{id}.sock")));
+    let len = path.as_os_str().as_bytes().len();
+    if len <= MAX_SOCKET_PATH_BYTES {
+        return SocketChoice {
+            path,
+            fallback_reason: None,
+        };
+    }
+    let hash = hex::encode(&Sha256::digest(path.as_os_str().as_bytes())[..8]);
+    let uid = rustix::process::getuid().as_raw();
+    let short = PathBuf::from(format!("/tmp/stallwatch-{uid}/{hash}.sock"));
+    let reason = format!(
+        "heartbeat socket path {} is {len} bytes, over the {MAX_SOCKET_PATH_BYTES}-byte UNIX socket limit; using {}",
+        path.display(),
+        short.display()
+    );
+    SocketChoice {
+        path: short,
+        fallback_reason: Some(reason),
+    }
+}
+
+/// Creates the socket's folder (mode 0700) and removes a stale socket file left there.
+pub fn prepare_socket_dir(path: &Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        if dir.starts_with("/tmp") {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if m.file_type().is_socket() {
+            std::fs::remove_file(path)?;
+        }
+    }
+    Ok(())
+}
+
+/// What the reaper injects into a spawned runner's environment, with the runner's own
+/// `env` applied last (DESIGN, Interfaces: Runners).
+pub fn runner_env(
+    config: &ReaperConfig,
+    id: &str,
+    spawn: &SpawnSpec,
+    socket: &Path,
+    checkpoint: Option<(&Path, &str)>,
+    instance_id: &str,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_string(), v);
+    };
+    set("STALLWATCH_RUNNER_ID", id.into());
+    set(
+        "STALLWATCH_HEARTBEAT_SOCKET",
+        socket.to_string_lossy().into_owned(),
+    );
+    if let Some((dir, cid)) = checkpoint {
+        set(
+            "STALLWATCH_CHECKPOINT_DIR",
+            dir.to_string_lossy().into_owned(),
+        );
+        set("STALLWATCH_CHECKPOINT_ID", cid.into());
+    }
+    set("OTEL_EXPORTER_OTLP_ENDPOINT", config.otlp_endpoint.clone());
+    set("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".into());
+    set("OTEL_SERVICE_NAME", id.into());
+    set(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        format!("stallwatch.runner.id={id},service.instance.id={instance_id}"),
+    );
+    set("MPLBACKEND", "Agg".into());
+    set("PYTHONUNBUFFERED", "1".into());
+    for (k, v) in &spawn.env {
+        env.insert(k.clone(), v.clone());
+    }
+    env
+}
+
+/// A freshly spawned runner process.
+pub struct SpawnedProcess {
+    /// Its pid (also its process group id).
+    pub pid: u32,
+    /// A pidfd opened while it was an unreaped child (identity pinned).
+    pub pidfd: OwnedFd,
+    /// Its start time, clock ticks since boot.
+    pub start_time_ticks: u64,
+    /// Its stdout pipe.
+    pub stdout: ChildStdout,
+    /// Its stderr pipe.
+    pub stderr: ChildStderr,
+}
+
+/// Spawns `argv` in its own process group with `env` layered over the inherited
+/// environment, stdin from `/dev/null`, stdout and stderr piped. The `Child` is dropped
+/// without waiting: the reaper reaps by pid with `waitid`.
+pub fn spawn_process(
+    spawn: &SpawnSpec,
+    env: &BTreeMap<String, String>,
+) -> std::io::Result<SpawnedProcess> {
+    let mut cmd = Command::new(&spawn.argv[0]);
+    cmd.args(&spawn.argv[1..])
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(cwd) = &spawn.cwd {
+        cmd.current_dir(cwd);
+    }
+    let mut child = cmd.spawn()?;
+    let pid = child.id();
+    let pidfd = platform::pidfd_open(pid)?;
+    let start_time_ticks = platform::proc_stat(pid)?.start_time_ticks;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("stdout not piped"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| std::io::Error::other("stderr not piped"))?;
+    drop(child);
+    Ok(SpawnedProcess {
+        pid,
+        pidfd,
+        start_time_ticks,
+        stdout,
+        stderr,
+    })
+}
+
+/// The last lines a runner wrote, bounded. Shared between the reader tasks and incidents.
+#[derive(Clone, Debug, Default)]
+pub struct OutputTail {
+    inner: Arc<Mutex<VecDeque<(&'static str, String)>>>,
+    cap: usize,
+}
+
+impl OutputTail {
+    /// A tail keeping at most `cap` lines.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(VecDeque::with_capacity(cap))),
+            cap: cap.max(1),
+        }
+    }
+    /// Adds a line from `stream` (`stdout` or `stderr`).
+    pub fn push(&self, stream: &'static str, line: String) {
+        if let Ok(mut q) = self.inner.lock() {
+            if q.len() == self.cap {
+                q.pop_front();
+            }
+            q.push_back((stream, line));
+        }
+    }
+    /// The kept lines of one stream, oldest first.
+    pub fn lines(&self, stream: &str) -> Vec<String> {
+        self.inner
+            .lock()
+            .map(|q| {
+                q.iter()
+                    .filter(|(s, _)| *s == stream)
+                    .map(|(_, l)| l.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_socket_paths_fall_back_with_a_reason() {
+        let short = choose_socket_path(Path::new("/d"), "r1", None);
+        assert_eq!(short.path, PathBuf::from("/d/run/r1.sock"));
+        assert!(short.fallback_reason.is_none());
+        let deep = format!("/tmp/{}", "d".repeat(120));
+        let c = choose_socket_path(Path::new(&deep), "r1", None);
+        assert!(c.path.as_os_str().len() <= MAX_SOCKET_PATH_BYTES);
+        assert!(c.fallback_reason.unwrap().contains("107-byte"));
+    }
+
+    #[test]
+    fn env_precedence_injected_then_spec() {
+        let cfg = ReaperConfig::new("/d");
+        let mut spec = SpawnSpec {
+            argv: vec!["x".into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            workspace: None,
+        };
+        spec.env.insert("MPLBACKEND".into(), "TkAgg".into());
+        let env = runner_env(&cfg, "r1", &spec, Path::new("/s"), None, "u");
+        assert_eq!(env["MPLBACKEND"], "TkAgg");
+        assert_eq!(env["PYTHONUNBUFFERED"], "1");
+        assert_eq!(
+            env["OTEL_RESOURCE_ATTRIBUTES"],
+            "stallwatch.runner.id=r1,service.instance.id=u"
+        );
+        assert!(!env.contains_key("STALLWATCH_CHECKPOINT_DIR"));
+    }
+}
