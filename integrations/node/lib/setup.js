@@ -58,6 +58,8 @@ function setup({
   register = true,
 } = {}) {
   if (current && !current.closed) return current;
+  // First, so that a bad socket path throws before anything global is installed.
+  const hb = heartbeat ? serveHeartbeat() : null;
   if (crashHooks) installCrashHooks();
   const resource = buildResource(serviceName);
   const onStart = new OnStartSpanProcessor(new OTLPTraceExporter({ timeoutMillis: exportTimeoutMillis }), {
@@ -68,7 +70,6 @@ function setup({
     spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter()), onStart],
   });
   if (register) tracerProvider.register();
-  const hb = heartbeat ? serveHeartbeat() : null;
   const runner = {
     tracerProvider,
     resource,

@@ -217,3 +217,18 @@ test('setup takes the runner id from STALLWATCH_RUNNER_ID when the resource lack
   assert.equal(rep.heartbeat, null);
   assert.equal((await child.exited).code, 0);
 });
+
+test('setup with a heartbeat path over 107 bytes throws a clear error', async () => {
+  const dir = shortTmp();
+  const long = path.join(dir, 'x'.repeat(120), 'hb.sock');
+  const child = spawnNode(
+    `const sw = require('./index.js');
+     try { sw.setup({ crashHooks: false }); console.log('no error'); }
+     catch (err) { console.log('error ' + JSON.stringify({ name: err.name, message: err.message })); }
+     process.exit(0);`,
+    runnerEnv('http://127.0.0.1:9', dir, { STALLWATCH_HEARTBEAT_SOCKET: long }),
+  );
+  const rep = JSON.parse((await child.waitLine('error ')).slice('error '.length));
+  assert.equal(rep.name, 'SocketPathTooLongError');
+  assert.match(rep.message, /107-byte/);
+});

@@ -175,6 +175,8 @@ def setup(
     with _setup_lock:
         if _current is not None and not _current._closed:
             return _current
+        # First, so that a bad socket path raises before anything global is installed.
+        server = serve_heartbeat() if heartbeat else None
         if not faulthandler.is_enabled():
             try:
                 faulthandler.enable(file=sys.stderr, all_threads=True)
@@ -198,8 +200,6 @@ def setup(
             if set_global:
                 trace.set_tracer_provider(provider)
         provider.add_span_processor(on_start)
-
-        server = serve_heartbeat() if heartbeat else None
 
         logger_provider = _setup_logs(resource) if logs else None
 
