@@ -1,0 +1,126 @@
+//! Validated collector configuration (`[otlp]` in the TOML file). `src/` converts raw
+//! CLI/env/TOML input into [`CollectorConfig`]; every default is a named constant beside
+//! its field, with the DESIGN.md "Interfaces" section as the source.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use crate::error::CollectorError;
+
+/// Default OTLP/gRPC listen address: `127.0.0.1:4317` (DESIGN, Defaults).
+pub const DEFAULT_GRPC_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4317));
+/// Default OTLP/HTTP listen address: `127.0.0.1:4318` (DESIGN, Defaults).
+pub const DEFAULT_HTTP_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4318));
+/// Default cap of one request body after decompression: 20 MiB (`[otlp] max_request_bytes
+/// = 20971520`, DESIGN "Back-pressure and limits"), on both transports.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 20 * 1024 * 1024;
+/// Default cap of request bytes held at once across all requests: 64 MiB
+/// (`max_inflight_bytes = 67108864`).
+pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
+/// Default maximum nesting depth of attribute values (`arrayValue`/`kvlistValue`): 32.
+pub const DEFAULT_MAX_NESTING_DEPTH: usize = 32;
+/// Highest nesting depth that can be configured: deeper documents already hit the JSON
+/// parser's recursion limit (128 containers) and prost's (100 messages).
+pub const MAX_NESTING_DEPTH_LIMIT: usize = 40;
+/// Default time `run` waits for in-flight requests after shutdown is requested: 10 s.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default CORS allow-list: the Tauri web-view origins and any `http://localhost` port
+/// (issue 2, Collector; DESIGN, Security). `null` (file:// pages) is deliberately absent.
+pub const DEFAULT_CORS_ALLOWED_ORIGINS: [&str; 4] = [
+    "tauri://localhost",
+    "http://tauri.localhost",
+    "https://tauri.localhost",
+    "http://localhost:*",
+];
+
+/// The collector's validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollectorConfig {
+    /// OTLP/gRPC listen address; port 0 picks a free port. Default [`DEFAULT_GRPC_LISTEN`].
+    pub grpc_listen: SocketAddr,
+    /// OTLP/HTTP listen address; port 0 picks a free port. Default [`DEFAULT_HTTP_LISTEN`].
+    pub http_listen: SocketAddr,
+    /// Largest request body in bytes, measured after decompression (and also applied to
+    /// the compressed body). Over it: HTTP 413 / gRPC `RESOURCE_EXHAUSTED`. Default
+    /// [`DEFAULT_MAX_REQUEST_BYTES`].
+    pub max_request_bytes: usize,
+    /// Request bytes (compressed plus decompressed) held at once across all requests.
+    /// Over it: HTTP 503 + `Retry-After` / gRPC `UNAVAILABLE` + RetryInfo. Must be at least
+    /// `max_request_bytes`. Default [`DEFAULT_MAX_INFLIGHT_BYTES`].
+    pub max_inflight_bytes: usize,
+    /// Deepest attribute value nesting accepted (a plain attribute value is depth 1; each
+    /// `arrayValue`/`kvlistValue` level adds 1). Deeper: HTTP 400 / gRPC
+    /// `INVALID_ARGUMENT`. Range 1..=[`MAX_NESTING_DEPTH_LIMIT`]. Default
+    /// [`DEFAULT_MAX_NESTING_DEPTH`].
+    pub max_nesting_depth: usize,
+    /// Origins allowed to call the OTLP/HTTP endpoints from a browser. Exact origins
+    /// (`scheme://host[:port]`), or `scheme://host:*` for any port of that host; `null` only
+    /// when listed. Default [`DEFAULT_CORS_ALLOWED_ORIGINS`].
+    pub cors_allowed_origins: Vec<String>,
+    /// When set, every export must carry `Authorization: Bearer <token>` (HTTP 401 / gRPC
+    /// `UNAUTHENTICATED` otherwise). Default `None` (DESIGN, Security: optional ingest token).
+    pub ingest_token: Option<String>,
+    /// How long [`crate::Collector::run`] waits for in-flight requests once shutdown is
+    /// requested. Default [`DEFAULT_DRAIN_TIMEOUT`].
+    pub drain_timeout: Duration,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self {
+            grpc_listen: DEFAULT_GRPC_LISTEN,
+            http_listen: DEFAULT_HTTP_LISTEN,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
+            max_nesting_depth: DEFAULT_MAX_NESTING_DEPTH,
+            cors_allowed_origins: DEFAULT_CORS_ALLOWED_ORIGINS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ingest_token: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+impl CollectorConfig {
+    /// Checks the limits and the CORS patterns.
+    ///
+    /// Errors: [`CollectorError::Config`] naming the field: `max_request_bytes` below 1024,
+    /// `max_inflight_bytes` below `max_request_bytes`, `max_nesting_depth` outside
+    /// 1..=[`MAX_NESTING_DEPTH_LIMIT`], an origin that is not `scheme://host[:port|:*]` or
+    /// `null`, an empty ingest token or one with whitespace.
+    pub fn validate(&self) -> Result<(), CollectorError> {
+        if self.max_request_bytes < 1024 {
+            return Err(CollectorError::Config(format!(
+                "max_request_bytes must be at least 1024, got {}",
+                self.max_request_bytes
+            )));
+        }
+        if self.max_inflight_bytes < self.max_request_bytes {
+            return Err(CollectorError::Config(format!(
+                "max_inflight_bytes ({}) must be at least max_request_bytes ({})",
+                self.max_inflight_bytes, self.max_request_bytes
+            )));
+        }
+        if self.max_nesting_depth == 0 || self.max_nesting_depth > MAX_NESTING_DEPTH_LIMIT {
+            return Err(CollectorError::Config(format!(
+                "max_nesting_depth must be within 1..={MAX_NESTING_DEPTH_LIMIT}, got {}",
+                self.max_nesting_depth
+            )));
+        }
+        for origin in &self.cors_allowed_origins {
+            crate::cors::OriginPattern::parse(origin).map_err(CollectorError::Config)?;
+        }
+        if let Some(token) = &self.ingest_token {
+            if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(CollectorError::Config(
+                    "ingest_token must be non-empty and contain no whitespace".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

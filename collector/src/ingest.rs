@@ -1,0 +1,428 @@
+//! The ingest pipeline both transports share: in-flight byte budget, capped decompression,
+//! decode, `Storage::write_*` (resolves after COMMIT), then the observation for the
+//! watchdog. Transport modules only parse headers/framing and render the outcome.
+//!
+//! Order per request (DESIGN, Durability and limits): nothing is acknowledged before its
+//! commit; the observation is sent after the commit and before the answer, so a full
+//! watchdog channel slows exporters down instead of growing memory.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use stallwatch_storage::control::{Observation, ObservedData};
+use stallwatch_storage::{Storage, WriteError};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use crate::config::CollectorConfig;
+use crate::cors::CorsPolicy;
+use crate::decode::{self, Format, Limits};
+use crate::decompress::{self, Coding};
+use crate::error::CollectorError;
+use crate::stats::{IngestStats, RefuseReason};
+
+/// `Retry-After` when the in-flight budget or the write queue is full, seconds.
+pub(crate) const BUSY_RETRY_AFTER_S: u64 = 1;
+/// `Retry-After` when the disk (or `max_db_bytes`) is full, seconds.
+pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
+/// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
+/// larger or compressed ones on the blocking pool, bytes.
+const INLINE_DECODE_BYTES: usize = 256 * 1024;
+
+/// Which OTLP signal an export carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// `/v1/traces`, `TraceService/Export`.
+    Traces,
+    /// `/v1/logs`, `LogsService/Export`.
+    Logs,
+    /// `/v1/metrics`, `MetricsService/Export`.
+    Metrics,
+}
+
+/// Why a request was not accepted; each variant is one HTTP status and one gRPC code.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// HTTP 400 / `INVALID_ARGUMENT`: the message names what was wrong.
+    BadRequest(String),
+    /// HTTP 413 / `RESOURCE_EXHAUSTED` (no RetryInfo: not retryable as is).
+    TooLarge(String),
+    /// HTTP 415: unknown `Content-Type`.
+    UnsupportedMediaType(String),
+    /// HTTP 415 / `UNIMPLEMENTED`: unknown content coding.
+    UnsupportedEncoding(String),
+    /// HTTP 401 / `UNAUTHENTICATED`.
+    Unauthenticated,
+    /// HTTP 503 + `Retry-After` / `UNAVAILABLE` + RetryInfo.
+    Busy {
+        /// Whole seconds, at least 1.
+        retry_after_s: u64,
+        /// What is full.
+        message: String,
+        /// Counter label.
+        reason: RefuseReason,
+    },
+    /// HTTP 500 / `INTERNAL`: a genuine internal failure, never bad input.
+    Internal(String),
+}
+
+impl Refusal {
+    /// The counter label.
+    pub(crate) fn reason(&self) -> RefuseReason {
+        match self {
+            Refusal::BadRequest(_) => RefuseReason::BadRequest,
+            Refusal::TooLarge(_) => RefuseReason::TooLarge,
+            Refusal::UnsupportedMediaType(_) => RefuseReason::UnsupportedMediaType,
+            Refusal::UnsupportedEncoding(_) => RefuseReason::UnsupportedEncoding,
+            Refusal::Unauthenticated => RefuseReason::Unauthenticated,
+            Refusal::Busy { reason, .. } => *reason,
+            Refusal::Internal(_) => RefuseReason::Internal,
+        }
+    }
+
+    /// The human message sent to the client.
+    pub(crate) fn message(&self) -> String {
+        match self {
+            Refusal::BadRequest(m)
+            | Refusal::TooLarge(m)
+            | Refusal::UnsupportedMediaType(m)
+            | Refusal::UnsupportedEncoding(m)
+            | Refusal::Internal(m) => m.clone(),
+            Refusal::Unauthenticated => {
+                "missing or wrong ingest token (send Authorization: Bearer <token>)".into()
+            }
+            Refusal::Busy { message, .. } => message.clone(),
+        }
+    }
+
+    fn inflight_full() -> Self {
+        Refusal::Busy {
+            retry_after_s: BUSY_RETRY_AFTER_S,
+            message: "collector busy: max_inflight_bytes reached, retry later".into(),
+            reason: RefuseReason::InflightFull,
+        }
+    }
+}
+
+/// Maps a storage write failure to its answer (DESIGN, Back-pressure and limits).
+pub(crate) fn refusal_for_write(e: WriteError) -> Refusal {
+    match e {
+        WriteError::QueueFull { .. } => Refusal::Busy {
+            retry_after_s: BUSY_RETRY_AFTER_S,
+            message: format!("{e}, retry later"),
+            reason: RefuseReason::QueueFull,
+        },
+        WriteError::Full(_) => Refusal::Busy {
+            retry_after_s: STORAGE_FULL_RETRY_AFTER_S,
+            message: format!("{e}, retry later"),
+            reason: RefuseReason::StorageFull,
+        },
+        WriteError::Closed => Refusal::Busy {
+            retry_after_s: BUSY_RETRY_AFTER_S,
+            message: format!("{e}, retry later"),
+            reason: RefuseReason::ShuttingDown,
+        },
+        WriteError::Failed(m) => Refusal::Internal(format!("storage commit failed: {m}")),
+    }
+}
+
+/// The budget of request bytes held at once (`max_inflight_bytes`).
+#[derive(Clone, Debug)]
+pub(crate) struct Budget {
+    sem: Arc<Semaphore>,
+    stats: Arc<IngestStats>,
+}
+
+impl Budget {
+    pub(crate) fn new(max_inflight_bytes: usize, stats: Arc<IngestStats>) -> Self {
+        Self {
+            sem: Arc::new(Semaphore::new(
+                max_inflight_bytes.min(Semaphore::MAX_PERMITS),
+            )),
+            stats,
+        }
+    }
+    /// An empty charge for one request; released when dropped.
+    pub(crate) fn charge(&self) -> Charge {
+        Charge {
+            budget: self.clone(),
+            permit: None,
+            bytes: 0,
+        }
+    }
+}
+
+/// The bytes one request holds against the [`Budget`].
+#[derive(Debug)]
+pub(crate) struct Charge {
+    budget: Budget,
+    permit: Option<OwnedSemaphorePermit>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Takes `n` more bytes, or refuses at once (503 / `UNAVAILABLE`) when the budget is
+    /// exhausted: waiting would let slow clients pin memory.
+    pub(crate) fn grow(&mut self, n: usize) -> Result<(), Refusal> {
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = u32::try_from(n).map_err(|_| Refusal::inflight_full())?;
+        let p = Arc::clone(&self.budget.sem)
+            .try_acquire_many_owned(n32)
+            .map_err(|_| Refusal::inflight_full())?;
+        match &mut self.permit {
+            Some(existing) => existing.merge(p),
+            None => self.permit = Some(p),
+        }
+        self.bytes += n;
+        self.budget.stats.inflight_add(n);
+        Ok(())
+    }
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.stats.inflight_sub(self.bytes);
+    }
+}
+
+/// What was accepted: the partial-success count and message (both empty on full success).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Accepted {
+    pub rejected: u64,
+    pub message: String,
+}
+
+enum Batch {
+    Traces(decode::Decoded<stallwatch_storage::model::TraceBatch>),
+    Logs(decode::Decoded<stallwatch_storage::model::LogBatch>),
+    Metrics(decode::Decoded<stallwatch_storage::model::MetricBatch>),
+}
+
+/// Shared state of both transports: storage, the watchdog channel, limits, CORS policy,
+/// ingest token and counters. Cheap to clone.
+#[derive(Clone)]
+pub struct IngestState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) storage: Storage,
+    pub(crate) observer: mpsc::Sender<Observation>,
+    pub(crate) stats: Arc<IngestStats>,
+    pub(crate) budget: Budget,
+    pub(crate) cors: CorsPolicy,
+    pub(crate) token: Option<String>,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) limits: Limits,
+}
+
+impl IngestState {
+    /// Builds the state from a configuration (validated here).
+    ///
+    /// Errors: [`CollectorError::Config`] when `config` is invalid.
+    pub fn new(
+        config: &CollectorConfig,
+        storage: Storage,
+        observer: mpsc::Sender<Observation>,
+    ) -> Result<Self, CollectorError> {
+        config.validate()?;
+        let stats = Arc::new(IngestStats::default());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                storage,
+                observer,
+                budget: Budget::new(config.max_inflight_bytes, Arc::clone(&stats)),
+                stats,
+                cors: CorsPolicy::new(&config.cors_allowed_origins)
+                    .map_err(CollectorError::Config)?,
+                token: config.ingest_token.clone(),
+                max_request_bytes: config.max_request_bytes,
+                limits: Limits {
+                    max_nesting_depth: config.max_nesting_depth,
+                },
+            }),
+        })
+    }
+
+    /// The ingest counters (a [`stallwatch_storage::MetricsSource`]).
+    pub fn stats(&self) -> Arc<IngestStats> {
+        Arc::clone(&self.inner.stats)
+    }
+
+    /// True when no token is configured, or `authorization` is `Bearer <token>`
+    /// (constant-time comparison).
+    pub(crate) fn authorized(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(token) = &self.inner.token else {
+            return true;
+        };
+        let Some(h) = authorization else {
+            return false;
+        };
+        let Some(given) = h
+            .get(..7)
+            .filter(|p| p.eq_ignore_ascii_case(b"bearer "))
+            .map(|_| h[7..].trim_ascii())
+        else {
+            return false;
+        };
+        let want = token.as_bytes();
+        if given.len() != want.len() {
+            return false;
+        }
+        given
+            .iter()
+            .zip(want)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    /// Counts a request refused before it reached [`IngestState::process`].
+    pub(crate) fn refused(&self, r: &Refusal) {
+        self.inner.stats.refuse_request(r.reason());
+    }
+
+    /// Runs the pipeline on a raw (possibly compressed) body: capped decompression,
+    /// decode, commit, observation.
+    pub(crate) async fn process(
+        &self,
+        signal: Signal,
+        format: Format,
+        codings: Vec<Coding>,
+        raw: Bytes,
+        mut charge: Charge,
+        received: Instant,
+    ) -> Result<Accepted, Refusal> {
+        let result = self
+            .process_inner(signal, format, codings, raw, &mut charge, received)
+            .await;
+        if let Err(r) = &result {
+            self.refused(r);
+            match r {
+                Refusal::Internal(m) => tracing::warn!(error = %m, "OTLP export failed"),
+                r => {
+                    tracing::debug!(reason = r.reason().as_str(), message = %r.message(), "OTLP export refused")
+                }
+            }
+        }
+        drop(charge);
+        result
+    }
+
+    async fn process_inner(
+        &self,
+        signal: Signal,
+        format: Format,
+        codings: Vec<Coding>,
+        raw: Bytes,
+        charge: &mut Charge,
+        received: Instant,
+    ) -> Result<Accepted, Refusal> {
+        let limit = self.inner.max_request_bytes;
+        let limits = self.inner.limits;
+        let inline = raw.len() <= INLINE_DECODE_BYTES && codings.is_empty();
+        let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
+            let body = decompress::decompress(raw, &codings, limit, charge)?;
+            let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
+            Ok(match signal {
+                Signal::Traces => {
+                    Batch::Traces(decode::decode_traces(&body, format, &limits).map_err(bad)?)
+                }
+                Signal::Logs => {
+                    Batch::Logs(decode::decode_logs(&body, format, &limits).map_err(bad)?)
+                }
+                Signal::Metrics => {
+                    Batch::Metrics(decode::decode_metrics(&body, format, &limits).map_err(bad)?)
+                }
+            })
+        };
+        let batch = if inline {
+            work(raw, charge)?
+        } else {
+            // Move the charge into the blocking task and take it back afterwards.
+            let mut moved = std::mem::replace(charge, self.inner.budget.charge());
+            let (res, back) = tokio::task::spawn_blocking(move || {
+                let r = work(raw, &mut moved);
+                (r, moved)
+            })
+            .await
+            .map_err(|e| Refusal::Internal(format!("decode task failed: {e}")))?;
+            *charge = back;
+            res?
+        };
+        let stats = &self.inner.stats;
+        let storage = &self.inner.storage;
+        let (accepted, data) = match batch {
+            Batch::Traces(d) => {
+                let n = d.batch.span_count();
+                stats.refuse_records(RefuseReason::InvalidId, d.rejected);
+                let b = Arc::new(d.batch);
+                if n > 0 {
+                    self.write(n, storage.write_traces(Arc::clone(&b)).await)?;
+                    stats.committed(n, 0, 0);
+                }
+                let acc = Accepted {
+                    rejected: d.rejected,
+                    message: d.message,
+                };
+                (acc, (n > 0).then_some(ObservedData::Spans(b)))
+            }
+            Batch::Logs(d) => {
+                let n = d.batch.record_count();
+                let b = Arc::new(d.batch);
+                if n > 0 {
+                    self.write(n, storage.write_logs(Arc::clone(&b)).await)?;
+                    stats.committed(0, n, 0);
+                }
+                let acc = Accepted {
+                    rejected: d.rejected,
+                    message: d.message,
+                };
+                (acc, (n > 0).then_some(ObservedData::Logs(b)))
+            }
+            Batch::Metrics(d) => {
+                let n = d.batch.point_count();
+                stats.refuse_records(RefuseReason::InvalidId, d.rejected);
+                if n > 0 {
+                    self.write(n, storage.write_metrics(Arc::new(d.batch)).await)?;
+                    stats.committed(0, 0, n);
+                }
+                (
+                    Accepted {
+                        rejected: d.rejected,
+                        message: d.message,
+                    },
+                    None,
+                )
+            }
+        };
+        if let Some(data) = data {
+            // After the commit, before the answer: a full channel back-pressures ingest.
+            if self
+                .inner
+                .observer
+                .send(Observation { received, data })
+                .await
+                .is_err()
+            {
+                tracing::debug!("watchdog channel closed; observation not delivered");
+            }
+        }
+        Ok(accepted)
+    }
+
+    fn write(&self, records: usize, r: Result<(), WriteError>) -> Result<(), Refusal> {
+        r.map_err(|e| {
+            let refusal = refusal_for_write(e);
+            self.inner
+                .stats
+                .refuse_records(refusal.reason(), records as u64);
+            refusal
+        })
+    }
+}
