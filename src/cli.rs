@@ -56,4 +56,7 @@ pub struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "STALLWATCH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Shut down in order (stopping spawned runners) as soon as the parent process dies.
+    #[arg(long, env = "STALLWATCH_EXIT_WITH_PARENT")]
+    pub exit_with_parent: bool,
 }

@@ -4,6 +4,7 @@
 mod cli;
 mod config;
 mod datadir;
+mod parent;
 mod serve;
 
 use std::process::ExitCode;

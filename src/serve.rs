@@ -46,7 +46,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .thread_name("stallwatch")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(settings, data))
+    runtime.block_on(serve(settings, data, args.exit_with_parent))
 }
 
 fn init_logging(format: LogFormat) {
@@ -61,12 +61,30 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn serve(settings: Settings, data: DataDir) -> Result<()> {
+async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Result<()> {
     let file = &settings.file;
+    let shutdown = CancellationToken::new();
+    if exit_with_parent {
+        // Fail fast (before binding anything) when the parent cannot be watched.
+        let watch = crate::parent::parent_exited();
+        let token = shutdown.clone();
+        let mut watch = Box::pin(watch);
+        tokio::select! {
+            biased;
+            r = &mut watch => { r?; anyhow::bail!("--exit-with-parent: the parent exited during start-up"); }
+            _ = std::future::ready(()) => {}
+        }
+        tokio::spawn(async move {
+            match watch.await {
+                Ok(pid) => tracing::warn!(parent_pid = pid, "parent process exited; shutting down"),
+                Err(e) => tracing::error!("{e:#}"),
+            }
+            token.cancel();
+        });
+    }
     let storage_config = file.storage.to_config(data.db_path())?;
     let storage = Storage::open(storage_config).context("cannot open the database")?;
     let events = EventBus::new(storage.clone());
-    let shutdown = CancellationToken::new();
 
     let (obs_tx, obs_rx) = mpsc::channel::<Observation>(OBSERVATION_QUEUE);
     let (trip_tx, trip_rx) = mpsc::channel::<Trip>(TRIP_QUEUE);
@@ -90,9 +108,13 @@ async fn serve(settings: Settings, data: DataDir) -> Result<()> {
 
     // Reaper: acts.
     let raw_reaper: stallwatch_reaper::RawReaperConfig = config::section("reaper", &file.reaper)?;
-    let mut reaper_config = ReaperConfig::try_from(raw_reaper).context("invalid [reaper] section")?;
-    reaper_config.data_dir = data.path.clone();
-    reaper_config.runners = file.runner.clone();
+    let endpoint_configured = raw_reaper.otlp_endpoint.is_some();
+    let mut reaper_config = ReaperConfig::try_from(stallwatch_reaper::ReaperConfigInput {
+        raw: raw_reaper,
+        data_dir: data.path.clone(),
+        runners: file.runner.clone(),
+    })
+    .context("invalid [reaper] section or [[runner]]")?;
     let reaper_token = CancellationToken::new();
 
     // Collector: binds now so port 0 resolves before the reaper injects the endpoint.
@@ -100,7 +122,11 @@ async fn serve(settings: Settings, data: DataDir) -> Result<()> {
     let collector = Collector::bind(collector_config, storage.clone(), obs_tx)
         .await
         .context("cannot bind the OTLP listeners")?;
-    reaper_config.otlp_endpoint = format!("http://{}", loopback_for_clients(collector.http_addr()));
+    if !endpoint_configured {
+        // Spawned runners export to the HTTP listener actually bound (port 0 resolved).
+        reaper_config.otlp_endpoint =
+            format!("http://{}", loopback_for_clients(collector.http_addr()));
+    }
     let (reaper, reaper_task) = Reaper::start(
         reaper_config,
         storage.clone(),
@@ -109,6 +135,7 @@ async fn serve(settings: Settings, data: DataDir) -> Result<()> {
         change_tx,
         reaper_token.clone(),
     )
+    .await
     .context("cannot start the reaper")?;
 
     // Lifecycle notices: reaper → watchdog (named in ARCHITECTURE.md).
