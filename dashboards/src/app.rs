@@ -20,7 +20,7 @@ use crate::config::DashboardConfig;
 use crate::error::DashboardError;
 use crate::metrics::HttpMetrics;
 use crate::routes;
-use crate::state::{AppState, Ctx, Shared};
+use crate::state::{AppState, Ctx, Shared, ShutdownSignal};
 
 /// How long [`serve`] waits for open connections after shutdown before it stops anyway.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
@@ -45,12 +45,13 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then waits at most
-/// [`SHUTDOWN_DEADLINE`] for open connections (SSE streams end on the state's own token).
+/// [`SHUTDOWN_DEADLINE`] for open connections (SSE streams end at once on `shutdown`).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let app = app.layer(axum::Extension(ShutdownSignal(shutdown.clone())));
     let graceful = shutdown.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         graceful.cancelled().await;

@@ -30,9 +30,12 @@ pub struct AppState {
     pub ready: watch::Receiver<bool>,
     /// The validated configuration.
     pub config: Arc<DashboardConfig>,
-    /// Cancelled at shutdown: open SSE streams end so the server can stop.
-    pub shutdown: CancellationToken,
 }
+
+/// The shutdown token [`crate::serve`] puts in every request's extensions: open SSE streams
+/// end when it is cancelled, so the graceful shutdown does not wait on them.
+#[derive(Clone)]
+pub(crate) struct ShutdownSignal(pub(crate) CancellationToken);
 
 /// The state handlers see: [`AppState`] plus the dashboard's own counters.
 pub(crate) struct Ctx {

@@ -364,7 +364,12 @@ impl Storage {
                  ORDER BY id DESC LIMIT ?4"
             ))?;
             let rows = st.query_map(
-                params![q.state.map(|s| s.as_str()), q.incident_id, q.before_id, limit],
+                params![
+                    q.state.map(|s| s.as_str()),
+                    q.incident_id,
+                    q.before_id,
+                    limit
+                ],
                 row_to_delivery,
             )?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)

@@ -12,17 +12,19 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
+use axum::Extension;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use stallwatch_storage::model::Incident;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::DashboardError;
 use crate::json;
 use crate::params::Params;
-use crate::state::Shared;
+use crate::state::{Shared, ShutdownSignal};
 
 /// Keep-alive comment interval.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -69,6 +71,7 @@ async fn pump(
     mut rx: broadcast::Receiver<Incident>,
     start: Option<i64>,
     tx: mpsc::Sender<Result<Event, Infallible>>,
+    shutdown: CancellationToken,
 ) {
     let mut last = match start {
         Some(after) => match replay(&ctx, after, &tx).await {
@@ -77,7 +80,6 @@ async fn pump(
         },
         None => 0,
     };
-    let shutdown = ctx.app.shutdown.clone();
     loop {
         let got = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -107,6 +109,7 @@ async fn pump(
 /// `GET /api/v1/events` → `text/event-stream`.
 pub(crate) async fn stream(
     State(ctx): State<Shared>,
+    signal: Option<Extension<ShutdownSignal>>,
     headers: HeaderMap,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Response, DashboardError> {
@@ -133,8 +136,9 @@ pub(crate) async fn stream(
     let (tx, out) = mpsc::channel(64);
     let metrics = ctx.http.clone();
     metrics.sse(1);
+    let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
     tokio::spawn(async move {
-        pump(ctx, rx, start, tx).await;
+        pump(ctx, rx, start, tx, shutdown).await;
         metrics.sse(-1);
     });
     Ok(Sse::new(ReceiverStream::new(out))

@@ -1,0 +1,259 @@
+//! Golden JSON for every read endpoint over seeded data, parameter validation, the Host
+//! check, CORS, health, readiness, metrics and the OpenAPI document.
+
+use serde_json::Value;
+use stallwatch_dashboards::{DashboardConfig, OPENAPI_JSON, ROUTES};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn read_endpoints_match_golden_json() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    seed(&h).await;
+    let cases: &[(&str, String)] = &[
+        ("traces", "/api/v1/traces".into()),
+        ("traces_tool", "/api/v1/traces?tool_name=run_notebook".into()),
+        ("traces_error", "/api/v1/traces?status=error&min_duration_ms=1000".into()),
+        ("traces_attr", "/api/v1/traces?attr=stallwatch.runner.id=nb-1&limit=1".into()),
+        ("trace_a", format!("/api/v1/traces/{TRACE_A}")),
+        ("trace_b_inferred", format!("/api/v1/traces/{TRACE_B}")),
+        ("span_tool", format!("/api/v1/traces/{TRACE_A}/spans/{TOOL}")),
+        ("span_inferred", format!("/api/v1/traces/{TRACE_B}/spans/{MISSING_PARENT}")),
+        ("open_spans", "/api/v1/open-spans".into()),
+        ("services", "/api/v1/services".into()),
+        ("span_names", "/api/v1/span-names?service=python-runner".into()),
+        ("runners", "/api/v1/runners".into()),
+        ("runner_nb1", "/api/v1/runners/nb-1".into()),
+        ("breakers", "/api/v1/breakers".into()),
+        ("incidents", "/api/v1/incidents".into()),
+        ("incidents_terminated", "/api/v1/incidents?event=runner.terminated&runner_id=nb-1".into()),
+        ("incident_1", "/api/v1/incidents/1".into()),
+        ("checkpoints", "/api/v1/checkpoints".into()),
+        ("deliveries", "/api/v1/webhooks/deliveries".into()),
+    ];
+    for (name, path) in cases {
+        let (status, body) = h.get_json(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_golden(name, body);
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn trace_view_shows_open_and_inferred_spans() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    seed(&h).await;
+    let (_, a) = h.get_json(&format!("/api/v1/traces/{TRACE_A}")).await;
+    let state_of = |v: &Value, id: &str| {
+        v["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["span_id"] == id)
+            .map(|s| s["state"].as_str().unwrap().to_string())
+    };
+    assert_eq!(state_of(&a, OPEN).as_deref(), Some("open"));
+    assert_eq!(state_of(&a, TOOL).as_deref(), Some("ended"));
+    assert_eq!(a["logs"][0]["span_id"], TOOL);
+    let (_, b) = h.get_json(&format!("/api/v1/traces/{TRACE_B}")).await;
+    assert_eq!(state_of(&b, MISSING_PARENT).as_deref(), Some("inferred"));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn paging_walks_every_trace_once() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    seed(&h).await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..5 {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/traces?limit=1&cursor={c}"),
+            None => "/api/v1/traces?limit=1".into(),
+        };
+        let (status, page) = h.get_json(&path).await;
+        assert_eq!(status, 200, "{page}");
+        for it in page["items"].as_array().unwrap() {
+            seen.push(it["trace_id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, vec![TRACE_A.to_string(), TRACE_B.to_string()]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bad_parameters_get_clear_400s() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    let cases = [
+        ("/api/v1/traces?limit=0", "limit"),
+        ("/api/v1/traces?limit=100000", "limit"),
+        ("/api/v1/traces?status=broken", "status"),
+        ("/api/v1/traces?min_duration_ms=-3", "min_duration_ms"),
+        ("/api/v1/traces?attr=novalue", "attr"),
+        ("/api/v1/traces?colour=red", "colour"),
+        ("/api/v1/traces?start_unix_nano=10&end_unix_nano=5", "end_unix_nano"),
+        ("/api/v1/traces?cursor=%21%21", "cursor"),
+        ("/api/v1/traces/xyz", "trace_id"),
+        ("/api/v1/traces/0af7651916cd43dd8448eb211c80319c/spans/zz", "span_id"),
+        ("/api/v1/incidents?event=breaker.exploded", "breaker.exploded"),
+        ("/api/v1/incidents/abc", "incident id"),
+        ("/api/v1/webhooks/deliveries?state=lost", "state"),
+    ];
+    for (path, needle) in cases {
+        let (status, body) = h.get_json(path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let msg = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(body["error"]["code"].is_string(), "{path}: {body}");
+        assert!(msg.contains(needle), "{path}: {msg:?} should name {needle:?}");
+    }
+    let (status, body) = h.get_json("/api/v1/traces/0af7651916cd43dd8448eb211c80319d").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
+    let (status, _) = h.get_json("/api/v1/runners/ghost").await;
+    assert_eq!(status, 404);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn admission_follows_the_breaker() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    h.board.send_replace(board());
+    let r = h.get("/api/v1/runners/nb-1/admit").await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, serde_json::json!({"state":"CLOSED","admit":true,"reason":"","retry_after_ms":null}));
+    let r = h.get("/api/v1/runners/py-2/admit").await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "13");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["state"], "OPEN");
+    assert_eq!(v["admit"], false);
+    assert_eq!(v["retry_after_ms"], 12500);
+    let r = h.get("/api/v1/runners/nobody/admit").await;
+    assert_eq!(r.status(), 404);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn foreign_host_is_refused() {
+    let h = Harness::start(DashboardConfig {
+        allowed_hosts: vec!["workbench.lan".into()],
+        ..DashboardConfig::default()
+    })
+    .await;
+    for (host, want) in [
+        ("evil.example:4319", 421),
+        ("127.0.0.1.nip.io", 421),
+        ("localhost:4319", 200),
+        ("[::1]:4319", 200),
+        ("workbench.lan:4319", 200),
+    ] {
+        let r = h
+            .client
+            .get(h.url("/api/v1/runners"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "Host: {host}");
+        if want == 421 {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "host_not_allowed");
+        }
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn cors_only_for_configured_origins() {
+    let h = Harness::start(DashboardConfig {
+        cors_allowed_origins: vec!["tauri://localhost".into(), "http://localhost:*".into()],
+        ..DashboardConfig::default()
+    })
+    .await;
+    for (origin, allowed) in [
+        ("tauri://localhost", true),
+        ("http://localhost:1420", true),
+        ("https://evil.example", false),
+    ] {
+        let r = h
+            .client
+            .get(h.url("/api/v1/runners"))
+            .header("origin", origin)
+            .send()
+            .await
+            .unwrap();
+        let acao = r.headers().get("access-control-allow-origin").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(acao.as_deref(), allowed.then_some(origin), "{origin}");
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    assert_eq!(h.get("/healthz").await.status(), 200);
+    assert_eq!(h.get("/readyz").await.status(), 200);
+    h.ready.send_replace(false);
+    assert_eq!(h.get("/readyz").await.status(), 503);
+    assert_eq!(h.get("/healthz").await.status(), 200);
+    let text = h.get("/metrics").await.text().await.unwrap();
+    assert!(text.contains("stallwatch_test_spans_total 7"), "{text}");
+    assert!(
+        text.contains(r#"stallwatch_dashboard_http_requests_total{route="/healthz",code="2xx"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"stallwatch_dashboard_http_requests_total{route="/readyz",code="5xx"} 1"#),
+        "{text}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn openapi_documents_every_route() {
+    let doc: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
+    assert_eq!(doc["openapi"].as_str().map(|v| v.starts_with("3.")), Some(true));
+    let paths = doc["paths"].as_object().unwrap();
+    for route in ROUTES {
+        assert!(paths.contains_key(*route), "{route} missing from openapi.json");
+    }
+    for p in paths.keys() {
+        assert!(
+            ROUTES.contains(&p.as_str()) || ["/healthz", "/readyz", "/metrics"].contains(&p.as_str()),
+            "openapi.json documents {p}, which is not routed"
+        );
+    }
+    let h = Harness::start(DashboardConfig::default()).await;
+    let (status, served) = h.get_json("/api/v1/openapi.json").await;
+    assert_eq!(status, 200);
+    assert_eq!(served, doc);
+    // every documented GET without path parameters answers (no 404/500)
+    for (p, item) in paths {
+        if item.get("get").is_some() && !p.contains('{') && p != "/api/v1/events" {
+            let s = h.get(p).await.status().as_u16();
+            assert!(s == 200 || s == 503, "{p} answered {s}");
+        }
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ui_is_embedded() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    let r = h.get("/").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let html = r.text().await.unwrap();
+    assert!(html.contains("/ui/app.js") && html.contains("/ui/app.css"));
+    let js = h.get("/ui/app.js").await;
+    assert_eq!(js.status(), 200);
+    assert!(js.text().await.unwrap().contains("EventSource"));
+    assert_eq!(h.get("/ui/secret.txt").await.status(), 404);
+    h.stop().await;
+}

@@ -1,0 +1,1 @@
+//! (browser test: below)
