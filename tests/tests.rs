@@ -6,6 +6,7 @@
 mod support;
 
 mod cli;
+mod client;
 mod crash;
 mod exporters;
 mod spine;

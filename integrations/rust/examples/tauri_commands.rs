@@ -16,7 +16,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures::StreamExt;
 use stallwatch_client::{Client, Error, Incident, RunnerSpec, Sidecar, SidecarOptions};
 use tokio::sync::Mutex;
 
@@ -71,9 +70,8 @@ async fn setup(binary: PathBuf, data_dir: PathBuf, workspace: PathBuf) -> CmdRes
 /// drops; stops when the token is refused.
 fn follow_events(client: Client, emit: impl Fn(Incident) + Send + 'static) {
     tokio::spawn(async move {
-        let events = client.events_from(None);
-        futures::pin_mut!(events);
-        while let Some(ev) = events.next().await {
+        let mut events = client.events_from(None);
+        while let Some(ev) = events.next_event().await {
             match ev.and_then(|e| e.incident()) {
                 Ok(incident) => emit(incident),
                 Err(Error::Unauthorized) => break,

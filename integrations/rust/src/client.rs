@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use reqwest::header::{ACCEPT, AUTHORIZATION, RETRY_AFTER};
 use reqwest::{Method, RequestBuilder, Url};
 use serde::de::DeserializeOwned;
@@ -19,7 +19,7 @@ use crate::config::ClientOptions;
 use crate::error::{error_from_answer, Error, Result};
 use crate::process::process_start_time_ticks;
 use crate::ready::ReadyLine;
-use crate::sse::{Event, EventStream};
+use crate::sse::{EventFollower, EventStream};
 use crate::types::{
     valid_runner_id, Admission, Checkpoint, CheckpointOutcome, Incident, IncidentQuery, Page,
     Runner, RunnerSpec,
@@ -334,7 +334,7 @@ impl Client {
     /// server's `retry:` delay (else [`DEFAULT_EVENTS_RETRY`], doubling after each failed
     /// attempt up to [`MAX_EVENTS_RETRY`]). Connection errors are yielded (the caller may
     /// stop); [`Error::Unauthorized`] ends the stream. Drop the stream to stop following.
-    pub fn events_from(&self, last_event_id: Option<i64>) -> impl Stream<Item = Result<Event>> {
+    pub fn events_from(&self, last_event_id: Option<i64>) -> EventFollower {
         struct St {
             client: Client,
             last: Option<i64>,
@@ -351,7 +351,7 @@ impl Client {
             failures: 0,
             done: false,
         };
-        futures::stream::unfold(st, |mut st| async move {
+        EventFollower::new(Box::pin(futures::stream::unfold(st, |mut st| async move {
             loop {
                 if st.done {
                     return None;
@@ -394,7 +394,7 @@ impl Client {
                     }
                 }
             }
-        })
+        })))
     }
 }
 

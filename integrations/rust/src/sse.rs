@@ -192,6 +192,38 @@ impl EventStream {
     pub fn retry(&self) -> Option<Duration> {
         self.retry
     }
+
+    /// The next event; `None` when the connection has ended. Same as `StreamExt::next`,
+    /// without importing `futures`.
+    pub async fn next_event(&mut self) -> Option<Result<Event>> {
+        futures::StreamExt::next(self).await
+    }
+}
+
+/// The events of [`crate::Client::events_from`]: follows the stream across reconnections,
+/// resuming from the last id seen. Never ends by itself except after
+/// [`Error::Unauthorized`]; drop it to stop.
+pub struct EventFollower {
+    inner: Pin<Box<dyn Stream<Item = Result<Event>> + Send>>,
+}
+
+impl EventFollower {
+    pub(crate) fn new(inner: Pin<Box<dyn Stream<Item = Result<Event>> + Send>>) -> Self {
+        Self { inner }
+    }
+
+    /// The next event or connection error (the follower reconnects after an error).
+    pub async fn next_event(&mut self) -> Option<Result<Event>> {
+        futures::StreamExt::next(self).await
+    }
+}
+
+impl Stream for EventFollower {
+    type Item = Result<Event>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
 }
 
 impl Stream for EventStream {
