@@ -66,7 +66,19 @@ pub struct Decoded<T> {
 }
 
 fn protobuf<M: Message + Default>(body: &[u8], what: &str) -> Result<M, DecodeError> {
-    M::decode(body).map_err(|e| DecodeError::new(format!("cannot decode {what} protobuf: {e}")))
+    M::decode(body).map_err(|e| {
+        let text = e.to_string();
+        // prost prints the whole message stack; keep the error readable.
+        let why = if text.ends_with("recursion limit reached") {
+            "messages nested deeper than the protobuf recursion limit (attribute values nest at most max_nesting_depth levels)".to_string()
+        } else if text.len() > 300 {
+            let cut = text.char_indices().nth(300).map_or(text.len(), |(i, _)| i);
+            format!("{}...", &text[..cut])
+        } else {
+            text
+        };
+        DecodeError::new(format!("cannot decode {what} protobuf: {why}"))
+    })
 }
 
 /// Decodes a trace export (`ExportTraceServiceRequest`). An empty body is an empty batch.
