@@ -8,7 +8,7 @@
 //! WNOWAIT)`, then reaped by pid only when no runner owns them and they were already seen on
 //! the previous pass, so another owner's `wait` always wins the race (DESIGN, Linux notes).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +51,10 @@ pub fn allow_restart(history: &mut VecDeque<Instant>, now: Instant, policy: Rest
     true
 }
 
+/// Pids of spawned runners not yet reaped, process-wide: the unowned-zombie reaper of any
+/// reaper instance must never take them (their owner reaps them with their status).
+static OWNED_PIDS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
 /// The process side of a runner, behind its lock.
 struct ProcState {
     /// Pidfd held since spawn/attach; `None` when identity cannot be proven.
@@ -87,7 +91,6 @@ struct Inner {
     checkpoints: Checkpoints,
     runners: Mutex<HashMap<String, Arc<Entry>>>,
     restarts: Mutex<HashMap<String, VecDeque<Instant>>>,
-    owned_pids: Mutex<HashSet<u32>>,
     stopping_all: AtomicBool,
     boot_id: String,
     started_unix_nano: u64,
@@ -134,7 +137,6 @@ impl Reaper {
             stats,
             runners: Mutex::new(HashMap::new()),
             restarts: Mutex::new(HashMap::new()),
-            owned_pids: Mutex::new(HashSet::new()),
             stopping_all: AtomicBool::new(false),
             boot_id,
             started_unix_nano: now_unix_nano(),
@@ -247,6 +249,11 @@ impl ReaperHandle {
             "start_time_ticks": e.start_time_ticks, "instance_id": e.instance_id,
             "heartbeat_socket": e.heartbeat_socket, "alive": e.alive.load(Ordering::SeqCst),
         }))
+    }
+
+    /// The last stdout lines of runner `id` (bounded by `tail_lines`), oldest first.
+    pub fn runner_output(&self, id: &str, stream: &str) -> Vec<String> {
+        self.entry(id).map(|e| e.tail.lines(stream)).unwrap_or_default()
     }
 
     /// The pid of runner `id` while it is registered.
@@ -387,7 +394,7 @@ impl ReaperHandle {
             .stats
             .runners_spawned
             .fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut o) = self.inner.owned_pids.lock() {
+        if let Ok(mut o) = OWNED_PIDS.lock() {
             o.insert(proc.pid);
         }
         let tail = OutputTail::new(cfg.tail_lines);
@@ -690,7 +697,7 @@ impl ReaperHandle {
         };
         st.finished = true;
         entry.alive.store(false, Ordering::SeqCst);
-        if let Ok(mut o) = self.inner.owned_pids.lock() {
+        if let Ok(mut o) = OWNED_PIDS.lock() {
             o.remove(&entry.pid);
         }
         drop(st);
@@ -853,7 +860,7 @@ impl ReaperHandle {
         st.finished = true;
         st.last_report = Some(report.clone());
         entry.alive.store(false, Ordering::SeqCst);
-        if let Ok(mut o) = self.inner.owned_pids.lock() {
+        if let Ok(mut o) = OWNED_PIDS.lock() {
             o.remove(&entry.pid);
         }
         drop(st);
@@ -864,8 +871,7 @@ impl ReaperHandle {
     }
 
     fn owns(&self, pid: u32) -> bool {
-        self.inner
-            .owned_pids
+        OWNED_PIDS
             .lock()
             .map(|o| o.contains(&pid))
             .unwrap_or(false)
@@ -1058,9 +1064,7 @@ impl ReaperHandle {
             seen.clear();
             return;
         }
-        let owned: HashSet<u32> = self
-            .inner
-            .owned_pids
+        let owned: BTreeSet<u32> = OWNED_PIDS
             .lock()
             .map(|o| o.clone())
             .unwrap_or_default();
