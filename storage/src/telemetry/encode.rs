@@ -1,0 +1,393 @@
+//! Caller-side encoding of export requests into what the writer thread stores.
+//!
+//! The CPU-heavy part of a write (postcard encoding, term extraction, in-request
+//! deduplication) runs here, on the caller's task, so the single writer thread only runs
+//! SQL. A trace request becomes one `span_batches` row: a per-span index
+//! ([`BatchIndex`], small, decoded by searches) and a payload holding the resources and
+//! scopes once plus each span's postcard body, length-delimited so a duplicate can be cut
+//! out by slicing.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::schema::{
+    PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
+};
+use crate::model::{
+    AnyValue, KeyValue, LogBatch, MetricBatch, Resource, Scope, Span, TraceBatch, STATUS_ERROR,
+};
+
+/// Term keys that come from attributes, besides `service.name` and `gen_ai.tool.name`.
+const ATTR_TERM_KEYS: [&str; 3] = ["error.type", "process.pid", "stallwatch.runner.id"];
+
+/// The per-span index of one stored batch (`span_batches.idx`, postcard).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct BatchIndex {
+    /// The batch's terms `(key, value)`; spans refer to them by position.
+    pub terms: Vec<(String, String)>,
+    /// One entry per stored span copy, in payload order.
+    pub spans: Vec<IdxSpan>,
+}
+
+/// One span copy in a [`BatchIndex`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct IdxSpan {
+    /// Trace id.
+    pub trace_id: [u8; 16],
+    /// Span id.
+    pub span_id: [u8; 8],
+    /// True when the span has no parent.
+    pub root: bool,
+    /// Start, ns since the Unix epoch.
+    pub start: u64,
+    /// End, ns since the Unix epoch; 0 while open.
+    pub end: u64,
+    /// Status code.
+    pub status: i32,
+    /// Index of the scope in the payload header.
+    pub scope: u32,
+    /// Offset of the span body in the payload, bytes.
+    pub off: u32,
+    /// Length of the span body, bytes.
+    pub len: u32,
+    /// Term index of the span name.
+    pub name: u32,
+    /// Term index of the resource's service name.
+    pub service: u32,
+    /// Every term of the span (name, service, pair, tool, attributes, status).
+    pub terms: Vec<u32>,
+}
+
+impl IdxSpan {
+    /// True when the copy has an end time.
+    pub fn ended(&self) -> bool {
+        self.end != 0
+    }
+    /// True when the copy has status ERROR.
+    pub fn error(&self) -> bool {
+        self.status == STATUS_ERROR
+    }
+    /// Duration, ns (0 while open or when the end precedes the start).
+    pub fn duration(&self) -> u64 {
+        if self.end == 0 {
+            0
+        } else {
+            self.end.saturating_sub(self.start)
+        }
+    }
+}
+
+/// Payload header (owned form for decoding).
+#[derive(Deserialize)]
+pub(crate) struct Header {
+    /// Resources of the batch.
+    pub resources: Vec<Resource>,
+    /// Scopes of the batch with the index of their resource.
+    pub scopes: Vec<(u32, Scope)>,
+}
+
+/// Payload header (borrowed form for encoding; same postcard bytes as [`Header`]).
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    resources: Vec<&'a Resource>,
+    scopes: Vec<(u32, &'a Scope)>,
+}
+
+/// A trace request ready for the writer.
+#[derive(Debug)]
+pub(crate) struct PreparedTraces {
+    /// The per-span index.
+    pub index: BatchIndex,
+    /// `[u32 LE header length][header][span bodies]`.
+    pub payload: Vec<u8>,
+    /// Length of the header part including its 4-byte prefix.
+    pub header_len: usize,
+    /// Span copies grouped by trace, in order of first appearance: positions in
+    /// `index.spans`.
+    pub traces: Vec<([u8; 16], Vec<u32>)>,
+    /// Copies dropped as duplicates inside the request itself.
+    pub duplicates: u64,
+}
+
+impl PreparedTraces {
+    /// Bytes this request will occupy.
+    pub fn bytes(&self) -> usize {
+        self.payload.len() + self.index.spans.len() * 48
+    }
+
+    /// Keeps only the copies whose `keep[i]` is true, slicing the payload.
+    pub fn retain(&mut self, keep: &[bool]) {
+        let mut payload = Vec::with_capacity(self.payload.len());
+        payload.extend_from_slice(&self.payload[..self.header_len]);
+        let spans = std::mem::take(&mut self.index.spans);
+        for (mut s, k) in spans.into_iter().zip(keep.iter()) {
+            if !*k {
+                continue;
+            }
+            let (off, len) = (s.off as usize, s.len as usize);
+            s.off = payload.len() as u32;
+            payload.extend_from_slice(&self.payload[off..off + len]);
+            self.index.spans.push(s);
+        }
+        self.payload = payload;
+    }
+}
+
+/// Builds the local term table of a batch.
+#[derive(Default)]
+struct TermTable {
+    by_key: HashMap<&'static str, HashMap<String, u32>>,
+    terms: Vec<(String, String)>,
+}
+
+impl TermTable {
+    fn id(&mut self, key: &'static str, value: &str) -> u32 {
+        let m = self.by_key.entry(key).or_default();
+        if let Some(id) = m.get(value) {
+            return *id;
+        }
+        let id = self.terms.len() as u32;
+        m.insert(value.to_string(), id);
+        self.terms.push((key.to_string(), value.to_string()));
+        id
+    }
+}
+
+/// Terms from indexed attribute keys present in `attrs`.
+fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
+    for kv in attrs {
+        let key: &'static str = match kv.key.as_str() {
+            "error.type" => ATTR_TERM_KEYS[0],
+            "process.pid" => ATTR_TERM_KEYS[1],
+            "stallwatch.runner.id" => ATTR_TERM_KEYS[2],
+            "gen_ai.tool.name" => TERM_TOOL,
+            "service.name" => TERM_SERVICE,
+            _ => continue,
+        };
+        if let Some(v) = kv.value.index_text() {
+            let id = table.id(key, &v);
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+    }
+}
+
+/// Encodes a trace export. Duplicates inside the request are resolved here with the same
+/// rules as the writer (an ended copy wins over an open one; otherwise the first wins).
+///
+/// Errors: a postcard failure (a bug), as text.
+pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, String> {
+    // 1. in-request deduplication over the flat span order
+    let total = batch.span_count();
+    let mut keep = vec![true; total];
+    let mut duplicates = 0u64;
+    {
+        let mut seen: HashMap<([u8; 16], [u8; 8]), (usize, bool)> = HashMap::with_capacity(total);
+        for (i, (_, _, s)) in batch.spans().enumerate() {
+            let key = (s.trace_id.0, s.span_id.0);
+            match seen.get(&key).copied() {
+                None => {
+                    seen.insert(key, (i, s.is_ended()));
+                }
+                Some((prev, prev_ended)) => {
+                    duplicates += 1;
+                    if !prev_ended && s.is_ended() {
+                        keep[prev] = false;
+                        seen.insert(key, (i, true));
+                    } else {
+                        keep[i] = false;
+                    }
+                }
+            }
+        }
+    }
+
+    // 2. header, terms, bodies
+    let mut table = TermTable::default();
+    let mut header = HeaderRef {
+        resources: Vec::with_capacity(batch.resource_spans.len()),
+        scopes: Vec::new(),
+    };
+    let mut bodies: Vec<u8> = Vec::with_capacity(total * 400);
+    let mut spans: Vec<IdxSpan> = Vec::with_capacity(total);
+    let mut flat = 0usize;
+    for rs in &batch.resource_spans {
+        let ri = header.resources.len() as u32;
+        header.resources.push(&rs.resource);
+        let service = rs.resource.service_name();
+        let service_term = table.id(TERM_SERVICE, service);
+        let mut res_terms = vec![service_term];
+        attr_terms(&mut table, &rs.resource.attributes, &mut res_terms);
+        let mut pair = String::with_capacity(service.len() + 32);
+        for ss in &rs.scope_spans {
+            let si = header.scopes.len() as u32;
+            header.scopes.push((ri, &ss.scope));
+            for s in &ss.spans {
+                let kept = keep[flat];
+                flat += 1;
+                if !kept {
+                    continue;
+                }
+                let off = bodies.len();
+                bodies = postcard::to_extend(s, bodies).map_err(|e| e.to_string())?;
+                let name = table.id(TERM_SPAN_NAME, &s.name);
+                pair.clear();
+                pair.push_str(service);
+                pair.push(PAIR_SEP);
+                pair.push_str(&s.name);
+                let pair_id = table.id(TERM_SERVICE_SPAN, &pair);
+                let mut terms = res_terms.clone();
+                terms.push(name);
+                terms.push(pair_id);
+                attr_terms(&mut table, &s.attributes, &mut terms);
+                if s.status.code == STATUS_ERROR {
+                    terms.push(table.id(TERM_STATUS, "error"));
+                }
+                spans.push(IdxSpan {
+                    trace_id: s.trace_id.0,
+                    span_id: s.span_id.0,
+                    root: s.parent_span_id.is_none(),
+                    start: s.start_time_unix_nano,
+                    end: s.end_time_unix_nano,
+                    status: s.status.code,
+                    scope: si,
+                    off: off as u32,
+                    len: (bodies.len() - off) as u32,
+                    name,
+                    service: service_term,
+                    terms,
+                });
+            }
+        }
+    }
+    let head = postcard::to_allocvec(&header).map_err(|e| e.to_string())?;
+    let header_len = 4 + head.len();
+    let mut payload = Vec::with_capacity(header_len + bodies.len());
+    payload.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&head);
+    payload.extend_from_slice(&bodies);
+    for s in &mut spans {
+        s.off += header_len as u32;
+    }
+
+    // 3. group by trace
+    let mut by_trace: HashMap<[u8; 16], usize> = HashMap::new();
+    let mut traces: Vec<([u8; 16], Vec<u32>)> = Vec::new();
+    for (i, s) in spans.iter().enumerate() {
+        let g = *by_trace.entry(s.trace_id).or_insert_with(|| {
+            traces.push((s.trace_id, Vec::new()));
+            traces.len() - 1
+        });
+        traces[g].1.push(i as u32);
+    }
+    Ok(PreparedTraces {
+        index: BatchIndex {
+            terms: table.terms,
+            spans,
+        },
+        payload,
+        header_len,
+        traces,
+        duplicates,
+    })
+}
+
+/// Decodes a payload header.
+pub(crate) fn decode_header(payload: &[u8]) -> Result<Header, String> {
+    let len_bytes: [u8; 4] = payload
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("payload shorter than its header prefix")?;
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let head = payload.get(4..4 + len).ok_or("payload header truncated")?;
+    postcard::from_bytes(head).map_err(|e| e.to_string())
+}
+
+/// Decodes one span body at `off..off+len` of a payload.
+pub(crate) fn decode_span(payload: &[u8], off: u32, len: u32) -> Result<Span, String> {
+    let body = payload
+        .get(off as usize..off as usize + len as usize)
+        .ok_or("span body outside its payload")?;
+    postcard::from_bytes(body).map_err(|e| e.to_string())
+}
+
+/// Decodes a batch index blob.
+pub(crate) fn decode_index(idx: &[u8]) -> Result<BatchIndex, String> {
+    postcard::from_bytes(idx).map_err(|e| e.to_string())
+}
+
+/// One log record ready for the writer.
+#[derive(Debug)]
+pub(crate) struct LogRow {
+    /// Record time, ns.
+    pub time: u64,
+    /// Trace id when the record carries one.
+    pub trace_id: Option<[u8; 16]>,
+    /// Span id when the record carries one.
+    pub span_id: Option<[u8; 8]>,
+    /// postcard `(Resource, Scope, LogRecord)`.
+    pub payload: Vec<u8>,
+}
+
+/// Encodes a log export, one row per record.
+pub(crate) fn prepare_logs(batch: &LogBatch) -> Result<Vec<LogRow>, String> {
+    let mut out = Vec::with_capacity(batch.record_count());
+    for rl in &batch.resource_logs {
+        for sl in &rl.scope_logs {
+            let prefix =
+                postcard::to_allocvec(&(&rl.resource, &sl.scope)).map_err(|e| e.to_string())?;
+            for r in &sl.log_records {
+                let payload = postcard::to_extend(r, prefix.clone()).map_err(|e| e.to_string())?;
+                out.push(LogRow {
+                    time: if r.time_unix_nano != 0 {
+                        r.time_unix_nano
+                    } else {
+                        r.observed_time_unix_nano
+                    },
+                    trace_id: r.trace_id.filter(|t| !t.is_zero()).map(|t| t.0),
+                    span_id: r.span_id.filter(|s| !s.is_zero()).map(|s| s.0),
+                    payload,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One metric point ready for the writer.
+#[derive(Debug)]
+pub(crate) struct PointRow {
+    /// Metric name.
+    pub name: String,
+    /// Point time, ns.
+    pub time: u64,
+    /// postcard `(Resource, Scope, MetricPoint)`.
+    pub payload: Vec<u8>,
+}
+
+/// Encodes a metrics export, one row per data point.
+pub(crate) fn prepare_metrics(batch: &MetricBatch) -> Result<Vec<PointRow>, String> {
+    let mut out = Vec::with_capacity(batch.point_count());
+    for rm in &batch.resource_metrics {
+        for sm in &rm.scope_metrics {
+            let prefix =
+                postcard::to_allocvec(&(&rm.resource, &sm.scope)).map_err(|e| e.to_string())?;
+            for p in &sm.points {
+                let payload = postcard::to_extend(p, prefix.clone()).map_err(|e| e.to_string())?;
+                out.push(PointRow {
+                    name: p.name.clone(),
+                    time: p.time_unix_nano,
+                    payload,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Text form of an attribute value for attribute search (same as the term values).
+pub(crate) fn value_text(v: &AnyValue) -> Option<String> {
+    v.index_text()
+}

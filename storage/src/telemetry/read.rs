@@ -1,0 +1,656 @@
+//! Trace reads: one trace (spans merged, ended copies winning, plus its logs), one span,
+//! trace search over the per-batch postings, services, span names and metric points.
+//!
+//! Every read runs in one read transaction (a consistent snapshot) on a pooled read-only
+//! connection. Merging never trusts the writer alone: copies of a span found in the
+//! trace's batches are folded with the same rules (an ended copy beats an open one, the
+//! first ended copy in batch order wins), so a duplicate that slipped in still reads right.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::encode::{decode_header, decode_index, decode_span, value_text, BatchIndex, IdxSpan};
+use super::schema::{
+    INDEXED_ATTRIBUTE_KEYS, PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS,
+    TERM_TOOL,
+};
+use super::traceidx::{fold, indexed_batches, merged_upto, summarize, trace_batches, unmerged_map};
+use super::{
+    QueryError, StatusFilter, StoredLog, StoredMetricPoint, StoredSpan, TracePage, TraceQuery,
+    TraceSummary, TraceView, DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT,
+};
+use crate::error::StorageError;
+use crate::model::{attr, LogRecord, MetricPoint, Resource, Scope, SpanId, SpanState, TraceId};
+
+/// Runs `f` inside one read transaction.
+pub(super) fn snapshot<T, E: From<rusqlite::Error>>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, E>,
+) -> Result<T, E> {
+    conn.execute_batch("BEGIN")?;
+    let out = f(conn);
+    let _ = conn.execute_batch("COMMIT");
+    out
+}
+
+fn corrupt(e: String) -> StorageError {
+    StorageError::Corrupt(e)
+}
+
+/// A batch read for a trace view.
+struct FullBatch {
+    received: u64,
+    index: BatchIndex,
+    payload: Vec<u8>,
+    resources: Vec<Arc<Resource>>,
+    scopes: Vec<(usize, Arc<Scope>)>,
+}
+
+fn load_full_batch(conn: &Connection, id: i64) -> Result<Option<FullBatch>, StorageError> {
+    let row: Option<(i64, Vec<u8>, Vec<u8>)> = conn
+        .prepare_cached("SELECT received_unix_nano, idx, payload FROM span_batches WHERE id = ?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let Some((received, idx, payload)) = row else {
+        return Ok(None);
+    };
+    let index = decode_index(&idx).map_err(corrupt)?;
+    let header = decode_header(&payload).map_err(corrupt)?;
+    let resources: Vec<Arc<Resource>> = header.resources.into_iter().map(Arc::new).collect();
+    let scopes = header
+        .scopes
+        .into_iter()
+        .map(|(r, s)| (r as usize, Arc::new(s)))
+        .collect();
+    Ok(Some(FullBatch {
+        received: received as u64,
+        index,
+        payload,
+        resources,
+        scopes,
+    }))
+}
+
+/// Loads the merged spans of a trace (optionally only `only`).
+fn merged_spans(
+    conn: &Connection,
+    trace_id: TraceId,
+    only: Option<SpanId>,
+) -> Result<Vec<StoredSpan>, StorageError> {
+    let ids = trace_batches(conn, &trace_id.0)?;
+    let mut batches = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(b) = load_full_batch(conn, id)? {
+            batches.push(b);
+        }
+    }
+    let winners = fold(&trace_id.0, batches.iter().map(|b| &b.index));
+    let mut out = Vec::with_capacity(winners.len());
+    for (sid, (bi, pi)) in winners {
+        if only.is_some_and(|o| o.0 != sid) {
+            continue;
+        }
+        let b = &batches[bi];
+        let s = &b.index.spans[pi];
+        let span = decode_span(&b.payload, s.off, s.len).map_err(corrupt)?;
+        let (ri, scope) = b
+            .scopes
+            .get(s.scope as usize)
+            .cloned()
+            .ok_or_else(|| corrupt("span refers to a missing scope".into()))?;
+        let resource = b
+            .resources
+            .get(ri)
+            .cloned()
+            .ok_or_else(|| corrupt("scope refers to a missing resource".into()))?;
+        out.push(StoredSpan {
+            state: if span.is_ended() {
+                SpanState::Ended
+            } else {
+                SpanState::Open
+            },
+            span,
+            resource,
+            scope,
+            received_unix_nano: b.received,
+        });
+    }
+    out.sort_by(|a, b| {
+        (a.span.start_time_unix_nano, a.span.span_id)
+            .cmp(&(b.span.start_time_unix_nano, b.span.span_id))
+    });
+    Ok(out)
+}
+
+/// Log records of a trace, ordered by time.
+fn trace_logs(conn: &Connection, trace_id: TraceId) -> Result<Vec<StoredLog>, StorageError> {
+    let mut st = conn.prepare_cached(
+        "SELECT payload FROM logs WHERE trace_id = ?1 ORDER BY time_unix_nano, id",
+    )?;
+    let rows = st.query_map([&trace_id.0[..]], |r| r.get::<_, Vec<u8>>(0))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (resource, scope, record): (Resource, Scope, LogRecord) =
+            postcard::from_bytes(&row?).map_err(|e| corrupt(e.to_string()))?;
+        out.push(StoredLog {
+            record,
+            resource: Arc::new(resource),
+            scope: Arc::new(scope),
+        });
+    }
+    Ok(out)
+}
+
+/// One trace with its logs; `None` when neither is stored.
+pub(super) fn load_trace(
+    conn: &Connection,
+    trace_id: TraceId,
+) -> Result<Option<TraceView>, StorageError> {
+    snapshot(conn, |c| {
+        let spans = merged_spans(c, trace_id, None)?;
+        let logs = trace_logs(c, trace_id)?;
+        if spans.is_empty() && logs.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(TraceView {
+            trace_id,
+            spans,
+            logs,
+        }))
+    })
+}
+
+/// One merged span.
+pub(super) fn load_span(
+    conn: &Connection,
+    trace_id: TraceId,
+    span_id: SpanId,
+) -> Result<Option<StoredSpan>, StorageError> {
+    snapshot(conn, |c| {
+        Ok(merged_spans(c, trace_id, Some(span_id))?.into_iter().next())
+    })
+}
+
+/// Distinct values of a term key, sorted.
+fn term_values(conn: &Connection, key: &str) -> Result<Vec<String>, StorageError> {
+    let mut st = conn.prepare_cached("SELECT value FROM terms WHERE key = ?1 ORDER BY value")?;
+    let rows = st.query_map([key], |r| r.get::<_, String>(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Services seen (`service.name` terms).
+pub(super) fn services(conn: &Connection) -> Result<Vec<String>, StorageError> {
+    term_values(conn, TERM_SERVICE)
+}
+
+/// Span names seen, optionally of one service.
+pub(super) fn span_names(
+    conn: &Connection,
+    service: Option<&str>,
+) -> Result<Vec<String>, StorageError> {
+    let Some(service) = service else {
+        return term_values(conn, TERM_SPAN_NAME);
+    };
+    let lo = format!("{service}{PAIR_SEP}");
+    let hi = format!("{service}{}", char::from(PAIR_SEP as u8 + 1));
+    let mut st = conn.prepare_cached(
+        "SELECT value FROM terms WHERE key = ?1 AND value >= ?2 AND value < ?3 ORDER BY value",
+    )?;
+    let rows = st.query_map(params![TERM_SERVICE_SPAN, lo, hi], |r| {
+        r.get::<_, String>(0)
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let v = row?;
+        out.push(v[lo.len()..].to_string());
+    }
+    Ok(out)
+}
+
+/// Newest metric points, optionally of one metric name.
+pub(super) fn metric_points(
+    conn: &Connection,
+    name: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredMetricPoint>, StorageError> {
+    let limit = limit.clamp(1, MAX_SEARCH_LIMIT) as i64;
+    let mut st = conn.prepare_cached(
+        "SELECT received_unix_nano, payload FROM metric_points
+         WHERE ?1 IS NULL OR name = ?1 ORDER BY id DESC LIMIT ?2",
+    )?;
+    let rows = st.query_map(params![name, limit], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (received, payload) = row?;
+        let (resource, scope, point): (Resource, Scope, MetricPoint) =
+            postcard::from_bytes(&payload).map_err(|e| corrupt(e.to_string()))?;
+        out.push(StoredMetricPoint {
+            point,
+            resource: Arc::new(resource),
+            scope: Arc::new(scope),
+            received_unix_nano: received as u64,
+        });
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------------ search
+
+/// Encodes a search cursor: the batch and trace of the last row shown.
+fn encode_cursor(batch: i64, trace: &[u8; 16]) -> String {
+    format!("{batch:x}.{}", hex::encode(trace))
+}
+
+fn decode_cursor(s: &str) -> Result<(i64, [u8; 16]), QueryError> {
+    let (b, t) = s.split_once('.').ok_or(QueryError::BadCursor)?;
+    let batch = i64::from_str_radix(b, 16).map_err(|_| QueryError::BadCursor)?;
+    let mut trace = [0u8; 16];
+    hex::decode_to_slice(t, &mut trace).map_err(|_| QueryError::BadCursor)?;
+    if batch <= 0 {
+        return Err(QueryError::BadCursor);
+    }
+    Ok((batch, trace))
+}
+
+/// A batch as searches see it: index, and the payload only when an attribute must be
+/// scanned.
+struct SearchBatch {
+    index: BatchIndex,
+    payload: Option<Vec<u8>>,
+    resources: Option<Vec<Resource>>,
+    scope_res: Vec<usize>,
+}
+
+struct Search<'q> {
+    q: &'q TraceQuery,
+    terms: Vec<(String, String)>,
+    scan_attr: Option<(String, String)>,
+    cache: HashMap<i64, Rc<SearchBatch>>,
+    l0: Option<HashMap<[u8; 16], Vec<i64>>>,
+}
+
+impl Search<'_> {
+    fn batch(
+        &mut self,
+        conn: &Connection,
+        id: i64,
+    ) -> Result<Option<Rc<SearchBatch>>, StorageError> {
+        if let Some(b) = self.cache.get(&id) {
+            return Ok(Some(b.clone()));
+        }
+        let need_payload = self.scan_attr.is_some();
+        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = conn
+            .prepare_cached(
+                "SELECT idx, CASE WHEN ?2 THEN payload END FROM span_batches WHERE id = ?1",
+            )?
+            .query_row(params![id, need_payload], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((idx, payload)) = row else {
+            return Ok(None);
+        };
+        let index = decode_index(&idx).map_err(corrupt)?;
+        let (resources, scope_res) = match &payload {
+            Some(p) => {
+                let h = decode_header(p).map_err(corrupt)?;
+                (
+                    Some(h.resources),
+                    h.scopes.iter().map(|(r, _)| *r as usize).collect(),
+                )
+            }
+            None => (None, vec![]),
+        };
+        let b = Rc::new(SearchBatch {
+            index,
+            payload,
+            resources,
+            scope_res,
+        });
+        if self.cache.len() > 256 {
+            self.cache.clear();
+        }
+        self.cache.insert(id, b.clone());
+        Ok(Some(b))
+    }
+
+    /// Local indices of the required terms in `b`, `None` when one is absent.
+    fn local_terms(&self, b: &SearchBatch) -> Option<Vec<u32>> {
+        self.terms
+            .iter()
+            .map(|t| b.index.terms.iter().position(|x| x == t).map(|p| p as u32))
+            .collect()
+    }
+
+    fn span_matches(
+        &self,
+        b: &SearchBatch,
+        local: &[u32],
+        s: &IdxSpan,
+    ) -> Result<bool, StorageError> {
+        let q = self.q;
+        if !local.iter().all(|t| s.terms.contains(t)) {
+            return Ok(false);
+        }
+        if let Some(st) = q.status {
+            let want = match st {
+                StatusFilter::Unset => 0,
+                StatusFilter::Ok => 1,
+                StatusFilter::Error => 2,
+            };
+            if s.status != want {
+                return Ok(false);
+            }
+        }
+        if let Some(min) = q.min_duration_ns {
+            if !s.ended() || s.duration() < min {
+                return Ok(false);
+            }
+        }
+        if q.start_min_unix_nano.is_some_and(|m| s.start < m)
+            || q.start_max_unix_nano.is_some_and(|m| s.start >= m)
+        {
+            return Ok(false);
+        }
+        if let Some((k, v)) = &self.scan_attr {
+            let (Some(payload), Some(resources)) = (&b.payload, &b.resources) else {
+                return Ok(false);
+            };
+            let span = decode_span(payload, s.off, s.len).map_err(corrupt)?;
+            let on_span = attr(&span.attributes, k).and_then(value_text);
+            let found = if on_span.as_deref() == Some(v.as_str()) {
+                true
+            } else {
+                let res = b
+                    .scope_res
+                    .get(s.scope as usize)
+                    .and_then(|r| resources.get(*r));
+                res.and_then(|r| attr(&r.attributes, k))
+                    .and_then(value_text)
+                    .as_deref()
+                    == Some(v.as_str())
+            };
+            if !found {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// True when one of the winning copies at `positions` of batch `id` matches.
+    fn winner_matches_in(
+        &mut self,
+        conn: &Connection,
+        id: i64,
+        positions: &[usize],
+    ) -> Result<bool, StorageError> {
+        let Some(b) = self.batch(conn, id)? else {
+            return Ok(false);
+        };
+        let Some(local) = self.local_terms(&b) else {
+            return Ok(false);
+        };
+        for &p in positions {
+            if let Some(s) = b.index.spans.get(p) {
+                if self.span_matches(&b, &local, s)? {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The batches of a trace (index plus unmerged batches), ascending.
+    fn trace_batches(&mut self, conn: &Connection, t: &[u8; 16]) -> Result<Vec<i64>, StorageError> {
+        if self.l0.is_none() {
+            let upto = merged_upto(conn)?;
+            self.l0 = Some(unmerged_map(conn, upto)?);
+        }
+        let mut out = indexed_batches(conn, t)?;
+        if let Some(l) = self.l0.as_ref().and_then(|m| m.get(t)) {
+            out.extend_from_slice(l);
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+/// Trace search, newest (most recently received) first.
+pub(super) fn search(conn: &Connection, q: &TraceQuery) -> Result<TracePage, QueryError> {
+    let limit = if q.limit == 0 {
+        DEFAULT_SEARCH_LIMIT
+    } else {
+        q.limit.min(MAX_SEARCH_LIMIT)
+    };
+    let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    let mut terms: Vec<(String, String)> = Vec::new();
+    if let Some(s) = &q.service {
+        terms.push((TERM_SERVICE.into(), s.clone()));
+    }
+    if let Some(n) = &q.span_name {
+        terms.push((TERM_SPAN_NAME.into(), n.clone()));
+    }
+    if let Some(t) = &q.tool_name {
+        terms.push((TERM_TOOL.into(), t.clone()));
+    }
+    if q.status == Some(StatusFilter::Error) {
+        terms.push((TERM_STATUS.into(), "error".into()));
+    }
+    let mut scan_attr = None;
+    if let Some((k, v)) = &q.attribute {
+        if INDEXED_ATTRIBUTE_KEYS.contains(&k.as_str()) {
+            terms.push((k.clone(), v.clone()));
+        } else if q.start_min_unix_nano.is_some() && q.start_max_unix_nano.is_some() {
+            scan_attr = Some((k.clone(), v.clone()));
+        } else {
+            return Err(QueryError::NeedsTimeRange(k.clone()));
+        }
+    }
+    terms.sort();
+    terms.dedup();
+    snapshot(conn, |conn| {
+        let mut s = Search {
+            q,
+            terms,
+            scan_attr,
+            cache: HashMap::new(),
+            l0: None,
+        };
+        search_in(conn, &mut s, limit, cursor)
+    })
+}
+
+fn search_in(
+    conn: &Connection,
+    s: &mut Search<'_>,
+    limit: usize,
+    cursor: Option<(i64, [u8; 16])>,
+) -> Result<TracePage, QueryError> {
+    let q = s.q;
+    // term ids; a term never seen means no match
+    let mut term_ids: Vec<(i64, i64)> = Vec::new(); // (postings, id)
+    for (k, v) in &s.terms {
+        let id: Option<i64> = conn
+            .prepare_cached("SELECT id FROM terms WHERE key = ?1 AND value = ?2")?
+            .query_row(params![k, v], |r| r.get(0))
+            .optional()?;
+        let Some(id) = id else {
+            return Ok(TracePage {
+                items: vec![],
+                next_cursor: None,
+            });
+        };
+        let n: i64 = conn
+            .prepare_cached("SELECT count(*) FROM batch_terms WHERE term_id = ?1")?
+            .query_row([id], |r| r.get(0))?;
+        term_ids.push((n, id));
+    }
+    term_ids.sort();
+    let upper = cursor.map(|c| c.0).unwrap_or(i64::MAX);
+
+    // candidate batches, newest first, with their meta
+    let mut candidates: Vec<i64> = Vec::new();
+    let mut items: Vec<TraceSummary> = Vec::new();
+    let mut next_from = upper;
+    loop {
+        candidates.clear();
+        // fetch candidate ids in chunks of 256
+        if let Some(&(_, driver)) = term_ids.first() {
+            let mut st = conn.prepare_cached(
+                "SELECT bt.batch_id FROM batch_terms bt WHERE bt.term_id = ?1 AND bt.batch_id <= ?2
+                 ORDER BY bt.batch_id DESC LIMIT 256",
+            )?;
+            let rows = st.query_map(params![driver, next_from], |r| r.get::<_, i64>(0))?;
+            for r in rows {
+                let id = r?;
+                let mut all = true;
+                for &(_, other) in &term_ids[1..] {
+                    let hit: Option<i64> = conn
+                        .prepare_cached(
+                            "SELECT 1 FROM batch_terms WHERE term_id = ?1 AND batch_id = ?2",
+                        )?
+                        .query_row(params![other, id], |r| r.get(0))
+                        .optional()?;
+                    if hit.is_none() {
+                        all = false;
+                        break;
+                    }
+                }
+                candidates.push(if all { id } else { -id });
+            }
+        } else {
+            let mut st = conn.prepare_cached(
+                "SELECT id FROM span_batches INDEXED BY span_batches_scan WHERE id <= ?1
+                 ORDER BY id DESC LIMIT 256",
+            )?;
+            let rows = st.query_map([next_from], |r| r.get::<_, i64>(0))?;
+            for r in rows {
+                candidates.push(r?);
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(TracePage {
+                items,
+                next_cursor: None,
+            });
+        }
+        next_from = candidates.iter().map(|c| c.abs()).min().unwrap_or(1) - 1;
+        for &cand in &candidates {
+            if cand < 0 {
+                continue;
+            }
+            let b = cand;
+            // prune by batch meta
+            let meta: Option<(i64, i64, i64)> = conn
+                .prepare_cached(
+                    "SELECT min_start, max_start, max_duration FROM span_batches
+                     INDEXED BY span_batches_scan WHERE id = ?1",
+                )?
+                .query_row([b], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            let Some((min_start, max_start, max_duration)) = meta else {
+                continue;
+            };
+            if q.start_min_unix_nano
+                .is_some_and(|m| (max_start as u64) < m)
+                || q.start_max_unix_nano
+                    .is_some_and(|m| (min_start as u64) >= m)
+                || q.min_duration_ns.is_some_and(|m| (max_duration as u64) < m)
+            {
+                continue;
+            }
+            let Some(batch) = s.batch(conn, b)? else {
+                continue;
+            };
+            let Some(local) = s.local_terms(&batch) else {
+                continue;
+            };
+            let mut matched: HashMap<[u8; 16], Vec<usize>> = HashMap::new();
+            for (pi, sp) in batch.index.spans.iter().enumerate() {
+                if let Some((cb, ct)) = cursor {
+                    if b == cb && sp.trace_id >= ct {
+                        continue;
+                    }
+                }
+                if s.span_matches(&batch, &local, sp)? {
+                    matched.entry(sp.trace_id).or_default().push(pi);
+                }
+            }
+            let mut traces: Vec<([u8; 16], Vec<usize>)> = matched.into_iter().collect();
+            traces.sort_by(|x, y| y.0.cmp(&x.0));
+            for (t, positions) in traces {
+                let mut ids = s.trace_batches(conn, &t)?;
+                if !ids.contains(&b) {
+                    ids.push(b);
+                    ids.sort_unstable();
+                }
+                let mut loaded = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    if let Some(x) = s.batch(conn, *id)? {
+                        loaded.push((*id, x));
+                    }
+                }
+                let winners = fold(&t, loaded.iter().map(|(_, x)| &x.index));
+                // winning positions per batch id
+                let mut win_pos: HashMap<i64, Vec<usize>> = HashMap::new();
+                for (_, (bi, pi)) in &winners {
+                    win_pos.entry(loaded[*bi].0).or_default().push(*pi);
+                }
+                let here = win_pos.get(&b).cloned().unwrap_or_default();
+                if !positions.iter().any(|p| here.contains(p)) {
+                    continue;
+                }
+                // shown at the newest batch where a winning copy matches
+                let mut shown_newer = false;
+                for (nb, pos) in win_pos.iter().filter(|(id, _)| **id > b) {
+                    if s.winner_matches_in(conn, *nb, pos)? {
+                        shown_newer = true;
+                        break;
+                    }
+                }
+                if shown_newer {
+                    continue;
+                }
+                let Some(sum) = summarize(winners.iter().map(|(_, (bi, pi))| {
+                    let x = &loaded[*bi].1.index;
+                    (x, &x.spans[*pi])
+                })) else {
+                    continue;
+                };
+                let (ri, rs) = sum.root;
+                let term = |i: u32| {
+                    ri.terms
+                        .get(i as usize)
+                        .map(|x| x.1.clone())
+                        .unwrap_or_default()
+                };
+                items.push(TraceSummary {
+                    trace_id: TraceId(t),
+                    root_service: term(rs.service),
+                    root_name: term(rs.name),
+                    start_time_unix_nano: sum.start,
+                    end_time_unix_nano: sum.end,
+                    span_count: sum.spans,
+                    error_count: sum.errors,
+                    open_count: sum.open,
+                });
+                if items.len() == limit {
+                    return Ok(TracePage {
+                        items,
+                        next_cursor: Some(encode_cursor(b, &t)),
+                    });
+                }
+            }
+        }
+        if next_from < 1 {
+            return Ok(TracePage {
+                items,
+                next_cursor: None,
+            });
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Telemetry tables and the names of the search terms.
+//!
+//! Layout (designed for group commits of 512-span export requests, see `mod.rs`): one
+//! `span_batches` row per stored request (a per-span index blob plus the postcard payload),
+//! a `trace_index` row per trace (the batches holding it, merged in bulk),
+//! per-batch term postings for search, one `logs` row per log record and one
+//! `metric_points` row per data point. No table has a per-span row or a per-span index.
+
+/// DDL for the telemetry tables (part of migration 1).
+///
+/// - `span_batches.idx`: postcard [`super::encode::BatchIndex`] (per-span ids, times,
+///   status, term references and payload offsets); `payload`: `[u32 LE header length]`,
+///   postcard header (resources, scopes), then each span's postcard body.
+/// - `span_batches.traces`: the batch's distinct trace ids, sorted, 16 bytes each.
+/// - `trace_index`: trace id → the batches holding its spans (i64 LE each), for batches
+///   up to `telemetry_meta.merged_upto`. Newer batches are found by scanning their
+///   `traces` column; the writer merges them into `trace_index` in bulk (every
+///   [`MERGE_BATCHES`] batches), so a commit never dirties one random B-tree page per
+///   trace (that alone halved throughput).
+/// - `terms`/`batch_terms`: postings from `(key, value)` to the batches holding a span
+///   with that term (service, span name, service+span name, indexed attribute keys,
+///   status error).
+/// - Unsigned 64-bit nanoseconds are stored bit-cast into INTEGER columns.
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE span_batches (
+    id                 INTEGER PRIMARY KEY,
+    received_unix_nano INTEGER NOT NULL,
+    min_start          INTEGER NOT NULL,
+    max_start          INTEGER NOT NULL,
+    max_duration       INTEGER NOT NULL,
+    span_count         INTEGER NOT NULL,
+    traces             BLOB NOT NULL,
+    idx                BLOB NOT NULL,
+    payload            BLOB NOT NULL
+);
+CREATE INDEX span_batches_scan
+    ON span_batches(id, received_unix_nano, min_start, max_start, max_duration);
+CREATE TABLE trace_index (
+    trace_id BLOB PRIMARY KEY,
+    batches  BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE telemetry_meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE terms (
+    id    INTEGER PRIMARY KEY,
+    key   TEXT NOT NULL,
+    value TEXT NOT NULL,
+    UNIQUE (key, value)
+);
+CREATE TABLE batch_terms (
+    term_id  INTEGER NOT NULL,
+    batch_id INTEGER NOT NULL,
+    PRIMARY KEY (term_id, batch_id)
+) WITHOUT ROWID;
+CREATE TABLE logs (
+    id                 INTEGER PRIMARY KEY,
+    received_unix_nano INTEGER NOT NULL,
+    time_unix_nano     INTEGER NOT NULL,
+    trace_id           BLOB,
+    span_id            BLOB,
+    payload            BLOB NOT NULL
+);
+CREATE INDEX logs_trace ON logs(trace_id, time_unix_nano) WHERE trace_id IS NOT NULL;
+CREATE INDEX logs_received ON logs(received_unix_nano);
+CREATE TABLE metric_points (
+    id                 INTEGER PRIMARY KEY,
+    received_unix_nano INTEGER NOT NULL,
+    name               TEXT NOT NULL,
+    time_unix_nano     INTEGER NOT NULL,
+    payload            BLOB NOT NULL
+);
+CREATE INDEX metric_points_name ON metric_points(name, id);
+CREATE INDEX metric_points_received ON metric_points(received_unix_nano);
+";
+
+/// `telemetry_meta` key of the newest batch already merged into `trace_index`.
+pub(crate) const META_MERGED_UPTO: &str = "merged_upto";
+/// Unmerged batches that trigger a merge into `trace_index`.
+pub(crate) const MERGE_BATCHES: usize = 256;
+
+/// Term key of a span's resource `service.name` ([`crate::model::UNKNOWN_SERVICE`] when
+/// absent).
+pub(crate) const TERM_SERVICE: &str = "service.name";
+/// Term key of a span name.
+pub(crate) const TERM_SPAN_NAME: &str = "span.name";
+/// Term key of `service.name` + [`PAIR_SEP`] + span name (for `span_names(service)`).
+pub(crate) const TERM_SERVICE_SPAN: &str = "service.span";
+/// Term key of `gen_ai.tool.name`.
+pub(crate) const TERM_TOOL: &str = "gen_ai.tool.name";
+/// Term key marking spans with status ERROR (value `error`).
+pub(crate) const TERM_STATUS: &str = "status";
+/// Separator inside [`TERM_SERVICE_SPAN`] values (ASCII unit separator).
+pub(crate) const PAIR_SEP: char = '\u{1f}';
+
+/// Attribute keys indexed for search (DESIGN, Read API JSON): on the span or its resource.
+pub const INDEXED_ATTRIBUTE_KEYS: [&str; 5] = [
+    "gen_ai.tool.name",
+    "service.name",
+    "error.type",
+    "process.pid",
+    "stallwatch.runner.id",
+];

@@ -1,0 +1,210 @@
+//! Counters of the telemetry writer for `GET /metrics` (Prometheus text format).
+//!
+//! One place counts each thing (STYLE, internal telemetry): the writer thread counts what
+//! it committed, the async entry points count what they refused. Names follow
+//! `stallwatch_<name>_<unit>_total`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::MetricsSource;
+
+/// Upper bounds of the commit latency histogram buckets, seconds.
+pub const COMMIT_BUCKETS_SECONDS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Why a write was refused (the `reason` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusedReason {
+    /// The bounded write queue was full.
+    QueueFull,
+    /// The disk, or telemetry's share of `max_db_bytes`, was full.
+    StorageFull,
+    /// Storage was shutting down.
+    Closed,
+}
+
+impl RefusedReason {
+    /// The label value.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RefusedReason::QueueFull => "queue_full",
+            RefusedReason::StorageFull => "storage_full",
+            RefusedReason::Closed => "closed",
+        }
+    }
+}
+
+/// Telemetry writer counters. Shared (`Arc`) between the writer thread, the async entry
+/// points and `/metrics`; every field is an atomic.
+#[derive(Debug, Default)]
+pub struct TelemetryStats {
+    pub(crate) spans_committed: AtomicU64,
+    pub(crate) spans_deduplicated: AtomicU64,
+    pub(crate) logs_committed: AtomicU64,
+    pub(crate) points_committed: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) commit_failures: AtomicU64,
+    pub(crate) refused: [AtomicU64; 3],
+    pub(crate) queue_depth: AtomicUsize,
+    pub(crate) commit_buckets: [AtomicU64; COMMIT_BUCKETS_SECONDS.len()],
+    pub(crate) commit_seconds_sum_ns: AtomicU64,
+    pub(crate) retention_batches_deleted: AtomicU64,
+    pub(crate) db_used_bytes: AtomicU64,
+}
+
+impl TelemetryStats {
+    /// Distinct spans stored (copies dropped as duplicates are not counted).
+    pub fn spans_committed(&self) -> u64 {
+        self.spans_committed.load(Ordering::Relaxed)
+    }
+    /// Span copies dropped because an equal or better copy was already stored.
+    pub fn spans_deduplicated(&self) -> u64 {
+        self.spans_deduplicated.load(Ordering::Relaxed)
+    }
+    /// Log records committed.
+    pub fn logs_committed(&self) -> u64 {
+        self.logs_committed.load(Ordering::Relaxed)
+    }
+    /// Metric data points committed.
+    pub fn points_committed(&self) -> u64 {
+        self.points_committed.load(Ordering::Relaxed)
+    }
+    /// Group commits done.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+    /// Writes refused for `reason`.
+    pub fn refused(&self, reason: RefusedReason) -> u64 {
+        self.refused[reason as usize].load(Ordering::Relaxed)
+    }
+    /// Export requests waiting for the writer.
+    pub fn queue_depth(&self) -> usize {
+        self.queue_depth.load(Ordering::Relaxed)
+    }
+    /// Database bytes in use (pages minus free pages) after the last commit.
+    pub fn db_used_bytes(&self) -> u64 {
+        self.db_used_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_refused(&self, reason: RefusedReason, n: u64) {
+        self.refused[reason as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn observe_commit(&self, took: Duration) {
+        let s = took.as_secs_f64();
+        for (i, b) in COMMIT_BUCKETS_SECONDS.iter().enumerate() {
+            if s <= *b {
+                self.commit_buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.commit_seconds_sum_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name} {v}");
+}
+
+impl MetricsSource for TelemetryStats {
+    fn render_prometheus(&self, out: &mut String) {
+        counter(
+            out,
+            "stallwatch_storage_spans_committed_total",
+            "Distinct spans committed to SQLite.",
+            self.spans_committed(),
+        );
+        counter(
+            out,
+            "stallwatch_storage_spans_deduplicated_total",
+            "Span copies dropped as duplicates of a stored span.",
+            self.spans_deduplicated(),
+        );
+        counter(
+            out,
+            "stallwatch_storage_logs_committed_total",
+            "Log records committed to SQLite.",
+            self.logs_committed(),
+        );
+        counter(
+            out,
+            "stallwatch_storage_metric_points_committed_total",
+            "Metric data points committed to SQLite.",
+            self.points_committed(),
+        );
+        counter(
+            out,
+            "stallwatch_storage_commits_total",
+            "Telemetry group commits.",
+            self.commits(),
+        );
+        counter(
+            out,
+            "stallwatch_storage_commit_failures_total",
+            "Telemetry group commits that failed and were rolled back.",
+            self.commit_failures.load(Ordering::Relaxed),
+        );
+        counter(
+            out,
+            "stallwatch_storage_retention_batches_deleted_total",
+            "Span batches deleted by retention.",
+            self.retention_batches_deleted.load(Ordering::Relaxed),
+        );
+        let name = "stallwatch_storage_writes_refused_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Telemetry export requests refused, by reason."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for r in [
+            RefusedReason::QueueFull,
+            RefusedReason::StorageFull,
+            RefusedReason::Closed,
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.refused(r)
+            );
+        }
+        let name = "stallwatch_storage_queue_depth_requests";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Export requests waiting for the telemetry writer."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name} {}", self.queue_depth());
+        let name = "stallwatch_storage_db_used_bytes";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Database bytes in use after the last commit."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name} {}", self.db_used_bytes());
+        let name = "stallwatch_storage_commit_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time from BEGIN IMMEDIATE to the end of COMMIT of a group commit."
+        );
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (i, b) in COMMIT_BUCKETS_SECONDS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                self.commit_buckets[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.commits();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.commit_seconds_sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}

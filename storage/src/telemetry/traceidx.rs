@@ -1,0 +1,194 @@
+//! Finding a trace's batches, and folding its span copies into one span per id.
+//!
+//! A trace's batches are the `trace_index` row (batches up to `merged_upto`) plus the
+//! newer, not yet merged batches whose `traces` column holds its id. Folding is the one
+//! merge rule shared by the writer and every read: copies in (batch id, position) order;
+//! the first copy is taken; a later ended copy replaces an open one; everything else is a
+//! duplicate.
+
+use std::collections::HashMap;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::encode::{BatchIndex, IdxSpan};
+use super::schema::META_MERGED_UPTO;
+
+/// Encodes a batch id list (i64 LE each).
+pub(crate) fn encode_batches(ids: &[i64]) -> Vec<u8> {
+    ids.iter().flat_map(|i| i.to_le_bytes()).collect()
+}
+
+/// Decodes a batch id list.
+pub(crate) fn decode_batches(b: &[u8]) -> Vec<i64> {
+    b.chunks_exact(8)
+        .map(|c| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            i64::from_le_bytes(a)
+        })
+        .collect()
+}
+
+/// The sorted distinct trace ids of a batch, concatenated (`span_batches.traces`).
+pub(crate) fn batch_trace_ids(idx: &BatchIndex) -> Vec<u8> {
+    let mut ids: Vec<[u8; 16]> = idx.spans.iter().map(|s| s.trace_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.concat()
+}
+
+/// True when the sorted id list `list` holds `t`.
+pub(crate) fn list_contains(list: &[u8], t: &[u8; 16]) -> bool {
+    let n = list.len() / 16;
+    let (mut lo, mut hi) = (0usize, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match list[mid * 16..mid * 16 + 16].cmp(&t[..]) {
+            std::cmp::Ordering::Equal => return true,
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+        }
+    }
+    false
+}
+
+/// The newest batch id merged into `trace_index` (0 when none).
+pub(crate) fn merged_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    Ok(conn
+        .prepare_cached("SELECT value FROM telemetry_meta WHERE key = ?1")?
+        .query_row([META_MERGED_UPTO], |r| r.get::<_, i64>(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Batches listed for `t` in `trace_index`.
+pub(crate) fn indexed_batches(
+    conn: &Connection,
+    t: &[u8; 16],
+) -> Result<Vec<i64>, rusqlite::Error> {
+    let blob: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT batches FROM trace_index WHERE trace_id = ?1")?
+        .query_row([&t[..]], |r| r.get(0))
+        .optional()?;
+    Ok(blob.map(|b| decode_batches(&b)).unwrap_or_default())
+}
+
+/// Trace id → batches, for every batch newer than `merged_upto`.
+pub(crate) fn unmerged_map(
+    conn: &Connection,
+    merged_upto: i64,
+) -> Result<HashMap<[u8; 16], Vec<i64>>, rusqlite::Error> {
+    let mut st =
+        conn.prepare_cached("SELECT id, traces FROM span_batches WHERE id > ?1 ORDER BY id")?;
+    let rows = st.query_map([merged_upto], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+    })?;
+    let mut out: HashMap<[u8; 16], Vec<i64>> = HashMap::new();
+    for row in rows {
+        let (id, list) = row?;
+        for c in list.chunks_exact(16) {
+            let mut t = [0u8; 16];
+            t.copy_from_slice(c);
+            out.entry(t).or_default().push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Every batch holding spans of `t`, ascending.
+pub(crate) fn trace_batches(conn: &Connection, t: &[u8; 16]) -> Result<Vec<i64>, rusqlite::Error> {
+    let upto = merged_upto(conn)?;
+    let mut out = indexed_batches(conn, t)?;
+    let mut st =
+        conn.prepare_cached("SELECT id, traces FROM span_batches WHERE id > ?1 ORDER BY id")?;
+    let rows = st.query_map([upto], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+    })?;
+    for row in rows {
+        let (id, list) = row?;
+        if list_contains(&list, t) {
+            out.push(id);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Where the winning copy of a span is: (index into the folded batch list, position).
+pub(crate) type Winner = (usize, usize);
+
+/// Folds the copies of trace `t` found in `batches` (ascending batch order). Answers the
+/// winners keyed by span id, in order of first appearance.
+pub(crate) fn fold<'a>(
+    t: &[u8; 16],
+    batches: impl IntoIterator<Item = &'a BatchIndex>,
+) -> Vec<([u8; 8], Winner)> {
+    let mut pos: HashMap<[u8; 8], usize> = HashMap::new();
+    let mut out: Vec<([u8; 8], Winner)> = Vec::new();
+    let mut ended: Vec<bool> = Vec::new();
+    for (bi, b) in batches.into_iter().enumerate() {
+        for (pi, s) in b.spans.iter().enumerate() {
+            if &s.trace_id != t {
+                continue;
+            }
+            match pos.get(&s.span_id) {
+                None => {
+                    pos.insert(s.span_id, out.len());
+                    out.push((s.span_id, (bi, pi)));
+                    ended.push(s.ended());
+                }
+                Some(&i) => {
+                    if !ended[i] && s.ended() {
+                        out[i].1 = (bi, pi);
+                        ended[i] = true;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Summary numbers of folded spans: (start, end, spans, errors, open, root copy).
+pub(crate) fn summarize<'a>(
+    winners: impl Iterator<Item = (&'a BatchIndex, &'a IdxSpan)>,
+) -> Option<Summary<'a>> {
+    let mut s: Option<Summary<'a>> = None;
+    for (b, c) in winners {
+        let cur = s.get_or_insert(Summary {
+            start: c.start,
+            end: c.end,
+            spans: 0,
+            errors: 0,
+            open: 0,
+            root: (b, c),
+        });
+        cur.start = cur.start.min(c.start);
+        cur.end = cur.end.max(c.end);
+        cur.spans += 1;
+        cur.errors += u64::from(c.error());
+        cur.open += u64::from(!c.ended());
+        let r = cur.root.1;
+        if (c.root && !r.root) || (c.root == r.root && c.start < r.start) {
+            cur.root = (b, c);
+        }
+    }
+    s
+}
+
+/// What a trace summary is computed from.
+pub(crate) struct Summary<'a> {
+    /// Earliest start, ns.
+    pub start: u64,
+    /// Latest end, ns (0 when all open).
+    pub end: u64,
+    /// Distinct spans.
+    pub spans: u64,
+    /// Spans with status ERROR.
+    pub errors: u64,
+    /// Spans still open.
+    pub open: u64,
+    /// The root span copy (or the earliest) and its batch.
+    pub root: (&'a BatchIndex, &'a IdxSpan),
+}

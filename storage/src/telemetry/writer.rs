@@ -1,0 +1,723 @@
+//! The telemetry writer thread: one `std::thread` owning its own connection, fed by a
+//! bounded queue, committing groups of requests in one `BEGIN IMMEDIATE` transaction and
+//! answering each request only after COMMIT returned (DESIGN, Durability and limits).
+//!
+//! Deduplication of (trace id, span id) happens here: a trace's stored batches come from
+//! `trace_index` plus the in-memory map of batches not merged yet (`l0`); a new trace
+//! costs one index read and no write; a known trace's copies are folded (an ended copy
+//! beats an open one, the first ended copy wins, a second open copy is dropped). Copies that lose are sliced out of the batch before
+//! it is stored; a request made only of known spans stores nothing.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use tokio::sync::{oneshot, watch};
+
+use super::encode::{decode_index, BatchIndex, IdxSpan, LogRow, PointRow, PreparedTraces};
+use super::schema::{MERGE_BATCHES, META_MERGED_UPTO};
+use super::stats::{RefusedReason, TelemetryStats};
+use super::traceidx::{
+    batch_trace_ids, encode_batches, fold, indexed_batches, merged_upto, unmerged_map,
+};
+use super::RetentionReport;
+use crate::config::{StorageConfig, CONTROL_RESERVE_BYTES};
+use crate::db::open_connection;
+use crate::error::{is_full_error, StorageError, WriteError};
+use crate::model::now_unix_nano;
+
+/// Most requests committed in one transaction.
+const MAX_GROUP_REQUESTS: usize = 256;
+/// Most payload bytes committed in one transaction: 32 MiB.
+const MAX_GROUP_BYTES: usize = 32 * 1024 * 1024;
+/// Size-based retention keeps telemetry under this share of its budget (~90%).
+const SIZE_TARGET_PERCENT: u64 = 90;
+/// Least time between two automatic size-driven retention passes.
+const SIZE_RETENTION_MIN_GAP: Duration = Duration::from_secs(1);
+/// Writer connection page cache: 32 MiB.
+const WRITER_CACHE_KIB: i64 = 32 * 1024;
+
+/// A request prepared on the caller's side.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// A trace export.
+    Traces(PreparedTraces),
+    /// A log export.
+    Logs(Vec<LogRow>),
+    /// A metrics export.
+    Metrics(Vec<PointRow>),
+}
+
+impl Prepared {
+    fn bytes(&self) -> usize {
+        match self {
+            Prepared::Traces(t) => t.bytes(),
+            Prepared::Logs(l) => l.iter().map(|r| r.payload.len() + 64).sum(),
+            Prepared::Metrics(m) => m.iter().map(|r| r.payload.len() + 64).sum(),
+        }
+    }
+}
+
+pub(crate) struct WriteRequest {
+    prepared: Prepared,
+    reply: oneshot::Sender<Result<(), WriteError>>,
+}
+
+pub(crate) enum Msg {
+    Write(WriteRequest),
+    Retention(oneshot::Sender<Result<RetentionReport, StorageError>>),
+    Shutdown,
+}
+
+/// The writer thread's handle, held by [`crate::Storage`].
+pub(crate) struct TelemetryWriter {
+    tx: SyncSender<Msg>,
+    capacity: usize,
+    closed: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) stats: Arc<TelemetryStats>,
+    pub(crate) full: watch::Receiver<Option<String>>,
+}
+
+impl TelemetryWriter {
+    /// Opens the writer connection and starts the thread.
+    ///
+    /// Errors: [`StorageError::Open`] / [`StorageError::Sqlite`] when the connection cannot
+    /// be configured.
+    pub(crate) fn start(config: &StorageConfig) -> Result<Self, StorageError> {
+        let conn = open_connection(
+            config,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.pragma_update(None, "synchronous", config.telemetry_synchronous.pragma())?;
+        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+        conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024i64)?;
+        let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+        let page_size = page_size.max(512) as u64;
+        let budget_bytes = config.max_db_bytes.saturating_sub(CONTROL_RESERVE_BYTES);
+        conn.pragma_update(
+            None,
+            "max_page_count",
+            (budget_bytes / page_size).max(1) as i64,
+        )?;
+        let next_batch_id: i64 = conn.query_row(
+            "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
+            [],
+            |r| r.get(0),
+        )?;
+        let capacity = config.queue_capacity.max(1);
+        let (tx, rx) = mpsc::sync_channel(capacity);
+        let stats = Arc::new(TelemetryStats::default());
+        let (full_tx, full_rx) = watch::channel(None);
+        let mut writer = Writer {
+            conn,
+            rx,
+            deferred: VecDeque::new(),
+            stats: stats.clone(),
+            full_tx,
+            budget_bytes,
+            page_size,
+            used_bytes: 0,
+            next_batch_id,
+            term_cache: HashMap::new(),
+            pending_terms: Vec::new(),
+            retention: config.retention,
+            l0: HashMap::new(),
+            l0_batches: 0,
+            merged_upto: 0,
+            idx_cache: HashMap::new(),
+            retention_interval: config.retention_interval,
+            next_retention: Instant::now() + config.retention_interval,
+            last_size_retention: None,
+        };
+        writer.refresh_used()?;
+        writer.reload_l0()?;
+        let thread = std::thread::Builder::new()
+            .name("stallwatch-telemetry-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StorageError::Task(format!("cannot start the writer thread: {e}")))?;
+        Ok(Self {
+            tx,
+            capacity,
+            closed: AtomicBool::new(false),
+            thread: Mutex::new(Some(thread)),
+            stats,
+            full: full_rx,
+        })
+    }
+
+    /// Refuses at once when shut down or when the queue is already full (so callers skip
+    /// encoding a request that cannot be queued).
+    pub(crate) fn precheck(&self) -> Result<(), WriteError> {
+        if self.closed.load(Ordering::Acquire) {
+            self.stats.count_refused(RefusedReason::Closed, 1);
+            return Err(WriteError::Closed);
+        }
+        if self.stats.queue_depth() >= self.capacity {
+            self.stats.count_refused(RefusedReason::QueueFull, 1);
+            return Err(WriteError::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a prepared request with `try_send` and waits for the answer sent after
+    /// COMMIT.
+    pub(crate) async fn submit(&self, prepared: Prepared) -> Result<(), WriteError> {
+        if self.closed.load(Ordering::Acquire) {
+            self.stats.count_refused(RefusedReason::Closed, 1);
+            return Err(WriteError::Closed);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.stats.queue_depth.fetch_add(1, Ordering::Relaxed);
+        match self
+            .tx
+            .try_send(Msg::Write(WriteRequest { prepared, reply }))
+        {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.stats.count_refused(RefusedReason::QueueFull, 1);
+                return Err(WriteError::QueueFull {
+                    capacity: self.capacity,
+                });
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.stats.count_refused(RefusedReason::Closed, 1);
+                return Err(WriteError::Closed);
+            }
+        }
+        answer.await.unwrap_or(Err(WriteError::Closed))
+    }
+
+    /// Asks the writer thread for a retention pass and waits for its report.
+    pub(crate) async fn retention(&self) -> Result<RetentionReport, StorageError> {
+        let (reply, answer) = oneshot::channel();
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || tx.send(Msg::Retention(reply)))
+            .await
+            .map_err(|e| StorageError::Task(e.to_string()))?
+            .map_err(|_| StorageError::Closed)?;
+        answer.await.unwrap_or(Err(StorageError::Closed))
+    }
+
+    /// Stops taking writes (they answer [`WriteError::Closed`]), commits what is queued,
+    /// and joins the thread.
+    pub(crate) async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let tx = self.tx.clone();
+        let _ = tokio::task::spawn_blocking(move || tx.send(Msg::Shutdown)).await;
+        let handle = self.thread.lock().ok().and_then(|mut h| h.take());
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+    }
+}
+
+/// What one group committed.
+#[derive(Default)]
+struct Committed {
+    spans: u64,
+    duplicates: u64,
+    logs: u64,
+    points: u64,
+}
+
+pub(super) struct Writer {
+    pub(super) conn: Connection,
+    rx: Receiver<Msg>,
+    deferred: VecDeque<Msg>,
+    pub(super) stats: Arc<TelemetryStats>,
+    full_tx: watch::Sender<Option<String>>,
+    pub(super) budget_bytes: u64,
+    page_size: u64,
+    pub(super) used_bytes: u64,
+    next_batch_id: i64,
+    pub(super) term_cache: HashMap<(String, String), i64>,
+    pending_terms: Vec<((String, String), i64)>,
+    pub(super) retention: Duration,
+    pub(super) l0: HashMap<[u8; 16], Vec<i64>>,
+    pub(super) l0_batches: usize,
+    pub(super) merged_upto: i64,
+    idx_cache: HashMap<i64, Arc<BatchIndex>>,
+    retention_interval: Duration,
+    next_retention: Instant,
+    last_size_retention: Option<Instant>,
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let msg = match self.deferred.pop_front() {
+                Some(m) => m,
+                None => {
+                    let wait = self
+                        .next_retention
+                        .saturating_duration_since(Instant::now());
+                    match self.rx.recv_timeout(wait) {
+                        Ok(m) => m,
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.next_retention = Instant::now() + self.retention_interval;
+                            self.last_size_retention = Some(Instant::now());
+                            if let Err(e) = self.retention_pass() {
+                                tracing::warn!(error = %e, "telemetry retention pass failed");
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            };
+            match msg {
+                Msg::Write(first) => self.group(first),
+                Msg::Retention(reply) => {
+                    let _ = reply.send(self.retention_pass());
+                }
+                Msg::Shutdown => {
+                    self.drain_for_shutdown();
+                    break;
+                }
+            }
+        }
+        tracing::debug!("telemetry writer stopped");
+    }
+
+    fn drain_for_shutdown(&mut self) {
+        let mut pending: Vec<Msg> = self.deferred.drain(..).collect();
+        while let Ok(m) = self.rx.try_recv() {
+            pending.push(m);
+        }
+        for m in pending {
+            match m {
+                Msg::Write(r) => {
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    self.commit_group(vec![r]);
+                }
+                Msg::Retention(reply) => {
+                    let _ = reply.send(Err(StorageError::Closed));
+                }
+                Msg::Shutdown => {}
+            }
+        }
+    }
+
+    /// Takes `first` plus what else is queued (bounded) and commits them together.
+    fn group(&mut self, first: WriteRequest) {
+        self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        let mut bytes = first.prepared.bytes();
+        let mut reqs = vec![first];
+        while reqs.len() < MAX_GROUP_REQUESTS && bytes < MAX_GROUP_BYTES {
+            match self.rx.try_recv() {
+                Ok(Msg::Write(r)) => {
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    bytes += r.prepared.bytes();
+                    reqs.push(r);
+                }
+                Ok(other) => {
+                    self.deferred.push_back(other);
+                    break;
+                }
+                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        self.commit_group(reqs);
+    }
+
+    /// Serves queued writes (used between retention chunks so ingest keeps flowing).
+    pub(super) fn serve_pending(&mut self) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Write(r)) => self.group(r),
+                Ok(other) => self.deferred.push_back(other),
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn full_reason(&self) -> String {
+        format!(
+            "telemetry reached its share of max_db_bytes ({} of {} bytes in use; {} bytes are kept for control records)",
+            self.used_bytes, self.budget_bytes, CONTROL_RESERVE_BYTES
+        )
+    }
+
+    pub(super) fn set_full(&mut self, reason: Option<String>) {
+        self.full_tx.send_if_modified(|cur| {
+            if *cur == reason {
+                false
+            } else {
+                if let Some(r) = &reason {
+                    tracing::warn!(reason = %r, "telemetry storage full");
+                } else {
+                    tracing::info!("telemetry storage has room again");
+                }
+                *cur = reason;
+                true
+            }
+        });
+    }
+
+    fn schedule_size_retention(&mut self) {
+        let due = self
+            .last_size_retention
+            .is_none_or(|t| t.elapsed() >= SIZE_RETENTION_MIN_GAP);
+        if due {
+            self.last_size_retention = Some(Instant::now());
+            self.next_retention = Instant::now();
+        }
+    }
+
+    /// Re-reads the bytes in use (pages minus free pages).
+    pub(super) fn refresh_used(&mut self) -> Result<u64, rusqlite::Error> {
+        let pages: i64 = self
+            .conn
+            .pragma_query_value(None, "page_count", |r| r.get(0))?;
+        let free: i64 = self
+            .conn
+            .pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+        self.used_bytes = (pages - free).max(0) as u64 * self.page_size;
+        self.stats
+            .db_used_bytes
+            .store(self.used_bytes, Ordering::Relaxed);
+        Ok(self.used_bytes)
+    }
+
+    pub(super) fn size_target(&self) -> u64 {
+        self.budget_bytes / 100 * SIZE_TARGET_PERCENT
+    }
+
+    fn commit_group(&mut self, reqs: Vec<WriteRequest>) {
+        if self.used_bytes >= self.budget_bytes {
+            let _ = self.refresh_used();
+            if self.used_bytes >= self.budget_bytes {
+                let reason = self.full_reason();
+                self.set_full(Some(reason.clone()));
+                self.schedule_size_retention();
+                self.stats
+                    .count_refused(RefusedReason::StorageFull, reqs.len() as u64);
+                for r in reqs {
+                    let _ = r.reply.send(Err(WriteError::Full(reason.clone())));
+                }
+                return;
+            }
+        }
+        let started = Instant::now();
+        let saved_next = self.next_batch_id;
+        let mut replies = Vec::with_capacity(reqs.len());
+        let mut preps = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            replies.push(r.reply);
+            preps.push(r.prepared);
+        }
+        let outcome = self.write_all(preps);
+        match outcome {
+            Ok(c) => {
+                self.stats.observe_commit(started.elapsed());
+                for (k, id) in self.pending_terms.drain(..) {
+                    self.term_cache.insert(k, id);
+                }
+                if self.term_cache.len() > 200_000 {
+                    self.term_cache.clear();
+                }
+                self.stats
+                    .spans_committed
+                    .fetch_add(c.spans, Ordering::Relaxed);
+                self.stats
+                    .spans_deduplicated
+                    .fetch_add(c.duplicates, Ordering::Relaxed);
+                self.stats
+                    .logs_committed
+                    .fetch_add(c.logs, Ordering::Relaxed);
+                self.stats
+                    .points_committed
+                    .fetch_add(c.points, Ordering::Relaxed);
+                for r in replies {
+                    let _ = r.send(Ok(()));
+                }
+                if self.l0_batches >= MERGE_BATCHES {
+                    if let Err(e) = self.merge_l0() {
+                        tracing::warn!(error = %e, "merging the trace index failed; will retry");
+                    }
+                }
+                let _ = self.refresh_used();
+                if self.used_bytes < self.budget_bytes {
+                    self.set_full(None);
+                }
+                if self.used_bytes > self.size_target() {
+                    self.schedule_size_retention();
+                }
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.next_batch_id = saved_next;
+                self.pending_terms.clear();
+                if let Err(e) = self.reload_l0() {
+                    tracing::error!(error = %e, "cannot reload the unmerged trace map");
+                }
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                let err = if is_full_error(&e) {
+                    let reason = format!("disk full or size cap reached: {e}");
+                    self.set_full(Some(reason.clone()));
+                    self.schedule_size_retention();
+                    self.stats
+                        .count_refused(RefusedReason::StorageFull, replies.len() as u64);
+                    WriteError::Full(reason)
+                } else {
+                    tracing::error!(error = %e, "telemetry commit failed");
+                    WriteError::Failed(e.to_string())
+                };
+                for r in replies {
+                    let _ = r.send(Err(match &err {
+                        WriteError::Full(s) => WriteError::Full(s.clone()),
+                        other => WriteError::Failed(other.to_string()),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn write_all(&mut self, preps: Vec<Prepared>) -> Result<Committed, rusqlite::Error> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let received = now_unix_nano() as i64;
+        let mut c = Committed::default();
+        for p in preps {
+            match p {
+                Prepared::Traces(t) => {
+                    let (stored, dups) = self.apply_traces(t, received)?;
+                    c.spans += stored;
+                    c.duplicates += dups;
+                }
+                Prepared::Logs(rows) => {
+                    let mut st = self.conn.prepare_cached(
+                        "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id, payload)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?;
+                    for r in &rows {
+                        st.execute(params![
+                            received,
+                            r.time as i64,
+                            r.trace_id.as_ref().map(|t| &t[..]),
+                            r.span_id.as_ref().map(|s| &s[..]),
+                            r.payload
+                        ])?;
+                    }
+                    c.logs += rows.len() as u64;
+                }
+                Prepared::Metrics(rows) => {
+                    let mut st = self.conn.prepare_cached(
+                        "INSERT INTO metric_points(received_unix_nano, name, time_unix_nano, payload)
+                         VALUES (?1, ?2, ?3, ?4)",
+                    )?;
+                    for r in &rows {
+                        st.execute(params![received, r.name, r.time as i64, r.payload])?;
+                    }
+                    c.points += rows.len() as u64;
+                }
+            }
+        }
+        self.conn.execute_batch("COMMIT")?;
+        Ok(c)
+    }
+
+    fn term_id(&mut self, key: &str, value: &str) -> Result<i64, rusqlite::Error> {
+        let k = (key.to_string(), value.to_string());
+        if let Some(id) = self.term_cache.get(&k) {
+            return Ok(*id);
+        }
+        if let Some((_, id)) = self.pending_terms.iter().find(|(p, _)| *p == k) {
+            return Ok(*id);
+        }
+        self.conn
+            .prepare_cached("INSERT INTO terms(key, value) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?
+            .execute(params![key, value])?;
+        let id: i64 = self
+            .conn
+            .prepare_cached("SELECT id FROM terms WHERE key = ?1 AND value = ?2")?
+            .query_row(params![key, value], |r| r.get(0))?;
+        self.pending_terms.push((k, id));
+        Ok(id)
+    }
+
+    /// Loads (cached) the index of a stored batch.
+    fn load_idx(&mut self, id: i64) -> Result<Option<Arc<BatchIndex>>, rusqlite::Error> {
+        if let Some(i) = self.idx_cache.get(&id) {
+            return Ok(Some(i.clone()));
+        }
+        let blob: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached("SELECT idx FROM span_batches WHERE id = ?1")?
+            .query_row([id], |r| r.get(0))
+            .optional()?;
+        let Some(blob) = blob else { return Ok(None) };
+        let idx = Arc::new(
+            decode_index(&blob).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?,
+        );
+        if self.idx_cache.len() >= 64 {
+            self.idx_cache.clear();
+        }
+        self.idx_cache.insert(id, idx.clone());
+        Ok(Some(idx))
+    }
+
+    /// Re-reads the unmerged trace map after a rollback.
+    pub(super) fn reload_l0(&mut self) -> Result<(), rusqlite::Error> {
+        self.idx_cache.clear();
+        self.merged_upto = merged_upto(&self.conn)?;
+        self.l0 = unmerged_map(&self.conn, self.merged_upto)?;
+        self.l0_batches = self.conn.query_row(
+            "SELECT count(*) FROM span_batches WHERE id > ?1",
+            [self.merged_upto],
+            |r| r.get::<_, i64>(0),
+        )? as usize;
+        Ok(())
+    }
+
+    /// Stores one trace request; answers (spans stored, copies dropped as duplicates).
+    fn apply_traces(
+        &mut self,
+        mut p: PreparedTraces,
+        received: i64,
+    ) -> Result<(u64, u64), rusqlite::Error> {
+        let n = p.index.spans.len();
+        if n == 0 {
+            return Ok((0, p.duplicates));
+        }
+        let b = self.next_batch_id;
+        let mut keep = vec![true; n];
+        let mut dups = p.duplicates;
+        let traces = std::mem::take(&mut p.traces);
+        for (t, positions) in &traces {
+            let mut batches = indexed_batches(&self.conn, t)?;
+            if let Some(l) = self.l0.get(t) {
+                batches.extend_from_slice(l);
+            }
+            if batches.is_empty() {
+                continue; // a new trace: every copy stays
+            }
+            batches.sort_unstable();
+            batches.dedup();
+            let mut idxs = Vec::with_capacity(batches.len());
+            for id in batches {
+                if let Some(i) = self.load_idx(id)? {
+                    idxs.push(i);
+                }
+            }
+            let mut known: HashMap<[u8; 8], bool> = fold(t, idxs.iter().map(|a| a.as_ref()))
+                .into_iter()
+                .map(|(sid, (bi, pi))| (sid, idxs[bi].spans[pi].ended()))
+                .collect();
+            for &pos in positions {
+                let c = &p.index.spans[pos as usize];
+                match known.get(&c.span_id).copied() {
+                    None => {
+                        known.insert(c.span_id, c.ended());
+                    }
+                    Some(false) if c.ended() => {
+                        known.insert(c.span_id, true);
+                    }
+                    Some(_) => {
+                        keep[pos as usize] = false;
+                        dups += 1;
+                    }
+                }
+            }
+        }
+        let kept = keep.iter().filter(|k| **k).count();
+        if kept == 0 {
+            return Ok((0, dups));
+        }
+        if kept < n {
+            p.retain(&keep);
+        }
+        let idx = &p.index;
+        let min_start = idx.spans.iter().map(|s| s.start).min().unwrap_or(0);
+        let max_start = idx.spans.iter().map(|s| s.start).max().unwrap_or(0);
+        let max_duration = idx.spans.iter().map(IdxSpan::duration).max().unwrap_or(0);
+        let trace_list = batch_trace_ids(idx);
+        let idx_blob = postcard::to_allocvec(idx)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO span_batches(id, received_unix_nano, min_start, max_start, max_duration,
+                    span_count, traces, idx, payload)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                b,
+                received,
+                min_start as i64,
+                max_start as i64,
+                max_duration.min(i64::MAX as u64) as i64,
+                kept as i64,
+                trace_list,
+                idx_blob,
+                p.payload
+            ])?;
+        let terms = std::mem::take(&mut p.index.terms);
+        for (k, v) in &terms {
+            let tid = self.term_id(k, v)?;
+            self.conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO batch_terms(term_id, batch_id) VALUES (?1, ?2)",
+                )?
+                .execute(params![tid, b])?;
+        }
+        for c in trace_list.chunks_exact(16) {
+            let mut t = [0u8; 16];
+            t.copy_from_slice(c);
+            self.l0.entry(t).or_default().push(b);
+        }
+        self.l0_batches += 1;
+        self.next_batch_id += 1;
+        Ok((kept as u64, dups))
+    }
+
+    /// Merges the unmerged batches' traces into `trace_index` in one transaction.
+    pub(super) fn merge_l0(&mut self) -> Result<(), rusqlite::Error> {
+        if self.l0_batches == 0 {
+            return Ok(());
+        }
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let out = (|| -> Result<(), rusqlite::Error> {
+            let mut keys: Vec<[u8; 16]> = self.l0.keys().copied().collect();
+            keys.sort_unstable();
+            for t in keys {
+                let mut list = indexed_batches(&self.conn, &t)?;
+                if let Some(l) = self.l0.get(&t) {
+                    list.extend_from_slice(l);
+                }
+                list.sort_unstable();
+                list.dedup();
+                self.conn
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO trace_index(trace_id, batches) VALUES (?1, ?2)",
+                    )?
+                    .execute(params![&t[..], encode_batches(&list)])?;
+            }
+            self.conn.execute(
+                "INSERT OR REPLACE INTO telemetry_meta(key, value) VALUES (?1, ?2)",
+                params![META_MERGED_UPTO, self.next_batch_id - 1],
+            )?;
+            Ok(())
+        })();
+        match out.and_then(|()| self.conn.execute_batch("COMMIT")) {
+            Ok(()) => {
+                self.merged_upto = self.next_batch_id - 1;
+                self.l0.clear();
+                self.l0_batches = 0;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                let _ = self.reload_l0();
+                Err(e)
+            }
+        }
+    }
+}
