@@ -60,6 +60,7 @@ fn kv(k: &str, v: &str) -> KeyValue {
     KeyValue {
         key: k.into(),
         value: Some(AnyValue { value: Some(Value::StringValue(v.into())) }),
+        ..Default::default()
     }
 }
 
@@ -142,6 +143,7 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
                     KeyValue {
                         key: "process.pid".into(),
                         value: Some(AnyValue { value: Some(Value::IntValue(4000 + pid as i64)) }),
+                        ..Default::default()
                     },
                 ],
                 dropped_attributes_count: 0,

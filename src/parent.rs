@@ -21,7 +21,11 @@ pub async fn parent_exited() -> Result<u32> {
     }
     let fd = pidfd_open(ppid, PidfdFlags::empty())
         .with_context(|| format!("--exit-with-parent: cannot open a pidfd on parent pid {raw}"))?;
-    let fd = AsyncFd::new(fd).context("--exit-with-parent: cannot register the pidfd")?;
+    // SAFETY: `fd` is an `OwnedFd` moved into the `AsyncFd`: it stays open and refers to
+    // the same pidfd until the `AsyncFd` is dropped, and `as_raw_fd` always returns it.
+    #[allow(unsafe_code)]
+    let fd = unsafe { AsyncFd::register(fd) }
+        .map_err(|e| anyhow::anyhow!("--exit-with-parent: cannot register the pidfd: {e}"))?;
     // Between getppid and pidfd_open the parent may have died and the pid been reused:
     // re-check that we still have that parent.
     if getppid().map(|p| p.as_raw_nonzero().get() as u32) != Some(raw) {

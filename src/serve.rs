@@ -54,6 +54,7 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -221,13 +222,14 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
     let http_addr = collector.http_addr();
     let collector_task = tokio::spawn(collector.run(collector_token.clone()));
 
-    let ready = serde_json::json!({
-        "event": "ready",
-        "otlp_grpc": grpc_addr.to_string(),
-        "otlp_http": http_addr.to_string(),
-        "dashboard": dashboard_addr.to_string(),
-        "data_dir": data.path.display().to_string(),
-    });
+    // Keys in DESIGN's order (serde_json's map would sort them).
+    let ready = format!(
+        "{{\"event\":\"ready\",\"otlp_grpc\":{},\"otlp_http\":{},\"dashboard\":{},\"data_dir\":{}}}",
+        serde_json::Value::from(grpc_addr.to_string()),
+        serde_json::Value::from(http_addr.to_string()),
+        serde_json::Value::from(dashboard_addr.to_string()),
+        serde_json::Value::from(data.path.display().to_string()),
+    );
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();

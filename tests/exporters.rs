@@ -31,7 +31,7 @@ fn check_protocol(protocol: &str) {
     let server = Server::start(&dir.path().join("data"));
     let ids = run_python_exporter(&server, protocol);
     let trace_id = ids["trace_id"].as_str().unwrap();
-    let mut trace = serde_json::Value::Null;
+    let mut trace;
     wait_until!(std::time::Duration::from_secs(20), "the python spans", {
         let (st, t) = server.get_json(&format!("/api/v1/traces/{trace_id}"));
         trace = t;

@@ -24,6 +24,7 @@ pub fn kv(key: &str, v: Value) -> KeyValue {
     KeyValue {
         key: key.into(),
         value: Some(AnyValue { value: Some(v) }),
+        ..Default::default()
     }
 }
 

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[macro_use]
+#[allow(dead_code)] // shared helpers; not every module uses every one
 mod support;
 
 mod cli;
