@@ -89,7 +89,8 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         match rest.split_once(']') {
             Some((inner, port)) if port.is_empty() || port.starts_with(':') => {
-                return inner == "::1" || allowed.iter().any(|a| a.trim_matches(['[', ']']) == inner);
+                return inner == "::1"
+                    || allowed.iter().any(|a| a.trim_matches(['[', ']']) == inner);
             }
             _ => return false,
         }
@@ -210,9 +211,15 @@ mod tests {
 
     #[test]
     fn origin_port_wildcard() {
-        assert!(origin_matches("http://localhost:*", "http://localhost:1420"));
+        assert!(origin_matches(
+            "http://localhost:*",
+            "http://localhost:1420"
+        ));
         assert!(origin_matches("http://localhost:*", "http://localhost"));
-        assert!(!origin_matches("http://localhost:*", "http://localhost.evil.com"));
+        assert!(!origin_matches(
+            "http://localhost:*",
+            "http://localhost.evil.com"
+        ));
         assert!(!origin_matches("http://localhost:*", "http://localhost:1x"));
         assert!(origin_matches("tauri://localhost", "tauri://localhost"));
     }

@@ -202,9 +202,7 @@ impl DashboardConfig {
 impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
     type Error = DashboardError;
 
-    fn try_from(
-        (raw, alerts): (RawDashboardConfig, RawAlertsConfig),
-    ) -> Result<Self, Self::Error> {
+    fn try_from((raw, alerts): (RawDashboardConfig, RawAlertsConfig)) -> Result<Self, Self::Error> {
         let listen = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let listen: SocketAddr = listen
             .parse()

@@ -83,9 +83,11 @@ pub(crate) fn error_body(code: &str, message: &str) -> serde_json::Value {
 impl IntoResponse for DashboardError {
     fn into_response(self) -> Response {
         let (status, code, message) = match &self {
-            DashboardError::BadRequest { code, message } => {
-                (StatusCode::BAD_REQUEST, (*code).to_string(), message.clone())
-            }
+            DashboardError::BadRequest { code, message } => (
+                StatusCode::BAD_REQUEST,
+                (*code).to_string(),
+                message.clone(),
+            ),
             DashboardError::NotFound(m) => (StatusCode::NOT_FOUND, "not_found".into(), m.clone()),
             DashboardError::Unauthorized => (
                 StatusCode::UNAUTHORIZED,

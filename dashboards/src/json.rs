@@ -154,7 +154,10 @@ fn span_fields(sp: &Span, state: SpanState) -> Map<String, Value> {
     m.insert("name".into(), sp.name.clone().into());
     m.insert("kind".into(), sp.kind.into());
     m.insert("kind_name".into(), kind_name(sp.kind).into());
-    m.insert("start_time_unix_nano".into(), nanos(sp.start_time_unix_nano));
+    m.insert(
+        "start_time_unix_nano".into(),
+        nanos(sp.start_time_unix_nano),
+    );
     m.insert("end_time_unix_nano".into(), nanos(sp.end_time_unix_nano));
     m.insert("duration_ns".into(), duration_ns);
     m.insert("duration_ms".into(), duration_ms);
@@ -170,7 +173,10 @@ fn span_fields(sp: &Span, state: SpanState) -> Map<String, Value> {
         "events".into(),
         Value::Array(sp.events.iter().map(event).collect()),
     );
-    m.insert("dropped_events_count".into(), sp.dropped_events_count.into());
+    m.insert(
+        "dropped_events_count".into(),
+        sp.dropped_events_count.into(),
+    );
     m.insert(
         "links".into(),
         Value::Array(sp.links.iter().map(link).collect()),

@@ -12,21 +12,42 @@ async fn read_endpoints_match_golden_json() {
     seed(&h).await;
     let cases: &[(&str, String)] = &[
         ("traces", "/api/v1/traces".into()),
-        ("traces_tool", "/api/v1/traces?tool_name=run_notebook".into()),
-        ("traces_error", "/api/v1/traces?status=error&min_duration_ms=1000".into()),
-        ("traces_attr", "/api/v1/traces?attr=stallwatch.runner.id=nb-1&limit=1".into()),
+        (
+            "traces_tool",
+            "/api/v1/traces?tool_name=run_notebook".into(),
+        ),
+        (
+            "traces_error",
+            "/api/v1/traces?status=error&min_duration_ms=1000".into(),
+        ),
+        (
+            "traces_attr",
+            "/api/v1/traces?attr=stallwatch.runner.id=nb-1&limit=1".into(),
+        ),
         ("trace_a", format!("/api/v1/traces/{TRACE_A}")),
         ("trace_b_inferred", format!("/api/v1/traces/{TRACE_B}")),
-        ("span_tool", format!("/api/v1/traces/{TRACE_A}/spans/{TOOL}")),
-        ("span_inferred", format!("/api/v1/traces/{TRACE_B}/spans/{MISSING_PARENT}")),
+        (
+            "span_tool",
+            format!("/api/v1/traces/{TRACE_A}/spans/{TOOL}"),
+        ),
+        (
+            "span_inferred",
+            format!("/api/v1/traces/{TRACE_B}/spans/{MISSING_PARENT}"),
+        ),
         ("open_spans", "/api/v1/open-spans".into()),
         ("services", "/api/v1/services".into()),
-        ("span_names", "/api/v1/span-names?service=python-runner".into()),
+        (
+            "span_names",
+            "/api/v1/span-names?service=python-runner".into(),
+        ),
         ("runners", "/api/v1/runners".into()),
         ("runner_nb1", "/api/v1/runners/nb-1".into()),
         ("breakers", "/api/v1/breakers".into()),
         ("incidents", "/api/v1/incidents".into()),
-        ("incidents_terminated", "/api/v1/incidents?event=runner.terminated&runner_id=nb-1".into()),
+        (
+            "incidents_terminated",
+            "/api/v1/incidents?event=runner.terminated&runner_id=nb-1".into(),
+        ),
         ("incident_1", "/api/v1/incidents/1".into()),
         ("checkpoints", "/api/v1/checkpoints".into()),
         ("deliveries", "/api/v1/webhooks/deliveries".into()),
@@ -96,11 +117,20 @@ async fn bad_parameters_get_clear_400s() {
         ("/api/v1/traces?min_duration_ms=-3", "min_duration_ms"),
         ("/api/v1/traces?attr=novalue", "attr"),
         ("/api/v1/traces?colour=red", "colour"),
-        ("/api/v1/traces?start_unix_nano=10&end_unix_nano=5", "end_unix_nano"),
+        (
+            "/api/v1/traces?start_unix_nano=10&end_unix_nano=5",
+            "end_unix_nano",
+        ),
         ("/api/v1/traces?cursor=%21%21", "cursor"),
         ("/api/v1/traces/xyz", "trace_id"),
-        ("/api/v1/traces/0af7651916cd43dd8448eb211c80319c/spans/zz", "span_id"),
-        ("/api/v1/incidents?event=breaker.exploded", "breaker.exploded"),
+        (
+            "/api/v1/traces/0af7651916cd43dd8448eb211c80319c/spans/zz",
+            "span_id",
+        ),
+        (
+            "/api/v1/incidents?event=breaker.exploded",
+            "breaker.exploded",
+        ),
         ("/api/v1/incidents/abc", "incident id"),
         ("/api/v1/webhooks/deliveries?state=lost", "state"),
     ];
@@ -109,9 +139,14 @@ async fn bad_parameters_get_clear_400s() {
         assert_eq!(status, 400, "{path}: {body}");
         let msg = body["error"]["message"].as_str().unwrap_or_default();
         assert!(body["error"]["code"].is_string(), "{path}: {body}");
-        assert!(msg.contains(needle), "{path}: {msg:?} should name {needle:?}");
+        assert!(
+            msg.contains(needle),
+            "{path}: {msg:?} should name {needle:?}"
+        );
     }
-    let (status, body) = h.get_json("/api/v1/traces/0af7651916cd43dd8448eb211c80319d").await;
+    let (status, body) = h
+        .get_json("/api/v1/traces/0af7651916cd43dd8448eb211c80319d")
+        .await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "not_found");
     let (status, _) = h.get_json("/api/v1/runners/ghost").await;
@@ -126,7 +161,10 @@ async fn admission_follows_the_breaker() {
     let r = h.get("/api/v1/runners/nb-1/admit").await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
-    assert_eq!(v, serde_json::json!({"state":"CLOSED","admit":true,"reason":"","retry_after_ms":null}));
+    assert_eq!(
+        v,
+        serde_json::json!({"state":"CLOSED","admit":true,"reason":"","retry_after_ms":null})
+    );
     let r = h.get("/api/v1/runners/py-2/admit").await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "13");
@@ -188,7 +226,10 @@ async fn cors_only_for_configured_origins() {
             .send()
             .await
             .unwrap();
-        let acao = r.headers().get("access-control-allow-origin").map(|v| v.to_str().unwrap().to_string());
+        let acao = r
+            .headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap().to_string());
         assert_eq!(acao.as_deref(), allowed.then_some(origin), "{origin}");
     }
     h.stop().await;
@@ -218,14 +259,21 @@ async fn health_readiness_and_metrics() {
 #[tokio::test]
 async fn openapi_documents_every_route() {
     let doc: Value = serde_json::from_str(OPENAPI_JSON).unwrap();
-    assert_eq!(doc["openapi"].as_str().map(|v| v.starts_with("3.")), Some(true));
+    assert_eq!(
+        doc["openapi"].as_str().map(|v| v.starts_with("3.")),
+        Some(true)
+    );
     let paths = doc["paths"].as_object().unwrap();
     for route in ROUTES {
-        assert!(paths.contains_key(*route), "{route} missing from openapi.json");
+        assert!(
+            paths.contains_key(*route),
+            "{route} missing from openapi.json"
+        );
     }
     for p in paths.keys() {
         assert!(
-            ROUTES.contains(&p.as_str()) || ["/healthz", "/readyz", "/metrics"].contains(&p.as_str()),
+            ROUTES.contains(&p.as_str())
+                || ["/healthz", "/readyz", "/metrics"].contains(&p.as_str()),
             "openapi.json documents {p}, which is not routed"
         );
     }
@@ -248,7 +296,10 @@ async fn ui_is_embedded() {
     let h = Harness::start(DashboardConfig::default()).await;
     let r = h.get("/").await;
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
     let html = r.text().await.unwrap();
     assert!(html.contains("/ui/app.js") && html.contains("/ui/app.css"));
     let js = h.get("/ui/app.js").await;

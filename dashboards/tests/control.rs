@@ -11,10 +11,18 @@ use crate::common::*;
 fn calls() -> Vec<(reqwest::Method, &'static str, Option<Value>)> {
     use reqwest::Method;
     vec![
-        (Method::POST, "/api/v1/runners", Some(json!({"id":"nb-9","attach":{"pid":4242}}))),
+        (
+            Method::POST,
+            "/api/v1/runners",
+            Some(json!({"id":"nb-9","attach":{"pid":4242}})),
+        ),
         (Method::DELETE, "/api/v1/runners/nb-9", None),
         (Method::POST, "/api/v1/runners/nb-9/breaker/reset", None),
-        (Method::POST, "/api/v1/checkpoints", Some(json!({"runner_id":"nb-9","workspace":"/tmp/ws"}))),
+        (
+            Method::POST,
+            "/api/v1/checkpoints",
+            Some(json!({"runner_id":"nb-9","workspace":"/tmp/ws"})),
+        ),
         (Method::POST, "/api/v1/checkpoints/tx-1/commit", None),
         (Method::POST, "/api/v1/checkpoints/tx-1/rollback", None),
         (Method::POST, "/api/v1/shutdown", None),
@@ -25,7 +33,12 @@ fn calls() -> Vec<(reqwest::Method, &'static str, Option<Value>)> {
 async fn without_or_with_a_wrong_token_nothing_happens() {
     let mut h = Harness::start(DashboardConfig::default()).await;
     for (method, path, body) in calls() {
-        for auth in [None, Some("Bearer nope"), Some(&*format!("Bearer {}x", TOKEN)), Some(&*format!("Basic {TOKEN}"))] {
+        for auth in [
+            None,
+            Some("Bearer nope"),
+            Some(&*format!("Bearer {}x", TOKEN)),
+            Some(&*format!("Basic {TOKEN}")),
+        ] {
             let mut req = h.client.request(method.clone(), h.url(path));
             if let Some(a) = auth {
                 req = req.header("authorization", a);
@@ -41,9 +54,18 @@ async fn without_or_with_a_wrong_token_nothing_happens() {
         }
     }
     // A bad body without a token is still a 401, not a 400.
-    let r = h.client.post(h.url("/api/v1/runners")).body("{not json").send().await.unwrap();
+    let r = h
+        .client
+        .post(h.url("/api/v1/runners"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    assert!(matches!(h.control.try_recv(), Err(TryRecvError::Empty)), "a control request was sent");
+    assert!(
+        matches!(h.control.try_recv(), Err(TryRecvError::Empty)),
+        "a control request was sent"
+    );
     h.stop().await;
 }
 
@@ -57,19 +79,31 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
             match req {
                 ControlRequest::RegisterRunner { spec, reply } => {
                     seen.push(format!("register {}", spec.id));
-                    let _ = reply.send(Err(ControlError::new(409, "runner_exists", "runner nb-9 is alive")));
+                    let _ = reply.send(Err(ControlError::new(
+                        409,
+                        "runner_exists",
+                        "runner nb-9 is alive",
+                    )));
                 }
                 ControlRequest::DeleteRunner { id, reply } => {
                     seen.push(format!("delete {id}"));
-                    let _ = reply.send(Ok(json!({"id": id, "steps": ["SIGTERM", "exited"], "survivors": []})));
+                    let _ = reply.send(Ok(
+                        json!({"id": id, "steps": ["SIGTERM", "exited"], "survivors": []}),
+                    ));
                 }
                 ControlRequest::ResetBreaker { id, reply } => {
                     seen.push(format!("reset {id}"));
                     let _ = reply.send(Ok(json!({"id": id, "state": "CLOSED"})));
                 }
-                ControlRequest::CreateCheckpoint { runner_id, workspace, reply } => {
+                ControlRequest::CreateCheckpoint {
+                    runner_id,
+                    workspace,
+                    reply,
+                } => {
                     seen.push(format!("checkpoint {runner_id} {}", workspace.display()));
-                    let _ = reply.send(Ok(json!({"id": "tx-1", "path": "/tmp/ws/.workbench/checkpoints/tx-1"})));
+                    let _ = reply.send(Ok(
+                        json!({"id": "tx-1", "path": "/tmp/ws/.workbench/checkpoints/tx-1"}),
+                    ));
                 }
                 ControlRequest::CommitCheckpoint { id, reply } => {
                     seen.push(format!("commit {id}"));
@@ -77,7 +111,11 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
                 }
                 ControlRequest::RollbackCheckpoint { id, reply } => {
                     seen.push(format!("rollback {id}"));
-                    let _ = reply.send(Err(ControlError::new(404, "checkpoint_not_found", "no checkpoint tx-1")));
+                    let _ = reply.send(Err(ControlError::new(
+                        404,
+                        "checkpoint_not_found",
+                        "no checkpoint tx-1",
+                    )));
                 }
                 ControlRequest::Shutdown => {
                     seen.push("shutdown".into());
@@ -89,7 +127,10 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
     });
     let want = [409, 200, 200, 201, 200, 404, 202];
     for ((method, path, body), want) in calls().into_iter().zip(want) {
-        let mut req = h.client.request(method.clone(), h.url(path)).bearer_auth(TOKEN);
+        let mut req = h
+            .client
+            .request(method.clone(), h.url(path))
+            .bearer_auth(TOKEN);
         if let Some(b) = &body {
             req = req.json(b);
         }
@@ -98,7 +139,10 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(status, want, "{method} {path}: {v}");
         if status == 409 {
-            assert_eq!(v, json!({"error":{"code":"runner_exists","message":"runner nb-9 is alive"}}));
+            assert_eq!(
+                v,
+                json!({"error":{"code":"runner_exists","message":"runner nb-9 is alive"}})
+            );
         }
     }
     let seen = responder.await.unwrap();
@@ -121,15 +165,42 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
 async fn control_input_is_validated_before_sending() {
     let mut h = Harness::start(DashboardConfig::default()).await;
     let bad = [
-        ("/api/v1/runners", json!({"id":"Bad_ID","attach":{"pid":4242}}), "invalid_runner_id"),
+        (
+            "/api/v1/runners",
+            json!({"id":"Bad_ID","attach":{"pid":4242}}),
+            "invalid_runner_id",
+        ),
         ("/api/v1/runners", json!({"id":"nb-9"}), "invalid_runner"),
-        ("/api/v1/runners", json!({"id":"nb-9","attach":{"pid":4242},"spawn":{"argv":["python3"]}}), "invalid_runner"),
-        ("/api/v1/runners", json!({"id":"nb-9","spawn":{"argv":[]}}), "invalid_runner"),
-        ("/api/v1/runners", json!({"id":"nb-9","attach":{"pid":4242},"colour":"red"}), "invalid_body"),
-        ("/api/v1/checkpoints", json!({"runner_id":"nb-9","workspace":"relative/ws"}), "invalid_workspace"),
+        (
+            "/api/v1/runners",
+            json!({"id":"nb-9","attach":{"pid":4242},"spawn":{"argv":["python3"]}}),
+            "invalid_runner",
+        ),
+        (
+            "/api/v1/runners",
+            json!({"id":"nb-9","spawn":{"argv":[]}}),
+            "invalid_runner",
+        ),
+        (
+            "/api/v1/runners",
+            json!({"id":"nb-9","attach":{"pid":4242},"colour":"red"}),
+            "invalid_body",
+        ),
+        (
+            "/api/v1/checkpoints",
+            json!({"runner_id":"nb-9","workspace":"relative/ws"}),
+            "invalid_workspace",
+        ),
     ];
     for (path, body, code) in bad {
-        let r = h.client.post(h.url(path)).bearer_auth(TOKEN).json(&body).send().await.unwrap();
+        let r = h
+            .client
+            .post(h.url(path))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 400, "{body}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], code, "{body}: {v}");

@@ -10,7 +10,11 @@ use stallwatch_storage::model::EventKind;
 use crate::common::*;
 
 /// Reads SSE frames until `n` events with data have arrived (or the deadline passes).
-async fn read_events(resp: &mut reqwest::Response, buf: &mut String, n: usize) -> Vec<(String, String, Value)> {
+async fn read_events(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    n: usize,
+) -> Vec<(String, String, Value)> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let frames: Vec<(String, String, Value)> = buf
@@ -20,9 +24,15 @@ async fn read_events(resp: &mut reqwest::Response, buf: &mut String, n: usize) -
                 let mut ev = String::new();
                 let mut data = None;
                 for line in f.lines() {
-                    if let Some(v) = line.strip_prefix("id:") { id = v.trim().to_string(); }
-                    if let Some(v) = line.strip_prefix("event:") { ev = v.trim().to_string(); }
-                    if let Some(v) = line.strip_prefix("data:") { data = serde_json::from_str(v.trim()).ok(); }
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().to_string();
+                    }
+                    if let Some(v) = line.strip_prefix("event:") {
+                        ev = v.trim().to_string();
+                    }
+                    if let Some(v) = line.strip_prefix("data:") {
+                        data = serde_json::from_str(v.trim()).ok();
+                    }
                 }
                 data.map(|d| (id, ev, d))
             })
@@ -42,11 +52,18 @@ async fn read_events(resp: &mut reqwest::Response, buf: &mut String, n: usize) -
 #[tokio::test]
 async fn last_event_id_replays_then_follows_live() {
     let h = Harness::start(DashboardConfig::default()).await;
-    for (i, kind) in [EventKind::VerdictSuspect, EventKind::BreakerOpened, EventKind::RunnerTerminated]
-        .into_iter()
-        .enumerate()
+    for (i, kind) in [
+        EventKind::VerdictSuspect,
+        EventKind::BreakerOpened,
+        EventKind::RunnerTerminated,
+    ]
+    .into_iter()
+    .enumerate()
     {
-        h.events.publish(incident(kind, &format!("k{i}"))).await.unwrap();
+        h.events
+            .publish(incident(kind, &format!("k{i}")))
+            .await
+            .unwrap();
     }
     let mut resp = h
         .client
@@ -56,7 +73,10 @@ async fn last_event_id_replays_then_follows_live() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     let mut buf = String::new();
     let got = read_events(&mut resp, &mut buf, 2).await;
     assert_eq!(got[0].0, "2");
@@ -66,21 +86,39 @@ async fn last_event_id_replays_then_follows_live() {
     assert_eq!(got[1].2["id"], 3);
     assert_eq!(got[1].2["trace_id"], TRACE_A);
 
-    h.events.publish(incident(EventKind::BreakerHalfOpen, "k3")).await.unwrap();
+    h.events
+        .publish(incident(EventKind::BreakerHalfOpen, "k3"))
+        .await
+        .unwrap();
     let got = read_events(&mut resp, &mut buf, 3).await;
     assert_eq!(got.len(), 3, "no repeats: {buf}");
-    assert_eq!((got[2].0.as_str(), got[2].1.as_str()), ("4", "breaker.half_open"));
+    assert_eq!(
+        (got[2].0.as_str(), got[2].1.as_str()),
+        ("4", "breaker.half_open")
+    );
     drop(resp);
 
     // Without Last-Event-ID: live only.
     let mut live = h.client.get(h.url("/api/v1/events")).send().await.unwrap();
     // The handler subscribes to the bus before answering the headers.
-    h.events.publish(incident(EventKind::BreakerClosed, "k4")).await.unwrap();
+    h.events
+        .publish(incident(EventKind::BreakerClosed, "k4"))
+        .await
+        .unwrap();
     let mut buf = String::new();
     let got = read_events(&mut live, &mut buf, 1).await;
-    assert_eq!((got[0].0.as_str(), got[0].1.as_str()), ("5", "breaker.closed"));
+    assert_eq!(
+        (got[0].0.as_str(), got[0].1.as_str()),
+        ("5", "breaker.closed")
+    );
 
-    let bad = h.client.get(h.url("/api/v1/events")).header("last-event-id", "abc").send().await.unwrap();
+    let bad = h
+        .client
+        .get(h.url("/api/v1/events"))
+        .header("last-event-id", "abc")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(bad.status(), 400);
     h.stop().await;
 }

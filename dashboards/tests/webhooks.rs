@@ -25,16 +25,38 @@ struct Receiver {
     fail_first: usize,
 }
 
-async fn receive(State(rx): State<Arc<Mutex<Receiver>>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn receive(
+    State(rx): State<Arc<Mutex<Receiver>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
     let mut r = rx.lock().unwrap();
-    let key = headers.get("idempotency-key").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-    let sig = headers.get("x-stallwatch-signature").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let sig = headers
+        .get("x-stallwatch-signature")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
     let sig_ok = sig == sign(SECRET, &body)
-        && headers.get("content-type").map(|v| v == "application/json").unwrap_or(false);
-    let status = if r.seen.len() < r.fail_first { 500 } else { 204 };
+        && headers
+            .get("content-type")
+            .map(|v| v == "application/json")
+            .unwrap_or(false);
+    let status = if r.seen.len() < r.fail_first {
+        500
+    } else {
+        204
+    };
     let already = r.seen.iter().any(|(k, _, s, _)| k == &key && *s == 204);
     let status = if already { 200 } else { status };
-    r.seen.push((key, sig_ok, status, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+    r.seen.push((
+        key,
+        sig_ok,
+        status,
+        serde_json::from_slice(&body).unwrap_or(Value::Null),
+    ));
     StatusCode::from_u16(status).unwrap()
 }
 
@@ -56,19 +78,35 @@ fn config(url: String) -> DashboardConfig {
 
 #[tokio::test]
 async fn delivered_once_across_a_restart_with_signature() {
-    let receiver = Arc::new(Mutex::new(Receiver { fail_first: 2, ..Receiver::default() }));
+    let receiver = Arc::new(Mutex::new(Receiver {
+        fail_first: 2,
+        ..Receiver::default()
+    }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let app = axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(receiver.clone());
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(receiver.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let cfg = config(url.clone());
 
     // First life: the incident is enqueued and the first attempt fails.
     let h = Harness::start(cfg.clone()).await;
     let stop1 = CancellationToken::new();
-    let worker = start_webhooks(Arc::new(cfg.clone()), h.storage.clone(), h.events.clone(), stop1.clone());
-    h.events.publish(incident(EventKind::VerdictSuspect, "not-wanted")).await.unwrap();
-    h.events.publish(incident(EventKind::BreakerOpened, "wanted")).await.unwrap();
+    let worker = start_webhooks(
+        Arc::new(cfg.clone()),
+        h.storage.clone(),
+        h.events.clone(),
+        stop1.clone(),
+    );
+    h.events
+        .publish(incident(EventKind::VerdictSuspect, "not-wanted"))
+        .await
+        .unwrap();
+    h.events
+        .publish(incident(EventKind::BreakerOpened, "wanted"))
+        .await
+        .unwrap();
     let first = eventually(Duration::from_secs(20), || async {
         let (_, v) = h.get_json("/api/v1/webhooks/deliveries").await;
         (v["items"][0]["attempts"].as_u64().unwrap_or(0) >= 1).then_some(())
@@ -82,7 +120,12 @@ async fn delivered_once_across_a_restart_with_signature() {
     // Second life on the same database file: retried until accepted.
     let h = Harness::start_in(dir, cfg.clone()).await;
     let stop2 = CancellationToken::new();
-    let worker = start_webhooks(Arc::new(cfg.clone()), h.storage.clone(), h.events.clone(), stop2.clone());
+    let worker = start_webhooks(
+        Arc::new(cfg.clone()),
+        h.storage.clone(),
+        h.events.clone(),
+        stop2.clone(),
+    );
     let delivered = eventually(Duration::from_secs(30), || async {
         let (_, v) = h.get_json("/api/v1/webhooks/deliveries").await;
         (v["items"][0]["state"] == "delivered").then_some(v)
@@ -96,11 +139,24 @@ async fn delivered_once_across_a_restart_with_signature() {
 
     let r = receiver.lock().unwrap();
     let keys: std::collections::BTreeSet<&str> = r.seen.iter().map(|(k, ..)| k.as_str()).collect();
-    assert_eq!(keys.len(), 1, "one incident, one idempotency key: {:?}", r.seen);
+    assert_eq!(
+        keys.len(),
+        1,
+        "one incident, one idempotency key: {:?}",
+        r.seen
+    );
     let accepted = r.seen.iter().filter(|(_, _, s, _)| *s == 204).count();
     assert_eq!(accepted, 1, "accepted exactly once: {:?}", r.seen);
-    assert_eq!(r.seen.len(), 3, "two failures then success, no extra sends: {:?}", r.seen);
-    assert!(r.seen.iter().all(|(_, ok, ..)| *ok), "signature or content type wrong");
+    assert_eq!(
+        r.seen.len(),
+        3,
+        "two failures then success, no extra sends: {:?}",
+        r.seen
+    );
+    assert!(
+        r.seen.iter().all(|(_, ok, ..)| *ok),
+        "signature or content type wrong"
+    );
     let body = &r.seen[2].3;
     assert_eq!(body["event"], "breaker.opened");
     assert_eq!(body["runner_id"], "nb-1");
@@ -108,16 +164,34 @@ async fn delivered_once_across_a_restart_with_signature() {
     assert_eq!(body["trace_id"], TRACE_A);
     assert_eq!(body["span_id"], TOOL);
     assert_eq!(body["evidence"]["sla_ms"], 30000);
-    assert_eq!(body["links"]["trace"], format!("http://127.0.0.1:4319/#/trace/{TRACE_A}"));
+    assert_eq!(
+        body["links"]["trace"],
+        format!("http://127.0.0.1:4319/#/trace/{TRACE_A}")
+    );
     assert_eq!(body["idempotency_key"], *keys.iter().next().unwrap());
 
     let items = delivered["items"].as_array().unwrap();
-    assert_eq!(items.len(), 1, "only the wanted event is enqueued: {delivered}");
-    let statuses: Vec<Value> = items[0]["attempt_log"].as_array().unwrap().iter().map(|a| a["status"].clone()).collect();
-    assert_eq!(statuses, vec![Value::from(500), Value::from(500), Value::from(204)]);
+    assert_eq!(
+        items.len(),
+        1,
+        "only the wanted event is enqueued: {delivered}"
+    );
+    let statuses: Vec<Value> = items[0]["attempt_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status"].clone())
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![Value::from(500), Value::from(500), Value::from(204)]
+    );
     assert_eq!(items[0]["attempts"], 3);
     assert_eq!(items[0]["last_status"], 204);
     drop(r);
+    let mut delivered = delivered;
+    assert_eq!(delivered["items"][0]["webhook"], url.as_str());
+    delivered["items"][0]["webhook"] = "<receiver>".into();
     assert_golden("deliveries_after_retry", delivered);
     h.stop().await;
 }
@@ -132,21 +206,37 @@ async fn unreachable_receiver_records_transport_errors_and_backs_off() {
     let cfg = config(format!("http://127.0.0.1:{port}/hook"));
     let h = Harness::start(cfg.clone()).await;
     let stop = CancellationToken::new();
-    let worker = start_webhooks(Arc::new(cfg), h.storage.clone(), h.events.clone(), stop.clone());
-    h.events.publish(incident(EventKind::RunnerTerminated, "t1")).await.unwrap();
+    let worker = start_webhooks(
+        Arc::new(cfg),
+        h.storage.clone(),
+        h.events.clone(),
+        stop.clone(),
+    );
+    h.events
+        .publish(incident(EventKind::RunnerTerminated, "t1"))
+        .await
+        .unwrap();
     let v = eventually(Duration::from_secs(20), || async {
-        let (_, v) = h.get_json("/api/v1/webhooks/deliveries?state=pending").await;
+        let (_, v) = h
+            .get_json("/api/v1/webhooks/deliveries?state=pending")
+            .await;
         (v["items"][0]["attempts"].as_u64().unwrap_or(0) >= 2).then_some(v)
     })
     .await
     .expect("no retries recorded");
     let d = &v["items"][0];
     assert!(d["last_status"].is_null());
-    assert!(d["last_error"].as_str().unwrap().contains("connection"), "{d}");
+    assert!(
+        d["last_error"].as_str().unwrap().contains("connection"),
+        "{d}"
+    );
     let log = d["attempt_log"].as_array().unwrap();
     let t0: u64 = log[0]["at_unix_nano"].as_str().unwrap().parse().unwrap();
     let t1: u64 = log[1]["at_unix_nano"].as_str().unwrap().parse().unwrap();
-    assert!(t1 - t0 >= 300_000_000, "second attempt came before the 300 ms back-off");
+    assert!(
+        t1 - t0 >= 300_000_000,
+        "second attempt came before the 300 ms back-off"
+    );
     stop.cancel();
     worker.await.unwrap();
     h.stop().await;

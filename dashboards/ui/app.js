@@ -1,0 +1,448 @@
+// stallwatch dashboard: a dependency-free single-page UI over /api/v1.
+// Views by URL hash: #/now, #/incidents, #/incident/<id>, #/traces?..., #/trace/<id>,
+// #/span/<trace>/<span>, #/runner/<id>, #/webhooks. Live updates come from one
+// EventSource on /api/v1/events?board=1 (incidents by id, and the runner board), never polling.
+"use strict";
+
+const state = {
+  board: [],            // runners, from the last board event or fetch
+  incidents: [],        // newest first, as loaded or streamed
+  lastIncidentId: 0,
+  openSpans: [],
+  es: null,
+  render: null,         // re-render hook of the current view for live data
+};
+
+// ---------- tiny DOM helpers (no innerHTML with data; CSP forbids inline styles) ----------
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "style") Object.assign(el.style, v);
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  for (const c of children) el.append(c);
+  return el;
+}
+const view = () => document.getElementById("view");
+function mount(...nodes) { const v = view(); v.replaceChildren(...nodes); }
+function badge(text, cls) { return h("span", { class: `badge b-${cls || text}` }, text); }
+
+// ---------- formatting ----------
+function nsToMs(ns) { if (ns === null || ns === undefined) return null; try { return Number(BigInt(ns) / 1000000n); } catch { return null; } }
+function fmtTime(ns) {
+  const ms = nsToMs(ns);
+  if (!ms) return "—";
+  const d = new Date(ms);
+  return d.toLocaleString(undefined, { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+function fmtDur(ms) {
+  if (ms === null || ms === undefined) return "—";
+  if (ms < 1) return `${(ms * 1000).toFixed(0)} µs`;
+  if (ms < 1000) return `${ms.toFixed(ms < 10 ? 2 : 0)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(2)} s`;
+  return `${Math.floor(ms / 60000)} m ${Math.round((ms % 60000) / 1000)} s`;
+}
+function anyValue(v) {
+  if (!v) return "";
+  if ("stringValue" in v) return v.stringValue;
+  if ("intValue" in v) return v.intValue;
+  if ("doubleValue" in v) return String(v.doubleValue);
+  if ("boolValue" in v) return String(v.boolValue);
+  if ("bytesValue" in v) return `base64:${v.bytesValue}`;
+  if ("arrayValue" in v) return "[" + (v.arrayValue.values || []).map(anyValue).join(", ") + "]";
+  if ("kvlistValue" in v) return "{" + (v.kvlistValue.values || []).map(kv => `${kv.key}: ${anyValue(kv.value)}`).join(", ") + "}";
+  return "";
+}
+function attrTable(attrs) {
+  if (!attrs || !attrs.length) return h("div", { class: "empty" }, "none");
+  return h("dl", { class: "kv" }, attrs.map(a => [h("dt", {}, a.key), h("dd", { class: "mono" }, anyValue(a.value))]));
+}
+function progressBar(ratio) {
+  const r = Math.max(0, ratio || 0);
+  const cls = r >= 1 ? "progress over" : r >= 0.75 ? "progress warn" : "progress";
+  return h("div", { class: cls, title: `${Math.round(r * 100)}% of SLA` }, h("span", { style: { width: `${Math.min(100, r * 100)}%` } }));
+}
+
+// ---------- API ----------
+async function api(path) {
+  const r = await fetch(path, { headers: { accept: "application/json" } });
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(body.error ? `${body.error.code}: ${body.error.message}` : `HTTP ${r.status}`);
+  return body;
+}
+function errorBox(e) { return h("div", { class: "error-box" }, String(e.message || e)); }
+
+// ---------- live: one EventSource ----------
+const EVENTS = ["verdict.suspect", "breaker.opened", "breaker.half_open", "breaker.closed", "runner.started",
+  "runner.exited", "runner.crashed", "runner.terminated", "runner.restarted", "runner.orphaned",
+  "checkpoint.committed", "checkpoint.rolled_back", "storage.full"];
+function connectLive() {
+  const live = document.getElementById("live");
+  const url = `/api/v1/events?board=1&last_event_id=${state.lastIncidentId}`;
+  const es = new EventSource(url);
+  state.es = es;
+  es.onopen = () => { live.textContent = "live"; live.className = "live on"; };
+  es.onerror = () => { live.textContent = "reconnecting…"; live.className = "live off"; };
+  for (const name of EVENTS) {
+    es.addEventListener(name, ev => {
+      let inc; try { inc = JSON.parse(ev.data); } catch { return; }
+      if (inc.id && state.incidents.some(i => i.id === inc.id)) return;
+      inc._fresh = true;
+      state.incidents.unshift(inc);
+      if (inc.id > state.lastIncidentId) state.lastIncidentId = inc.id;
+      if (state.render) state.render("incident", inc);
+    });
+  }
+  es.addEventListener("board", ev => {
+    try { state.board = JSON.parse(ev.data).items || []; } catch { return; }
+    if (state.render) state.render("board");
+  });
+}
+
+// ---------- Now ----------
+function sparkline(samples) {
+  if (!samples || samples.length < 2) return h("div", { class: "muted" }, "no heartbeat samples yet");
+  const w = 280, hgt = 36;
+  const xs = samples.map(s => s.at_unix_ms), ys = samples.map(s => s.rtt_us);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), ymax = Math.max(...ys, 1);
+  const pts = samples.map(s => `${((s.at_unix_ms - x0) / Math.max(1, x1 - x0) * w).toFixed(1)},${(hgt - 2 - s.rtt_us / ymax * (hgt - 4)).toFixed(1)}`).join(" ");
+  const last = ys[ys.length - 1];
+  return h("div", {}, svg("svg", { class: "spark", viewBox: `0 0 ${w} ${hgt}`, preserveAspectRatio: "none" }, svg("polyline", { points: pts })),
+    h("div", { class: "muted" }, `heartbeat RTT: last ${(last / 1000).toFixed(2)} ms, max ${(ymax / 1000).toFixed(2)} ms`));
+}
+function runnerCard(r) {
+  const w = r.worst_span;
+  return h("div", { class: "panel card runner", dataset: { runnerId: r.id } },
+    h("h3", {}, h("a", { href: `#/runner/${r.id}` }, r.id), badge(r.breaker), badge(r.verdict, r.verdict === "healthy" ? "ok" : "warn")),
+    h("dl", { class: "kv" },
+      h("dt", {}, "pid"), h("dd", {}, r.pid ?? "—", r.spawned ? " (spawned)" : " (attached)"),
+      h("dt", {}, "heartbeat"), h("dd", {}, r.heartbeat),
+      r.reason ? [h("dt", {}, "reason"), h("dd", {}, r.reason)] : null,
+      r.retry_after_ms ? [h("dt", {}, "retry after"), h("dd", {}, fmtDur(r.retry_after_ms))] : null),
+    sparkline(r.heartbeat_rtt_us),
+    w ? h("div", {},
+      h("div", {}, "worst open tool span: ", h("a", { href: `#/span/${w.trace_id}/${w.span_id}` }, w.tool_name),
+        w.stale ? [" ", badge("stale", "warn")] : null, h("span", { class: "muted" }, ` ${fmtDur(w.elapsed_ms)} of ${fmtDur(w.sla_ms)}`)),
+      progressBar(w.progress)) : h("div", { class: "muted" }, "no open tool span"));
+}
+function openSpansTable(items) {
+  if (!items.length) return h("div", { class: "empty" }, "no open spans");
+  return h("table", {}, h("thead", {}, h("tr", {}, ["span", "tool", "runner", "service", "state", "elapsed", "SLA", "progress"].map(t => h("th", {}, t)))),
+    h("tbody", {}, items.map(o => h("tr", { class: "clickable open-span", dataset: { spanId: o.span_id }, onclick: () => { location.hash = `#/span/${o.trace_id}/${o.span_id}`; } },
+      h("td", {}, o.name), h("td", {}, o.tool_name || "—"), h("td", {}, o.runner_id ? h("a", { href: `#/runner/${o.runner_id}` }, o.runner_id) : "—"),
+      h("td", {}, o.service_name), h("td", {}, badge(o.state === "open" ? "running" : "inferred", o.state === "open" ? "running" : "inferred")),
+      h("td", {}, fmtDur(o.elapsed_ms)), h("td", {}, o.sla_ms ? fmtDur(o.sla_ms) : "—"), h("td", {}, o.progress !== null ? progressBar(o.progress) : "—")))));
+}
+async function viewNow() {
+  const runnersBox = h("div", { class: "cards" });
+  const openBox = h("div", { class: "panel" });
+  const incBox = h("div", { class: "panel timeline" });
+  mount(h("h2", {}, "Runners"), runnersBox, h("h2", {}, "Open spans"), openBox, h("h2", {}, "Latest incidents"), incBox);
+  const drawRunners = () => runnersBox.replaceChildren(...(state.board.length ? state.board.map(runnerCard) : [h("div", { class: "empty" }, "no runners registered")]));
+  const drawOpen = () => openBox.replaceChildren(openSpansTable(state.openSpans));
+  const drawInc = () => incBox.replaceChildren(...(state.incidents.length ? state.incidents.slice(0, 10).map(incidentRow) : [h("div", { class: "empty" }, "no incidents")]));
+  let pending = null;
+  const refreshOpen = () => {
+    if (pending) return;
+    pending = setTimeout(async () => { pending = null; try { state.openSpans = (await api("/api/v1/open-spans")).items; drawOpen(); } catch (e) { openBox.replaceChildren(errorBox(e)); } }, 300);
+  };
+  state.render = (what) => { if (what === "board") { drawRunners(); refreshOpen(); } else { drawInc(); refreshOpen(); } };
+  try {
+    const [runners, open] = await Promise.all([api("/api/v1/runners"), api("/api/v1/open-spans")]);
+    state.board = runners.items; state.openSpans = open.items;
+  } catch (e) { runnersBox.replaceChildren(errorBox(e)); }
+  drawRunners(); drawOpen(); drawInc();
+}
+
+// ---------- Incidents ----------
+function evidenceSteps(ev) {
+  if (!ev || typeof ev !== "object") return null;
+  const keys = Object.keys(ev).filter(k => /sigterm|sigkill|exited|rolled|rollback/i.test(k));
+  if (!keys.length) return null;
+  return h("div", { class: "steps" }, keys.map(k => {
+    const v = ev[k];
+    const txt = v === null ? "—" : (/unix_nano$/.test(k) ? fmtTime(v) : (typeof v === "object" ? JSON.stringify(v) : String(v)));
+    return h("span", {}, h("b", {}, k.replace(/_unix_nano$/, "").replace(/_/g, " ")), txt);
+  }));
+}
+function incidentLinks(i) {
+  return h("div", { class: "links" },
+    h("a", { href: `#/incident/${i.id}` }, `#${i.id}`),
+    i.runner_id ? h("a", { href: `#/runner/${i.runner_id}` }, `runner ${i.runner_id}`) : null,
+    i.trace_id ? h("a", { href: `#/trace/${i.trace_id}` }, "trace") : null,
+    i.trace_id && i.span_id ? h("a", { href: `#/span/${i.trace_id}/${i.span_id}` }, `span${i.tool_name ? " " + i.tool_name : ""}`) : null);
+}
+function eventClass(e) {
+  if (/opened|crashed|terminated|orphaned|full|rolled_back/.test(e)) return "bad";
+  if (/suspect|half_open|restarted|exited/.test(e)) return "warn";
+  return "ok";
+}
+function incidentRow(i) {
+  const el = h("div", { class: "incident" + (i._fresh ? " fresh" : ""), dataset: { incidentId: i.id, event: i.event } },
+    h("div", { class: "mono" }, fmtTime(i.at_unix_nano)),
+    h("div", {}, badge(i.event, eventClass(i.event))),
+    h("div", {}, h("div", {}, i.reason), evidenceSteps(i.evidence), incidentLinks(i)));
+  i._fresh = false;
+  return el;
+}
+async function viewIncidents(params) {
+  const runner = params.get("runner_id") || "", event = params.get("event") || "";
+  const list = h("div", { class: "panel timeline" });
+  const pager = h("div", { class: "pager" });
+  const runnerIn = h("input", { value: runner, placeholder: "runner id" });
+  const eventSel = h("select", {}, h("option", { value: "" }, "any event"), EVENTS.map(e => h("option", { value: e, selected: e === event }, e)));
+  const apply = (ev) => { ev.preventDefault(); const q = new URLSearchParams(); if (runnerIn.value) q.set("runner_id", runnerIn.value); if (eventSel.value) q.set("event", eventSel.value); location.hash = `#/incidents?${q}`; };
+  mount(h("h2", {}, "Incidents"), h("form", { class: "filters", onsubmit: apply },
+    h("label", {}, "runner", runnerIn), h("label", {}, "event", eventSel), h("button", { type: "submit" }, "Filter")), list, pager);
+  let items = [];
+  const draw = () => list.replaceChildren(...(items.length ? items.map(incidentRow) : [h("div", { class: "empty" }, "no incidents")]));
+  const load = async (cursor) => {
+    const q = new URLSearchParams({ limit: "100" });
+    if (runner) q.set("runner_id", runner); if (event) q.set("event", event); if (cursor) q.set("cursor", cursor);
+    try {
+      const page = await api(`/api/v1/incidents?${q}`);
+      items = items.concat(page.items);
+      draw();
+      pager.replaceChildren(page.next_cursor ? h("button", { class: "secondary", onclick: () => load(page.next_cursor) }, "Older") : "");
+    } catch (e) { list.replaceChildren(errorBox(e)); }
+  };
+  state.render = (what, inc) => {
+    if (what !== "incident") return;
+    if ((runner && inc.runner_id !== runner) || (event && inc.event !== event)) return;
+    if (items.some(i => i.id === inc.id)) return;
+    items.unshift({ ...inc, _fresh: true }); draw();
+  };
+  await load(null);
+}
+async function viewIncident(id) {
+  mount(h("div", { class: "empty" }, "loading…"));
+  try {
+    const [i, d] = await Promise.all([api(`/api/v1/incidents/${encodeURIComponent(id)}`), api(`/api/v1/webhooks/deliveries?incident_id=${encodeURIComponent(id)}`)]);
+    mount(h("h2", {}, `Incident #${i.id} `, badge(i.event, eventClass(i.event))),
+      h("div", { class: "panel" }, h("dl", { class: "kv" },
+        h("dt", {}, "at"), h("dd", {}, fmtTime(i.at_unix_nano)),
+        h("dt", {}, "reason"), h("dd", {}, i.reason),
+        h("dt", {}, "runner"), h("dd", {}, i.runner_id ? h("a", { href: `#/runner/${i.runner_id}` }, i.runner_id) : "—"),
+        h("dt", {}, "tool"), h("dd", {}, i.tool_name || "—"),
+        h("dt", {}, "trace"), h("dd", {}, i.trace_id ? h("a", { class: "mono", href: `#/trace/${i.trace_id}` }, i.trace_id) : "—"),
+        h("dt", {}, "span"), h("dd", {}, i.span_id ? h("a", { class: "mono", href: `#/span/${i.trace_id}/${i.span_id}` }, i.span_id) : "—")),
+        evidenceSteps(i.evidence), h("h2", {}, "Evidence"), h("pre", {}, JSON.stringify(i.evidence, null, 2))),
+      h("h2", {}, "Webhook deliveries"), h("div", { class: "panel" }, deliveriesTable(d.items)));
+  } catch (e) { mount(errorBox(e)); }
+}
+
+// ---------- Traces search ----------
+const SEARCH_FIELDS = ["service", "span_name", "tool_name", "status", "min_duration_ms", "attr", "start", "end", "limit"];
+function toNs(local) { if (!local) return null; const ms = new Date(local).getTime(); return isNaN(ms) ? null : (BigInt(ms) * 1000000n).toString(); }
+async function viewTraces(params) {
+  const inputs = {};
+  const field = (name, label, el) => { inputs[name] = el; if (params.get(name)) el.value = params.get(name); return h("label", {}, label, el); };
+  const services = h("datalist", { id: "dl-services" }), names = h("datalist", { id: "dl-names" });
+  const form = h("form", { class: "search panel", onsubmit: (ev) => { ev.preventDefault(); const q = new URLSearchParams(); for (const f of SEARCH_FIELDS) if (inputs[f].value) q.set(f, inputs[f].value); location.hash = `#/traces?${q}`; } },
+    field("service", "service", h("input", { list: "dl-services", name: "service" })),
+    field("span_name", "span name", h("input", { list: "dl-names", name: "span_name" })),
+    field("tool_name", "tool name", h("input", { name: "tool_name" })),
+    field("status", "status", h("select", { name: "status" }, ["", "unset", "ok", "error"].map(s => h("option", { value: s }, s || "any")))),
+    field("min_duration_ms", "min duration (ms)", h("input", { name: "min_duration_ms", type: "number", min: "0", step: "any" })),
+    field("attr", "attribute key=value", h("input", { name: "attr", placeholder: "error.type=timeout" })),
+    field("start", "from", h("input", { name: "start", type: "datetime-local", step: "1" })),
+    field("end", "to", h("input", { name: "end", type: "datetime-local", step: "1" })),
+    field("limit", "page size", h("input", { name: "limit", type: "number", min: "1", max: "1000", placeholder: "50" })),
+    h("div", { class: "actions" }, h("button", { type: "submit" }, "Search"), h("button", { type: "button", class: "secondary", onclick: () => { location.hash = "#/traces"; } }, "Clear")),
+    services, names);
+  const results = h("div", { class: "panel" }, h("div", { class: "empty" }, "searching…"));
+  const pager = h("div", { class: "pager" });
+  mount(h("h2", {}, "Traces"), form, results, pager);
+  state.render = null;
+  api("/api/v1/services").then(r => services.replaceChildren(...r.items.map(s => h("option", { value: s })))).catch(() => {});
+  api("/api/v1/span-names").then(r => names.replaceChildren(...r.items.map(s => h("option", { value: s })))).catch(() => {});
+  const q = new URLSearchParams();
+  for (const f of ["service", "span_name", "tool_name", "status", "min_duration_ms", "attr", "limit"]) if (params.get(f)) q.set(f, params.get(f));
+  const s = toNs(params.get("start")), e = toNs(params.get("end"));
+  if (s) q.set("start_unix_nano", s); if (e) q.set("end_unix_nano", e);
+  const pages = [null];
+  const load = async (cursor) => {
+    const qq = new URLSearchParams(q); if (cursor) qq.set("cursor", cursor);
+    try {
+      const page = await api(`/api/v1/traces?${qq}`);
+      results.replaceChildren(page.items.length ? h("table", { id: "trace-list" },
+        h("thead", {}, h("tr", {}, ["trace", "root service", "root span", "start", "duration", "spans", "errors", "open"].map(t => h("th", {}, t)))),
+        h("tbody", {}, page.items.map(t => h("tr", { class: "clickable trace-row", dataset: { traceId: t.trace_id }, onclick: () => { location.hash = `#/trace/${t.trace_id}`; } },
+          h("td", { class: "mono" }, h("a", { href: `#/trace/${t.trace_id}` }, t.trace_id.slice(0, 16) + "…")), h("td", {}, t.root_service), h("td", {}, t.root_name),
+          h("td", {}, fmtTime(t.start_time_unix_nano)), h("td", {}, t.open_count > 0 && t.duration_ms === null ? badge("running") : fmtDur(t.duration_ms)),
+          h("td", {}, t.span_count), h("td", {}, t.error_count ? badge(String(t.error_count), "bad") : "0"),
+          h("td", {}, t.open_count ? badge(String(t.open_count), "running") : "0"))))) : h("div", { class: "empty" }, "no traces match"));
+      pager.replaceChildren(
+        pages.length > 1 ? h("button", { class: "secondary", onclick: () => { pages.pop(); load(pages[pages.length - 1]); } }, "Previous") : "",
+        page.next_cursor ? h("button", { class: "secondary", onclick: () => { pages.push(page.next_cursor); load(page.next_cursor); } }, "Next") : "");
+    } catch (err) { results.replaceChildren(errorBox(err)); }
+  };
+  await load(null);
+}
+
+// ---------- Trace view ----------
+function spanTree(spans) {
+  const byId = new Map(spans.map(s => [s.span_id, s]));
+  const kids = new Map();
+  const roots = [];
+  for (const s of spans) {
+    if (s.parent_span_id && byId.has(s.parent_span_id)) {
+      if (!kids.has(s.parent_span_id)) kids.set(s.parent_span_id, []);
+      kids.get(s.parent_span_id).push(s);
+    } else roots.push(s);
+  }
+  const start = s => BigInt(s.start_time_unix_nano);
+  const cmp = (a, b) => (start(a) < start(b) ? -1 : start(a) > start(b) ? 1 : 0);
+  const out = [];
+  const walk = (s, depth) => { out.push([s, depth]); for (const c of (kids.get(s.span_id) || []).sort(cmp)) walk(c, depth + 1); };
+  for (const r of roots.sort(cmp)) walk(r, 0);
+  return out;
+}
+function spanDetails(s) {
+  if (!s) return h("div", { class: "empty" }, "select a span");
+  const state_ = s.state === "open" ? badge("running", "running") : s.state === "inferred" ? badge("in progress (inferred)", "inferred") : badge(s.status.code_name, s.status.code_name);
+  return h("div", { id: "span-details", dataset: { spanId: s.span_id } },
+    h("h3", {}, s.name, " ", state_),
+    h("dl", { class: "kv" },
+      h("dt", {}, "span"), h("dd", { class: "mono" }, s.span_id),
+      h("dt", {}, "parent"), h("dd", { class: "mono" }, s.parent_span_id || "—"),
+      h("dt", {}, "service"), h("dd", {}, s.service_name || "—"),
+      h("dt", {}, "kind"), h("dd", {}, s.kind_name),
+      h("dt", {}, "start"), h("dd", {}, fmtTime(s.start_time_unix_nano)),
+      h("dt", {}, "duration"), h("dd", {}, s.state === "ended" ? fmtDur(s.duration_ms) : "running"),
+      h("dt", {}, "status"), h("dd", {}, s.status.code_name, s.status.message ? `: ${s.status.message}` : "")),
+    h("h2", {}, "Attributes"), attrTable(s.attributes),
+    h("h2", {}, `Events (${s.events.length})`), s.events.length ? s.events.map(e => h("div", {}, h("b", {}, e.name), " ", h("span", { class: "muted" }, fmtTime(e.time_unix_nano)), attrTable(e.attributes))) : h("div", { class: "empty" }, "none"),
+    h("h2", {}, `Links (${s.links.length})`), s.links.length ? s.links.map(l => h("div", {}, h("a", { class: "mono", href: `#/span/${l.trace_id}/${l.span_id}` }, `${l.trace_id.slice(0, 12)}…/${l.span_id}`), attrTable(l.attributes))) : h("div", { class: "empty" }, "none"),
+    h("h2", {}, "Resource"), s.resource ? attrTable(s.resource.attributes) : h("div", { class: "empty" }, "not received yet"),
+    s.scope ? [h("h2", {}, "Scope"), h("div", { class: "mono" }, `${s.scope.name} ${s.scope.version}`)] : null);
+}
+async function viewTrace(traceId, spanId) {
+  mount(h("div", { class: "empty" }, "loading…"));
+  state.render = null;
+  let t;
+  try { t = await api(`/api/v1/traces/${encodeURIComponent(traceId)}`); } catch (e) { mount(errorBox(e)); return; }
+  const rows = spanTree(t.spans);
+  let t0 = null, t1 = null;
+  for (const s of t.spans) {
+    const st = BigInt(s.start_time_unix_nano), en = BigInt(s.end_time_unix_nano);
+    if (t0 === null || st < t0) t0 = st;
+    const last = en > 0n ? en : st;
+    if (t1 === null || last > t1) t1 = last;
+  }
+  const total = Number(t1 - t0) || 1;
+  const details = h("div", { class: "panel" });
+  const wf = h("div", { class: "waterfall", id: "waterfall" });
+  let selected = spanId || null;
+  const select = (id) => {
+    selected = id;
+    for (const r of wf.querySelectorAll(".wf-row")) r.classList.toggle("selected", r.dataset.spanId === id);
+    details.replaceChildren(spanDetails(t.spans.find(s => s.span_id === id)));
+    const want = `#/span/${t.trace_id}/${id}`;
+    if (location.hash !== want) history.replaceState(null, "", want);
+  };
+  wf.append(h("div", { class: "wf-head" }, h("span", {}, `${t.spans.length} spans`), h("span", {}, fmtDur(total / 1e6))));
+  for (const [s, depth] of rows) {
+    const st = Number(BigInt(s.start_time_unix_nano) - t0);
+    const running = s.state !== "ended";
+    const en = running ? Number(t1 - t0) : Number(BigInt(s.end_time_unix_nano) - t0);
+    const left = (st / total) * 100, width = Math.max(0.4, ((en - st) / total) * 100);
+    const cls = "wf-bar" + (s.state === "open" ? " open" : s.state === "inferred" ? " inferred" : s.status.code === 2 ? " error" : "");
+    const label = s.state === "open" ? "running" : s.state === "inferred" ? "in progress (inferred)" : fmtDur(s.duration_ms);
+    wf.append(h("div", { class: "wf-row", dataset: { spanId: s.span_id, state: s.state }, onclick: () => select(s.span_id) },
+      h("div", { class: "wf-name", title: s.name, style: { paddingLeft: `${depth * 14}px` } }, s.name, s.service_name ? h("span", { class: "muted" }, ` · ${s.service_name}`) : null),
+      h("div", { class: "wf-track" },
+        h("div", { class: cls, style: { left: `${left}%`, width: `${Math.min(width, 100 - left)}%` } }),
+        h("span", { class: "wf-label" + (running ? " running" : ""), style: left + width < 80 ? { left: `calc(${left + width}% + 4px)` } : { right: `${100 - left}%`, marginRight: "4px" } }, label))));
+  }
+  const logs = h("div", { class: "logs", id: "trace-logs" }, t.logs.length ? t.logs.map(l => h("div", { class: "log", onclick: () => l.span_id && select(l.span_id) },
+    h("span", { class: "sev" }, l.severity_text || `sev ${l.severity_number}`), h("span", { class: "muted" }, fmtTime(l.time_unix_nano)), h("div", { class: "mono" }, anyValue(l.body)))) : h("div", { class: "empty" }, "no logs in this trace"));
+  mount(h("h2", {}, "Trace ", h("span", { class: "mono" }, t.trace_id)),
+    h("div", { class: "trace-layout" }, h("div", { class: "panel" }, wf), h("div", { class: "side" }, details, h("div", { class: "panel" }, h("h2", {}, `Logs (${t.logs.length})`), logs))));
+  select(selected && t.spans.some(s => s.span_id === selected) ? selected : rows.length ? rows[0][0].span_id : null);
+}
+
+// ---------- Runner ----------
+async function viewRunner(id) {
+  const card = h("div", {}), incBox = h("div", { class: "panel timeline" }), openBox = h("div", { class: "panel" });
+  mount(h("h2", {}, `Runner ${id}`), card, h("h2", {}, "Open spans"), openBox, h("h2", {}, "Incidents"), incBox);
+  let incs = [];
+  const drawCard = () => { const r = state.board.find(r => r.id === id); card.replaceChildren(r ? runnerCard(r) : h("div", { class: "empty" }, "not registered (no status from the watchdog)")); };
+  const drawInc = () => incBox.replaceChildren(...(incs.length ? incs.map(incidentRow) : [h("div", { class: "empty" }, "no incidents")]));
+  state.render = async (what, inc) => {
+    if (what === "board") drawCard();
+    if (what === "incident" && inc.runner_id === id && !incs.some(i => i.id === inc.id)) { incs.unshift({ ...inc, _fresh: true }); drawInc(); }
+  };
+  try {
+    const [runners, i, o] = await Promise.all([api("/api/v1/runners"), api(`/api/v1/incidents?runner_id=${encodeURIComponent(id)}&limit=200`), api(`/api/v1/open-spans?runner_id=${encodeURIComponent(id)}`)]);
+    state.board = runners.items; incs = i.items;
+    openBox.replaceChildren(openSpansTable(o.items));
+  } catch (e) { incBox.replaceChildren(errorBox(e)); }
+  drawCard(); drawInc();
+}
+
+// ---------- Webhooks ----------
+function deliveriesTable(items) {
+  if (!items.length) return h("div", { class: "empty" }, "no deliveries");
+  return h("table", {}, h("thead", {}, h("tr", {}, ["#", "incident", "event", "webhook", "state", "attempts"].map(t => h("th", {}, t)))),
+    h("tbody", {}, items.map(d => h("tr", {},
+      h("td", {}, d.id), h("td", {}, h("a", { href: `#/incident/${d.incident_id}` }, `#${d.incident_id}`)), h("td", {}, d.event),
+      h("td", { class: "mono" }, d.webhook), h("td", {}, badge(d.state, d.state === "delivered" ? "ok" : d.state === "failed" ? "bad" : "warn"),
+        d.state === "pending" ? h("div", { class: "muted" }, `next ${fmtTime(d.next_attempt_unix_nano)}`) : null),
+      h("td", {}, d.attempt_log.map(a => h("div", { class: "mono" }, `${fmtTime(a.at_unix_nano)} → ${a.status ?? "—"} ${a.error || ""} (${a.duration_ms} ms)`)))))));
+}
+async function viewWebhooks() {
+  const box = h("div", { class: "panel" }, h("div", { class: "empty" }, "loading…"));
+  mount(h("h2", {}, "Webhook deliveries"), box);
+  const load = async () => { try { box.replaceChildren(deliveriesTable((await api("/api/v1/webhooks/deliveries?limit=100")).items)); } catch (e) { box.replaceChildren(errorBox(e)); } };
+  let t = null;
+  state.render = (what) => { if (what === "incident") { clearTimeout(t); t = setTimeout(load, 1500); } };
+  await load();
+}
+
+// ---------- router ----------
+async function route() {
+  const hash = location.hash || "#/now";
+  const [path, query] = hash.slice(1).split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const top = parts[0] || "now";
+  for (const a of document.querySelectorAll("nav a")) {
+    const nav = a.dataset.nav;
+    a.classList.toggle("active", nav === top || (nav === "incidents" && top === "incident") || (nav === "traces" && (top === "trace" || top === "span")) || (nav === "now" && top === "runner"));
+  }
+  state.render = null;
+  switch (top) {
+    case "incidents": return viewIncidents(params);
+    case "incident": return viewIncident(parts[1]);
+    case "traces": return viewTraces(params);
+    case "trace": return viewTrace(parts[1], null);
+    case "span": return viewTrace(parts[1], parts[2]);
+    case "runner": return viewRunner(parts[1]);
+    case "webhooks": return viewWebhooks();
+    default: return viewNow();
+  }
+}
+window.addEventListener("hashchange", route);
+window.addEventListener("DOMContentLoaded", async () => {
+  try {
+    const page = await api("/api/v1/incidents?limit=50");
+    state.incidents = page.items;
+    state.lastIncidentId = page.items.length ? page.items[0].id : 0;
+  } catch { /* shown by the views */ }
+  connectLive();
+  route();
+});

@@ -189,30 +189,18 @@ fn row_to_delivery(r: &Row<'_>) -> rusqlite::Result<Delivery> {
 }
 
 impl Storage {
-    /// The id of the last incident the outbox has enqueued (or skipped). On the very first
-    /// call the cursor starts at the newest incident present, so a new install does not
-    /// replay history to its webhooks.
+    /// The id of the last incident the outbox has enqueued (or skipped); 0 before the first
+    /// enqueue. The outbox table is created by the same migration as the incident table, so
+    /// a database without a cursor holds no incident older than the outbox itself.
     pub async fn outbox_cursor(&self) -> Result<i64, StorageError> {
-        self.control(|tx| {
-            let found: Option<i64> = tx
-                .query_row(
-                    "SELECT last_incident_id FROM webhook_cursor WHERE name = ?1",
-                    [CURSOR],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if let Some(id) = found {
-                return Ok(id);
-            }
-            let newest: i64 =
-                tx.query_row("SELECT COALESCE(MAX(id), 0) FROM incidents", [], |r| {
-                    r.get(0)
-                })?;
-            tx.execute(
-                "INSERT INTO webhook_cursor (name, last_incident_id) VALUES (?1, ?2)",
-                params![CURSOR, newest],
-            )?;
-            Ok(newest)
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT last_incident_id FROM webhook_cursor WHERE name = ?1",
+                [CURSOR],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(0))
         })
         .await
     }

@@ -58,10 +58,11 @@ impl FromRequestParts<Shared> for Authorized {
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, DashboardError> {
-    body.map(|Json(v)| v).map_err(|e| DashboardError::BadRequest {
-        code: "invalid_body",
-        message: e.body_text(),
-    })
+    body.map(|Json(v)| v)
+        .map_err(|e| DashboardError::BadRequest {
+            code: "invalid_body",
+            message: e.body_text(),
+        })
 }
 
 fn check_runner_id(id: &str) -> Result<(), DashboardError> {
@@ -87,7 +88,9 @@ fn check_checkpoint_id(id: &str) -> Result<(), DashboardError> {
     } else {
         Err(DashboardError::BadRequest {
             code: "invalid_checkpoint_id",
-            message: format!("checkpoint id {id:?} must be 1 to 128 of [A-Za-z0-9._-], not starting with '.'"),
+            message: format!(
+                "checkpoint id {id:?} must be 1 to 128 of [A-Za-z0-9._-], not starting with '.'"
+            ),
         })
     }
 }

@@ -6,18 +6,23 @@
 //! or repeats: it subscribes before replaying and skips live ids already sent. A subscriber
 //! that falls behind the bus re-reads from storage. Keep-alive comments every 15 s.
 //!
+//! With `?board=1` the stream also carries `event: board` frames (no `id:`), data
+//! `{"items":[runner...]}`: the watchdog's board at connect and then at most once per
+//! [`BOARD_INTERVAL`] when it changed, so the UI's Now page is live without polling.
+//!
 //! [`EventBus`]: stallwatch_storage::EventBus
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::Extension;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use stallwatch_storage::control::RunnerBoard;
 use stallwatch_storage::model::Incident;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +33,8 @@ use crate::state::{Shared, ShutdownSignal};
 
 /// Keep-alive comment interval.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Least time between two `board` frames.
+pub const BOARD_INTERVAL: Duration = Duration::from_secs(1);
 /// Incidents read per replay page.
 const REPLAY_PAGE: usize = 500;
 
@@ -39,6 +46,13 @@ fn to_event(i: &Incident) -> Event {
     } else {
         ev
     }
+}
+
+fn board_event(board: &RunnerBoard) -> Event {
+    let items: Vec<serde_json::Value> = board.values().map(json::runner).collect();
+    Event::default()
+        .event("board")
+        .data(serde_json::json!({ "items": items }).to_string())
 }
 
 /// Sends incidents after `last` from storage; answers the newest id sent (or `last`).
@@ -72,7 +86,16 @@ async fn pump(
     start: Option<i64>,
     tx: mpsc::Sender<Result<Event, Infallible>>,
     shutdown: CancellationToken,
+    mut board: Option<watch::Receiver<RunnerBoard>>,
 ) {
+    if let Some(b) = board.as_mut() {
+        let frame = board_event(&b.borrow_and_update());
+        if tx.send(Ok(frame)).await.is_err() {
+            return;
+        }
+    }
+    let mut tick = tokio::time::interval(BOARD_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = match start {
         Some(after) => match replay(&ctx, after, &tx).await {
             Some(l) => l,
@@ -85,6 +108,17 @@ async fn pump(
             _ = shutdown.cancelled() => return,
             _ = tx.closed() => return,
             got = rx.recv() => got,
+            _ = tick.tick(), if board.is_some() => {
+                if let Some(b) = board.as_mut() {
+                    if b.has_changed().unwrap_or(false) {
+                        let frame = board_event(&b.borrow_and_update());
+                        if tx.send(Ok(frame)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                continue;
+            }
         };
         match got {
             Ok(i) if i.id == 0 || i.id > last => {
@@ -115,6 +149,15 @@ pub(crate) async fn stream(
 ) -> Result<Response, DashboardError> {
     let mut p = Params::new(q)?;
     let from_query = p.u64_in("last_event_id", 0, i64::MAX as u64)?;
+    let with_board = match p.string("board")?.as_deref() {
+        None | Some("0") | Some("false") => false,
+        Some("1") | Some("true") => true,
+        Some(other) => {
+            return Err(DashboardError::bad_param(format!(
+                "query parameter \"board\" must be 1 or 0, got {other:?}"
+            )))
+        }
+    };
     p.finish()?;
     let from_header = match headers.get("last-event-id") {
         None => None,
@@ -131,14 +174,17 @@ pub(crate) async fn stream(
             }
         }
     };
-    let start = from_header.or(from_query).map(|v| v.min(i64::MAX as u64) as i64);
+    let start = from_header
+        .or(from_query)
+        .map(|v| v.min(i64::MAX as u64) as i64);
     let rx = ctx.app.events.subscribe();
     let (tx, out) = mpsc::channel(64);
     let metrics = ctx.http.clone();
     metrics.sse(1);
     let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
     tokio::spawn(async move {
-        pump(ctx, rx, start, tx, shutdown).await;
+        let board = with_board.then(|| ctx.app.board.clone());
+        pump(ctx, rx, start, tx, shutdown, board).await;
         metrics.sse(-1);
     });
     Ok(Sse::new(ReceiverStream::new(out))

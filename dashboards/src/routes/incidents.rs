@@ -66,9 +66,9 @@ pub(crate) async fn one(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, DashboardError> {
-    let id: i64 = id
-        .parse()
-        .map_err(|_| DashboardError::bad_param(format!("incident id must be an integer, got {id:?}")))?;
+    let id: i64 = id.parse().map_err(|_| {
+        DashboardError::bad_param(format!("incident id must be an integer, got {id:?}"))
+    })?;
     match ctx.app.storage.incident(id).await? {
         Some(i) => Ok(Json(json::incident(&i))),
         None => Err(DashboardError::NotFound(format!("incident {id} not found"))),
@@ -90,7 +90,9 @@ pub(crate) async fn deliveries(
             ))
         })?),
     };
-    let incident_id = p.u64_in("incident_id", 1, i64::MAX as u64)?.map(|v| v as i64);
+    let incident_id = p
+        .u64_in("incident_id", 1, i64::MAX as u64)?
+        .map(|v| v as i64);
     let before_id = match p.string("cursor")? {
         None => p.u64_in("before_id", 1, i64::MAX as u64)?.map(|v| v as i64),
         Some(c) => Some(c.parse::<i64>().map_err(|_| DashboardError::BadRequest {

@@ -53,7 +53,10 @@ pub(crate) fn router() -> Router<Shared> {
         .route("/api/v1/openapi.json", get(ui::openapi))
         .route("/api/v1/traces", get(traces::search))
         .route("/api/v1/traces/{trace_id}", get(traces::trace))
-        .route("/api/v1/traces/{trace_id}/spans/{span_id}", get(traces::span))
+        .route(
+            "/api/v1/traces/{trace_id}/spans/{span_id}",
+            get(traces::span),
+        )
         .route("/api/v1/open-spans", get(traces::open_spans))
         .route("/api/v1/services", get(traces::services))
         .route("/api/v1/span-names", get(traces::span_names))

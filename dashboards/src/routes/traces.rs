@@ -33,7 +33,8 @@ fn span_id(s: &str) -> Result<SpanId, DashboardError> {
             "span_id must be 16 hex characters, got {s:?}"
         )));
     }
-    SpanId::from_hex(s).ok_or_else(|| DashboardError::bad_param(format!("span_id {s:?} is not hex")))
+    SpanId::from_hex(s)
+        .ok_or_else(|| DashboardError::bad_param(format!("span_id {s:?} is not hex")))
 }
 
 /// Parses the search parameters: `service`, `span_name`, `tool_name`,

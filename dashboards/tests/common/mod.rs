@@ -356,10 +356,15 @@ pub fn incident(kind: EventKind, key: &str) -> NewIncident {
 
 /// Seeds spans, logs, the open-span ledger, the board and two incidents.
 pub async fn seed(h: &Harness) {
-    h.storage.write_traces(Arc::new(seed_batch())).await.unwrap();
+    h.storage
+        .write_traces(Arc::new(seed_batch()))
+        .await
+        .unwrap();
     h.storage.write_logs(Arc::new(seed_logs())).await.unwrap();
     h.storage
-        .ledger_apply(vec![LedgerWrite::Upsert(Box::new(open_ledger_row(now_unix_nano())))])
+        .ledger_apply(vec![LedgerWrite::Upsert(Box::new(open_ledger_row(
+            now_unix_nano(),
+        )))])
         .await
         .unwrap();
     h.board.send_replace(board());
@@ -383,9 +388,15 @@ pub fn normalize(v: &mut Value) {
         Value::Object(m) => {
             for (k, val) in m.iter_mut() {
                 let timey = match k.as_str() {
-                    "received_unix_nano" | "at_unix_nano" | "first_seen_unix_nano"
-                    | "last_seen_unix_nano" | "elapsed_ms" | "created_unix_nano"
-                    | "next_attempt_unix_nano" | "done_unix_nano" | "progress" => !val.is_null(),
+                    "received_unix_nano"
+                    | "at_unix_nano"
+                    | "first_seen_unix_nano"
+                    | "last_seen_unix_nano"
+                    | "elapsed_ms"
+                    | "created_unix_nano"
+                    | "next_attempt_unix_nano"
+                    | "done_unix_nano"
+                    | "progress" => !val.is_null(),
                     // attempt durations are integers; span durations are fixed floats
                     "duration_ms" => val.is_u64(),
                     _ => false,
@@ -414,14 +425,14 @@ pub fn assert_golden(name: &str, mut actual: Value) {
         std::fs::write(&path, &text).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("missing golden file {}; run with UPDATE_GOLDEN=1", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing golden file {}; run with UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
     let expected: Value = serde_json::from_str(&expected).unwrap();
-    assert_eq!(
-        actual,
-        expected,
-        "golden {name} differs; actual:\n{text}"
-    );
+    assert_eq!(actual, expected, "golden {name} differs; actual:\n{text}");
 }
 
 /// Polls `f` until it answers `Some` or `deadline` passes.
