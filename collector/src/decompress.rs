@@ -150,6 +150,25 @@ pub(crate) fn decompress(
     Ok(cur)
 }
 
+/// Decodes a `Content-Encoding` header value (e.g. `"gzip"`, `"deflate, zstd"`) off `body`
+/// through the same capped decoder the receivers use, never producing more than
+/// `limit_bytes` bytes of output. No in-flight budget applies here (for fuzzing, tests and
+/// tools; the receivers go through [`decompress`] with their budget charge).
+///
+/// Errors: the message the receivers answer with: an unknown coding (HTTP 415), output
+/// past `limit_bytes` (HTTP 413), a corrupt or truncated stream (HTTP 400).
+pub fn decompress_body(
+    body: bytes::Bytes,
+    content_encoding: &str,
+    limit_bytes: usize,
+) -> Result<bytes::Bytes, String> {
+    let codings = parse_content_encoding(content_encoding)
+        .map_err(|c| format!("unsupported Content-Encoding {c}"))?;
+    let budget = crate::ingest::Budget::new(usize::MAX, std::sync::Arc::default());
+    let mut charge = budget.charge();
+    decompress(body, &codings, limit_bytes, &mut charge).map_err(|r| r.message())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,8 +19,9 @@ mod server;
 mod stats;
 
 pub use config::CollectorConfig;
+pub use decompress::decompress_body;
 pub use error::CollectorError;
 pub use http::http_app;
 pub use ingest::IngestState;
 pub use server::Collector;
-pub use stats::IngestStats;
+pub use stats::{IngestStats, RefuseReason};

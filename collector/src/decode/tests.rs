@@ -49,26 +49,46 @@ fn attr_value(v: Value) -> Value {
 }
 
 fn first_attr(d: &Decoded<TraceBatch>) -> AnyValue {
-    d.batch.spans().next().unwrap().2.attributes[0].value.clone()
+    d.batch.spans().next().unwrap().2.attributes[0]
+        .value
+        .clone()
 }
 
 #[test]
 fn hex_ids_are_case_insensitive() {
-    let lower = decode_traces(case!("crafted/c01_ids_lowercase_hex.json"), Format::Json, &LIMITS).unwrap();
-    let mixed = decode_traces(case!("crafted/c01_ids_mixedcase_hex.json"), Format::Json, &LIMITS).unwrap();
+    let lower = decode_traces(
+        case!("crafted/c01_ids_lowercase_hex.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
+    let mixed = decode_traces(
+        case!("crafted/c01_ids_mixedcase_hex.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!(lower.batch.span_count(), 2);
     assert_eq!(lower.batch, mixed.batch);
     let span = lower.batch.spans().next().unwrap().2;
     assert_eq!(span.trace_id.to_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
-    let upper = traces_json(&one_span(json!({"traceId": "4BF92F3577B34DA6A3CE929D0E0E4736"}))).unwrap();
-    assert_eq!(upper.batch.spans().next().unwrap().2.trace_id, span.trace_id);
+    let upper = traces_json(&one_span(
+        json!({"traceId": "4BF92F3577B34DA6A3CE929D0E0E4736"}),
+    ))
+    .unwrap();
+    assert_eq!(
+        upper.batch.spans().next().unwrap().2.trace_id,
+        span.trace_id
+    );
 }
 
 #[test]
 fn base64_ids_are_refused_naming_the_field() {
-    let err = decode_traces(case!("crafted/c01_ids_base64.json"), Format::Json, &LIMITS).unwrap_err();
+    let err =
+        decode_traces(case!("crafted/c01_ids_base64.json"), Format::Json, &LIMITS).unwrap_err();
     assert!(
-        err.0.starts_with("resourceSpans[0].scopeSpans[0].spans[0].traceId: "),
+        err.0
+            .starts_with("resourceSpans[0].scopeSpans[0].spans[0].traceId: "),
         "{err}"
     );
     assert!(err.0.contains("base64"), "{err}");
@@ -78,24 +98,58 @@ fn base64_ids_are_refused_naming_the_field() {
 
 #[test]
 fn non_hex_and_wrong_length_ids_are_refused() {
-    let err = decode_traces(case!("crafted/c09_ids_non_hex.json"), Format::Json, &LIMITS).unwrap_err();
-    assert!(err.0.contains("traceId") && err.0.contains("not hexadecimal"), "{err}");
-    let err = decode_traces(case!("crafted/c09_ids_wrong_length.json"), Format::Json, &LIMITS).unwrap_err();
-    assert!(err.0.contains("traceId") && err.0.contains("want 32 hex characters, got 30"), "{err}");
+    let err =
+        decode_traces(case!("crafted/c09_ids_non_hex.json"), Format::Json, &LIMITS).unwrap_err();
+    assert!(
+        err.0.contains("traceId") && err.0.contains("not hexadecimal"),
+        "{err}"
+    );
+    let err = decode_traces(
+        case!("crafted/c09_ids_wrong_length.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap_err();
+    assert!(
+        err.0.contains("traceId") && err.0.contains("want 32 hex characters, got 30"),
+        "{err}"
+    );
     let err = traces_json(&one_span(json!({"parentSpanId": "abc"}))).unwrap_err();
     assert!(err.0.contains("parentSpanId"), "{err}");
     let err = traces_json(&one_span(json!({"traceId": 12}))).unwrap_err();
-    assert!(err.0.contains("traceId") && err.0.contains("hex string"), "{err}");
+    assert!(
+        err.0.contains("traceId") && err.0.contains("hex string"),
+        "{err}"
+    );
 }
 
 #[test]
 fn empty_and_all_zero_ids_refuse_the_span_with_a_count() {
-    let d = decode_traces(case!("crafted/c09_trace_id_empty_string.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c09_trace_id_empty_string.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!((d.batch.span_count(), d.rejected), (0, 1));
-    assert!(d.message.starts_with("1 span refused: traceId"), "{}", d.message);
-    let d = decode_traces(case!("crafted/c09_trace_id_all_zero.json"), Format::Json, &LIMITS).unwrap();
+    assert!(
+        d.message.starts_with("1 span refused: traceId"),
+        "{}",
+        d.message
+    );
+    let d = decode_traces(
+        case!("crafted/c09_trace_id_all_zero.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!((d.batch.span_count(), d.rejected), (0, 1));
-    let d = decode_traces(case!("crafted/c09_trace_id_all_zero.pb"), Format::Protobuf, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c09_trace_id_all_zero.pb"),
+        Format::Protobuf,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!((d.batch.span_count(), d.rejected), (0, 1));
     // Mixed batch: one good, two refused.
     let v = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
@@ -110,12 +164,24 @@ fn empty_and_all_zero_ids_refuse_the_span_with_a_count() {
 
 #[test]
 fn empty_parent_is_a_root_span() {
-    let d = decode_traces(case!("crafted/c09_root_span_empty_parent.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c09_root_span_empty_parent.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!(d.batch.span_count(), 1);
     assert_eq!(d.batch.spans().next().unwrap().2.parent_span_id, None);
     let d = traces_json(&one_span(json!({"parentSpanId": "00F067AA0BA902B7"}))).unwrap();
     assert_eq!(
-        d.batch.spans().next().unwrap().2.parent_span_id.unwrap().to_hex(),
+        d.batch
+            .spans()
+            .next()
+            .unwrap()
+            .2
+            .parent_span_id
+            .unwrap()
+            .to_hex(),
         "00f067aa0ba902b7"
     );
 }
@@ -131,18 +197,47 @@ fn int64_as_numbers_and_strings_keep_full_precision() {
         assert_eq!(span.start_time_unix_nano, 1_700_000_000_123_456_789);
         assert_ne!(span.start_time_unix_nano, 1_700_000_000_123_456_768);
         assert_eq!(span.end_time_unix_nano, 1_700_000_001_623_456_789);
-        assert_eq!(attr(&span.attributes, "tokens.max"), Some(&AnyValue::Int(i64::MAX)));
-        assert_eq!(attr(&span.attributes, "tokens.min"), Some(&AnyValue::Int(i64::MIN)));
+        assert_eq!(
+            attr(&span.attributes, "tokens.max"),
+            Some(&AnyValue::Int(i64::MAX))
+        );
+        assert_eq!(
+            attr(&span.attributes, "tokens.min"),
+            Some(&AnyValue::Int(i64::MIN))
+        );
     }
 }
 
 #[test]
 fn out_of_range_and_fractional_ints_are_refused() {
-    let err = decode_traces(case!("crafted/c02_int64_out_of_range.json"), Format::Json, &LIMITS).unwrap_err();
-    assert!(err.0.contains("intValue") && err.0.contains("out of range"), "{err}");
-    let err = decode_traces(case!("crafted/c02_int64_fractional.json"), Format::Json, &LIMITS).unwrap_err();
-    assert!(err.0.contains("intValue") && err.0.contains("must be an integer"), "{err}");
-    for bad in [json!("1.5"), json!(-1), json!("-1"), json!(18446744073709551616.0), json!("abc"), json!(true)] {
+    let err = decode_traces(
+        case!("crafted/c02_int64_out_of_range.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap_err();
+    assert!(
+        err.0.contains("intValue") && err.0.contains("out of range"),
+        "{err}"
+    );
+    let err = decode_traces(
+        case!("crafted/c02_int64_fractional.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap_err();
+    assert!(
+        err.0.contains("intValue") && err.0.contains("must be an integer"),
+        "{err}"
+    );
+    for bad in [
+        json!("1.5"),
+        json!(-1),
+        json!("-1"),
+        json!(18446744073709551616.0),
+        json!("abc"),
+        json!(true),
+    ] {
         let err = traces_json(&one_span(json!({"startTimeUnixNano": bad.clone()}))).unwrap_err();
         assert!(err.0.contains("startTimeUnixNano"), "{bad}: {err}");
     }
@@ -155,7 +250,12 @@ fn out_of_range_and_fractional_ints_are_refused() {
 
 #[test]
 fn special_doubles_are_accepted() {
-    let d = decode_traces(case!("crafted/c02_double_special_strings.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c02_double_special_strings.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let span = d.batch.spans().next().unwrap().2;
     let get = |k| match attr(&span.attributes, k) {
         Some(AnyValue::Double(d)) => *d,
@@ -167,27 +267,58 @@ fn special_doubles_are_accepted() {
     assert_eq!(get("score.int"), 3.0);
     assert_eq!(get("score.str"), 2.5);
     for bad in [json!("inf"), json!("nan"), json!("2.5x"), json!([1])] {
-        assert!(traces_json(&attr_value(json!({"doubleValue": bad.clone()}))).is_err(), "{bad}");
+        assert!(
+            traces_json(&attr_value(json!({"doubleValue": bad.clone()}))).is_err(),
+            "{bad}"
+        );
     }
 }
 
 #[test]
 fn enums_as_ints_and_names() {
-    let d = decode_traces(case!("crafted/c04_enums_as_names.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c04_enums_as_names.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let span = d.batch.spans().next().unwrap().2;
     assert_eq!((span.kind, span.status.code), (2, 2));
-    let d = decode_traces(case!("crafted/c04_enums_unknown_values.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c04_enums_unknown_values.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let span = d.batch.spans().next().unwrap().2;
     assert_eq!((span.kind, span.status.code), (42, 9));
-    let err = decode_traces(case!("crafted/c04_enum_unknown_name.json"), Format::Json, &LIMITS).unwrap_err();
-    assert!(err.0.contains("spans[0].kind") && err.0.contains("\"SERVER\""), "{err}");
+    let err = decode_traces(
+        case!("crafted/c04_enum_unknown_name.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap_err();
+    assert!(
+        err.0.contains("spans[0].kind") && err.0.contains("\"SERVER\""),
+        "{err}"
+    );
     assert!(traces_json(&one_span(json!({"kind": 4294967296u64}))).is_err());
 }
 
 #[test]
 fn snake_case_field_names_are_accepted() {
-    let camel = decode_traces(case!("crafted/c01_ids_lowercase_hex.json"), Format::Json, &LIMITS).unwrap();
-    let snake = decode_traces(case!("crafted/c05_snake_case_field_names.json"), Format::Json, &LIMITS).unwrap();
+    let camel = decode_traces(
+        case!("crafted/c01_ids_lowercase_hex.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
+    let snake = decode_traces(
+        case!("crafted/c05_snake_case_field_names.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!(snake.batch.span_count(), 2);
     assert_eq!(camel.batch, snake.batch);
     let up = decode_traces(
@@ -210,24 +341,49 @@ fn unknown_fields_ignored_and_nulls_are_defaults() {
     let span = d.batch.spans().next().unwrap().2;
     assert!(span.attributes.is_empty() && span.events.is_empty() && span.name.is_empty());
     let err = traces_json(&json!({"resourceSpans": {"not": "a list"}})).unwrap_err();
-    assert!(err.0.starts_with("resourceSpans: expected an array"), "{err}");
+    assert!(
+        err.0.starts_with("resourceSpans: expected an array"),
+        "{err}"
+    );
 }
 
 #[test]
 fn empty_requests_are_empty_batches() {
-    for body in [&b""[..], b"  \n", b"{}", case!("crafted/c07_empty_resourceSpans.json"), case!("crafted/c07_empty_at_every_level.json")] {
+    for body in [
+        &b""[..],
+        b"  \n",
+        b"{}",
+        case!("crafted/c07_empty_resourceSpans.json"),
+        case!("crafted/c07_empty_at_every_level.json"),
+    ] {
         let d = decode_traces(body, Format::Json, &LIMITS).unwrap();
         assert_eq!((d.batch.span_count(), d.rejected), (0, 0));
     }
-    assert_eq!(decode_traces(b"", Format::Protobuf, &LIMITS).unwrap().batch.span_count(), 0);
+    assert_eq!(
+        decode_traces(b"", Format::Protobuf, &LIMITS)
+            .unwrap()
+            .batch
+            .span_count(),
+        0
+    );
     assert!(decode_traces(b"[]", Format::Json, &LIMITS).is_err());
-    let err = decode_traces(case!("crafted/c20_truncated_body.json"), Format::Json, &LIMITS).unwrap_err();
+    let err = decode_traces(
+        case!("crafted/c20_truncated_body.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap_err();
     assert!(err.0.starts_with("invalid JSON"), "{err}");
 }
 
 #[test]
 fn span_without_resource_gets_the_default_service() {
-    let d = decode_traces(case!("crafted/c07_no_resource_no_scope.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("crafted/c07_no_resource_no_scope.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let (resource, scope, _) = d.batch.spans().next().unwrap();
     assert_eq!(resource.service_name(), UNKNOWN_SERVICE);
     assert!(scope.name.is_empty());
@@ -235,13 +391,22 @@ fn span_without_resource_gets_the_default_service() {
 
 #[test]
 fn bytes_value_is_base64() {
-    let d = decode_traces(case!("upstream/jaeger_span_tags_trace_bytesValue.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("upstream/jaeger_span_tags_trace_bytesValue.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let span = d.batch.spans().next().unwrap().2;
     assert!(span
         .attributes
         .iter()
         .any(|kv| kv.value == AnyValue::Bytes(vec![0, 0, 0x30, 0x39])));
-    for (text, want) in [("AAAwOQ==", vec![0, 0, 0x30, 0x39]), ("AAAwOQ", vec![0, 0, 0x30, 0x39]), ("-_8", vec![0xfb, 0xff])] {
+    for (text, want) in [
+        ("AAAwOQ==", vec![0, 0, 0x30, 0x39]),
+        ("AAAwOQ", vec![0, 0, 0x30, 0x39]),
+        ("-_8", vec![0xfb, 0xff]),
+    ] {
         let d = traces_json(&attr_value(json!({"bytesValue": text}))).unwrap();
         assert_eq!(first_attr(&d), AnyValue::Bytes(want), "{text}");
     }
@@ -252,7 +417,10 @@ fn bytes_value_is_base64() {
 fn any_value_with_two_values_is_refused() {
     let err = traces_json(&attr_value(json!({"stringValue": "a", "intValue": "1"}))).unwrap_err();
     assert!(err.0.contains("more than one value"), "{err}");
-    assert_eq!(first_attr(&traces_json(&attr_value(json!({}))).unwrap()), AnyValue::Empty);
+    assert_eq!(
+        first_attr(&traces_json(&attr_value(json!({}))).unwrap()),
+        AnyValue::Empty
+    );
 }
 
 fn nested_json(depth: usize) -> Value {
@@ -270,7 +438,11 @@ fn nested_proto(depth: usize, kvlist: bool) -> pc::AnyValue {
     for _ in 1..depth {
         let inner = if kvlist {
             pc::any_value::Value::KvlistValue(pc::KeyValueList {
-                values: vec![pc::KeyValue { key: "k".into(), value: Some(v), ..Default::default() }],
+                values: vec![pc::KeyValue {
+                    key: "k".into(),
+                    value: Some(v),
+                    ..Default::default()
+                }],
             })
         } else {
             pc::any_value::Value::ArrayValue(pc::ArrayValue { values: vec![v] })
@@ -283,7 +455,10 @@ fn nested_proto(depth: usize, kvlist: bool) -> pc::AnyValue {
 fn proto_request(span: pt::Span) -> Vec<u8> {
     ExportTraceServiceRequest {
         resource_spans: vec![pt::ResourceSpans {
-            scope_spans: vec![pt::ScopeSpans { spans: vec![span], ..Default::default() }],
+            scope_spans: vec![pt::ScopeSpans {
+                spans: vec![span],
+                ..Default::default()
+            }],
             ..Default::default()
         }],
     }
@@ -306,7 +481,11 @@ fn nesting_deeper_than_the_limit_is_refused() {
     // Far deeper: stopped by the JSON parser's recursion limit, still a clean error.
     assert!(traces_json(&attr_value(nested_json(200))).is_err());
     let mut span = proto_span();
-    span.attributes = vec![pc::KeyValue { key: "a".into(), value: Some(nested_proto(32, false)), ..Default::default() }];
+    span.attributes = vec![pc::KeyValue {
+        key: "a".into(),
+        value: Some(nested_proto(32, false)),
+        ..Default::default()
+    }];
     assert!(decode_traces(&proto_request(span.clone()), Format::Protobuf, &LIMITS).is_ok());
     span.attributes[0].value = Some(nested_proto(33, false));
     let err = decode_traces(&proto_request(span.clone()), Format::Protobuf, &LIMITS).unwrap_err();
@@ -314,7 +493,10 @@ fn nesting_deeper_than_the_limit_is_refused() {
     // kvlists cost prost three message levels each: its recursion limit answers first.
     span.attributes[0].value = Some(nested_proto(33, true));
     let err = decode_traces(&proto_request(span), Format::Protobuf, &LIMITS).unwrap_err();
-    assert!(err.0.contains("nested deeper") && err.0.len() < 400, "{err}");
+    assert!(
+        err.0.contains("nested deeper") && err.0.len() < 400,
+        "{err}"
+    );
 }
 
 #[test]
@@ -331,33 +513,81 @@ fn protobuf_ids_are_validated_like_json() {
     let d = decode_traces(&proto_request(span), Format::Protobuf, &LIMITS).unwrap();
     assert_eq!((d.batch.span_count(), d.rejected), (0, 1));
     let err = decode_traces(b"\x0a\xff\xff", Format::Protobuf, &LIMITS).unwrap_err();
-    assert!(err.0.starts_with("cannot decode ExportTraceServiceRequest"), "{err}");
+    assert!(
+        err.0.starts_with("cannot decode ExportTraceServiceRequest"),
+        "{err}"
+    );
 }
 
 #[test]
 fn json_and_protobuf_twins_decode_to_the_same_spans() {
-    let j = decode_traces(case!("upstream/otelproto_examples_trace.json"), Format::Json, &LIMITS).unwrap();
-    let p = decode_traces(case!("upstream/otelproto_examples_trace.protobuf-bin"), Format::Protobuf, &LIMITS).unwrap();
-    let c = decode_traces(case!("crafted/c19_official_trace_json_as_protobuf.pb"), Format::Protobuf, &LIMITS).unwrap();
+    let j = decode_traces(
+        case!("upstream/otelproto_examples_trace.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
+    let p = decode_traces(
+        case!("upstream/otelproto_examples_trace.protobuf-bin"),
+        Format::Protobuf,
+        &LIMITS,
+    )
+    .unwrap();
+    let c = decode_traces(
+        case!("crafted/c19_official_trace_json_as_protobuf.pb"),
+        Format::Protobuf,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!(j.batch.span_count(), 1);
     assert_eq!(j.batch, p.batch);
     assert_eq!(j.batch, c.batch);
-    assert_eq!(j.batch.spans().next().unwrap().2.trace_id.to_hex(), "5b8efff798038103d269b633813fc60c");
+    assert_eq!(
+        j.batch.spans().next().unwrap().2.trace_id.to_hex(),
+        "5b8efff798038103d269b633813fc60c"
+    );
 }
 
 #[test]
 fn upstream_fixtures_keep_links_events_flags_and_dropped_counts() {
-    let d = decode_traces(case!("upstream/jaeger_otlp_fields_trace.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("upstream/jaeger_otlp_fields_trace.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let span = d.batch.spans().next().unwrap().2;
-    let raw: Value = serde_json::from_slice(case!("upstream/jaeger_otlp_fields_trace.json")).unwrap();
+    let raw: Value =
+        serde_json::from_slice(case!("upstream/jaeger_otlp_fields_trace.json")).unwrap();
     let rs = &raw["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
-    assert_eq!(u64::from(span.dropped_attributes_count), rs["droppedAttributesCount"].as_u64().unwrap_or(0));
-    assert_eq!(u64::from(span.dropped_events_count), rs["droppedEventsCount"].as_u64().unwrap_or(0));
-    assert_eq!(u64::from(span.dropped_links_count), rs["droppedLinksCount"].as_u64().unwrap_or(0));
-    assert!(span.dropped_attributes_count + span.dropped_events_count + span.dropped_links_count > 0);
-    let d = decode_traces(case!("upstream/jaeger_otlp_span_links_v900a9d7.json"), Format::Json, &LIMITS).unwrap();
+    assert_eq!(
+        u64::from(span.dropped_attributes_count),
+        rs["droppedAttributesCount"].as_u64().unwrap_or(0)
+    );
+    assert_eq!(
+        u64::from(span.dropped_events_count),
+        rs["droppedEventsCount"].as_u64().unwrap_or(0)
+    );
+    assert_eq!(
+        u64::from(span.dropped_links_count),
+        rs["droppedLinksCount"].as_u64().unwrap_or(0)
+    );
+    assert!(
+        span.dropped_attributes_count + span.dropped_events_count + span.dropped_links_count > 0
+    );
+    let d = decode_traces(
+        case!("upstream/jaeger_otlp_span_links_v900a9d7.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!(d.batch.spans().next().unwrap().2.links.len(), 1);
-    let d = decode_traces(case!("upstream/jaeger_memory_otel_traces_01.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_traces(
+        case!("upstream/jaeger_memory_otel_traces_01.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert_eq!(d.batch.span_count(), 4);
     let kinds: Vec<i32> = d.batch.spans().map(|s| s.2.kind).collect();
     for k in 2..=5 {
@@ -375,34 +605,72 @@ fn upstream_fixtures_keep_links_events_flags_and_dropped_counts() {
 #[test]
 fn logs_are_linked_to_their_trace_and_span() {
     let v = json!({"resourceLogs": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "svc"}}]},
-        "scopeLogs": [{"logRecords": [
-            {"timeUnixNano": "1700000000123456789", "severityNumber": "SEVERITY_NUMBER_WARN", "body": {"stringValue": "hi"},
-             "traceId": "4BF92F3577B34DA6A3CE929D0E0E4736", "spanId": "b7ad6b7169203331", "eventName": "e"},
-            {"severity_number": 9, "trace_id": "", "span_id": "0000000000000000"}
-        ]}]}]});
+    "scopeLogs": [{"logRecords": [
+        {"timeUnixNano": "1700000000123456789", "severityNumber": "SEVERITY_NUMBER_WARN", "body": {"stringValue": "hi"},
+         "traceId": "4BF92F3577B34DA6A3CE929D0E0E4736", "spanId": "b7ad6b7169203331", "eventName": "e"},
+        {"severity_number": 9, "trace_id": "", "span_id": "0000000000000000"}
+    ]}]}]});
     let d = decode_logs(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
     assert_eq!(d.batch.record_count(), 2);
     let recs = &d.batch.resource_logs[0].scope_logs[0].log_records;
-    assert_eq!(recs[0].trace_id.unwrap().to_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        recs[0].trace_id.unwrap().to_hex(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
     assert_eq!(recs[0].span_id.unwrap().to_hex(), "b7ad6b7169203331");
-    assert_eq!((recs[0].severity_number, recs[0].time_unix_nano), (13, 1_700_000_000_123_456_789));
-    assert_eq!((recs[1].trace_id, recs[1].span_id, recs[1].severity_number), (None, None, 9));
-    let bad = json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [{"severityNumber": "LOUD"}]}]}]});
+    assert_eq!(
+        (recs[0].severity_number, recs[0].time_unix_nano),
+        (13, 1_700_000_000_123_456_789)
+    );
+    assert_eq!(
+        (recs[1].trace_id, recs[1].span_id, recs[1].severity_number),
+        (None, None, 9)
+    );
+    let bad =
+        json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [{"severityNumber": "LOUD"}]}]}]});
     assert!(decode_logs(bad.to_string().as_bytes(), Format::Json, &LIMITS).is_err());
-    let up = decode_logs(case!("upstream/otelproto_examples_logs.json"), Format::Json, &LIMITS).unwrap();
+    let up = decode_logs(
+        case!("upstream/otelproto_examples_logs.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     assert!(up.batch.record_count() >= 1);
-    let ev = decode_logs(case!("upstream/otelproto_examples_events.json"), Format::Json, &LIMITS).unwrap();
-    assert!(ev.batch.resource_logs[0].scope_logs[0].log_records.iter().any(|r| !r.event_name.is_empty()));
+    let ev = decode_logs(
+        case!("upstream/otelproto_examples_events.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
+    assert!(ev.batch.resource_logs[0].scope_logs[0]
+        .log_records
+        .iter()
+        .any(|r| !r.event_name.is_empty()));
 }
 
 #[test]
 fn metrics_are_flattened_to_points() {
-    let d = decode_metrics(case!("upstream/otelproto_examples_metrics.json"), Format::Json, &LIMITS).unwrap();
+    let d = decode_metrics(
+        case!("upstream/otelproto_examples_metrics.json"),
+        Format::Json,
+        &LIMITS,
+    )
+    .unwrap();
     let p = d.batch.point_count();
     assert!(p >= 4, "{p}");
-    let points: Vec<_> = d.batch.resource_metrics.iter().flat_map(|r| &r.scope_metrics).flat_map(|s| &s.points).collect();
-    assert!(points.iter().any(|p| p.kind == MetricKind::Histogram && p.count.is_some()));
-    assert!(points.iter().any(|p| p.kind == MetricKind::Sum && p.value.is_some()));
+    let points: Vec<_> = d
+        .batch
+        .resource_metrics
+        .iter()
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.points)
+        .collect();
+    assert!(points
+        .iter()
+        .any(|p| p.kind == MetricKind::Histogram && p.count.is_some()));
+    assert!(points
+        .iter()
+        .any(|p| p.kind == MetricKind::Sum && p.value.is_some()));
     for p in &points {
         serde_json::from_str::<Value>(&p.detail).unwrap();
     }
@@ -420,7 +688,10 @@ fn metrics_are_flattened_to_points() {
     assert_eq!(detail["as_int"], "9007199254740993");
     assert!(pts[1].value.unwrap().is_nan());
     let detail: Value = serde_json::from_str(&pts[1].detail).unwrap();
-    assert_eq!(detail["aggregation_temporality"], "AGGREGATION_TEMPORALITY_DELTA");
+    assert_eq!(
+        detail["aggregation_temporality"],
+        "AGGREGATION_TEMPORALITY_DELTA"
+    );
     assert_eq!(d.rejected, 0);
     assert!(d.message.contains("\"empty\""), "{}", d.message);
     let bad = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "x", "gauge": {}, "sum": {}}]}]}]});

@@ -1,0 +1,476 @@
+//! OTLP/HTTP behaviour beyond the manifest files: bad input never gives a 500 and the
+//! server keeps serving, the ingest token, media types, limits, back-pressure, responses
+//! in the request's encoding, observations after commit, graceful shutdown.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use prost::Message;
+use serde_json::{json, Value};
+use stallwatch_collector::RefuseReason;
+use stallwatch_storage::control::ObservedData;
+use stallwatch_storage::MetricsSource;
+use tokio::io::AsyncWriteExt;
+
+use crate::common::*;
+
+const GOOD: &str = "crafted/c01_ids_lowercase_hex.json";
+
+#[tokio::test]
+async fn garbage_never_gives_500_and_the_server_keeps_serving() {
+    let h = start().await;
+    let mut garbage: Vec<(&str, Option<&str>, Vec<u8>)> = vec![
+        ("application/json", None, b"{\"resourceSpans\": [".to_vec()),
+        ("application/json", None, b"\xff\xfe\x00garbage".to_vec()),
+        ("application/json", None, b"[1,2,3]".to_vec()),
+        (
+            "application/json",
+            None,
+            b"{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": [{\"traceId\": {}}]}]}]}".to_vec(),
+        ),
+        ("application/json", None, "[".repeat(100_000).into_bytes()),
+        (
+            "application/json",
+            Some("gzip"),
+            b"\x1f\x8b\x08\x00garbage".to_vec(),
+        ),
+        ("application/json", Some("zstd"), b"not zstd".to_vec()),
+        (
+            "application/json",
+            Some("deflate"),
+            b"\x78\x9c broken".to_vec(),
+        ),
+        (
+            "application/x-protobuf",
+            None,
+            b"\x0a\xff\xff\xff\xff\x0f".to_vec(),
+        ),
+        ("application/x-protobuf", None, vec![0xff; 1000]),
+        (
+            "application/x-protobuf",
+            None,
+            case_bytes("upstream/otelproto_examples_trace.json"),
+        ),
+        (
+            "application/x-protobuf",
+            None,
+            case_bytes("upstream/otelproto_examples_metrics.protobuf-bin"),
+        ),
+    ];
+    for i in 0..50u8 {
+        garbage.push((
+            "application/x-protobuf",
+            None,
+            (0..200)
+                .map(|j: u32| (j as u8).wrapping_mul(31).wrapping_add(i))
+                .collect(),
+        ));
+    }
+    for (ct, ce, body) in garbage {
+        let r = h.post("/v1/traces", ct, ce, body.clone()).await;
+        let s = r.status().as_u16();
+        assert!(
+            s == 200 || s == 400,
+            "{ct} {ce:?} {:?}: {s}",
+            &body[..body.len().min(20)]
+        );
+        assert_ne!(s, 500);
+    }
+    let r = h
+        .post("/v1/traces", "application/json", None, case_bytes(GOOD))
+        .await;
+    assert_eq!(r.status(), 200, "good request after garbage");
+    assert!(h.stats.requests_refused(RefuseReason::BadRequest) >= 10);
+}
+
+#[tokio::test]
+async fn metrics_protobuf_posted_to_traces_is_400_never_stored() {
+    let h = start().await;
+    // A metrics request on /v1/traces decodes as unknown fields or a type clash.
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/x-protobuf",
+            None,
+            case_bytes("upstream/otelproto_examples_metrics.protobuf-bin"),
+        )
+        .await;
+    assert!(r.status() == 400 || r.status() == 200, "{}", r.status());
+    assert_eq!(h.stored_span_total().await, 0);
+}
+
+#[tokio::test]
+async fn errors_are_rpc_status_in_the_request_encoding() {
+    let h = start().await;
+    let mut bad = case_bytes("crafted/c19_official_trace_json_as_protobuf.pb");
+    bad.truncate(bad.len() - 3);
+    let r = h
+        .post("/v1/traces", "application/x-protobuf", None, bad)
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/x-protobuf");
+    let body = r.bytes().await.unwrap();
+    // google.rpc.Status: field 1 code (varint 3), field 2 message.
+    assert_eq!(&body[..2], b"\x08\x03", "{body:?}");
+    let sample = case_bytes("responses/error_status_400.pb");
+    assert_eq!(&sample[..2], b"\x08\x03");
+    assert!(String::from_utf8_lossy(&body).contains("ExportTraceServiceRequest"));
+}
+
+#[tokio::test]
+async fn partial_success_in_protobuf_names_the_count() {
+    let h = start().await;
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/x-protobuf",
+            None,
+            case_bytes("crafted/c09_trace_id_all_zero.pb"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let resp = ExportTraceServiceResponse::decode(r.bytes().await.unwrap()).unwrap();
+    let ps = resp.partial_success.unwrap();
+    assert_eq!(ps.rejected_spans, 1);
+    assert!(
+        ps.error_message.contains("1 span refused"),
+        "{}",
+        ps.error_message
+    );
+    assert_eq!(h.stats.records_refused(RefuseReason::InvalidId), 1);
+}
+
+#[tokio::test]
+async fn unknown_media_type_is_415_and_missing_is_415() {
+    let h = start().await;
+    let r = h
+        .post("/v1/traces", "text/plain", None, case_bytes(GOOD))
+        .await;
+    assert_eq!(r.status(), 415);
+    let r = h
+        .client
+        .post(h.url("/v1/traces"))
+        .body(case_bytes(GOOD))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/json; charset=utf-8",
+            None,
+            case_bytes(GOOD),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let r = h
+        .post("/v1/nope", "application/json", None, case_bytes(GOOD))
+        .await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn ingest_token_is_required_when_set() {
+    let h = start_with(|c| c.ingest_token = Some("s3cret".into())).await;
+    let r = h
+        .post("/v1/traces", "application/json", None, case_bytes(GOOD))
+        .await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    let r = h
+        .client
+        .post(h.url("/v1/traces"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer wrong!")
+        .body(case_bytes(GOOD))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = h
+        .client
+        .post(h.url("/v1/traces"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer s3cret")
+        .body(case_bytes(GOOD))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.stats.requests_refused(RefuseReason::Unauthenticated), 2);
+}
+
+#[tokio::test]
+async fn zstd_and_deflate_encodings_store_spans() {
+    let h = start().await;
+    let body = case_bytes(GOOD);
+    let z = zstd::encode_all(&body[..], 3).unwrap();
+    assert_eq!(
+        h.post("/v1/traces", "application/json", Some("zstd"), z)
+            .await
+            .status(),
+        200
+    );
+    let mut d = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    d.write_all(&body).unwrap();
+    assert_eq!(
+        h.post(
+            "/v1/traces",
+            "application/json",
+            Some("deflate"),
+            d.finish().unwrap()
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(h.stored_span_total().await, 2);
+}
+
+#[tokio::test]
+async fn body_over_the_limit_is_413_before_and_after_decompression() {
+    let h = start_with(|c| {
+        c.max_request_bytes = 64 * 1024;
+        c.max_inflight_bytes = 1024 * 1024;
+    })
+    .await;
+    let big = format!(
+        "{{\"resourceSpans\": [], \"pad\": \"{}\"}}",
+        "x".repeat(100 * 1024)
+    );
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/json",
+            None,
+            big.clone().into_bytes(),
+        )
+        .await;
+    assert_eq!(r.status(), 413);
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/json",
+            Some("gzip"),
+            gzip(big.as_bytes()),
+        )
+        .await;
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], 8);
+    assert!(v["message"].as_str().unwrap().contains("65536"), "{v}");
+    assert_eq!(
+        h.post("/v1/traces", "application/json", None, case_bytes(GOOD))
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn attribute_nesting_deeper_than_32_is_400() {
+    let h = start().await;
+    let mut v = json!({"stringValue": "leaf"});
+    for _ in 1..33 {
+        v = json!({"arrayValue": {"values": [v]}});
+    }
+    let req = json!({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203331",
+        "attributes": [{"key": "deep", "value": v}]}]}]}]});
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/json",
+            None,
+            req.to_string().into_bytes(),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("deeper than 32"),
+        "{body}"
+    );
+}
+
+/// Holds `n` bytes of the in-flight budget with a request whose body never finishes.
+async fn hold_budget(h: &Harness, n: usize) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(h.http).await.unwrap();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n{{"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while h.stats.inflight_bytes() < n as u64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "budget never charged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s
+}
+
+#[tokio::test]
+async fn inflight_budget_full_is_503_with_retry_after() {
+    let h = start_with(|c| {
+        c.max_request_bytes = 600 * 1024;
+        c.max_inflight_bytes = 1024 * 1024;
+    })
+    .await;
+    let _held = hold_budget(&h, 600 * 1024).await;
+    let big = format!(
+        "{{\"resourceSpans\": [], \"pad\": \"{}\"}}",
+        "x".repeat(500 * 1024)
+    );
+    let r = h
+        .post("/v1/traces", "application/json", None, big.into_bytes())
+        .await;
+    assert_eq!(r.status(), 503);
+    let ra: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ra >= 1);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], 14);
+    assert_eq!(
+        v["details"][0]["@type"],
+        "type.googleapis.com/google.rpc.RetryInfo"
+    );
+    assert_eq!(h.stats.requests_refused(RefuseReason::InflightFull), 1);
+    // Small requests still fit.
+    assert_eq!(
+        h.post("/v1/traces", "application/json", None, case_bytes(GOOD))
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn observation_after_commit_carries_the_spans_and_arrival_time() {
+    let mut h = start().await;
+    let before = std::time::Instant::now();
+    let r = h
+        .post("/v1/traces", "application/json", None, case_bytes(GOOD))
+        .await;
+    assert_eq!(r.status(), 200);
+    let obs = h.next_observation().await;
+    assert!(obs.received >= before);
+    match obs.data {
+        ObservedData::Spans(b) => assert_eq!(b.span_count(), 2),
+        other => panic!("{other:?}"),
+    }
+    // By the time it was observed, it is committed.
+    assert_eq!(h.stored_spans("4bf92f3577b34da6a3ce929d0e0e4736").await, 2);
+    let r = h
+        .post(
+            "/v1/logs",
+            "application/json",
+            None,
+            case_bytes("upstream/otelproto_examples_logs.json"),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert!(matches!(
+        h.next_observation().await.data,
+        ObservedData::Logs(_)
+    ));
+    // Nothing is observed for a request that stored nothing.
+    assert_eq!(
+        h.post("/v1/traces", "application/json", None, b"{}".to_vec())
+            .await
+            .status(),
+        200
+    );
+    assert!(h.observations.try_recv().is_err());
+}
+
+#[tokio::test]
+async fn logs_are_stored_and_linked_to_their_trace() {
+    let h = start().await;
+    let req = json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [{
+        "timeUnixNano": "1700000000123456789", "body": {"stringValue": "tool started"},
+        "traceId": "4BF92F3577B34DA6A3CE929D0E0E4736", "spanId": "b7ad6b7169203331"}]}]}]});
+    assert_eq!(
+        h.post("/v1/traces", "application/json", None, case_bytes(GOOD))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        h.post(
+            "/v1/logs",
+            "application/json",
+            None,
+            req.to_string().into_bytes()
+        )
+        .await
+        .status(),
+        200
+    );
+    let id =
+        stallwatch_storage::model::TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+    let t = h.storage.trace(id).await.unwrap().unwrap();
+    assert_eq!(t.logs.len(), 1);
+    assert_eq!(
+        t.logs[0].record.span_id.unwrap().to_hex(),
+        "b7ad6b7169203331"
+    );
+    assert_eq!(h.stats.log_records_received(), 1);
+}
+
+#[tokio::test]
+async fn counters_render_in_prometheus_text() {
+    let h = start().await;
+    assert_eq!(
+        h.post("/v1/traces", "application/json", None, case_bytes(GOOD))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        h.post("/v1/traces", "text/plain", None, vec![])
+            .await
+            .status(),
+        415
+    );
+    let mut out = String::new();
+    h.stats.render_prometheus(&mut out);
+    assert!(
+        out.contains("stallwatch_otlp_spans_received_total 2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("stallwatch_otlp_requests_refused_total{reason=\"unsupported_media_type\"} 1"),
+        "{out}"
+    );
+    assert!(out.contains("# TYPE stallwatch_otlp_inflight_bytes gauge"));
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_run_returns() {
+    let h = start().await;
+    assert_eq!(
+        h.post("/v1/traces", "application/json", None, case_bytes(GOOD))
+            .await
+            .status(),
+        200
+    );
+    h.shutdown.cancel();
+    let res = tokio::time::timeout(Duration::from_secs(30), h.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(res.is_ok(), "{res:?}");
+    let fresh = reqwest::Client::new();
+    assert!(fresh
+        .post(format!("http://{}/v1/traces", h.http))
+        .send()
+        .await
+        .is_err());
+}
