@@ -12,7 +12,7 @@ use stallwatch_client::{
     SidecarOptions,
 };
 
-use crate::support::Server;
+use crate::support::{Server, ServerOpts};
 
 /// Generous deadline for asynchronous effects on a loaded 2-core box.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -203,6 +203,55 @@ async fn client_attached_runner_admitted_then_checkpoints_then_deleted() {
         .unwrap();
     assert_eq!(terminated.items.len(), 1, "{terminated:?}");
     assert_eq!(terminated.items[0].event, "runner.terminated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_refused_admission_carries_the_retry_hint() {
+    // A runner whose heartbeat socket does not exist: heartbeat lost, nothing open → trip.
+    // No start time is given, so it is watched but never signalled and stays registered.
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[watchdog]\nheartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\n\
+                  startup_grace_ms = 300\nbreaker_cooldown_ms = 60000\ntick_ms = 25\n";
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(config));
+    let client = client_of(&server);
+    let (pid, _exited) = sleeper();
+    let mut events = client.events(None).await.unwrap();
+    let mut spec = RunnerSpec::attached("mute", pid, None);
+    spec.heartbeat_socket = Some(dir.path().join("nobody-listens.sock"));
+    let reply = client.register_runner(&spec).await.unwrap();
+    assert_eq!(reply["signalled_on_trip"], false, "{reply}");
+
+    let deadline = Instant::now() + DEADLINE;
+    let refused = loop {
+        match client.admit("mute").await {
+            Ok(a) if !a.admit => break a,
+            Ok(_) | Err(Error::UnknownRunner(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("mute never refused: {other:?}"),
+        }
+    };
+    assert_eq!(refused.state, BreakerState::Open, "{refused:?}");
+    let retry = refused
+        .retry_after()
+        .expect("a refusal carries retry_after_ms");
+    assert!(
+        retry > Duration::ZERO && retry <= Duration::from_secs(60),
+        "{retry:?}"
+    );
+    assert!(!refused.reason.is_empty());
+    let opened = until(&mut events, "breaker.opened")
+        .await
+        .incident()
+        .unwrap();
+    assert_eq!(opened.runner_id.as_deref(), Some("mute"));
+
+    client.reset_breaker("mute").await.unwrap();
+    assert!(matches!(
+        client.reset_breaker("ghost").await,
+        Err(Error::UnknownRunner(_))
+    ));
+    let _ = Command::new("kill").arg(pid.to_string()).status();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
