@@ -246,6 +246,42 @@ impl HeartbeatTracker {
         }
     }
 
+    /// When the heartbeat will count as lost if no PONG arrives first (`None` when not
+    /// configured). The state turns `Lost` strictly after this instant.
+    pub fn lost_deadline(&self, timeout: Duration, grace: Duration) -> Option<Instant> {
+        if !self.configured {
+            return None;
+        }
+        Some(match self.last_pong {
+            Some(p) => p + timeout,
+            None => self.registered_at + grace,
+        })
+    }
+
+    /// When the next scheduled ping is due.
+    pub fn next_ping(&self) -> Instant {
+        self.next_ping
+    }
+
+    /// Pings started and not yet finished.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Index of the current label for cheap change detection: 0..=3 the states of
+    /// [`HeartbeatState`], 10 + [`HeartbeatFailure::index`] when the latest ping failed.
+    pub fn label_code(&self, now: Instant, timeout: Duration, grace: Duration) -> u8 {
+        if let Some(f) = self.current_failure() {
+            return 10 + f.index() as u8;
+        }
+        match self.state(now, timeout, grace) {
+            HeartbeatState::NotConfigured => 0,
+            HeartbeatState::Starting => 1,
+            HeartbeatState::Ok => 2,
+            HeartbeatState::Lost { .. } => 3,
+        }
+    }
+
     /// When the latest PONG arrived.
     pub fn last_pong(&self) -> Option<Instant> {
         self.last_pong

@@ -19,6 +19,10 @@ use crate::clock::MonoClock;
 use crate::config::WatchdogConfig;
 use crate::shapes::{OpenRecord, Record, SpanKey};
 
+/// A refresh that changes nothing but `last_seen` is written to storage at most this often
+/// per span (1 s): the durable copy's staleness is then at most this much behind.
+pub const REFRESH_PERSIST_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How many recently ended keys are remembered to refuse late re-opens.
 pub const RECENTLY_ENDED_CAPACITY: usize = 65_536;
 
@@ -55,6 +59,9 @@ pub struct Entry {
     pub first_seen_unix_nano: u64,
     /// Latest arrival, ns since the Unix epoch (display).
     pub last_seen_unix_nano: u64,
+    /// `last_seen` as of the latest write to storage (refreshes are persisted at most once
+    /// per [`REFRESH_PERSIST_INTERVAL`]).
+    pub persisted_last_seen: Instant,
 }
 
 impl Entry {
@@ -204,11 +211,22 @@ impl Ledger {
         let sla = tool
             .as_deref()
             .map(|t| config.sla.resolve(t, rec.sla_override_ms).0);
+        let mut persist = false;
         let applied = match self.entries.get_mut(&rec.key) {
             Some(e) => {
                 let was_inferred = e.inferred;
                 if !was_inferred {
                     e.refreshes = e.refreshes.saturating_add(1);
+                }
+                // a plain refresh is persisted at most once per REFRESH_PERSIST_INTERVAL
+                let material = was_inferred
+                    || e.name != rec.name
+                    || e.sla_override_ms != rec.sla_override_ms
+                    || now.saturating_duration_since(e.persisted_last_seen)
+                        >= REFRESH_PERSIST_INTERVAL;
+                if material {
+                    e.persisted_last_seen = now.max(e.last_seen);
+                    persist = true;
                 }
                 e.inferred = false;
                 e.last_seen = e.last_seen.max(now);
@@ -227,6 +245,7 @@ impl Ledger {
                         e.runner = runner.clone();
                     }
                     self.index(rec.key, &runner);
+                    persist = true;
                 }
                 Applied::Refreshed
             }
@@ -236,10 +255,13 @@ impl Ledger {
                     new_entry(rec, runner.clone(), tool, sla, now, now_unix_nano),
                 );
                 self.index(rec.key, &runner);
+                persist = true;
                 Applied::Opened
             }
         };
-        self.dirty.insert(rec.key);
+        if persist {
+            self.dirty.insert(rec.key);
+        }
         if let Some(parent) = rec.parent {
             self.infer_parent(rec, parent, runner, now, now_unix_nano);
         }
@@ -286,6 +308,7 @@ impl Ledger {
                         refreshes: 0,
                         first_seen_unix_nano: now_unix_nano,
                         last_seen_unix_nano: now_unix_nano,
+                        persisted_last_seen: now,
                     },
                 );
                 self.index(pkey, &runner);
@@ -371,6 +394,37 @@ impl Ledger {
         })
     }
 
+    /// The next instant at which one of `runner`'s tool spans crosses a threshold: its SLA
+    /// (first arrival + SLA) or, once refreshed, its staleness limit (last arrival +
+    /// staleness). `None` when no crossing lies ahead. The watchdog wakes for it, so
+    /// detection does not wait for a periodic tick.
+    pub fn next_crossing(
+        &self,
+        runner: &str,
+        now: Instant,
+        staleness: Duration,
+    ) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for k in self.by_runner.get(runner)? {
+            let Some(e) = self.entries.get(k) else {
+                continue;
+            };
+            let (Some(sla), false) = (e.sla, e.inferred) else {
+                continue;
+            };
+            let mut cands = [Some(e.first_seen + sla), None];
+            if e.refreshes > 0 {
+                cands[1] = Some(e.last_seen + staleness);
+            }
+            for c in cands.into_iter().flatten() {
+                if c >= now && next.is_none_or(|n| c < n) {
+                    next = Some(c);
+                }
+            }
+        }
+        next
+    }
+
     /// Drops inferred entries not refreshed for `max_age` (a parent that never arrives).
     pub fn sweep_inferred(&mut self, now: Instant, max_age: Duration) {
         let old: Vec<SpanKey> = self
@@ -399,7 +453,7 @@ impl Ledger {
         dirty
             .into_iter()
             .map(|k| match self.entries.get(&k) {
-                Some(e) => LedgerWrite::Upsert(to_row(e, clock)),
+                Some(e) => LedgerWrite::Upsert(Box::new(to_row(e, clock))),
                 None => LedgerWrite::Remove(k.trace_id, k.span_id),
             })
             .collect()
@@ -436,6 +490,7 @@ impl Ledger {
                 refreshes,
                 first_seen_unix_nano: r.first_seen_unix_nano,
                 last_seen_unix_nano: r.last_seen_unix_nano,
+                persisted_last_seen: last,
             };
             self.entries.insert(key, e);
             self.index(key, &r.runner_id);
@@ -467,6 +522,7 @@ fn new_entry(
         refreshes: 0,
         first_seen_unix_nano: now_unix_nano,
         last_seen_unix_nano: now_unix_nano,
+        persisted_last_seen: now,
     }
 }
 

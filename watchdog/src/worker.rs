@@ -127,7 +127,25 @@ struct Runner {
     restarted_since_trip: bool,
     tripped_at: Option<Instant>,
     incarnation: u64,
-    published: Option<(BreakerState, Verdict, String, Option<SpanKey>)>,
+    published: Option<BoardCode>,
+    /// When this runner next needs evaluating (its earliest deadline).
+    next_eval: Instant,
+}
+
+/// What a board line shows, compared cheaply to decide whether to republish.
+type BoardCode = (BreakerState, Verdict, u8, Option<SpanKey>, bool);
+
+/// Pings due within this margin are sent together, so 1000 runners cost a few wake-ups
+/// per interval rather than one per runner. Only pings move; trip deadlines stay exact.
+const PING_SLACK: Duration = Duration::from_millis(20);
+/// Longest a runner goes without evaluation, whatever its deadlines.
+const MAX_IDLE: Duration = Duration::from_secs(1);
+
+enum Action {
+    HalfOpen(u64),
+    Reopened,
+    Suspect(HeartbeatState),
+    Trip,
 }
 
 const HEALTHY: Fused = Fused {
@@ -164,7 +182,24 @@ impl Runner {
             tripped_at: None,
             incarnation: 0,
             published: None,
+            next_eval: now,
         }
+    }
+
+    fn board_code(&self, now: Instant, cfg: &WatchdogConfig) -> BoardCode {
+        let hb = if self.socket_problem.is_some() {
+            30
+        } else {
+            self.hb
+                .label_code(now, cfg.heartbeat_timeout, cfg.startup_grace)
+        };
+        (
+            self.breaker.state(),
+            self.fused.verdict,
+            hb,
+            self.worst.as_ref().map(|w| w.key),
+            self.dead,
+        )
     }
 
     fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
@@ -196,6 +231,11 @@ struct Worker {
     records: Vec<Record>,
     last_board: Instant,
     max_in_flight: u32,
+    /// When the loop next wakes to evaluate.
+    next_wake: Instant,
+    /// Evaluate every runner (not only those due) at the next wake.
+    full_pending: bool,
+    last_full: Instant,
 }
 
 impl Watchdog {
@@ -255,6 +295,9 @@ impl Watchdog {
                 records: Vec::new(),
                 last_board: Instant::now(),
                 max_in_flight,
+                next_wake: Instant::now(),
+                full_pending: true,
+                last_full: Instant::now(),
             };
             w.stats
                 .ledger_open_spans
@@ -277,10 +320,15 @@ impl Worker {
         mut commands: mpsc::Receiver<Command>,
         shutdown: CancellationToken,
     ) {
-        let mut tick = tokio::time::interval(self.cfg.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut obs_open, mut changes_open) = (true, true);
+        let wake = tokio::time::sleep_until(self.next_wake.into());
+        tokio::pin!(wake);
+        let mut armed = self.next_wake;
         loop {
+            if armed != self.next_wake {
+                armed = self.next_wake;
+                wake.as_mut().reset(armed.into());
+            }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -294,9 +342,16 @@ impl Worker {
                         self.ping_done(done).await;
                     }
                 }
-                _ = tick.tick() => self.evaluate(Instant::now()).await,
+                _ = &mut wake => {
+                    self.evaluate(Instant::now()).await;
+                    // force a re-arm even when the computed instant is unchanged
+                    armed = self.next_wake + Duration::from_nanos(1);
+                }
                 o = observations.recv(), if obs_open => match o {
-                    Some(o) => self.observe(o),
+                    Some(o) => {
+                        self.observe(o);
+                        self.want_full();
+                    }
                     None => obs_open = false,
                 },
             }
@@ -403,6 +458,7 @@ impl Worker {
             .runners
             .store(self.runners.len() as u64, Ordering::Relaxed);
         self.publish_board(now, true);
+        self.want_full();
     }
 
     async fn command(&mut self, cmd: Command) {
@@ -422,20 +478,18 @@ impl Worker {
                     }
                 };
                 self.publish_board(now, true);
+                self.want_full();
                 let _ = reply.send(out);
             }
         }
     }
 
-    fn spawn_ping(&mut self, id: &str, probe: Option<u64>, now: Instant) {
+    fn spawn_ping(&mut self, id: &str, probe: Option<u64>) {
         let Some(r) = self.runners.get_mut(id) else {
             return;
         };
         let Some(path) = r.socket.clone() else { return };
         self.stats.heartbeats_sent.fetch_add(1, Ordering::Relaxed);
-        if probe.is_none() {
-            r.hb.ping_started(now, self.cfg.heartbeat_interval);
-        }
         let timeout = self.cfg.heartbeat_timeout;
         let runner = id.to_string();
         let incarnation = r.incarnation;
@@ -473,6 +527,9 @@ impl Worker {
                     // a ping of a previous incarnation: only release its in-flight slot
                     r.hb.ping_finished(d.sent, now, &Err(HeartbeatFailure::Timeout), 0);
                 }
+                // a freed in-flight slot may make a ping due at once
+                r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
+                self.next_wake = self.next_wake.min(r.next_eval);
             }
             Some(probe) => {
                 let failure = match &d.result {
@@ -480,9 +537,6 @@ impl Worker {
                     Err(f) => f.to_string(),
                 };
                 let ok = d.result.is_ok();
-                if ok {
-                    r.hb.ping_finished(d.sent, now, &d.result, now_unix_nano() / 1_000_000);
-                }
                 let t = r.breaker.probe_result(now, probe, ok, cooldown, &failure);
                 match t {
                     Some(Transition::Closed) => {
@@ -603,95 +657,145 @@ impl Worker {
         })
     }
 
-    async fn evaluate(&mut self, now: Instant) {
-        let ids: Vec<String> = self.runners.keys().cloned().collect();
-        let mut changed = false;
-        for id in ids {
-            changed |= self.evaluate_runner(&id, now).await;
+    /// Asks for an evaluation of every runner at the next wake (at most once per tick).
+    fn want_full(&mut self) {
+        if !self.full_pending {
+            self.full_pending = true;
+            self.next_wake = self.next_wake.min(self.last_full + self.cfg.tick);
         }
-        self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
-        self.stats
-            .ledger_open_spans
-            .store(self.ledger.len() as u64, Ordering::Relaxed);
-        self.flush_ledger(false).await;
-        self.publish_board(now, changed);
     }
 
-    /// Evaluates one runner; answers whether its board line changed.
-    async fn evaluate_runner(&mut self, id: &str, now: Instant) -> bool {
-        let cfg = &self.cfg;
-        let Some(r) = self.runners.get_mut(id) else {
-            return false;
-        };
-        let state = r.breaker.state();
-        // heartbeats: regular pings only while CLOSED and alive
-        let ping_due =
-            state == BreakerState::Closed && !r.dead && r.hb.due(now, self.max_in_flight);
-        // breaker timers; a dead attached runner is not probed until re-registered
-        let can_probe = !(r.dead && !r.spawned);
-        let t = r
-            .breaker
-            .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout);
-        if ping_due {
-            self.spawn_ping(id, None, now);
+    /// Evaluates the runners that are due (or all of them after a change), runs the
+    /// resulting actions, flushes the ledger, republishes the board, and computes the next
+    /// wake-up: the earliest runner deadline, never later than a tick when a full pass is
+    /// pending and never later than the board interval.
+    async fn evaluate(&mut self, now: Instant) {
+        let full = self.full_pending && now >= self.last_full + self.cfg.tick;
+        if full {
+            self.full_pending = false;
+            self.last_full = now;
         }
-        match t {
-            Some(Transition::HalfOpen { probe }) => {
-                self.half_open(id, probe, now).await;
-                return true;
+        let mut actions: Vec<(String, Action)> = Vec::new();
+        let mut pings: Vec<String> = Vec::new();
+        let mut changed = false;
+        let mut next_wake = now + MAX_IDLE;
+        {
+            let cfg = &self.cfg;
+            let ledger = &self.ledger;
+            let stats = &self.stats;
+            for (id, r) in self.runners.iter_mut() {
+                if !full && r.next_eval > now {
+                    next_wake = next_wake.min(r.next_eval);
+                    continue;
+                }
+                let mut next = now + MAX_IDLE;
+                let state = r.breaker.state();
+                let pinging = state == BreakerState::Closed && !r.dead && r.hb.configured();
+                if pinging && r.hb.due(now + PING_SLACK, self.max_in_flight) {
+                    r.hb.ping_started(now, cfg.heartbeat_interval);
+                    pings.push(id.clone());
+                }
+                if pinging && r.hb.in_flight() < self.max_in_flight {
+                    next = next.min(r.hb.next_ping());
+                }
+                // a dead attached runner is not probed until re-registered
+                let can_probe = !r.dead || r.spawned;
+                match r
+                    .breaker
+                    .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)
+                {
+                    Some(Transition::HalfOpen { probe }) => {
+                        actions.push((id.clone(), Action::HalfOpen(probe)));
+                    }
+                    Some(Transition::Opened) => actions.push((id.clone(), Action::Reopened)),
+                    _ => {}
+                }
+                if let Some(d) = r.breaker.next_deadline() {
+                    next = next.min(d);
+                }
+                if r.breaker.state() == BreakerState::Closed && !r.dead {
+                    let worst = ledger.worst_for(id, now, cfg.staleness);
+                    let hb = r.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
+                    let f = fuse(
+                        hb,
+                        worst.as_ref().map(|w| SpanFacts {
+                            elapsed: w.elapsed,
+                            sla: w.sla,
+                            stale: w.stale,
+                        }),
+                        now,
+                        cfg.suspect_cap,
+                    );
+                    let prev = r.fused;
+                    r.fused = f;
+                    r.worst = worst;
+                    if f.verdict != prev.verdict || f.cause != prev.cause {
+                        stats.verdict(f.verdict);
+                        if f.verdict == Verdict::Suspect {
+                            actions.push((id.clone(), Action::Suspect(hb)));
+                        }
+                    }
+                    if f.trip {
+                        actions.push((id.clone(), Action::Trip));
+                    }
+                    // thresholds are strict (">"): wake just after them
+                    let after = |t: Instant| t + Duration::from_millis(1);
+                    if let Some(d) = r.hb.lost_deadline(cfg.heartbeat_timeout, cfg.startup_grace) {
+                        if d >= now {
+                            next = next.min(after(d));
+                        }
+                    }
+                    if let Some(c) = ledger.next_crossing(id, now, cfg.staleness) {
+                        next = next.min(after(c));
+                    }
+                    if let Some(t) = f.trips_at {
+                        next = next.min(t);
+                    }
+                }
+                r.next_eval = next.max(now + Duration::from_millis(1));
+                next_wake = next_wake.min(r.next_eval);
+                changed |= r.published != Some(r.board_code(now, cfg));
             }
-            Some(Transition::Opened) => {
-                self.reopened(
-                    id,
-                    now,
-                    "HALF_OPEN probe got no answer within the heartbeat timeout",
-                )
-                .await;
-                return true;
+        }
+        for id in pings {
+            self.spawn_ping(&id, None);
+        }
+        for (id, action) in actions {
+            match action {
+                Action::HalfOpen(probe) => self.half_open(&id, probe, now).await,
+                Action::Reopened => {
+                    self.reopened(
+                        &id,
+                        now,
+                        "HALF_OPEN probe got no answer within the heartbeat timeout",
+                    )
+                    .await
+                }
+                Action::Suspect(hb) => self.suspect(&id, now, hb).await,
+                Action::Trip => self.trip(&id, now).await,
             }
-            _ => {}
-        }
-        let cfg = &self.cfg;
-        let Some(r) = self.runners.get_mut(id) else {
-            return false;
-        };
-        if r.breaker.state() != BreakerState::Closed || r.dead {
-            return false;
-        }
-        let worst = self.ledger.worst_for(id, now, cfg.staleness);
-        let hb = r.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
-        let f = fuse(
-            hb,
-            worst.as_ref().map(|w| SpanFacts {
-                elapsed: w.elapsed,
-                sla: w.sla,
-                stale: w.stale,
-            }),
-            now,
-            cfg.suspect_cap,
-        );
-        let prev = r.fused;
-        r.fused = f;
-        r.worst = worst;
-        if f.verdict != prev.verdict || f.cause != prev.cause {
-            self.stats.verdict(f.verdict);
-            if f.verdict == Verdict::Suspect {
-                self.suspect(id, now, hb).await;
+            if let Some(r) = self.runners.get_mut(&id) {
+                r.next_eval = now + Duration::from_millis(1);
+                next_wake = next_wake.min(r.next_eval);
             }
+            changed = true;
         }
-        if f.trip {
-            self.trip(id, now).await;
+        if full {
+            self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
+            self.stats
+                .ledger_open_spans
+                .store(self.ledger.len() as u64, Ordering::Relaxed);
         }
-        let Some(r) = self.runners.get(id) else {
-            return false;
-        };
-        let key = (
-            r.breaker.state(),
-            r.fused.verdict,
-            r.heartbeat_label(now, &self.cfg),
-            r.worst.as_ref().map(|w| w.key),
-        );
-        r.published.as_ref() != Some(&key)
+        self.flush_ledger(false).await;
+        if self.ledger.dirty_len() > 0 {
+            self.want_full();
+        }
+        self.publish_board(now, changed);
+        next_wake = next_wake.min(self.last_board + self.cfg.board_interval);
+        if self.full_pending {
+            next_wake = next_wake.min(self.last_full + self.cfg.tick);
+        }
+        self.next_wake = next_wake;
     }
 
     async fn half_open(&mut self, id: &str, probe: u64, now: Instant) {
@@ -710,7 +814,7 @@ impl Worker {
             return;
         };
         if r.socket.is_some() && r.socket_problem.is_none() {
-            self.spawn_ping(id, Some(probe), now);
+            self.spawn_ping(id, Some(probe));
         } else {
             // no heartbeat socket to probe: only a restart since the trip counts as an answer
             let ok = r.restarted_since_trip && !r.dead;
@@ -876,12 +980,7 @@ impl Worker {
             } else {
                 String::new()
             };
-            r.published = Some((
-                r.breaker.state(),
-                r.fused.verdict,
-                hb.clone(),
-                r.worst.as_ref().map(|w| w.key),
-            ));
+            r.published = Some(r.board_code(now, cfg));
             let verdict = if r.dead && r.breaker.state() == BreakerState::Closed {
                 "gone".to_string()
             } else {

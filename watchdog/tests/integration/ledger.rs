@@ -53,7 +53,8 @@ async fn each_wire_shape_opens_refreshes_and_closes() {
         find(&rows, sid(200)).map(|r| r.state),
         Some(SpanState::Inferred)
     );
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // plain refreshes are persisted at most once per second (REFRESH_PERSIST_INTERVAL)
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     rig.observe_spans(batch(
         res.clone(),
         vec![tool_span(1, 1, "snap_tool", None, 0)],
@@ -100,7 +101,8 @@ async fn each_wire_shape_opens_refreshes_and_closes() {
         Some("shapes"),
         "bound through the log's resource"
     );
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // plain refreshes are persisted at most once per second (REFRESH_PERSIST_INTERVAL)
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     rig.observe_logs(partial_span_log(res.clone(), "heartbeat", 2, 2, "log_tool"))
         .await;
     rows_until(&rig.storage, "shape 2 refreshed", |r| {
@@ -127,7 +129,8 @@ async fn each_wire_shape_opens_refreshes_and_closes() {
         "the twin itself is not an open span"
     );
     assert_eq!(r3.tool_name.as_deref(), Some("twin_tool"));
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // plain refreshes are persisted at most once per second (REFRESH_PERSIST_INTERVAL)
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     rig.observe_spans(batch(
         res.clone(),
         vec![pending_twin(3, 32, 3, "twin_tool")],

@@ -1,5 +1,6 @@
 //! The watchdog's integration tests: real SQLite files, real Python runner processes serving
 //! real UNIX sockets, Observations built from the model types, scaled-down timings.
+#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
 
 mod common;
 mod heartbeats;

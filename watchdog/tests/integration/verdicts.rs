@@ -203,13 +203,18 @@ async fn half_open_probe_closes_for_a_restarted_runner_and_reopens_for_a_dead_on
         async move { (v.get("restarts")?.breaker == BreakerState::Closed).then_some(()) }
     })
     .await;
-    let kinds: Vec<EventKind> = rig
-        .incidents("restarts")
-        .await
-        .iter()
-        .rev()
-        .map(|i| i.incident.kind)
-        .collect();
+    // the incident follows the board (recorded by the effects task)
+    let kinds: Vec<EventKind> = wait_for("breaker.closed recorded", LONG, || async {
+        let k: Vec<EventKind> = rig
+            .incidents("restarts")
+            .await
+            .iter()
+            .rev()
+            .map(|i| i.incident.kind)
+            .collect();
+        (k.len() >= 3).then_some(k)
+    })
+    .await;
     assert_eq!(
         kinds,
         vec![
