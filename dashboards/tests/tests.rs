@@ -1,6 +1,8 @@
 //! Integration tests of the dashboard: real SQLite files, real sockets on port 0, a real
 //! headless Chromium. One target, one module per concern.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 mod api;

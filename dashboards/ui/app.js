@@ -170,7 +170,8 @@ async function viewNow() {
 // ---------- Incidents ----------
 function evidenceSteps(ev) {
   if (!ev || typeof ev !== "object") return null;
-  const keys = Object.keys(ev).filter(k => /sigterm|sigkill|exited|rolled|rollback/i.test(k));
+  const rank = k => ["sigterm", "exited", "sigkill", "roll"].findIndex(w => k.toLowerCase().includes(w));
+  const keys = Object.keys(ev).filter(k => rank(k) >= 0).sort((a, b) => rank(a) - rank(b));
   if (!keys.length) return null;
   return h("div", { class: "steps" }, keys.map(k => {
     const v = ev[k];
@@ -371,7 +372,9 @@ async function viewTrace(traceId, spanId) {
   const logs = h("div", { class: "logs", id: "trace-logs" }, t.logs.length ? t.logs.map(l => h("div", { class: "log", onclick: () => l.span_id && select(l.span_id) },
     h("span", { class: "sev" }, l.severity_text || `sev ${l.severity_number}`), h("span", { class: "muted" }, fmtTime(l.time_unix_nano)), h("div", { class: "mono" }, anyValue(l.body)))) : h("div", { class: "empty" }, "no logs in this trace"));
   mount(h("h2", {}, "Trace ", h("span", { class: "mono" }, t.trace_id)),
-    h("div", { class: "trace-layout" }, h("div", { class: "panel" }, wf), h("div", { class: "side" }, details, h("div", { class: "panel" }, h("h2", {}, `Logs (${t.logs.length})`), logs))));
+    h("div", { class: "trace-layout" },
+      h("div", { class: "side" }, h("div", { class: "panel" }, wf), h("div", { class: "panel" }, h("h2", {}, `Logs (${t.logs.length})`), logs)),
+      h("div", { class: "side" }, details)));
   select(selected && t.spans.some(s => s.span_id === selected) ? selected : rows.length ? rows[0][0].span_id : null);
 }
 
