@@ -581,7 +581,7 @@ fn search_in(
                 }
             }
             let mut traces: Vec<([u8; 16], Vec<usize>)> = matched.into_iter().collect();
-            traces.sort_by(|x, y| y.0.cmp(&x.0));
+            traces.sort_by_key(|x| std::cmp::Reverse(x.0));
             for (t, positions) in traces {
                 let mut ids = s.trace_batches(conn, &t)?;
                 if !ids.contains(&b) {

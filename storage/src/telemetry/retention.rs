@@ -170,16 +170,21 @@ impl Writer {
             for c in list.chunks_exact(16) {
                 let mut t = [0u8; 16];
                 t.copy_from_slice(c);
+                let mut l0_emptied = false;
                 if let Some(l) = self.l0.get_mut(&t) {
                     l.retain(|b| *b != id);
                     if l.is_empty() {
                         self.l0.remove(&t);
+                        l0_emptied = true;
                     }
                 }
                 let mut batches = indexed_batches(&self.conn, &t)?;
                 let before = batches.len();
                 batches.retain(|b| *b != id);
                 if batches.len() == before {
+                    if l0_emptied && before == 0 {
+                        report.traces_deleted += 1;
+                    }
                     continue;
                 }
                 if batches.is_empty() {

@@ -1,0 +1,1041 @@
+//! Telemetry storage tests on real SQLite files: round trips, deduplication, search,
+//! logs, metrics, back-pressure, size cap, retention, durability before ack.
+
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stallwatch_storage::config::CONTROL_RESERVE_BYTES;
+use stallwatch_storage::model::*;
+use stallwatch_storage::telemetry::{QueryError, RefusedReason, StatusFilter, TraceQuery};
+use stallwatch_storage::{MetricsSource, Storage, StorageConfig, StorageError, WriteError};
+
+fn config(dir: &tempfile::TempDir) -> StorageConfig {
+    let mut c = StorageConfig::new(dir.path().join("stallwatch.db"));
+    c.retention_interval = Duration::from_secs(3600);
+    c
+}
+
+fn tid(n: u8) -> TraceId {
+    TraceId([n; 16])
+}
+fn sid(n: u8) -> SpanId {
+    SpanId([n; 8])
+}
+
+fn span(t: TraceId, s: SpanId, name: &str, start: u64, end: u64) -> Span {
+    Span {
+        trace_id: t,
+        span_id: s,
+        name: name.into(),
+        start_time_unix_nano: start,
+        end_time_unix_nano: end,
+        ..Default::default()
+    }
+}
+
+fn resource(service: Option<&str>) -> Resource {
+    Resource {
+        attributes: service
+            .map(|s| vec![KeyValue::new("service.name", AnyValue::String(s.into()))])
+            .unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+fn batch(service: Option<&str>, spans: Vec<Span>) -> Arc<TraceBatch> {
+    Arc::new(TraceBatch {
+        resource_spans: vec![ResourceSpans {
+            resource: resource(service),
+            scope_spans: vec![ScopeSpans {
+                scope: Scope {
+                    name: "test".into(),
+                    ..Default::default()
+                },
+                spans,
+            }],
+        }],
+    })
+}
+
+/// Byte-exact comparison (NaN == NaN when the bits agree).
+fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
+    postcard::to_allocvec(a).unwrap() == postcard::to_allocvec(b).unwrap()
+}
+
+fn rich_span() -> Span {
+    let nested = AnyValue::KvList(vec![
+        KeyValue::new(
+            "arr",
+            AnyValue::Array(vec![
+                AnyValue::Int(i64::MIN),
+                AnyValue::Double(f64::NAN),
+                AnyValue::Array(vec![AnyValue::Empty, AnyValue::Bool(false)]),
+            ]),
+        ),
+        KeyValue::new("bytes", AnyValue::Bytes(vec![0, 255, 7])),
+    ]);
+    Span {
+        trace_id: TraceId([0xab; 16]),
+        span_id: SpanId([0xcd; 8]),
+        parent_span_id: Some(SpanId([0xef; 8])),
+        trace_state: "vendor=1,other=2".into(),
+        flags: 0x301,
+        name: "tools/call run_notebook".into(),
+        kind: 3,
+        start_time_unix_nano: u64::MAX - 5,
+        end_time_unix_nano: 1000, // end before start: kept raw
+        attributes: vec![
+            KeyValue::new("gen_ai.tool.name", AnyValue::String("run_notebook".into())),
+            KeyValue::new("nan", AnyValue::Double(f64::NAN)),
+            KeyValue::new("inf", AnyValue::Double(f64::INFINITY)),
+            KeyValue::new("ninf", AnyValue::Double(f64::NEG_INFINITY)),
+            KeyValue::new("max", AnyValue::Int(i64::MAX)),
+            KeyValue::new("min", AnyValue::Int(i64::MIN)),
+            KeyValue::new("nested", nested),
+            KeyValue::new("empty", AnyValue::Empty),
+        ],
+        dropped_attributes_count: 3,
+        events: vec![Event {
+            time_unix_nano: 42,
+            name: "exception".into(),
+            attributes: vec![KeyValue::new(
+                "exception.type",
+                AnyValue::String("E".into()),
+            )],
+            dropped_attributes_count: 1,
+        }],
+        dropped_events_count: 4,
+        links: vec![Link {
+            trace_id: TraceId([1; 16]),
+            span_id: SpanId([2; 8]),
+            trace_state: "k=v".into(),
+            attributes: vec![KeyValue::new("l", AnyValue::Int(-1))],
+            dropped_attributes_count: 5,
+            flags: 0x101,
+        }],
+        dropped_links_count: 6,
+        status: Status {
+            code: 77,
+            message: "odd code kept raw".into(),
+        },
+    }
+}
+
+#[tokio::test]
+async fn rich_span_round_trips_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    let s = rich_span();
+    let b = Arc::new(TraceBatch {
+        resource_spans: vec![ResourceSpans {
+            resource: Resource {
+                attributes: vec![KeyValue::new("host.name", AnyValue::String("h".into()))],
+                dropped_attributes_count: 9,
+                schema_url: "https://opentelemetry.io/schemas/1.37.0".into(),
+            },
+            scope_spans: vec![ScopeSpans {
+                scope: Scope {
+                    name: "scope".into(),
+                    version: "1.2".into(),
+                    attributes: vec![KeyValue::new("sa", AnyValue::Double(-0.0))],
+                    dropped_attributes_count: 2,
+                    schema_url: "https://example.com/scope-schema".into(),
+                },
+                spans: vec![s.clone()],
+            }],
+        }],
+    });
+    storage.write_traces(b.clone()).await.unwrap();
+    let view = storage.trace(s.trace_id).await.unwrap().unwrap();
+    assert_eq!(view.spans.len(), 1);
+    let got = &view.spans[0];
+    assert!(same(&got.span, &s), "span differs: {:?}", got.span);
+    assert!(same(&*got.resource, &b.resource_spans[0].resource));
+    assert!(same(&*got.scope, &b.resource_spans[0].scope_spans[0].scope));
+    assert_eq!(got.state, SpanState::Ended);
+    assert!(got.received_unix_nano > 0);
+    assert_eq!(got.span.duration_ns(), Some(0));
+    let one = storage.span(s.trace_id, s.span_id).await.unwrap().unwrap();
+    assert!(same(&one.span, &s));
+    assert!(storage.span(s.trace_id, sid(99)).await.unwrap().is_none());
+
+    // a resource without service.name is unknown_service in summaries
+    let page = storage
+        .search_traces(TraceQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].root_service, UNKNOWN_SERVICE);
+    assert_eq!(
+        storage.services().await.unwrap(),
+        vec![UNKNOWN_SERVICE.to_string()]
+    );
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn committed_before_ack_is_visible_from_a_fresh_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    for i in 0..20u8 {
+        storage
+            .write_traces(batch(
+                Some("svc"),
+                vec![span(tid(i + 1), sid(1), "a", 10, 20)],
+            ))
+            .await
+            .unwrap();
+        let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM span_batches", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, i as i64 + 1);
+    }
+    assert_eq!(storage.telemetry_stats().spans_committed(), 20);
+    // no shutdown: the data must already be on disk for a new process
+    drop(storage);
+    let again = Storage::open(cfg).unwrap();
+    assert_eq!(again.trace(tid(20)).await.unwrap().unwrap().spans.len(), 1);
+    again.shutdown().await;
+}
+
+async fn names_of(storage: &Storage, t: TraceId) -> Vec<(String, SpanState)> {
+    storage
+        .trace(t)
+        .await
+        .unwrap()
+        .unwrap()
+        .spans
+        .iter()
+        .map(|s| (s.span.name.clone(), s.state))
+        .collect()
+}
+
+#[tokio::test]
+async fn dedup_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    let t = tid(1);
+    // open then ended: ended wins
+    storage
+        .write_traces(batch(Some("s"), vec![span(t, sid(1), "open", 10, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, t).await,
+        vec![("open".into(), SpanState::Open)]
+    );
+    storage
+        .write_traces(batch(Some("s"), vec![span(t, sid(1), "ended", 10, 50)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, t).await,
+        vec![("ended".into(), SpanState::Ended)]
+    );
+    // ended then open: ended stays
+    storage
+        .write_traces(batch(Some("s"), vec![span(t, sid(1), "late open", 10, 0)]))
+        .await
+        .unwrap();
+    // two ended: the first wins
+    storage
+        .write_traces(batch(
+            Some("s"),
+            vec![span(t, sid(1), "second ended", 10, 70)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, t).await,
+        vec![("ended".into(), SpanState::Ended)]
+    );
+    // inside one request: open + ended copies → ended; two ended → first
+    storage
+        .write_traces(batch(
+            Some("s"),
+            vec![
+                span(t, sid(2), "o", 11, 0),
+                span(t, sid(2), "e1", 11, 30),
+                span(t, sid(2), "e2", 11, 40),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, t).await,
+        vec![
+            ("ended".into(), SpanState::Ended),
+            ("e1".into(), SpanState::Ended)
+        ]
+    );
+    // whole re-send: nothing new
+    let req = batch(
+        Some("s"),
+        vec![
+            span(t, sid(3), "x", 12, 20),
+            span(tid(2), sid(1), "y", 5, 6),
+        ],
+    );
+    storage.write_traces(req.clone()).await.unwrap();
+    let page = |s: Storage| async move {
+        s.search_traces(TraceQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    };
+    let before = page(storage.clone()).await;
+    let committed = storage.telemetry_stats().spans_committed();
+    let conn = rusqlite::Connection::open(storage.path()).unwrap();
+    let batches = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT count(*) FROM span_batches", [], |r| r.get(0))
+            .unwrap()
+    };
+    let nb = batches(&conn);
+    storage.write_traces(req.clone()).await.unwrap();
+    storage.write_traces(req).await.unwrap();
+    assert_eq!(batches(&conn), nb, "a re-sent request stored a batch");
+    assert_eq!(storage.telemetry_stats().spans_committed(), committed);
+    assert!(storage.telemetry_stats().spans_deduplicated() >= 4);
+    let after = page(storage.clone()).await;
+    assert_eq!(before, after);
+    let t1 = after.items.iter().find(|i| i.trace_id == t).unwrap();
+    assert_eq!((t1.span_count, t1.open_count), (3, 0));
+    storage.shutdown().await;
+}
+
+fn tool_span(t: TraceId, s: SpanId, tool: &str, start: u64, dur: u64, error: bool) -> Span {
+    let mut sp = span(t, s, &format!("tools/call {tool}"), start, start + dur);
+    sp.attributes = vec![
+        KeyValue::new("gen_ai.tool.name", AnyValue::String(tool.into())),
+        KeyValue::new("custom.key", AnyValue::String(format!("v-{tool}"))),
+    ];
+    if error {
+        sp.status.code = STATUS_ERROR;
+        sp.attributes.push(KeyValue::new(
+            "error.type",
+            AnyValue::String("timeout".into()),
+        ));
+    }
+    sp
+}
+
+#[tokio::test]
+async fn search_filters_and_paging() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    // trace 1: svc-a read_file ok, 10 ns; trace 2: svc-b run_notebook error 1000 ns;
+    // trace 3: svc-a run_notebook ok 500 ns, pid 42
+    storage
+        .write_traces(batch(
+            Some("svc-a"),
+            vec![tool_span(tid(1), sid(1), "read_file", 100, 10, false)],
+        ))
+        .await
+        .unwrap();
+    storage
+        .write_traces(batch(
+            Some("svc-b"),
+            vec![tool_span(tid(2), sid(1), "run_notebook", 200, 1000, true)],
+        ))
+        .await
+        .unwrap();
+    let mut b3 = (*batch(
+        Some("svc-a"),
+        vec![tool_span(tid(3), sid(1), "run_notebook", 300, 500, false)],
+    ))
+    .clone();
+    b3.resource_spans[0]
+        .resource
+        .attributes
+        .push(KeyValue::new("process.pid", AnyValue::Int(42)));
+    storage.write_traces(Arc::new(b3)).await.unwrap();
+
+    let ids = |q: TraceQuery| {
+        let storage = storage.clone();
+        async move {
+            let mut q = q;
+            q.limit = 100;
+            storage
+                .search_traces(q)
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|i| i.trace_id.0[0])
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(ids(TraceQuery::default()).await, vec![3, 2, 1]);
+    assert_eq!(
+        ids(TraceQuery {
+            service: Some("svc-a".into()),
+            ..Default::default()
+        })
+        .await,
+        vec![3, 1]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            service: Some("nope".into()),
+            ..Default::default()
+        })
+        .await,
+        Vec::<u8>::new()
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            tool_name: Some("run_notebook".into()),
+            ..Default::default()
+        })
+        .await,
+        vec![3, 2]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            span_name: Some("tools/call read_file".into()),
+            ..Default::default()
+        })
+        .await,
+        vec![1]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            status: Some(StatusFilter::Error),
+            ..Default::default()
+        })
+        .await,
+        vec![2]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            status: Some(StatusFilter::Unset),
+            ..Default::default()
+        })
+        .await,
+        vec![3, 1]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            status: Some(StatusFilter::Ok),
+            ..Default::default()
+        })
+        .await,
+        Vec::<u8>::new()
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            min_duration_ns: Some(500),
+            ..Default::default()
+        })
+        .await,
+        vec![3, 2]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            start_min_unix_nano: Some(150),
+            start_max_unix_nano: Some(300),
+            ..Default::default()
+        })
+        .await,
+        vec![2]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            attribute: Some(("process.pid".into(), "42".into())),
+            ..Default::default()
+        })
+        .await,
+        vec![3]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            attribute: Some(("error.type".into(), "timeout".into())),
+            ..Default::default()
+        })
+        .await,
+        vec![2]
+    );
+    // combined filters must all hold on one span
+    assert_eq!(
+        ids(TraceQuery {
+            service: Some("svc-a".into()),
+            tool_name: Some("run_notebook".into()),
+            ..Default::default()
+        })
+        .await,
+        vec![3]
+    );
+    assert_eq!(
+        ids(TraceQuery {
+            service: Some("svc-b".into()),
+            tool_name: Some("read_file".into()),
+            ..Default::default()
+        })
+        .await,
+        Vec::<u8>::new()
+    );
+    // non-indexed key: needs a time range
+    let err = storage
+        .search_traces(TraceQuery {
+            attribute: Some(("custom.key".into(), "v-read_file".into())),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, QueryError::NeedsTimeRange(k) if k == "custom.key"));
+    assert_eq!(
+        ids(TraceQuery {
+            attribute: Some(("custom.key".into(), "v-read_file".into())),
+            start_min_unix_nano: Some(0),
+            start_max_unix_nano: Some(1000),
+            ..Default::default()
+        })
+        .await,
+        vec![1]
+    );
+    let bad = storage
+        .search_traces(TraceQuery {
+            cursor: Some("zz".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, QueryError::BadCursor));
+    // summary fields
+    let page = storage
+        .search_traces(TraceQuery {
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let s = &page.items[0];
+    assert_eq!(
+        (s.root_service.as_str(), s.root_name.as_str()),
+        ("svc-a", "tools/call run_notebook")
+    );
+    assert_eq!(
+        (
+            s.start_time_unix_nano,
+            s.end_time_unix_nano,
+            s.span_count,
+            s.error_count
+        ),
+        (300, 800, 1, 0)
+    );
+
+    // services and span names
+    assert_eq!(
+        storage.services().await.unwrap(),
+        vec!["svc-a".to_string(), "svc-b".to_string()]
+    );
+    assert_eq!(
+        storage.span_names(Some("svc-a".into())).await.unwrap(),
+        vec![
+            "tools/call read_file".to_string(),
+            "tools/call run_notebook".to_string()
+        ]
+    );
+    assert_eq!(storage.span_names(None).await.unwrap().len(), 2);
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn paging_walks_every_trace_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    // 30 traces over 10 requests, one trace also updated later (open → ended)
+    for r in 0..10u8 {
+        let spans = (0..3u8)
+            .map(|k| {
+                span(
+                    tid(r * 3 + k + 1),
+                    sid(1),
+                    "op",
+                    100,
+                    if r * 3 + k == 4 { 0 } else { 200 },
+                )
+            })
+            .collect();
+        storage.write_traces(batch(Some("s"), spans)).await.unwrap();
+    }
+    storage
+        .write_traces(batch(Some("s"), vec![span(tid(5), sid(1), "op", 100, 300)]))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = storage
+            .search_traces(TraceQuery {
+                limit: 4,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 4);
+        seen.extend(page.items.iter().map(|i| i.trace_id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 30, "{seen:?}");
+    let mut uniq = seen.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(uniq.len(), 30);
+    assert_eq!(seen[0], tid(5), "the updated trace is the newest");
+    storage.shutdown().await;
+}
+
+fn log(trace: Option<TraceId>, span: Option<SpanId>, body: &str, time: u64) -> LogRecord {
+    LogRecord {
+        time_unix_nano: time,
+        observed_time_unix_nano: time + 1,
+        severity_number: 9,
+        severity_text: "INFO".into(),
+        body: AnyValue::String(body.into()),
+        attributes: vec![KeyValue::new("d", AnyValue::Double(f64::NAN))],
+        trace_id: trace,
+        span_id: span,
+        event_name: "ev".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn logs_are_linked_to_their_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    storage
+        .write_traces(batch(Some("s"), vec![span(tid(1), sid(1), "a", 1, 2)]))
+        .await
+        .unwrap();
+    let logs = Arc::new(LogBatch {
+        resource_logs: vec![ResourceLogs {
+            resource: resource(Some("s")),
+            scope_logs: vec![ScopeLogs {
+                scope: Scope::default(),
+                log_records: vec![
+                    log(Some(tid(1)), Some(sid(1)), "second", 20),
+                    log(Some(tid(1)), Some(sid(1)), "first", 10),
+                    log(None, None, "unlinked", 5),
+                    log(Some(tid(9)), None, "log only trace", 7),
+                ],
+            }],
+        }],
+    });
+    storage.write_logs(logs.clone()).await.unwrap();
+    let view = storage.trace(tid(1)).await.unwrap().unwrap();
+    let bodies: Vec<_> = view.logs.iter().map(|l| l.record.body.clone()).collect();
+    assert_eq!(
+        bodies,
+        vec![
+            AnyValue::String("first".into()),
+            AnyValue::String("second".into())
+        ]
+    );
+    assert!(same(
+        &view.logs[0].record,
+        &logs.resource_logs[0].scope_logs[0].log_records[1]
+    ));
+    assert_eq!(view.logs[0].resource.service_name(), "s");
+    let only = storage.trace(tid(9)).await.unwrap().unwrap();
+    assert!(only.spans.is_empty());
+    assert_eq!(only.logs.len(), 1);
+    assert!(storage.trace(tid(8)).await.unwrap().is_none());
+    assert_eq!(storage.telemetry_stats().logs_committed(), 4);
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn metric_points_are_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    let point = |name: &str, v: f64| MetricPoint {
+        name: name.into(),
+        description: "d".into(),
+        unit: "ms".into(),
+        kind: MetricKind::Gauge,
+        start_time_unix_nano: 0,
+        time_unix_nano: u64::MAX,
+        value: Some(v),
+        count: Some(u64::MAX),
+        sum: Some(f64::NEG_INFINITY),
+        attributes: vec![],
+        detail: "{\"as_int\":\"9223372036854775807\"}".into(),
+    };
+    let b = Arc::new(MetricBatch {
+        resource_metrics: vec![ResourceMetrics {
+            resource: resource(Some("m")),
+            scope_metrics: vec![ScopeMetrics {
+                scope: Scope::default(),
+                points: vec![
+                    point("a", f64::NAN),
+                    point("b", 1.5),
+                    point("a", f64::INFINITY),
+                ],
+            }],
+        }],
+    });
+    storage.write_metrics(b.clone()).await.unwrap();
+    let a = storage.metric_points(Some("a".into()), 10).await.unwrap();
+    assert_eq!(a.len(), 2);
+    assert!(same(
+        &a[0].point,
+        &b.resource_metrics[0].scope_metrics[0].points[2]
+    ));
+    assert!(a[1].point.value.unwrap().is_nan());
+    assert_eq!(a[1].point.count, Some(u64::MAX));
+    assert_eq!(storage.metric_points(None, 10).await.unwrap().len(), 3);
+    assert_eq!(storage.telemetry_stats().points_committed(), 3);
+    storage.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_is_answered_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir);
+    cfg.queue_capacity = 2;
+    cfg.busy_timeout = Duration::from_secs(120);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    // hold the write lock from another connection: the writer blocks in BEGIN IMMEDIATE
+    let blocker = rusqlite::Connection::open(&cfg.path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let send = |i: u8| {
+        let s = storage.clone();
+        tokio::spawn(async move {
+            s.write_traces(batch(Some("s"), vec![span(tid(i), sid(1), "a", 1, 2)]))
+                .await
+        })
+    };
+    let wait_depth = |n: usize| {
+        let s = storage.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while s.queue_depth() != n {
+                assert!(Instant::now() < deadline, "queue depth never reached {n}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let first = send(1);
+    // the writer took the first one and is stuck on the lock
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_depth(0).await;
+    let second = send(2);
+    let third = send(3);
+    wait_depth(2).await;
+    let t0 = Instant::now();
+    let refused = storage
+        .write_traces(batch(Some("s"), vec![span(tid(4), sid(1), "a", 1, 2)]))
+        .await;
+    assert!(
+        matches!(refused, Err(WriteError::QueueFull { capacity: 2 })),
+        "{refused:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        storage.telemetry_stats().refused(RefusedReason::QueueFull),
+        1
+    );
+    blocker.execute_batch("COMMIT").unwrap();
+    for h in [first, second, third] {
+        h.await.unwrap().unwrap();
+    }
+    assert_eq!(storage.telemetry_stats().spans_committed(), 3);
+    let mut text = String::new();
+    storage.telemetry_stats().render_prometheus(&mut text);
+    assert!(
+        text.contains("stallwatch_storage_writes_refused_total{reason=\"queue_full\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("stallwatch_storage_spans_committed_total 3"));
+    assert!(text.contains("stallwatch_storage_commit_duration_seconds_count"));
+    storage.shutdown().await;
+}
+
+fn big_batch(seed: u8, n: usize) -> Arc<TraceBatch> {
+    let spans = (0..n)
+        .map(|i| {
+            let mut s = span(
+                TraceId([
+                    seed,
+                    (i / 8) as u8,
+                    (i / 2048) as u8,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                ]),
+                SpanId([(i % 256) as u8, (i / 256) as u8, seed, 1, 1, 1, 1, 1]),
+                "bulk",
+                1_000 + i as u64,
+                2_000 + i as u64,
+            );
+            s.attributes = vec![KeyValue::new("blob", AnyValue::String("x".repeat(400)))];
+            s
+        })
+        .collect();
+    batch(Some("bulk"), spans)
+}
+
+#[tokio::test]
+async fn size_cap_refuses_then_recovers_after_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir);
+    cfg.max_db_bytes = CONTROL_RESERVE_BYTES + 6 * 1024 * 1024;
+    let storage = Storage::open(cfg).unwrap();
+    let mut full = storage.storage_full();
+    assert!(full.borrow().is_none());
+    let mut got_full = false;
+    for i in 0..200u8 {
+        match storage.write_traces(big_batch(i, 512)).await {
+            Ok(()) => {}
+            Err(WriteError::Full(reason)) => {
+                assert!(!reason.is_empty());
+                got_full = true;
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert!(got_full, "the size cap never refused a write");
+    assert!(full.borrow_and_update().is_some());
+    assert!(
+        storage
+            .telemetry_stats()
+            .refused(RefusedReason::StorageFull)
+            >= 1
+    );
+    let report = storage.run_retention().await.unwrap();
+    assert!(
+        report.batches_deleted > 0 || report.bytes_after < report.bytes_before,
+        "{report:?}"
+    );
+    assert!(
+        report.bytes_after <= (6 * 1024 * 1024) / 100 * 90 + 16384,
+        "{report:?}"
+    );
+    storage.write_traces(big_batch(250, 64)).await.unwrap();
+    assert!(full.borrow().is_none());
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn retention_by_age_removes_everything_old() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir);
+    cfg.retention = Duration::from_millis(300);
+    let storage = Storage::open(cfg).unwrap();
+    storage
+        .write_traces(batch(Some("old"), vec![span(tid(1), sid(1), "a", 1, 2)]))
+        .await
+        .unwrap();
+    storage
+        .write_logs(Arc::new(LogBatch {
+            resource_logs: vec![ResourceLogs {
+                resource: resource(Some("old")),
+                scope_logs: vec![ScopeLogs {
+                    scope: Scope::default(),
+                    log_records: vec![log(Some(tid(1)), None, "l", 1)],
+                }],
+            }],
+        }))
+        .await
+        .unwrap();
+    // retention compares stored receive times with the wall clock: wait past the limit
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    storage
+        .write_traces(batch(Some("new"), vec![span(tid(2), sid(1), "b", 1, 2)]))
+        .await
+        .unwrap();
+    let report = storage.run_retention().await.unwrap();
+    assert_eq!(
+        (
+            report.batches_deleted,
+            report.spans_deleted,
+            report.logs_deleted
+        ),
+        (1, 1, 1),
+        "{report:?}"
+    );
+    assert_eq!(report.traces_deleted, 1, "{report:?}");
+    assert!(storage.trace(tid(1)).await.unwrap().is_none());
+    assert!(storage.trace(tid(2)).await.unwrap().is_some());
+    assert_eq!(storage.services().await.unwrap(), vec!["new".to_string()]);
+    let page = storage
+        .search_traces(TraceQuery {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn traces_survive_the_index_merge_and_a_restart() {
+    // more than one merge of the unmerged-batch map into trace_index (256 batches)
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    for i in 0..300u32 {
+        let b = i.to_le_bytes();
+        let t = TraceId([b[0], b[1], 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
+        storage
+            .write_traces(batch(Some("m"), vec![span(t, sid(1), "open", 5, 0)]))
+            .await
+            .unwrap();
+    }
+    let t0 = TraceId([0, 0, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
+    // the ended copy of a merged trace still wins, a re-sent open copy is still dropped
+    storage
+        .write_traces(batch(Some("m"), vec![span(t0, sid(1), "ended", 5, 9)]))
+        .await
+        .unwrap();
+    storage
+        .write_traces(batch(Some("m"), vec![span(t0, sid(1), "open", 5, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, t0).await,
+        vec![("ended".into(), SpanState::Ended)]
+    );
+    storage.shutdown().await;
+    drop(storage);
+    let storage = Storage::open(cfg).unwrap();
+    storage
+        .write_traces(batch(Some("m"), vec![span(t0, sid(1), "again", 5, 11)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, t0).await,
+        vec![("ended".into(), SpanState::Ended)]
+    );
+    let page = storage
+        .search_traces(TraceQuery {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 300);
+    assert_eq!(page.items[0].trace_id, t0);
+    assert_eq!(page.items[0].open_count, 0);
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_commits_and_then_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    storage
+        .write_traces(batch(Some("s"), vec![span(tid(1), sid(1), "a", 1, 2)]))
+        .await
+        .unwrap();
+    storage.shutdown().await;
+    let r = storage
+        .write_traces(batch(Some("s"), vec![span(tid(2), sid(1), "a", 1, 2)]))
+        .await;
+    assert!(matches!(r, Err(WriteError::Closed)));
+    assert!(storage.trace(tid(1)).await.unwrap().is_some());
+}
+
+#[test]
+fn schema_too_new_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    {
+        let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+        conn.pragma_update(None, "user_version", 999).unwrap();
+    }
+    match Storage::open(cfg) {
+        Err(StorageError::SchemaTooNew { found: 999, .. }) => {}
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("opened a database from the future"),
+    }
+}
+
+mod prop {
+    //! Property test: deduplication against a tiny reference model.
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn dedup_matches_the_reference(reqs in proptest::collection::vec(
+            proptest::collection::vec((0u8..4, any::<bool>()), 1..5), 1..8)
+        ) {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let storage = Storage::open(config(&dir)).unwrap();
+                // reference: span → (name of the winning copy, ended)
+                let mut model: HashMap<u8, (String, bool)> = HashMap::new();
+                let mut n = 0u32;
+                for req in &reqs {
+                    let mut spans = Vec::new();
+                    for (s, ended) in req {
+                        n += 1;
+                        let name = format!("copy{n}");
+                        match model.get(s) {
+                            None => { model.insert(*s, (name.clone(), *ended)); }
+                            Some((_, false)) if *ended => { model.insert(*s, (name.clone(), true)); }
+                            _ => {}
+                        }
+                        spans.push(span(tid(1), sid(*s + 1), &name, 100 + u64::from(*s), if *ended { 200 } else { 0 }));
+                    }
+                    storage.write_traces(batch(Some("p"), spans)).await.unwrap();
+                }
+                let view = storage.trace(tid(1)).await.unwrap().unwrap();
+                let got: HashMap<u8, (String, bool)> = view.spans.iter()
+                    .map(|s| (s.span.span_id.0[0] - 1, (s.span.name.clone(), s.state == SpanState::Ended)))
+                    .collect();
+                assert_eq!(got, model);
+                let page = storage.search_traces(TraceQuery { limit: 10, ..Default::default() }).await.unwrap();
+                assert_eq!(page.items.len(), 1);
+                assert_eq!(page.items[0].span_count as usize, model.len());
+                assert_eq!(page.items[0].open_count as usize, model.values().filter(|v| !v.1).count());
+                storage.shutdown().await;
+            });
+        }
+    }
+}
