@@ -331,17 +331,40 @@ pub fn prepare_commit(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, 
         validate_file(&p, rel)?;
         destination(workspace, rel)?;
     }
-    for rel in &files {
-        let p = staging.join(rel);
-        if !fs::symlink_metadata(&p)
-            .map(|m| m.is_symlink())
-            .unwrap_or(false)
-        {
-            fsync_path(&p)?;
-        }
-    }
+    fsync_files(staging, &files)?;
     fsync_dirs(staging, &files)?;
     Ok(files)
+}
+
+/// Threads used to fsync staged files: the device queues concurrent flushes, so a few
+/// threads cut the time of a large checkpoint.
+const FSYNC_THREADS: usize = 8;
+
+/// fsyncs every regular staged file, on up to [`FSYNC_THREADS`] threads.
+fn fsync_files(root: &Path, files: &[PathBuf]) -> Result<(), ControlError> {
+    let chunk = files.len().div_ceil(FSYNC_THREADS).max(1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = files
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || -> Result<(), ControlError> {
+                    for rel in part {
+                        let p = root.join(rel);
+                        if !fs::symlink_metadata(&p)
+                            .map(|m| m.is_symlink())
+                            .unwrap_or(false)
+                        {
+                            fsync_path(&p)?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().map_err(|_| internal("fsync thread panicked"))?)
+    })
 }
 
 fn fsync_dirs(root: &Path, files: &[PathBuf]) -> Result<(), ControlError> {

@@ -253,7 +253,9 @@ impl ReaperHandle {
 
     /// The last stdout lines of runner `id` (bounded by `tail_lines`), oldest first.
     pub fn runner_output(&self, id: &str, stream: &str) -> Vec<String> {
-        self.entry(id).map(|e| e.tail.lines(stream)).unwrap_or_default()
+        self.entry(id)
+            .map(|e| e.tail.lines(stream))
+            .unwrap_or_default()
     }
 
     /// The pid of runner `id` while it is registered.
@@ -871,10 +873,7 @@ impl ReaperHandle {
     }
 
     fn owns(&self, pid: u32) -> bool {
-        OWNED_PIDS
-            .lock()
-            .map(|o| o.contains(&pid))
-            .unwrap_or(false)
+        OWNED_PIDS.lock().map(|o| o.contains(&pid)).unwrap_or(false)
     }
 
     /// After a stop: roll back the runner's open checkpoints, write the missing span ends,
@@ -1064,10 +1063,7 @@ impl ReaperHandle {
             seen.clear();
             return;
         }
-        let owned: BTreeSet<u32> = OWNED_PIDS
-            .lock()
-            .map(|o| o.clone())
-            .unwrap_or_default();
+        let owned: BTreeSet<u32> = OWNED_PIDS.lock().map(|o| o.clone()).unwrap_or_default();
         let zombies: HashSet<u32> = platform::zombie_children()
             .into_iter()
             .filter(|p| !owned.contains(p))

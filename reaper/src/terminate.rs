@@ -157,15 +157,15 @@ fn signal_each(
 ) -> usize {
     let mut n = 0;
     for p in procs {
-        if !fds.contains_key(&p.pid) {
-            match platform::open_verified(p.pid, p.start_time_ticks) {
-                Ok(Some(fd)) => {
-                    fds.insert(p.pid, fd);
+        let fd = match fds.entry(p.pid) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                match platform::open_verified(p.pid, p.start_time_ticks) {
+                    Ok(Some(fd)) => v.insert(fd),
+                    _ => continue, // gone, or the pid now names another process
                 }
-                _ => continue, // gone, or the pid now names another process
             }
-        }
-        let Some(fd) = fds.get(&p.pid) else { continue };
+        };
         if platform::pidfd_exited(fd.as_fd()) {
             continue;
         }

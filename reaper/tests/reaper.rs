@@ -1,13 +1,14 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Integration tests of the reaper: real processes, real files, a real SQLite file, scaled
 //! down grace periods. Scenario scripts are copied in `tests/scenarios/` (cases C22–C26, C29).
 
+#[path = "it/checkpoints.rs"]
+mod checkpoints;
 #[path = "it/common.rs"]
 mod common;
 #[path = "it/runners.rs"]
 mod runners;
 #[path = "it/scenarios.rs"]
 mod scenarios;
-#[path = "it/checkpoints.rs"]
-mod checkpoints;
 #[path = "it/sweep.rs"]
 mod sweep;

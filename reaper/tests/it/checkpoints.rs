@@ -37,7 +37,10 @@ fn hash_tree(root: &Path) -> BTreeMap<PathBuf, String> {
     out
 }
 
-async fn call(h: &Harness, f: impl FnOnce(oneshot::Sender<ControlReply>) -> ControlRequest) -> ControlReply {
+async fn call(
+    h: &Harness,
+    f: impl FnOnce(oneshot::Sender<ControlReply>) -> ControlRequest,
+) -> ControlReply {
     let (tx, rx) = oneshot::channel();
     h.handle.handle(f(tx)).await;
     rx.await.unwrap()
@@ -51,7 +54,10 @@ async fn create(h: &Harness, ws: &Path) -> (String, PathBuf) {
     })
     .await
     .unwrap();
-    (v["id"].as_str().unwrap().into(), PathBuf::from(v["path"].as_str().unwrap()))
+    (
+        v["id"].as_str().unwrap().into(),
+        PathBuf::from(v["path"].as_str().unwrap()),
+    )
 }
 
 fn workspace() -> tempfile::TempDir {
@@ -68,11 +74,20 @@ async fn rollback_leaves_the_workspace_byte_for_byte_identical() {
     let ws = workspace();
     let before = hash_tree(ws.path());
     let (id, staging) = create(&h, ws.path()).await;
-    assert!(staging.starts_with(std::fs::canonicalize(ws.path()).unwrap().join(".workbench/checkpoints")));
+    assert!(staging.starts_with(
+        std::fs::canonicalize(ws.path())
+            .unwrap()
+            .join(".workbench/checkpoints")
+    ));
     std::fs::create_dir_all(staging.join("data")).unwrap();
     std::fs::write(staging.join("data/table.csv"), "a,b\n9,9\n").unwrap();
     std::fs::write(staging.join("new.json"), "[1]").unwrap();
-    let v = call(&h, |reply| ControlRequest::RollbackCheckpoint { id: id.clone(), reply }).await.unwrap();
+    let v = call(&h, |reply| ControlRequest::RollbackCheckpoint {
+        id: id.clone(),
+        reply,
+    })
+    .await
+    .unwrap();
     assert_eq!(v["state"], "rolled_back");
     assert!(!staging.exists());
     assert_eq!(hash_tree(ws.path()), before);
@@ -97,11 +112,18 @@ async fn commit_validates_then_moves_every_file() {
         let (id, staging) = create(&h, ws.path()).await;
         std::fs::write(staging.join("ok.txt"), "fine").unwrap();
         std::fs::write(staging.join(name), &content).unwrap();
-        let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id: id.clone(), reply }).await.unwrap_err();
+        let err = call(&h, |reply| ControlRequest::CommitCheckpoint {
+            id: id.clone(),
+            reply,
+        })
+        .await
+        .unwrap_err();
         assert_eq!(err.status, 422, "{name}: {err}");
         assert!(err.message.contains(name), "{err}");
         assert_eq!(hash_tree(ws.path()), before, "{name}: workspace untouched");
-        call(&h, |reply| ControlRequest::RollbackCheckpoint { id, reply }).await.unwrap();
+        call(&h, |reply| ControlRequest::RollbackCheckpoint { id, reply })
+            .await
+            .unwrap();
     }
     // Valid content: everything lands.
     let (id, staging) = create(&h, ws.path()).await;
@@ -113,13 +135,23 @@ async fn commit_validates_then_moves_every_file() {
     h5.extend_from_slice(&HDF5_SIGNATURE);
     std::fs::write(staging.join("arr.h5"), &h5).unwrap();
     std::fs::write(staging.join("nb.ipynb"), "{\"cells\": []}").unwrap();
-    let v = call(&h, |reply| ControlRequest::CommitCheckpoint { id: id.clone(), reply }).await.unwrap();
+    let v = call(&h, |reply| ControlRequest::CommitCheckpoint {
+        id: id.clone(),
+        reply,
+    })
+    .await
+    .unwrap();
     assert_eq!(v["files"], 4);
-    assert_eq!(std::fs::read_to_string(ws.path().join("data/table.csv")).unwrap(), "a,b\n\"x,y\",2\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("data/table.csv")).unwrap(),
+        "a,b\n\"x,y\",2\n"
+    );
     assert!(ws.path().join("pkg/__init__.py").exists());
     assert_eq!(std::fs::read(ws.path().join("arr.h5")).unwrap(), h5);
     assert!(!staging.exists());
-    let again = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply }).await.unwrap_err();
+    let again = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply })
+        .await
+        .unwrap_err();
     assert_eq!(again.status, 409);
 }
 
@@ -130,24 +162,44 @@ async fn path_escapes_are_refused_with_a_clear_error() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
     // Relative and `..` workspaces.
-    let err = call(&h, |reply| ControlRequest::CreateCheckpoint { runner_id: "r".into(), workspace: "rel/ws".into(), reply }).await.unwrap_err();
+    let err = call(&h, |reply| ControlRequest::CreateCheckpoint {
+        runner_id: "r".into(),
+        workspace: "rel/ws".into(),
+        reply,
+    })
+    .await
+    .unwrap_err();
     assert_eq!(err.status, 400);
     let dotdot = ws.path().join("data/../..");
-    let err = call(&h, |reply| ControlRequest::CreateCheckpoint { runner_id: "r".into(), workspace: dotdot, reply }).await.unwrap_err();
+    let err = call(&h, |reply| ControlRequest::CreateCheckpoint {
+        runner_id: "r".into(),
+        workspace: dotdot,
+        reply,
+    })
+    .await
+    .unwrap_err();
     assert_eq!(err.code, "path_escape");
     // A staged symlink pointing outside.
     let (id, staging) = create(&h, ws.path()).await;
-    std::os::unix::fs::symlink(outside.path().join("secret.txt"), staging.join("link.txt")).unwrap();
-    let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply }).await.unwrap_err();
+    std::os::unix::fs::symlink(outside.path().join("secret.txt"), staging.join("link.txt"))
+        .unwrap();
+    let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply })
+        .await
+        .unwrap_err();
     assert_eq!(err.code, "path_escape");
-    assert!(err.message.contains("points outside the workspace"), "{err}");
+    assert!(
+        err.message.contains("points outside the workspace"),
+        "{err}"
+    );
     assert!(!ws.path().join("link.txt").exists());
     // A destination folder that is a symlink to outside.
     std::os::unix::fs::symlink(outside.path(), ws.path().join("out")).unwrap();
     let (id, staging) = create(&h, ws.path()).await;
     std::fs::create_dir_all(staging.join("out")).unwrap();
     std::fs::write(staging.join("out/evil.txt"), "x").unwrap();
-    let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply }).await.unwrap_err();
+    let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply })
+        .await
+        .unwrap_err();
     assert_eq!(err.code, "path_escape", "{err}");
     assert!(!outside.path().join("evil.txt").exists());
 }
@@ -156,10 +208,16 @@ async fn path_escapes_are_refused_with_a_clear_error() {
 /// `STALLWATCH_FAILPOINTS` set by the parent (the process aborts mid-commit).
 #[tokio::test]
 async fn failpoint_child_commit() {
-    let Ok(arg) = std::env::var("STALLWATCH_TEST_COMMIT") else { return };
+    let Ok(arg) = std::env::var("STALLWATCH_TEST_COMMIT") else {
+        return;
+    };
     let (db, id) = arg.split_once('|').unwrap();
     let storage = Storage::open(StorageConfig::new(db)).unwrap();
-    let cps = Checkpoints::new(storage.clone(), EventBus::new(storage), Arc::new(ReaperStats::default()));
+    let cps = Checkpoints::new(
+        storage.clone(),
+        EventBus::new(storage),
+        Arc::new(ReaperStats::default()),
+    );
     let r = cps.commit(id).await;
     panic!("the failpoint should have aborted the commit: {r:?}");
 }
@@ -171,23 +229,46 @@ async fn commit_aborted_after_the_third_rename_is_rolled_forward_on_restart() {
     let db = dir.path().join("stallwatch.db");
     let (id, staging) = {
         let storage = Storage::open(StorageConfig::new(&db)).unwrap();
-        let cps = Checkpoints::new(storage.clone(), EventBus::new(storage.clone()), Arc::new(ReaperStats::default()));
+        let cps = Checkpoints::new(
+            storage.clone(),
+            EventBus::new(storage.clone()),
+            Arc::new(ReaperStats::default()),
+        );
         let v = cps.create("r", ws.path()).await.unwrap();
         storage.shutdown().await;
-        (v["id"].as_str().unwrap().to_string(), PathBuf::from(v["path"].as_str().unwrap()))
+        (
+            v["id"].as_str().unwrap().to_string(),
+            PathBuf::from(v["path"].as_str().unwrap()),
+        )
     };
     for i in 0..10 {
-        std::fs::write(staging.join(format!("f{i}.json")), format!("{{\"i\": {i}}}")).unwrap();
+        std::fs::write(
+            staging.join(format!("f{i}.json")),
+            format!("{{\"i\": {i}}}"),
+        )
+        .unwrap();
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "checkpoints::failpoint_child_commit", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "checkpoints::failpoint_child_commit",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("STALLWATCH_TEST_COMMIT", format!("{}|{id}", db.display()))
         .env("STALLWATCH_FAILPOINTS", "checkpoint.after_rename:3")
         .output()
         .unwrap();
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(6), "child must abort: {}", String::from_utf8_lossy(&out.stderr));
-    let landed = (0..10).filter(|i| ws.path().join(format!("f{i}.json")).exists()).count();
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "child must abort: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let landed = (0..10)
+        .filter(|i| ws.path().join(format!("f{i}.json")).exists())
+        .count();
     assert_eq!(landed, 3, "exactly three renames before the abort");
     // Restart: the sweep rolls the commit forward.
     let cfg = config(dir.path(), 200);
@@ -199,11 +280,18 @@ async fn commit_aborted_after_the_third_rename_is_rolled_forward_on_restart() {
         if row.state == CheckpointState::Committed {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "not rolled forward: {:?}", row.state);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not rolled forward: {:?}",
+            row.state
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     for i in 0..10 {
-        assert_eq!(std::fs::read_to_string(ws.path().join(format!("f{i}.json"))).unwrap(), format!("{{\"i\": {i}}}"));
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join(format!("f{i}.json"))).unwrap(),
+            format!("{{\"i\": {i}}}")
+        );
     }
     assert!(!staging.exists());
 }

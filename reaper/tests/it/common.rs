@@ -26,7 +26,9 @@ pub struct Harness {
 }
 
 pub fn scenario(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scenarios")
+        .join(name)
 }
 
 /// `STALLWATCH_TEST_PYTHON`, else `/work/main/.venv/bin/python`, else `python3`.
@@ -65,7 +67,17 @@ pub async fn harness_with(dir: tempfile::TempDir, config: ReaperConfig) -> Harne
     )
     .await
     .unwrap();
-    Harness { dir, storage, events, incidents, handle, task, trips, changes, shutdown }
+    Harness {
+        dir,
+        storage,
+        events,
+        incidents,
+        handle,
+        task,
+        trips,
+        changes,
+        shutdown,
+    }
 }
 
 pub async fn harness(grace_ms: u64) -> Harness {
@@ -91,12 +103,19 @@ pub fn spawn_spec(id: &str, argv: &[&str]) -> RunnerSpec {
 impl Harness {
     pub async fn register(&self, spec: RunnerSpec) -> ControlReply {
         let (reply, rx) = oneshot::channel();
-        self.handle.handle(ControlRequest::RegisterRunner { spec, reply }).await;
+        self.handle
+            .handle(ControlRequest::RegisterRunner { spec, reply })
+            .await;
         rx.await.unwrap()
     }
     pub async fn delete(&self, id: &str) -> ControlReply {
         let (reply, rx) = oneshot::channel();
-        self.handle.handle(ControlRequest::DeleteRunner { id: id.into(), reply }).await;
+        self.handle
+            .handle(ControlRequest::DeleteRunner {
+                id: id.into(),
+                reply,
+            })
+            .await;
         rx.await.unwrap()
     }
     pub async fn trip(&self, id: &str) {
@@ -118,7 +137,12 @@ impl Harness {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.incidents.recv()).await {
-                Ok(Ok(i)) if i.incident.kind == kind && i.incident.runner_id.as_deref() == Some(runner) => return i,
+                Ok(Ok(i))
+                    if i.incident.kind == kind
+                        && i.incident.runner_id.as_deref() == Some(runner) =>
+                {
+                    return i
+                }
                 Ok(Ok(_)) => continue,
                 Ok(Err(broadcast::error::RecvError::Lagged(_))) => continue,
                 Ok(Err(e)) => panic!("event bus closed: {e}"),
@@ -129,7 +153,10 @@ impl Harness {
     /// Waits (up to 20 s) until the runner printed a stdout line containing `needle`.
     pub async fn output(&self, id: &str, needle: &str) {
         wait_for(&format!("{id} prints {needle:?}"), || {
-            self.handle.runner_output(id, "stdout").iter().any(|l| l.contains(needle))
+            self.handle
+                .runner_output(id, "stdout")
+                .iter()
+                .any(|l| l.contains(needle))
         })
         .await;
     }
@@ -148,7 +175,9 @@ pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 pub fn running(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next().map(str::to_string));
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string));
             state.as_deref() != Some("Z")
         }
         Err(_) => false,

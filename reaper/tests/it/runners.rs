@@ -18,7 +18,10 @@ async fn crash_records_stderr_and_restarts_until_the_intensity_limit() {
     cfg.restart.max_restarts = 2;
     let mut h = harness_with(dir, cfg).await;
     let reply = h
-        .register(spawn_spec("crashy", &["sh", "-c", "echo 'unhandled rejection: boom' >&2; exit 101"]))
+        .register(spawn_spec(
+            "crashy",
+            &["sh", "-c", "echo 'unhandled rejection: boom' >&2; exit 101"],
+        ))
         .await
         .unwrap();
     assert!(reply["pid"].as_u64().unwrap() > 1);
@@ -37,7 +40,12 @@ async fn crash_records_stderr_and_restarts_until_the_intensity_limit() {
     };
     assert!(gave_up.incident.reason.contains("gave up"));
     wait_for("row gave_up", || true).await;
-    let row = h.storage.runner_row("crashy".into()).await.unwrap().unwrap();
+    let row = h
+        .storage
+        .runner_row("crashy".into())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(row.state, RunnerRowState::GaveUp);
     let mut registered = 0;
     while let Ok(c) = h.changes.try_recv() {
@@ -51,7 +59,9 @@ async fn crash_records_stderr_and_restarts_until_the_intensity_limit() {
 #[tokio::test]
 async fn clean_exit_is_runner_exited_and_not_restarted() {
     let mut h = harness(300).await;
-    h.register(spawn_spec("clean", &["sh", "-c", "echo done"])).await.unwrap();
+    h.register(spawn_spec("clean", &["sh", "-c", "echo done"]))
+        .await
+        .unwrap();
     let i = h.incident(EventKind::RunnerExited, "clean").await;
     assert_eq!(i.incident.evidence["exit"]["code"], 0);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -62,14 +72,20 @@ async fn clean_exit_is_runner_exited_and_not_restarted() {
 #[tokio::test]
 async fn attach_same_id_alive_is_409_dead_is_replaced_and_no_start_time_is_never_signalled() {
     let h = harness(200).await;
-    let mut victim = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut victim = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let pid = victim.id();
     let start = platform::proc_stat(pid).unwrap().start_time_ticks;
     let spec = |start: Option<u64>| RunnerSpec {
         id: "att".into(),
         heartbeat_socket: None,
         spawn: None,
-        attach: Some(AttachSpec { pid, start_time_ticks: start }),
+        attach: Some(AttachSpec {
+            pid,
+            start_time_ticks: start,
+        }),
     };
     // Forged start time: refused, nothing signalled.
     let err = h.register(spec(Some(start + 7))).await.unwrap_err();
@@ -79,7 +95,10 @@ async fn attach_same_id_alive_is_409_dead_is_replaced_and_no_start_time_is_never
     assert_eq!(h.register(spec(None)).await.unwrap_err().status, 409);
     h.trip("att").await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(running(pid), "a runner without a start time must never be signalled");
+    assert!(
+        running(pid),
+        "a runner without a start time must never be signalled"
+    );
     let del = h.delete("att").await.unwrap();
     assert_eq!(del["termination"]["ended_by"], "not_signalled");
     assert!(running(pid));
@@ -90,23 +109,39 @@ async fn attach_same_id_alive_is_409_dead_is_replaced_and_no_start_time_is_never
     let _ = victim.wait();
     assert!(!running(pid));
     // Dead attached runner: same id is replaced.
-    let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let opid = other.id();
     let ostart = platform::proc_stat(opid).unwrap().start_time_ticks;
     let mut s2 = spec(Some(ostart));
-    s2.attach = Some(AttachSpec { pid: opid, start_time_ticks: Some(ostart) });
+    s2.attach = Some(AttachSpec {
+        pid: opid,
+        start_time_ticks: Some(ostart),
+    });
     h.register(s2.clone()).await.unwrap();
     other.kill().unwrap();
     let _ = other.wait();
     wait_for("attached runner seen dead", || {
-        h.handle.runner_info("att").is_some_and(|v| v["alive"] == false)
+        h.handle
+            .runner_info("att")
+            .is_some_and(|v| v["alive"] == false)
     })
     .await;
-    let mut third = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut third = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let tpid = third.id();
     let tstart = platform::proc_stat(tpid).unwrap().start_time_ticks;
-    s2.attach = Some(AttachSpec { pid: tpid, start_time_ticks: Some(tstart) });
-    h.register(s2).await.expect("a dead runner's id is replaced");
+    s2.attach = Some(AttachSpec {
+        pid: tpid,
+        start_time_ticks: Some(tstart),
+    });
+    h.register(s2)
+        .await
+        .expect("a dead runner's id is replaced");
     assert_eq!(h.handle.runner_pid("att"), Some(tpid));
     third.kill().unwrap();
     let _ = third.wait();
@@ -115,7 +150,9 @@ async fn attach_same_id_alive_is_409_dead_is_replaced_and_no_start_time_is_never
 #[tokio::test]
 async fn sigterm_obeyed_ends_with_sigterm_and_steps_are_in_the_ledger() {
     let mut h = harness(2000).await;
-    h.register(spawn_spec("obey", &["sleep", "60"])).await.unwrap();
+    h.register(spawn_spec("obey", &["sleep", "60"]))
+        .await
+        .unwrap();
     let pid = h.handle.runner_pid("obey").unwrap();
     h.trip("obey").await;
     let i = h.incident(EventKind::RunnerTerminated, "obey").await;
@@ -124,9 +161,22 @@ async fn sigterm_obeyed_ends_with_sigterm_and_steps_are_in_the_ledger() {
     assert_eq!(r["exit"]["signal"], 15);
     assert!(!running(pid));
     let actions = h.storage.runner_actions("obey".into(), 100).await.unwrap();
-    let steps: Vec<String> = actions.iter().map(|a| format!("{}:{}", a.step, a.phase)).collect();
-    for want in ["sigterm_sent:intent", "sigterm_sent:done", "exited:done", "reaped:intent", "reaped:done", "finished:done"] {
-        assert!(steps.contains(&want.to_string()), "{want} missing from {steps:?}");
+    let steps: Vec<String> = actions
+        .iter()
+        .map(|a| format!("{}:{}", a.step, a.phase))
+        .collect();
+    for want in [
+        "sigterm_sent:intent",
+        "sigterm_sent:done",
+        "exited:done",
+        "reaped:intent",
+        "reaped:done",
+        "finished:done",
+    ] {
+        assert!(
+            steps.contains(&want.to_string()),
+            "{want} missing from {steps:?}"
+        );
     }
     assert!(!steps.iter().any(|s| s.starts_with("sigkill")));
     // Trip → restart under the policy (a trip is a failure).
@@ -159,5 +209,8 @@ async fn no_defunct_after_100_kill_cycles() {
         z.intersection(&pids).next().is_none()
     })
     .await;
-    assert!(pids.iter().all(|p| !running(*p) || platform::proc_stat(*p).map(|s| s.ppid != std::process::id()).unwrap_or(true)));
+    assert!(pids.iter().all(|p| !running(*p)
+        || platform::proc_stat(*p)
+            .map(|s| s.ppid != std::process::id())
+            .unwrap_or(true)));
 }

@@ -38,23 +38,51 @@ async fn sweep_orphans_dead_and_recycled_runners_adopts_live_ones_and_never_sign
     // A process that is gone.
     let mut dead = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = dead.id();
-    let dead_start = platform::proc_stat(dead_pid).map(|s| s.start_time_ticks).unwrap_or(1);
+    let dead_start = platform::proc_stat(dead_pid)
+        .map(|s| s.start_time_ticks)
+        .unwrap_or(1);
     dead.wait().unwrap();
     // A live process whose start time does not match (a recycled pid).
-    let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let other_pid = other.id();
     let other_start = platform::proc_stat(other_pid).unwrap().start_time_ticks;
     // A live process that is the recorded one, mid-termination (SIGTERM done, no SIGKILL).
-    let mut alive = std::process::Command::new("sh").args(["-c", "trap '' TERM; sleep 30"]).spawn().unwrap();
+    let mut alive = std::process::Command::new("sh")
+        .args(["-c", "trap '' TERM; sleep 30"])
+        .spawn()
+        .unwrap();
     let alive_pid = alive.id();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let alive_start = platform::proc_stat(alive_pid).unwrap().start_time_ticks;
     {
         let s = Storage::open(StorageConfig::new(dir.path().join("stallwatch.db"))).unwrap();
-        s.upsert_runner(row("gone", dead_pid, dead_start, RunnerRowState::Running)).await.unwrap();
-        s.upsert_runner(row("recycled", other_pid, other_start + 3, RunnerRowState::Running)).await.unwrap();
-        s.upsert_runner(row("halfdone", alive_pid, alive_start, RunnerRowState::Stopping)).await.unwrap();
-        for (step, phase) in [("descendants_recorded", "done"), ("sigterm_sent", "intent"), ("sigterm_sent", "done")] {
+        s.upsert_runner(row("gone", dead_pid, dead_start, RunnerRowState::Running))
+            .await
+            .unwrap();
+        s.upsert_runner(row(
+            "recycled",
+            other_pid,
+            other_start + 3,
+            RunnerRowState::Running,
+        ))
+        .await
+        .unwrap();
+        s.upsert_runner(row(
+            "halfdone",
+            alive_pid,
+            alive_start,
+            RunnerRowState::Stopping,
+        ))
+        .await
+        .unwrap();
+        for (step, phase) in [
+            ("descendants_recorded", "done"),
+            ("sigterm_sent", "intent"),
+            ("sigterm_sent", "done"),
+        ] {
             s.record_action(ActionRecord {
                 runner_id: "halfdone".into(),
                 termination_id: "t-old".into(),
@@ -88,23 +116,41 @@ async fn sweep_orphans_dead_and_recycled_runners_adopts_live_ones_and_never_sign
     let mut h = harness_with(dir, cfg).await;
     let mut orphaned = Vec::new();
     while orphaned.len() < 2 {
-        let i = tokio::time::timeout(Duration::from_secs(30), h.incidents.recv()).await.unwrap().unwrap();
+        let i = tokio::time::timeout(Duration::from_secs(30), h.incidents.recv())
+            .await
+            .unwrap()
+            .unwrap();
         if i.incident.kind == EventKind::RunnerOrphaned {
             assert_eq!(i.incident.evidence["orphaned"], true);
-            orphaned.push((i.incident.runner_id.clone().unwrap(), i.incident.reason.clone()));
+            orphaned.push((
+                i.incident.runner_id.clone().unwrap(),
+                i.incident.reason.clone(),
+            ));
         }
     }
     orphaned.sort();
     assert_eq!(orphaned[0].0, "gone");
     assert!(orphaned[0].1.contains("gone"), "{:?}", orphaned[0]);
     assert_eq!(orphaned[1].0, "recycled");
-    assert!(orphaned[1].1.contains("another process"), "{:?}", orphaned[1]);
+    assert!(
+        orphaned[1].1.contains("another process"),
+        "{:?}",
+        orphaned[1]
+    );
     // Never signalled: the process holding the recycled pid is alive.
     assert!(running(other_pid));
     // Its checkpoint is rolled back; the workspace is as it was.
-    let cp = h.storage.checkpoint("cp-old".into()).await.unwrap().unwrap();
+    let cp = h
+        .storage
+        .checkpoint("cp-old".into())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(cp.state, CheckpointState::RolledBack);
-    assert_eq!(std::fs::read_to_string(ws.path().join("keep.txt")).unwrap(), "stable");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("keep.txt")).unwrap(),
+        "stable"
+    );
     assert!(!ws.path().join(".workbench/checkpoints/cp-old").exists());
     for id in ["gone", "recycled"] {
         let r = h.storage.runner_row(id.into()).await.unwrap().unwrap();
@@ -115,13 +161,24 @@ async fn sweep_orphans_dead_and_recycled_runners_adopts_live_ones_and_never_sign
     assert_eq!(t.incident.evidence["report"]["ended_by"], "sigkill");
     assert_eq!(t.incident.evidence["report"]["termination_id"], "t-old");
     wait_for("half-done runner gone", || !running(alive_pid)).await;
-    let actions = h.storage.runner_actions("halfdone".into(), 100).await.unwrap();
-    let sigterms = actions.iter().filter(|a| a.step == "sigterm_sent" && a.phase == "done").count();
+    let actions = h
+        .storage
+        .runner_actions("halfdone".into(), 100)
+        .await
+        .unwrap();
+    let sigterms = actions
+        .iter()
+        .filter(|a| a.step == "sigterm_sent" && a.phase == "done")
+        .count();
     assert_eq!(sigterms, 1, "a finished SIGTERM is never repeated");
     assert!(actions.iter().any(|a| a.step == "finished"));
     let incidents = h
         .storage
-        .incidents(IncidentQuery { kind: Some(EventKind::RunnerOrphaned), limit: 10, ..Default::default() })
+        .incidents(IncidentQuery {
+            kind: Some(EventKind::RunnerOrphaned),
+            limit: 10,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(incidents.len(), 2);
