@@ -34,6 +34,8 @@ pub struct SidecarOptions {
     pub config: Option<PathBuf>,
     /// More arguments after `serve` and the options above (e.g. `--log-format json`).
     pub extra_args: Vec<String>,
+    /// Extra environment for the sidecar (e.g. `RUST_LOG`), over the inherited one.
+    pub env: Vec<(String, String)>,
     /// Pass `--exit-with-parent`: stallwatch shuts down in order when this process dies,
     /// even by SIGKILL. A Tauri app wants this.
     pub exit_with_parent: bool,
@@ -51,13 +53,14 @@ pub struct SidecarOptions {
 
 impl SidecarOptions {
     /// Options for `binary` with every other field at its default (no data dir, no config,
-    /// no extra args, `exit_with_parent = false`, stderr inherited).
+    /// no extra args or env, `exit_with_parent = false`, stderr inherited).
     pub fn new(binary: impl Into<PathBuf>) -> Self {
         Self {
             binary: binary.into(),
             data_dir: None,
             config: None,
             extra_args: Vec::new(),
+            env: Vec::new(),
             exit_with_parent: false,
             stderr_file: None,
             ready_timeout: DEFAULT_READY_TIMEOUT,

@@ -54,6 +54,7 @@ impl Sidecar {
             cmd.arg("--exit-with-parent");
         }
         cmd.args(&options.extra_args)
+            .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
@@ -266,7 +267,7 @@ mod tests {
         let bin = script(
             dir.path(),
             &format!(
-                "echo \"$@\" > {args}\necho not-json\necho '{{\"event\":\"ready\",\"otlp_grpc\":\"127.0.0.1:1\",\"otlp_http\":\"127.0.0.1:2\",\"dashboard\":\"127.0.0.1:3\",\"data_dir\":\"{data}\"}}'\nexec sleep 30",
+                "echo \"$SW_TEST_VAR $@\" > {args}\necho not-json\necho '{{\"event\":\"ready\",\"otlp_grpc\":\"127.0.0.1:1\",\"otlp_http\":\"127.0.0.1:2\",\"dashboard\":\"127.0.0.1:3\",\"data_dir\":\"{data}\"}}'\nexec sleep 30",
                 args = args.display(),
                 data = data.display()
             ),
@@ -275,6 +276,7 @@ mod tests {
         o.data_dir = Some(data.clone());
         o.exit_with_parent = true;
         o.extra_args = vec!["--log-format".into(), "json".into()];
+        o.env = vec![("SW_TEST_VAR".into(), "env-ok".into())];
         o.shutdown_deadline = Duration::from_millis(200);
         let sc = Sidecar::spawn(o).await.unwrap();
         assert_eq!(sc.ready().dashboard, "127.0.0.1:3".parse().unwrap());
@@ -283,7 +285,7 @@ mod tests {
         assert_eq!(
             got.trim(),
             format!(
-                "serve --data-dir {} --otlp-grpc-listen 127.0.0.1:0 --otlp-http-listen 127.0.0.1:0 --dashboard-listen 127.0.0.1:0 --exit-with-parent --log-format json",
+                "env-ok serve --data-dir {} --otlp-grpc-listen 127.0.0.1:0 --otlp-http-listen 127.0.0.1:0 --dashboard-listen 127.0.0.1:0 --exit-with-parent --log-format json",
                 data.display()
             )
         );
