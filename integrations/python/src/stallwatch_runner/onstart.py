@@ -171,11 +171,22 @@ class OnStartSpanProcessor(SpanProcessor):
             _logger.debug("stallwatch: on_start failed", exc_info=True)
 
     def on_end(self, span: ReadableSpan) -> None:
+        """Forget the span; for a tool span, export its ended copy at once (never blocking).
+
+        The SDK's batch processor exports ended spans only every few seconds; without this
+        the watchdog would see a finished tool as still open until then and could judge a
+        short tool against its SLA. stallwatch stores the two ended copies once.
+        """
         try:
             key = span.get_span_context().span_id
             with self._lock:
-                self._tools.pop(key, None)
+                was_tool = self._tools.pop(key, None) is not None
                 self._candidates.pop(key, None)
+            if (was_tool or is_tool_span(span.attributes)) and not self._stopped.is_set():
+                try:
+                    self._starts.put_nowait(span)
+                except queue.Full:
+                    self.dropped += 1
         except Exception:  # pragma: no cover
             pass
 
@@ -214,7 +225,12 @@ class OnStartSpanProcessor(SpanProcessor):
             return list(self._tools.values())
 
     def _export(self, spans: list) -> None:
-        snaps = [s for s in (snapshot(span) for span in spans) if s is not None]
+        # Ended spans go out as they are; running ones as snapshots with end time 0.
+        snaps = [
+            s
+            for s in (span if span.end_time else snapshot(span) for span in spans)
+            if s is not None
+        ]
         if not snaps:
             return
         error = ""
