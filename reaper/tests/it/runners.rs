@@ -214,3 +214,96 @@ async fn no_defunct_after_100_kill_cycles() {
             .map(|s| s.ppid != std::process::id())
             .unwrap_or(true)));
 }
+
+/// A trip writes the missing end of each open tool span: a copy of the stored span with
+/// end = kill time, status ERROR, `error.type = "timeout"`, events SIGTERM (+ rollback),
+/// and rolls back the runner's open checkpoint.
+#[tokio::test]
+async fn trip_writes_span_ends_and_rolls_back_checkpoints() {
+    use stallwatch_storage::model::*;
+    use std::sync::Arc;
+    let mut h = harness(1000).await;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "stable").unwrap();
+    let mut spec = spawn_spec("spans", &["sleep", "60"]);
+    spec.spawn.as_mut().unwrap().workspace = Some(ws.path().to_path_buf());
+    let reply = h.register(spec).await.unwrap();
+    let staging = std::path::PathBuf::from(reply["checkpoint"]["path"].as_str().unwrap());
+    let pid = reply["pid"].as_u64().unwrap() as u32;
+    assert!(platform::environ_has(
+        pid,
+        "STALLWATCH_CHECKPOINT_DIR",
+        staging.to_str().unwrap()
+    ));
+    std::fs::write(staging.join("a.txt"), "half").unwrap();
+    let (t, s) = (TraceId([7; 16]), SpanId([9; 8]));
+    let open = Span {
+        trace_id: t,
+        span_id: s,
+        name: "execute_tool run_notebook".into(),
+        start_time_unix_nano: now_unix_nano() - 5_000_000_000,
+        attributes: vec![KeyValue::new(
+            "gen_ai.tool.name",
+            AnyValue::String("run_notebook".into()),
+        )],
+        ..Default::default()
+    };
+    let batch = TraceBatch {
+        resource_spans: vec![ResourceSpans {
+            resource: Resource {
+                attributes: vec![KeyValue::new(
+                    "stallwatch.runner.id",
+                    AnyValue::String("spans".into()),
+                )],
+                ..Default::default()
+            },
+            scope_spans: vec![ScopeSpans {
+                scope: Scope::default(),
+                spans: vec![open.clone()],
+            }],
+        }],
+    };
+    h.storage.write_traces(Arc::new(batch)).await.unwrap();
+    h.trips
+        .send(stallwatch_storage::control::Trip {
+            runner_id: "spans".into(),
+            verdict: "tool_overrun".into(),
+            reason: "over SLA".into(),
+            incident_id: None,
+            open_spans: vec![(t, s)],
+            at_unix_nano: now_unix_nano(),
+        })
+        .await
+        .unwrap();
+    let i = h.incident(EventKind::RunnerTerminated, "spans").await;
+    assert_eq!(i.incident.evidence["spans_closed"], 1);
+    assert_eq!(
+        i.incident.evidence["checkpoints_rolled_back"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(!staging.exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "stable"
+    );
+    let stored = h.storage.span(t, s).await.unwrap().expect("span stored");
+    let sp = stored.span;
+    assert_eq!(sp.name, open.name, "a copy of the original span");
+    assert_eq!(sp.status.code, STATUS_ERROR);
+    assert_eq!(
+        attr(&sp.attributes, "error.type").and_then(AnyValue::as_str),
+        Some("timeout")
+    );
+    assert_eq!(
+        sp.end_time_unix_nano,
+        i.incident.evidence["report"]["sigterm_unix_nano"]
+            .as_u64()
+            .unwrap()
+    );
+    let names: Vec<_> = sp.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["SIGTERM", "rollback"]);
+    h.delete("spans").await.unwrap();
+}
