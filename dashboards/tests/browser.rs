@@ -284,6 +284,22 @@ async fn ui_shows_traces_open_spans_and_live_incidents() {
         "return document.getElementById('live').classList.contains('on')",
     )
     .await;
+    let timeline = d
+        .js("return document.querySelector('.timeline').innerText")
+        .await;
+    for needle in [
+        "SIGTERM at",
+        "exited at",
+        "SIGKILL at",
+        "rolled back",
+        "runner nb-1",
+        "span run_notebook",
+    ] {
+        assert!(
+            timeline.as_str().unwrap().contains(needle),
+            "timeline lacks {needle:?}: {timeline}"
+        );
+    }
     d.js("window.__stallwatch_no_reload = 42; return true")
         .await;
     let mut inc = incident(EventKind::RunnerTerminated, "live-1");

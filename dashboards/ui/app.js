@@ -168,16 +168,38 @@ async function viewNow() {
 }
 
 // ---------- Incidents ----------
+function fmtMs(ms) {
+  if (!ms) return "—";
+  const d = new Date(ms);
+  return d.toLocaleString(undefined, { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+// Termination evidence (the reaper's report: SIGTERM at, exited at, SIGKILL at, rollbacks), or
+// any evidence keys naming those steps.
 function evidenceSteps(ev) {
   if (!ev || typeof ev !== "object") return null;
-  const rank = k => ["sigterm", "exited", "sigkill", "roll"].findIndex(w => k.toLowerCase().includes(w));
-  const keys = Object.keys(ev).filter(k => rank(k) >= 0).sort((a, b) => rank(a) - rank(b));
-  if (!keys.length) return null;
-  return h("div", { class: "steps" }, keys.map(k => {
-    const v = ev[k];
-    const txt = v === null ? "—" : (/unix_nano$/.test(k) ? fmtTime(v) : (typeof v === "object" ? JSON.stringify(v) : String(v)));
-    return h("span", {}, h("b", {}, k.replace(/_unix_nano$/, "").replace(/_/g, " ")), txt);
-  }));
+  const items = [];
+  const rep = ev.report && typeof ev.report === "object" ? ev.report : null;
+  if (rep && rep.sigterm_unix_nano) {
+    const t0 = nsToMs(String(BigInt(Math.round(Number(rep.sigterm_unix_nano)))));
+    const step = name => (rep.steps || []).find(s => s.step === name);
+    const exited = step("exited") || step("reaped");
+    items.push(["SIGTERM at", fmtMs(t0)]);
+    items.push(["exited at", exited ? fmtMs(t0 + exited.at_ms) : "—"]);
+    items.push(["SIGKILL at", rep.sigkill_unix_nano ? fmtMs(nsToMs(String(BigInt(Math.round(Number(rep.sigkill_unix_nano)))))) : "—"]);
+    if (rep.ended_by) items.push(["ended by", rep.ended_by]);
+    if (rep.survivors && rep.survivors.length) items.push(["survivors", String(rep.survivors.length)]);
+  } else {
+    const rank = k => ["sigterm", "exited", "sigkill"].findIndex(w => k.toLowerCase().includes(w));
+    for (const k of Object.keys(ev).filter(k => rank(k) >= 0).sort((a, b) => rank(a) - rank(b))) {
+      const v = ev[k];
+      items.push([k.replace(/_unix_nano$/, "").replace(/_at$/, "").replace(/_/g, " ") + " at", v === null ? "—" : (/unix_nano$/.test(k) ? fmtTime(v) : String(v))]);
+    }
+  }
+  const rolled = ev.checkpoints_rolled_back ?? ev.rolled_back;
+  if (rolled !== undefined && rolled !== null) items.push(["rolled back", Array.isArray(rolled) ? `${rolled.length} checkpoint(s)` : String(rolled)]);
+  if (ev.spans_closed !== undefined) items.push(["spans closed", String(ev.spans_closed)]);
+  if (!items.length) return null;
+  return h("div", { class: "steps" }, items.map(([k, v]) => h("span", {}, h("b", {}, k), v)));
 }
 function incidentLinks(i) {
   return h("div", { class: "links" },

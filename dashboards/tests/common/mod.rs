@@ -373,11 +373,21 @@ pub async fn seed(h: &Harness) {
         .await
         .unwrap();
     let mut term = incident(EventKind::RunnerTerminated, "seed-2");
+    // The reaper's evidence shape (reaper/src/service.rs: cause, report, rollbacks).
     term.evidence = serde_json::json!({
-        "sigterm_at_unix_nano": "1767225631000000000",
-        "exited_at_unix_nano": "1767225632000000000",
-        "sigkill_at_unix_nano": null,
-        "steps": ["SIGTERM", "exited"],
+        "cause": "trip",
+        "report": {
+            "termination_id": "t-1", "runner_id": "nb-1", "cause": "trip",
+            "steps": [
+                {"step": "sigterm_sent", "at_ms": 0, "detail": {}},
+                {"step": "exited", "at_ms": 850, "detail": {}}
+            ],
+            "ended_by": "sigterm", "exit": null, "escaped": [], "survivors": [],
+            "sigterm_unix_nano": 1_767_225_631_000_000_000u64, "sigkill_unix_nano": null,
+            "duration_ms": 850
+        },
+        "checkpoints_rolled_back": ["tx-1"],
+        "spans_closed": 1
     });
     h.events.publish(term).await.unwrap();
 }
