@@ -186,3 +186,67 @@ async fn sweep_orphans_dead_and_recycled_runners_adopts_live_ones_and_never_sign
     let _ = other.wait();
     let _ = alive.wait();
 }
+
+/// An orphaned runner's open tool span (in the watchdog's durable open-span ledger) gets its
+/// end written as an error with `error.type = "orphaned"`, and leaves the ledger.
+#[tokio::test]
+async fn sweep_closes_open_spans_of_an_orphan_as_errors() {
+    use std::sync::Arc;
+    use stallwatch_storage::ledger::{LedgerRow, LedgerWrite};
+    use stallwatch_storage::model::*;
+    let dir = tempfile::tempdir().unwrap();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let (t, s) = (TraceId([3; 16]), SpanId([4; 8]));
+    {
+        let st = Storage::open(StorageConfig::new(dir.path().join("stallwatch.db"))).unwrap();
+        st.upsert_runner(row("lost", dead_pid, 12345, RunnerRowState::Running)).await.unwrap();
+        let span = Span {
+            trace_id: t,
+            span_id: s,
+            name: "execute_tool fit".into(),
+            start_time_unix_nano: now_unix_nano() - 1_000_000_000,
+            ..Default::default()
+        };
+        st.write_traces(Arc::new(TraceBatch {
+            resource_spans: vec![ResourceSpans {
+                resource: Resource::default(),
+                scope_spans: vec![ScopeSpans { scope: Scope::default(), spans: vec![span] }],
+            }],
+        }))
+        .await
+        .unwrap();
+        st.ledger_apply(vec![LedgerWrite::Upsert(LedgerRow {
+            trace_id: t,
+            span_id: s,
+            parent_span_id: None,
+            name: "execute_tool fit".into(),
+            tool_name: Some("fit".into()),
+            runner_id: Some("lost".into()),
+            service_name: "svc".into(),
+            pid: Some(dead_pid),
+            state: SpanState::Open,
+            boot_id: platform::boot_id().unwrap(),
+            first_seen_mono_ns: 1,
+            last_seen_mono_ns: 1,
+            refreshes: 0,
+            first_seen_unix_nano: 1,
+            last_seen_unix_nano: 1,
+            sla_ms: Some(1000),
+            sla_override_ms: None,
+        })])
+        .await
+        .unwrap();
+        st.shutdown().await;
+    }
+    let cfg = config(dir.path(), 300);
+    let mut h = harness_with(dir, cfg).await;
+    let i = h.incident(EventKind::RunnerOrphaned, "lost").await;
+    assert_eq!(i.incident.evidence["spans_closed"], 1);
+    let sp = h.storage.span(t, s).await.unwrap().unwrap().span;
+    assert_eq!(sp.status.code, STATUS_ERROR);
+    assert_eq!(attr(&sp.attributes, "error.type").and_then(AnyValue::as_str), Some("orphaned"));
+    assert!(sp.events.iter().any(|e| e.name == "orphaned"));
+    assert!(h.storage.open_spans().await.unwrap().is_empty());
+}
