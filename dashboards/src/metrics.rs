@@ -1,5 +1,6 @@
 //! The dashboard's own counters, rendered at `GET /metrics` after every other stage's
-//! (Prometheus text format; names `stallwatch_<name>_<unit>_total`, STYLE point 10).
+//! (Prometheus text format; names `stallwatch_<name>_<unit>_total`, STYLE point 10): HTTP
+//! requests by route and status class, open SSE streams, and the webhook outbox counters.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -71,5 +72,6 @@ impl MetricsSource for HttpMetrics {
             "stallwatch_dashboard_sse_streams {}",
             self.sse_streams.load(Ordering::Relaxed)
         );
+        crate::webhooks::STATS.render(out);
     }
 }

@@ -11,6 +11,7 @@
 //!
 //! [`EventBus`]: stallwatch_storage::EventBus
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,53 @@ const CONCURRENCY: usize = 8;
 const PAGE: usize = 500;
 /// Longest idle sleep between checks of the outbox.
 const MAX_IDLE: Duration = Duration::from_secs(30);
+
+/// Webhook counters of this process, rendered at `GET /metrics` as
+/// `stallwatch_webhook_deliveries_enqueued_total` and
+/// `stallwatch_webhook_attempts_total{outcome="delivered"|"retry"|"given_up"}`.
+pub(crate) struct WebhookStats {
+    enqueued: AtomicU64,
+    delivered: AtomicU64,
+    retry: AtomicU64,
+    given_up: AtomicU64,
+}
+
+/// The process-wide webhook counters (one outbox worker per process).
+pub(crate) static STATS: WebhookStats = WebhookStats {
+    enqueued: AtomicU64::new(0),
+    delivered: AtomicU64::new(0),
+    retry: AtomicU64::new(0),
+    given_up: AtomicU64::new(0),
+};
+
+impl WebhookStats {
+    /// Appends the counters in the Prometheus text format.
+    pub(crate) fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        out.push_str("# HELP stallwatch_webhook_deliveries_enqueued_total Webhook deliveries put in the outbox.\n");
+        out.push_str("# TYPE stallwatch_webhook_deliveries_enqueued_total counter\n");
+        let _ = writeln!(
+            out,
+            "stallwatch_webhook_deliveries_enqueued_total {}",
+            self.enqueued.load(Ordering::Relaxed)
+        );
+        out.push_str(
+            "# HELP stallwatch_webhook_attempts_total Webhook delivery attempts, by outcome.\n",
+        );
+        out.push_str("# TYPE stallwatch_webhook_attempts_total counter\n");
+        for (name, v) in [
+            ("delivered", &self.delivered),
+            ("retry", &self.retry),
+            ("given_up", &self.given_up),
+        ] {
+            let _ = writeln!(
+                out,
+                "stallwatch_webhook_attempts_total{{outcome=\"{name}\"}} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+    }
+}
 
 /// `sha256=<lowercase hex HMAC-SHA256 of body keyed with secret>`.
 pub fn sign(secret: &str, body: &[u8]) -> String {
@@ -235,6 +283,7 @@ impl Worker {
                 .enqueue_deliveries(new, last, now_unix_nano())
                 .await?;
             if added > 0 {
+                STATS.enqueued.fetch_add(added as u64, Ordering::Relaxed);
                 tracing::debug!(added, "webhook deliveries enqueued");
             }
             cursor = last;
@@ -280,6 +329,12 @@ impl Worker {
         let duration_ms = started.elapsed().as_millis() as u64;
         let attempts_made = d.attempts.saturating_add(1);
         let next = outcome(status, attempts_made, hook, now_unix_nano());
+        let counter = match next {
+            AttemptOutcome::Delivered => &STATS.delivered,
+            AttemptOutcome::RetryAt(_) => &STATS.retry,
+            AttemptOutcome::GiveUp => &STATS.given_up,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         match (&next, &error) {
             (AttemptOutcome::Delivered, _) => {
                 tracing::info!(delivery = d.id, event = %d.event, url = %hook.url, "webhook delivered")

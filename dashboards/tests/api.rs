@@ -133,6 +133,8 @@ async fn bad_parameters_get_clear_400s() {
         ),
         ("/api/v1/incidents/abc", "incident id"),
         ("/api/v1/webhooks/deliveries?state=lost", "state"),
+        ("/api/v1/traces?attr=custom.key=1", "custom.key"),
+        ("/api/v1/events?board=maybe", "board"),
     ];
     for (path, needle) in cases {
         let (status, body) = h.get_json(path).await;
@@ -251,6 +253,10 @@ async fn health_readiness_and_metrics() {
     );
     assert!(
         text.contains(r#"stallwatch_dashboard_http_requests_total{route="/readyz",code="5xx"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"stallwatch_webhook_attempts_total{outcome="delivered"}"#),
         "{text}"
     );
     h.stop().await;

@@ -329,6 +329,19 @@ async fn ui_shows_traces_open_spans_and_live_incidents() {
         assert!(now.contains(needle), "Now page lacks {needle:?}: {now}");
     }
     d.screenshot("now.png").await;
+
+    // Dark theme through prefers-color-scheme (Chrome DevTools emulation via chromedriver).
+    d.cmd(
+        reqwest::Method::POST,
+        "/goog/cdp/execute",
+        Some(json!({"cmd": "Emulation.setEmulatedMedia", "params": {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}})),
+    )
+    .await;
+    let bg = d
+        .wait_for("dark background", "const c = getComputedStyle(document.body).backgroundColor; return c === 'rgb(15, 18, 23)' ? c : null")
+        .await;
+    assert_eq!(bg, json!("rgb(15, 18, 23)"));
+    d.screenshot("now-dark.png").await;
     d.quit().await;
     drop(d);
     h.stop().await;
