@@ -98,11 +98,21 @@ class OnStartSpanProcessor {
     }
   }
 
+  // A tool span's ended copy goes out at once too: the SDK's batch processor waits
+  // seconds, and until the end arrives the watchdog would judge the tool as still open.
   onEnd(span) {
     try {
       const key = span.spanContext().spanId;
-      this._tools.delete(key);
+      const wasTool = this._tools.delete(key);
       this._candidates.delete(key);
+      if (!this._stopped && (wasTool || isToolSpan(span.attributes))) {
+        if (this._pending.length >= MAX_PENDING_STARTS) {
+          this.dropped += 1;
+          return;
+        }
+        this._pending.push(span);
+        if (!this._scheduled) this._scheduled = setImmediate(() => this._flushStarts());
+      }
     } catch (_) {
       /* ignore */
     }
@@ -129,7 +139,8 @@ class OnStartSpanProcessor {
   }
 
   _export(spans) {
-    const snaps = spans.map(snapshot).filter(Boolean);
+    // Ended spans go out as they are; running ones as snapshots with end time 0.
+    const snaps = spans.map((s) => (s.ended ? s : snapshot(s))).filter(Boolean);
     if (snaps.length === 0) return;
     if (this._inFlight >= MAX_IN_FLIGHT) {
       this.dropped += snaps.length;
