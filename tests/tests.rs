@@ -7,6 +7,7 @@
 mod support;
 
 mod cli;
+mod chain;
 mod client;
 mod crash;
 mod exporters;
