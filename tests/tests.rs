@@ -11,4 +11,5 @@ mod chain;
 mod client;
 mod crash;
 mod exporters;
+mod lifecycle;
 mod spine;

@@ -1,0 +1,137 @@
+//! Living inside a desktop app: `--exit-with-parent`, `POST /api/v1/shutdown`, the optional
+//! ingest token. Real processes and the real binary.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use prost::Message;
+
+use crate::chain::process_alive;
+use crate::spine::{post_protobuf, rich_request};
+use crate::support::*;
+
+const SLEEPER: &str = "[[runner]]\nid = \"sleeper\"\nspawn = { argv = [\"sleep\", \"300\"] }\n";
+
+fn runner_pid(server_api: &str, id: &str) -> u64 {
+    let mut pid = None;
+    wait_until!(Duration::from_secs(20), "the runner's pid", {
+        let r = http_client().get(format!("{server_api}/api/v1/runners/{id}")).send().unwrap();
+        let v: serde_json::Value = r.json().unwrap_or_default();
+        pid = v["pid"].as_u64();
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+#[test]
+fn exit_with_parent_stops_spawned_runners_when_the_parent_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, SLEEPER).unwrap();
+    // A parent shell that starts stallwatch and waits; the test SIGKILLs the shell, as a
+    // desktop app killed by the OS would die.
+    let mut parent = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" serve --exit-with-parent --config \"$1\" --data-dir \"$2\" --otlp-grpc-listen 127.0.0.1:0 --otlp-http-listen 127.0.0.1:0 --dashboard-listen 127.0.0.1:0 & wait")
+        .arg(bin())
+        .arg(&cfg)
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(parent.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let api = format!("http://{}", ready["dashboard"].as_str().unwrap());
+    let sw_pid: u64 = std::fs::read_to_string(data.join("lock")).unwrap().trim().parse().unwrap();
+    let runner = runner_pid(&api, "sleeper");
+    assert!(process_alive(sw_pid) && process_alive(runner));
+
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    wait_until!(Duration::from_secs(30), "stallwatch to exit after its parent died", !process_alive(sw_pid));
+    wait_until!(Duration::from_secs(10), "the spawned runner to be stopped", !process_alive(runner));
+}
+
+#[test]
+fn exit_with_parent_never_outlives_a_parent_that_is_already_gone() {
+    // The shell starts stallwatch in the background and exits at once: stallwatch either
+    // finds no parent to watch at start (exit 1) or sees it die (ordered stop). It must not
+    // keep running either way.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" serve --exit-with-parent --data-dir \"$1\" --otlp-grpc-listen 127.0.0.1:0 --otlp-http-listen 127.0.0.1:0 --dashboard-listen 127.0.0.1:0 >/dev/null 2>\"$1.err\" & echo $!")
+        .arg(bin())
+        .arg(&d)
+        .output()
+        .unwrap();
+    let pid: u64 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
+    wait_until!(Duration::from_secs(30), "the orphaned stallwatch to stop", !process_alive(pid));
+    let err = std::fs::read_to_string(dir.path().join("d.err")).unwrap();
+    assert!(err.contains("parent"), "no word about the parent on stderr: {err}");
+}
+
+#[test]
+fn shutdown_endpoint_needs_the_token_and_stops_spawned_runners() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(SLEEPER));
+    let runner = runner_pid(&format!("http://{}", server.dashboard), "sleeper");
+    let r = http_client().post(server.api("/api/v1/shutdown")).send().unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http_client().post(server.api("/api/v1/shutdown")).bearer_auth("0".repeat(64)).send().unwrap();
+    assert_eq!(r.status(), 401);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(server.child.try_wait().unwrap().is_none(), "a request without the token stopped stallwatch");
+    let r = http_client().post(server.api("/api/v1/shutdown")).bearer_auth(server.token()).send().unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let mut code = None;
+    wait_until!(Duration::from_secs(30), "stallwatch to exit", {
+        code = server.child.try_wait().unwrap();
+        code.is_some()
+    });
+    assert_eq!(code.unwrap().code(), Some(0));
+    assert!(!process_alive(runner), "spawned runner left running after shutdown");
+}
+
+#[test]
+fn ingest_token_refuses_exports_without_it_and_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config("[otlp]\ningest_token = \"s3cret-token\"\n"));
+    let body = rich_request([0x31; 16], "tok").encode_to_vec();
+    assert_eq!(post_protobuf(&server, "/v1/traces", body.clone()).status(), 401);
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .bearer_auth("wrong")
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // gRPC without the token: UNAUTHENTICATED.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let code = rt.block_on(async {
+        let mut c = opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+        c.export(rich_request([0x32; 16], "tok")).await.unwrap_err().code()
+    });
+    assert_eq!(code, tonic::Code::Unauthenticated);
+    let (_, t) = server.get_json(&format!("/api/v1/traces/{}", "31".repeat(16)));
+    assert!(t["spans"].as_array().is_none_or(|s| s.is_empty()), "refused spans were stored: {t}");
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .bearer_auth("s3cret-token")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let metrics = http_client().get(server.api("/metrics")).send().unwrap().text().unwrap();
+    assert!(
+        metrics.lines().any(|l| l.contains("unauth") && !l.starts_with('#') && !l.ends_with(" 0")),
+        "refusals for a missing token not counted:\n{metrics}"
+    );
+}
