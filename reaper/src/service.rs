@@ -18,7 +18,10 @@ use std::time::{Duration, Instant};
 use stallwatch_storage::control::{
     ControlError, ControlReply, ControlRequest, RunnerChange, RunnerSpec, Trip,
 };
-use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident, SpanId, TraceId};
+use stallwatch_storage::model::{
+    now_unix_nano, AnyValue, EventKind, KeyValue, LogBatch, LogRecord, NewIncident, Resource,
+    ResourceLogs, Scope, ScopeLogs, SpanId, TraceId,
+};
 use stallwatch_storage::runners::{ActionRecord, RunnerRow, RunnerRowState};
 use stallwatch_storage::{EventBus, Storage};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -385,20 +388,26 @@ impl ReaperHandle {
             checkpoint.as_ref().map(|(p, c)| (p.as_path(), c.as_str())),
             &instance_id,
         );
-        let proc = runner::spawn_process(&spawn, &env).map_err(|e| {
-            ControlError::new(
-                400,
-                "spawn_failed",
-                format!("cannot start runner {id} ({}): {e}", spawn.argv[0]),
-            )
-        })?;
+        // Spawn and record the pid under the OWNED_PIDS lock: the unowned-zombie reaper holds
+        // it while reaping, so a runner that exits at once is never taken from its owner.
+        let proc = {
+            let mut owned = OWNED_PIDS
+                .lock()
+                .map_err(|_| internal("owned pid set poisoned"))?;
+            let p = runner::spawn_process(&spawn, &env).map_err(|e| {
+                ControlError::new(
+                    400,
+                    "spawn_failed",
+                    format!("cannot start runner {id} ({}): {e}", spawn.argv[0]),
+                )
+            })?;
+            owned.insert(p.pid);
+            p
+        };
         self.inner
             .stats
             .runners_spawned
             .fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut o) = OWNED_PIDS.lock() {
-            o.insert(proc.pid);
-        }
         let tail = OutputTail::new(cfg.tail_lines);
         let entry = Arc::new(Entry {
             id: id.clone(),
@@ -420,10 +429,24 @@ impl ReaperHandle {
         });
         let mut readers = Vec::new();
         if let Ok(out) = tokio::process::ChildStdout::from_std(proc.stdout) {
-            readers.push(spawn_reader(out, "stdout", tail.clone(), id.clone()));
+            readers.push(spawn_reader(
+                out,
+                "stdout",
+                tail.clone(),
+                id.clone(),
+                instance_id.clone(),
+                self.inner.storage.clone(),
+            ));
         }
         if let Ok(err) = tokio::process::ChildStderr::from_std(proc.stderr) {
-            readers.push(spawn_reader(err, "stderr", tail, id.clone()));
+            readers.push(spawn_reader(
+                err,
+                "stderr",
+                tail,
+                id.clone(),
+                instance_id.clone(),
+                self.inner.storage.clone(),
+            ));
         }
         if let Ok(mut r) = entry.readers.lock() {
             *r = readers;
@@ -866,8 +889,6 @@ impl ReaperHandle {
             o.remove(&entry.pid);
         }
         drop(st);
-        let mut seen = HashSet::new();
-        self.reap_unowned(&mut seen, true);
         self.wait_readers(entry).await;
         Some(report)
     }
@@ -1063,7 +1084,7 @@ impl ReaperHandle {
             seen.clear();
             return;
         }
-        let owned: BTreeSet<u32> = OWNED_PIDS.lock().map(|o| o.clone()).unwrap_or_default();
+        let Ok(owned) = OWNED_PIDS.lock() else { return };
         let zombies: HashSet<u32> = platform::zombie_children()
             .into_iter()
             .filter(|p| !owned.contains(p))
@@ -1082,17 +1103,92 @@ impl ReaperHandle {
     }
 }
 
-fn spawn_reader<R>(r: R, stream: &'static str, tail: OutputTail, id: String) -> JoinHandle<()>
+/// Lines per OTLP log batch written from a runner's output.
+const LOG_BATCH_LINES: usize = 64;
+/// Longest a captured line waits before its batch is written.
+const LOG_FLUSH: Duration = Duration::from_millis(250);
+
+/// Reads a runner's stdout or stderr line by line: keeps the tail for incidents and stores
+/// the lines as OTLP log records (`log.iostream` = `stdout`/`stderr`, resource
+/// `service.name`, `stallwatch.runner.id`, `service.instance.id`), in small batches.
+fn spawn_reader<R>(
+    r: R,
+    stream: &'static str,
+    tail: OutputTail,
+    id: String,
+    instance_id: String,
+    storage: Storage,
+) -> JoinHandle<()>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
         let mut lines = BufReader::new(r).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            tracing::debug!(runner = %id, stream, "{line}");
-            tail.push(stream, line);
+        let mut pending: Vec<LogRecord> = Vec::new();
+        loop {
+            let next = if pending.is_empty() {
+                Ok(lines.next_line().await)
+            } else {
+                tokio::time::timeout(LOG_FLUSH, lines.next_line()).await
+            };
+            let eof = match next {
+                Ok(Ok(Some(line))) => {
+                    tail.push(stream, line.clone());
+                    let now = now_unix_nano();
+                    pending.push(LogRecord {
+                        time_unix_nano: now,
+                        observed_time_unix_nano: now,
+                        severity_number: if stream == "stderr" { 13 } else { 9 },
+                        severity_text: if stream == "stderr" { "WARN" } else { "INFO" }.into(),
+                        body: AnyValue::String(line),
+                        attributes: vec![KeyValue::new(
+                            "log.iostream",
+                            AnyValue::String(stream.into()),
+                        )],
+                        ..Default::default()
+                    });
+                    if pending.len() < LOG_BATCH_LINES {
+                        continue;
+                    }
+                    false
+                }
+                Ok(_) => true,   // EOF or read error
+                Err(_) => false, // flush timer
+            };
+            if !pending.is_empty() {
+                let batch = output_batch(&id, &instance_id, std::mem::take(&mut pending));
+                if let Err(e) = storage.write_logs(Arc::new(batch)).await {
+                    tracing::debug!(runner = %id, stream, "runner output not stored as logs: {e}");
+                }
+            }
+            if eof {
+                break;
+            }
         }
     })
+}
+
+fn output_batch(id: &str, instance_id: &str, records: Vec<LogRecord>) -> LogBatch {
+    let s = |v: &str| AnyValue::String(v.to_string());
+    LogBatch {
+        resource_logs: vec![ResourceLogs {
+            resource: Resource {
+                attributes: vec![
+                    KeyValue::new("service.name", s(id)),
+                    KeyValue::new("stallwatch.runner.id", s(id)),
+                    KeyValue::new("service.instance.id", s(instance_id)),
+                ],
+                ..Default::default()
+            },
+            scope_logs: vec![ScopeLogs {
+                scope: Scope {
+                    name: crate::spans::SCOPE_NAME.into(),
+                    ..Default::default()
+                },
+                log_records: records,
+            }],
+        }],
+    }
 }
 
 #[cfg(test)]
