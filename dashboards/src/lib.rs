@@ -15,6 +15,7 @@ mod params;
 mod routes;
 mod state;
 pub mod webhooks;
+mod wire;
 
 pub use app::{app, host_allowed, origin_matches, serve, SHUTDOWN_DEADLINE};
 pub use config::{

@@ -2,6 +2,7 @@
 //! services and span names (DESIGN, Read API JSON).
 
 use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use stallwatch_storage::model::{now_unix_nano, SpanId, TraceId};
@@ -11,6 +12,7 @@ use crate::error::DashboardError;
 use crate::json;
 use crate::params::Params;
 use crate::state::Shared;
+use crate::wire::TraceJ;
 
 /// Default search page size.
 pub const DEFAULT_PAGE: u64 = 50;
@@ -116,10 +118,10 @@ pub(crate) async fn search(
 pub(crate) async fn trace(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, DashboardError> {
+) -> Result<Response, DashboardError> {
     let id = trace_id(&id)?;
     match ctx.app.storage.trace(id).await? {
-        Some(v) => Ok(Json(json::trace_view(&v))),
+        Some(v) => Ok(Json(TraceJ::new(&v)).into_response()),
         None => Err(DashboardError::NotFound(format!("trace {id} not found"))),
     }
 }

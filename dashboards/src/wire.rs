@@ -1,0 +1,361 @@
+//! Streaming serializers for the big read shapes (spans, logs, whole traces).
+//!
+//! A 10,000-span trace view must render fast (issue 5 benchmark: under 200 ms), so these
+//! types borrow the storage records and implement `serde::Serialize` directly instead of
+//! building a `serde_json::Value` tree. The JSON is the same as DESIGN's Read API JSON (see
+//! `json.rs` for the rules); the golden tests pin it.
+
+use base64::Engine;
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use stallwatch_storage::model::{
+    attr, AnyValue, Event, KeyValue, Link, Resource, Scope, Span, SpanId, SpanState, TraceId,
+};
+use stallwatch_storage::telemetry::{StoredLog, StoredSpan, TraceView};
+
+use crate::json::{kind_name, state_name, status_name};
+
+/// A `u64` as a decimal string (`*_unix_nano`, 64-bit counts).
+struct Dec(u64);
+impl Serialize for Dec {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+struct Hex<'a>(&'a [u8]);
+impl Serialize for Hex<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(self.0))
+    }
+}
+
+/// OTLP/JSON `AnyValue`.
+pub(crate) struct Any<'a>(pub(crate) &'a AnyValue);
+impl Serialize for Any<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        match self.0 {
+            AnyValue::Empty => {}
+            AnyValue::String(v) => m.serialize_entry("stringValue", v)?,
+            AnyValue::Bool(v) => m.serialize_entry("boolValue", v)?,
+            AnyValue::Int(v) => m.serialize_entry("intValue", &v.to_string())?,
+            AnyValue::Double(d) if d.is_nan() => m.serialize_entry("doubleValue", "NaN")?,
+            AnyValue::Double(d) if d.is_infinite() => m.serialize_entry(
+                "doubleValue",
+                if *d > 0.0 { "Infinity" } else { "-Infinity" },
+            )?,
+            AnyValue::Double(d) => m.serialize_entry("doubleValue", d)?,
+            AnyValue::Bytes(b) => m.serialize_entry(
+                "bytesValue",
+                &base64::engine::general_purpose::STANDARD.encode(b),
+            )?,
+            AnyValue::Array(items) => m.serialize_entry("arrayValue", &Values(items))?,
+            AnyValue::KvList(kvs) => m.serialize_entry("kvlistValue", &KvValues(kvs))?,
+        }
+        m.end()
+    }
+}
+
+struct Values<'a>(&'a [AnyValue]);
+impl Serialize for Values<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Seq<'a>(&'a [AnyValue]);
+        impl Serialize for Seq<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut q = s.serialize_seq(Some(self.0.len()))?;
+                for v in self.0 {
+                    q.serialize_element(&Any(v))?;
+                }
+                q.end()
+            }
+        }
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("values", &Seq(self.0))?;
+        m.end()
+    }
+}
+
+struct KvValues<'a>(&'a [KeyValue]);
+impl Serialize for KvValues<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("values", &Attrs(self.0))?;
+        m.end()
+    }
+}
+
+/// OTLP/JSON `KeyValue` list.
+pub(crate) struct Attrs<'a>(pub(crate) &'a [KeyValue]);
+impl Serialize for Attrs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Kv<'a>(&'a KeyValue);
+        impl Serialize for Kv<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("key", &self.0.key)?;
+                m.serialize_entry("value", &Any(&self.0.value))?;
+                m.end()
+            }
+        }
+        let mut q = s.serialize_seq(Some(self.0.len()))?;
+        for kv in self.0 {
+            q.serialize_element(&Kv(kv))?;
+        }
+        q.end()
+    }
+}
+
+/// `{"attributes","dropped_attributes_count","schema_url"}`.
+pub(crate) struct Res<'a>(pub(crate) &'a Resource);
+impl Serialize for Res<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("attributes", &Attrs(&self.0.attributes))?;
+        m.serialize_entry("dropped_attributes_count", &self.0.dropped_attributes_count)?;
+        m.serialize_entry("schema_url", &self.0.schema_url)?;
+        m.end()
+    }
+}
+
+/// `{"name","version","attributes","dropped_attributes_count","schema_url"}`.
+pub(crate) struct Scp<'a>(pub(crate) &'a Scope);
+impl Serialize for Scp<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(5))?;
+        m.serialize_entry("name", &self.0.name)?;
+        m.serialize_entry("version", &self.0.version)?;
+        m.serialize_entry("attributes", &Attrs(&self.0.attributes))?;
+        m.serialize_entry("dropped_attributes_count", &self.0.dropped_attributes_count)?;
+        m.serialize_entry("schema_url", &self.0.schema_url)?;
+        m.end()
+    }
+}
+
+struct Events<'a>(&'a [Event]);
+impl Serialize for Events<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Ev<'a>(&'a Event);
+        impl Serialize for Ev<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut m = s.serialize_map(Some(4))?;
+                m.serialize_entry("time_unix_nano", &Dec(self.0.time_unix_nano))?;
+                m.serialize_entry("name", &self.0.name)?;
+                m.serialize_entry("attributes", &Attrs(&self.0.attributes))?;
+                m.serialize_entry("dropped_attributes_count", &self.0.dropped_attributes_count)?;
+                m.end()
+            }
+        }
+        let mut q = s.serialize_seq(Some(self.0.len()))?;
+        for e in self.0 {
+            q.serialize_element(&Ev(e))?;
+        }
+        q.end()
+    }
+}
+
+struct Links<'a>(&'a [Link]);
+impl Serialize for Links<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Ln<'a>(&'a Link);
+        impl Serialize for Ln<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let l = self.0;
+                let mut m = s.serialize_map(Some(6))?;
+                m.serialize_entry("trace_id", &Hex(&l.trace_id.0))?;
+                m.serialize_entry("span_id", &Hex(&l.span_id.0))?;
+                m.serialize_entry("trace_state", &l.trace_state)?;
+                m.serialize_entry("attributes", &Attrs(&l.attributes))?;
+                m.serialize_entry("dropped_attributes_count", &l.dropped_attributes_count)?;
+                m.serialize_entry("flags", &l.flags)?;
+                m.end()
+            }
+        }
+        let mut q = s.serialize_seq(Some(self.0.len()))?;
+        for l in self.0 {
+            q.serialize_element(&Ln(l))?;
+        }
+        q.end()
+    }
+}
+
+/// One span. `stored` is `None` for an inferred parent (no resource, scope or arrival).
+pub(crate) struct SpanJ<'a> {
+    pub(crate) span: &'a Span,
+    pub(crate) state: SpanState,
+    pub(crate) stored: Option<&'a StoredSpan>,
+}
+
+impl<'a> SpanJ<'a> {
+    /// A stored span.
+    pub(crate) fn stored(s: &'a StoredSpan) -> Self {
+        Self {
+            span: &s.span,
+            state: s.state,
+            stored: Some(s),
+        }
+    }
+}
+
+/// The span record of a parent that never arrived: it starts with its earliest child.
+pub(crate) fn inferred(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64) -> Span {
+    Span {
+        trace_id,
+        span_id,
+        name: "(in progress, inferred)".into(),
+        start_time_unix_nano: start_unix_nano,
+        ..Span::default()
+    }
+}
+
+impl Serialize for SpanJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let sp = self.span;
+        let mut m = s.serialize_map(Some(29))?;
+        m.serialize_entry("trace_id", &Hex(&sp.trace_id.0))?;
+        m.serialize_entry("span_id", &Hex(&sp.span_id.0))?;
+        m.serialize_entry(
+            "parent_span_id",
+            &sp.parent_span_id.as_ref().map(|p| Hex(&p.0)),
+        )?;
+        m.serialize_entry("trace_state", &sp.trace_state)?;
+        m.serialize_entry("flags", &sp.flags)?;
+        m.serialize_entry("name", &sp.name)?;
+        m.serialize_entry("kind", &sp.kind)?;
+        m.serialize_entry("kind_name", kind_name(sp.kind))?;
+        m.serialize_entry("start_time_unix_nano", &Dec(sp.start_time_unix_nano))?;
+        m.serialize_entry("end_time_unix_nano", &Dec(sp.end_time_unix_nano))?;
+        let d = sp.duration_ns();
+        m.serialize_entry("duration_ns", &d.map(Dec))?;
+        m.serialize_entry("duration_ms", &d.map(|d| d as f64 / 1e6))?;
+        m.serialize_entry("clock_skewed", &sp.clock_skewed())?;
+        m.serialize_entry("state", state_name(self.state))?;
+        m.serialize_entry(
+            "tool_name",
+            &attr(&sp.attributes, "gen_ai.tool.name").and_then(AnyValue::as_str),
+        )?;
+        m.serialize_entry("attributes", &Attrs(&sp.attributes))?;
+        m.serialize_entry("dropped_attributes_count", &sp.dropped_attributes_count)?;
+        m.serialize_entry("events", &Events(&sp.events))?;
+        m.serialize_entry("dropped_events_count", &sp.dropped_events_count)?;
+        m.serialize_entry("links", &Links(&sp.links))?;
+        m.serialize_entry("dropped_links_count", &sp.dropped_links_count)?;
+        m.serialize_entry("status", &StatusJ(sp))?;
+        match self.stored {
+            Some(st) => {
+                m.serialize_entry("service_name", st.resource.service_name())?;
+                m.serialize_entry("resource", &Res(&st.resource))?;
+                m.serialize_entry("scope", &Scp(&st.scope))?;
+                m.serialize_entry("received_unix_nano", &Dec(st.received_unix_nano))?;
+            }
+            None => {
+                m.serialize_entry("service_name", &())?;
+                m.serialize_entry("resource", &())?;
+                m.serialize_entry("scope", &())?;
+                m.serialize_entry("received_unix_nano", &())?;
+            }
+        }
+        m.end()
+    }
+}
+
+struct StatusJ<'a>(&'a Span);
+impl Serialize for StatusJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("code", &self.0.status.code)?;
+        m.serialize_entry("code_name", status_name(self.0.status.code))?;
+        m.serialize_entry("message", &self.0.status.message)?;
+        m.end()
+    }
+}
+
+/// One log record with its resource and scope.
+pub(crate) struct LogJ<'a>(pub(crate) &'a StoredLog);
+impl Serialize for LogJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let r = &self.0.record;
+        let mut m = s.serialize_map(Some(14))?;
+        m.serialize_entry("time_unix_nano", &Dec(r.time_unix_nano))?;
+        m.serialize_entry("observed_time_unix_nano", &Dec(r.observed_time_unix_nano))?;
+        m.serialize_entry("severity_number", &r.severity_number)?;
+        m.serialize_entry("severity_text", &r.severity_text)?;
+        m.serialize_entry("body", &Any(&r.body))?;
+        m.serialize_entry("attributes", &Attrs(&r.attributes))?;
+        m.serialize_entry("dropped_attributes_count", &r.dropped_attributes_count)?;
+        m.serialize_entry("flags", &r.flags)?;
+        m.serialize_entry("trace_id", &r.trace_id.as_ref().map(|t| Hex(&t.0)))?;
+        m.serialize_entry("span_id", &r.span_id.as_ref().map(|t| Hex(&t.0)))?;
+        m.serialize_entry("event_name", &r.event_name)?;
+        m.serialize_entry("service_name", self.0.resource.service_name())?;
+        m.serialize_entry("resource", &Res(&self.0.resource))?;
+        m.serialize_entry("scope", &Scp(&self.0.scope))?;
+        m.end()
+    }
+}
+
+/// `{"trace_id","spans","logs"}`: parents named by a span but never stored come first, as
+/// `inferred` spans, then the stored spans in storage order (by start time).
+pub(crate) struct TraceJ<'a> {
+    view: &'a TraceView,
+    inferred: Vec<Span>,
+}
+
+impl<'a> TraceJ<'a> {
+    /// Prepares a trace view, finding its inferred parents.
+    pub(crate) fn new(view: &'a TraceView) -> Self {
+        let present: std::collections::HashSet<SpanId> =
+            view.spans.iter().map(|s| s.span.span_id).collect();
+        let mut missing: std::collections::BTreeMap<SpanId, u64> = Default::default();
+        for s in &view.spans {
+            if let Some(p) = s.span.parent_span_id {
+                if !present.contains(&p) {
+                    let e = missing.entry(p).or_insert(u64::MAX);
+                    *e = (*e).min(s.span.start_time_unix_nano);
+                }
+            }
+        }
+        let inferred = missing
+            .into_iter()
+            .map(|(id, start)| inferred(view.trace_id, id, start))
+            .collect();
+        Self { view, inferred }
+    }
+}
+
+impl Serialize for TraceJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Spans<'a>(&'a TraceJ<'a>);
+        impl Serialize for Spans<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let t = self.0;
+                let mut q = s.serialize_seq(Some(t.inferred.len() + t.view.spans.len()))?;
+                for sp in &t.inferred {
+                    q.serialize_element(&SpanJ {
+                        span: sp,
+                        state: SpanState::Inferred,
+                        stored: None,
+                    })?;
+                }
+                for sp in &t.view.spans {
+                    q.serialize_element(&SpanJ::stored(sp))?;
+                }
+                q.end()
+            }
+        }
+        struct Logs<'a>(&'a [StoredLog]);
+        impl Serialize for Logs<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut q = s.serialize_seq(Some(self.0.len()))?;
+                for l in self.0 {
+                    q.serialize_element(&LogJ(l))?;
+                }
+                q.end()
+            }
+        }
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("trace_id", &Hex(&self.view.trace_id.0))?;
+        m.serialize_entry("spans", &Spans(self))?;
+        m.serialize_entry("logs", &Logs(&self.view.logs))?;
+        m.end()
+    }
+}
