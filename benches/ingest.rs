@@ -27,7 +27,9 @@ use bytes::{BufMut, Bytes};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::common::v1::{
+    any_value::Value, AnyValue, InstrumentationScope, KeyValue,
+};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
 use prost::Message;
@@ -52,14 +54,18 @@ impl Rng {
         out
     }
     fn word(&mut self, n: usize) -> String {
-        (0..n).map(|_| (b'a' + (self.next() % 26) as u8) as char).collect()
+        (0..n)
+            .map(|_| (b'a' + (self.next() % 26) as u8) as char)
+            .collect()
     }
 }
 
 fn kv(k: &str, v: &str) -> KeyValue {
     KeyValue {
         key: k.into(),
-        value: Some(AnyValue { value: Some(Value::StringValue(v.into())) }),
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(v.into())),
+        }),
         ..Default::default()
     }
 }
@@ -68,11 +74,31 @@ fn kv(k: &str, v: &str) -> KeyValue {
 const TRACE_SHAPE: [(&str, &str, Option<usize>, Option<&str>); 8] = [
     ("tauri-backend", "invoke agent_turn", None, None),
     ("llm-gateway", "chat claude-sonnet-4", Some(0), None),
-    ("tauri-backend", "tools/call run_notebook", Some(0), Some("run_notebook")),
-    ("mcp-runner-python", "tools/call run_notebook", Some(2), Some("run_notebook")),
+    (
+        "tauri-backend",
+        "tools/call run_notebook",
+        Some(0),
+        Some("run_notebook"),
+    ),
+    (
+        "mcp-runner-python",
+        "tools/call run_notebook",
+        Some(2),
+        Some("run_notebook"),
+    ),
     ("mcp-runner-python", "execute_cell", Some(3), None),
-    ("tauri-backend", "tools/call read_file", Some(0), Some("read_file")),
-    ("mcp-runner-node", "tools/call read_file", Some(5), Some("read_file")),
+    (
+        "tauri-backend",
+        "tools/call read_file",
+        Some(0),
+        Some("read_file"),
+    ),
+    (
+        "mcp-runner-node",
+        "tools/call read_file",
+        Some(5),
+        Some("read_file"),
+    ),
     ("tauri-backend", "db.write session_events", Some(0), None),
 ];
 
@@ -127,7 +153,10 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
                 start_time_unix_nano: start,
                 end_time_unix_nano: start + 5_000_000 + rng.next() % 50_000_000,
                 attributes,
-                status: Some(Status { code: 0, message: String::new() }),
+                status: Some(Status {
+                    code: 0,
+                    message: String::new(),
+                }),
                 ..Default::default()
             });
         }
@@ -142,7 +171,9 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
                     kv("service.name", service),
                     KeyValue {
                         key: "process.pid".into(),
-                        value: Some(AnyValue { value: Some(Value::IntValue(4000 + pid as i64)) }),
+                        value: Some(AnyValue {
+                            value: Some(Value::IntValue(4000 + pid as i64)),
+                        }),
                         ..Default::default()
                     },
                 ],
@@ -165,7 +196,11 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
     let body = ExportTraceServiceRequest { resource_spans }.encode_to_vec();
     let trace_slots = trace_ids.iter().map(|t| find_all(&body, t)).collect();
     let span_slots = span_ids.iter().map(|s| find_all(&body, s)).collect();
-    Template { body, trace_slots, span_slots }
+    Template {
+        body,
+        trace_slots,
+        span_slots,
+    }
 }
 
 impl Template {
@@ -200,7 +235,11 @@ struct RespDecoder;
 impl tonic::codec::Encoder for RawEncoder {
     type Item = Bytes;
     type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+    fn encode(
+        &mut self,
+        item: Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
         dst.put(item);
         Ok(())
     }
@@ -208,7 +247,10 @@ impl tonic::codec::Encoder for RawEncoder {
 impl tonic::codec::Decoder for RespDecoder {
     type Item = ExportTraceServiceResponse;
     type Error = tonic::Status;
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Self::Item>, tonic::Status> {
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Self::Item>, tonic::Status> {
         ExportTraceServiceResponse::decode(src)
             .map(Some)
             .map_err(|e| tonic::Status::internal(e.to_string()))
@@ -274,7 +316,10 @@ impl Client {
                     .unary(tonic::Request::new(Bytes::from(body)), path, RawCodec)
                     .await
                     .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
-                Ok(r.into_inner().partial_success.map(|p| p.rejected_spans).unwrap_or(0))
+                Ok(r.into_inner()
+                    .partial_success
+                    .map(|p| p.rejected_spans)
+                    .unwrap_or(0))
             }
             Client::Http(c, url) => {
                 let r = c
@@ -338,7 +383,12 @@ fn start_target() -> Target {
         .arg("serve")
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["--otlp-grpc-listen", "127.0.0.1:0", "--otlp-http-listen", "127.0.0.1:0"])
+        .args([
+            "--otlp-grpc-listen",
+            "127.0.0.1:0",
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+        ])
         .args(["--dashboard-listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -346,7 +396,9 @@ fn start_target() -> Target {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
     Target {
         grpc: ready["otlp_grpc"].as_str().unwrap().parse().unwrap(),
@@ -369,7 +421,13 @@ struct RunResult {
 
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-async fn run(t: &Target, p: Protocol, concurrency: usize, requests: usize, spans: usize) -> RunResult {
+async fn run(
+    t: &Target,
+    p: Protocol,
+    concurrency: usize,
+    requests: usize,
+    spans: usize,
+) -> RunResult {
     let pid = t.child.id();
     let mut workers = vec![];
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(concurrency + 1));
@@ -413,12 +471,25 @@ async fn run(t: &Target, p: Protocol, concurrency: usize, requests: usize, spans
     let secs = t0.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds(pid) - cpu0;
     lat.sort();
-    let pct = |q: f64| lat[((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1].as_secs_f64() * 1000.0;
-    RunResult { accepted, errors, secs, p50_ms: pct(0.5), p99_ms: pct(0.99), cpu_s }
+    let pct = |q: f64| {
+        lat[((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1].as_secs_f64() * 1000.0
+    };
+    RunResult {
+        accepted,
+        errors,
+        secs,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+        cpu_s,
+    }
 }
 
 fn report(label: &str, p: Protocol, c: usize, r: &RunResult, pid: u32) {
-    let per_m = if r.accepted > 0 { r.cpu_s / (r.accepted as f64 / 1e6) } else { f64::NAN };
+    let per_m = if r.accepted > 0 {
+        r.cpu_s / (r.accepted as f64 / 1e6)
+    } else {
+        f64::NAN
+    };
     println!(
         "{}",
         serde_json::json!({
@@ -476,7 +547,11 @@ fn main() {
         if prefill > 0 {
             let t0 = Instant::now();
             let r = run(&t, Protocol::Grpc, 4, prefill.div_ceil(spans), spans).await;
-            eprintln!("prefilled {} spans in {:.1}s", r.accepted, t0.elapsed().as_secs_f64());
+            eprintln!(
+                "prefilled {} spans in {:.1}s",
+                r.accepted,
+                t0.elapsed().as_secs_f64()
+            );
             for p in [Protocol::Grpc, Protocol::HttpProto] {
                 let r = run(&t, p, 1, requests, spans).await;
                 report("prefilled", p, 1, &r, pid);

@@ -21,6 +21,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the sidecar: OTLP in, SQLite, watchdog, reaper, dashboard.
     Serve(ServeArgs),
+    /// Start a throw-away sidecar and five real Python runners (one healthy, four that
+    /// hang inside a tool span), print the timeline as they are stopped, check the
+    /// workspace is byte-for-byte as before. Needs the Python runner kit.
+    Demo(DemoArgs),
 }
 
 /// Log line format on stderr.
@@ -57,6 +61,25 @@ pub struct ServeArgs {
     #[arg(long, env = "STALLWATCH_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
     /// Shut down in order (stopping spawned runners) as soon as the parent process dies.
-    #[arg(long, env = "STALLWATCH_EXIT_WITH_PARENT")]
+    #[arg(long, env = "STALLWATCH_EXIT_WITH_PARENT", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
     pub exit_with_parent: bool,
+    /// Store stallwatch's own spans (ingest batches, verdicts, terminations) as traces of
+    /// `service.name = "stallwatch"`, shown in its own dashboard.
+    #[arg(long, env = "STALLWATCH_SELF_TRACES", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+    pub self_traces: bool,
+}
+
+/// Flags of `stallwatch demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Python interpreter that can `import stallwatch_runner` (default: ./.venv/bin/python
+    /// when it exists, else python3).
+    #[arg(long, env = "STALLWATCH_DEMO_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// Keep the sidecar and its dashboard running after the demo, until Ctrl-C.
+    #[arg(long)]
+    pub keep: bool,
+    /// Tool SLA given to the demo's runners, ms (1000 to 600000).
+    #[arg(long, value_name = "N", default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1000..=600_000))]
+    pub sla_ms: u64,
 }

@@ -129,7 +129,10 @@ impl StorageSection {
             c.busy_timeout = Duration::from_millis(ms);
         }
         if let Some(ms) = self.retention_interval_ms {
-            anyhow::ensure!(ms >= 100, "[storage] retention_interval_ms must be at least 100");
+            anyhow::ensure!(
+                ms >= 100,
+                "[storage] retention_interval_ms must be at least 100"
+            );
             c.retention_interval = Duration::from_millis(ms);
         }
         Ok(c)
@@ -186,7 +189,10 @@ pub fn merge(args: &ServeArgs) -> Result<Settings> {
     };
     Ok(Settings {
         data_dir,
-        log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+        log_format: args
+            .log_format
+            .or(file.log_format)
+            .unwrap_or(LogFormat::Text),
         grpc_listen: args
             .otlp_grpc_listen
             .or(file.otlp.grpc_listen)
@@ -223,7 +229,9 @@ mod tests {
 
     #[test]
     fn unknown_section_is_refused() {
-        let err = toml::from_str::<FileConfig>("[colector]\n").unwrap_err().to_string();
+        let err = toml::from_str::<FileConfig>("[colector]\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("colector"), "{err}");
     }
 

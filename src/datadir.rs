@@ -144,7 +144,10 @@ mod tests {
         let a = DataDir::open(dir.path()).unwrap();
         let t1 = a.token.clone();
         assert_eq!(t1.len(), 64);
-        let mode = fs::metadata(dir.path().join("token")).unwrap().permissions().mode();
+        let mode = fs::metadata(dir.path().join("token"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         let dmode = fs::metadata(dir.path()).unwrap().permissions().mode();
         assert_eq!(dmode & 0o777, 0o700);
@@ -158,7 +161,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _a = DataDir::open(dir.path()).unwrap();
         let err = DataDir::open(dir.path()).unwrap_err().to_string();
-        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 mod cli;
 mod config;
 mod datadir;
+mod demo;
 mod parent;
+mod selftrace;
 mod serve;
 
 use std::process::ExitCode;
@@ -15,6 +17,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

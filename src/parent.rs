@@ -31,6 +31,9 @@ pub async fn parent_exited() -> Result<u32> {
     if getppid().map(|p| p.as_raw_nonzero().get() as u32) != Some(raw) {
         return Ok(raw);
     }
-    let _guard = fd.readable().await.context("--exit-with-parent: pidfd wait failed")?;
+    let _guard = fd
+        .readable()
+        .await
+        .context("--exit-with-parent: pidfd wait failed")?;
     Ok(raw)
 }

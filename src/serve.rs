@@ -39,30 +39,48 @@ const STAGE_DEADLINE: Duration = Duration::from_secs(10);
 /// Parses settings, opens the data folder, and runs the sidecar until it is told to stop.
 pub fn run(args: ServeArgs) -> Result<()> {
     let settings = config::merge(&args)?;
-    init_logging(settings.log_format);
+    let self_traces = init_logging(settings.log_format, args.self_traces);
     let data = DataDir::open(&settings.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("stallwatch")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(settings, data, args.exit_with_parent))
+    runtime.block_on(serve(settings, data, args.exit_with_parent, self_traces))
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs on stderr (filtered by `RUST_LOG`, default `info`), plus the self-trace layer
+/// (unfiltered by `RUST_LOG`) when asked for; answers the self-trace sink.
+fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace::SelfTraceSink> {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    let (layer, sink) = if self_traces {
+        let (l, s) = crate::selftrace::layer();
+        (Some(l), Some(s))
+    } else {
+        (None, None)
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(layer)
+        .init();
+    sink
 }
 
-async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Result<()> {
+async fn serve(
+    settings: Settings,
+    data: DataDir,
+    exit_with_parent: bool,
+    self_traces: Option<crate::selftrace::SelfTraceSink>,
+) -> Result<()> {
     let file = &settings.file;
     let shutdown = CancellationToken::new();
     if exit_with_parent {
@@ -86,6 +104,8 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
     let storage_config = file.storage.to_config(data.db_path())?;
     let storage = Storage::open(storage_config).context("cannot open the database")?;
     let events = EventBus::new(storage.clone());
+    let self_trace_task =
+        self_traces.map(|sink| tokio::spawn(crate::selftrace::run_writer(sink, storage.clone())));
 
     let (obs_tx, obs_rx) = mpsc::channel::<Observation>(OBSERVATION_QUEUE);
     let (trip_tx, trip_rx) = mpsc::channel::<Trip>(TRIP_QUEUE);
@@ -94,7 +114,8 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
     let (control_tx, mut control_rx) = mpsc::channel::<ControlRequest>(CONTROL_QUEUE);
 
     // Watchdog: decides.
-    let raw_wd: stallwatch_watchdog::RawWatchdogConfig = config::section("watchdog", &file.watchdog)?;
+    let raw_wd: stallwatch_watchdog::RawWatchdogConfig =
+        config::section("watchdog", &file.watchdog)?;
     let wd_config = WatchdogConfig::try_from(raw_wd).context("invalid [watchdog] section")?;
     let wd_token = CancellationToken::new();
     let (watchdog, wd_task) = Watchdog::start(
@@ -149,10 +170,12 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
     });
 
     // Dashboard.
-    let raw_dash: stallwatch_dashboards::RawDashboardConfig = config::section("dashboard", &file.dashboard)?;
-    let raw_alerts: stallwatch_dashboards::RawAlertsConfig = config::section("alerts", &file.alerts)?;
-    let mut dash_config =
-        DashboardConfig::try_from((raw_dash, raw_alerts)).context("invalid [dashboard] or [alerts] section")?;
+    let raw_dash: stallwatch_dashboards::RawDashboardConfig =
+        config::section("dashboard", &file.dashboard)?;
+    let raw_alerts: stallwatch_dashboards::RawAlertsConfig =
+        config::section("alerts", &file.alerts)?;
+    let mut dash_config = DashboardConfig::try_from((raw_dash, raw_alerts))
+        .context("invalid [dashboard] or [alerts] section")?;
     dash_config.listen = settings.dashboard_listen;
     let listener = tokio::net::TcpListener::bind(settings.dashboard_listen)
         .await
@@ -179,7 +202,11 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
     };
     let dash_token = CancellationToken::new();
     let app = stallwatch_dashboards::app(state);
-    let dash_task = tokio::spawn(stallwatch_dashboards::serve(listener, app, dash_token.clone()));
+    let dash_task = tokio::spawn(stallwatch_dashboards::serve(
+        listener,
+        app,
+        dash_token.clone(),
+    ));
     let webhooks = stallwatch_dashboards::start_webhooks(
         dash_config.clone(),
         storage.clone(),
@@ -237,7 +264,8 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
         out.flush()?;
     }
     let _ = ready_tx.send(true);
-    tracing::info!(otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr, data_dir = %data.path.display(), "stallwatch ready");
+    tracing::info_span!("stallwatch.ready", otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr)
+        .in_scope(|| tracing::info!(data_dir = %data.path.display(), "stallwatch ready"));
 
     wait_for_stop(&shutdown).await;
     tracing::info!("shutting down");
@@ -265,6 +293,9 @@ async fn serve(settings: Settings, data: DataDir, exit_with_parent: bool) -> Res
     dash_token.cancel();
     stage("dashboard", dash_task).await;
     stage("webhooks", webhooks).await;
+    if let Some(t) = self_trace_task {
+        t.abort();
+    }
     // 5. Storage flushes last.
     if tokio::time::timeout(STAGE_DEADLINE, storage.shutdown())
         .await

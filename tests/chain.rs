@@ -56,11 +56,16 @@ impl Receiver {
                         headers.insert(k.to_ascii_lowercase(), v.trim().to_string());
                     }
                 }
-                let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+                let len: usize = headers
+                    .get("content-length")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
                 let mut body = vec![0; len];
                 let _ = reader.read_exact(&mut body);
                 sink.lock().unwrap().push((headers, body));
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
             }
         });
         Receiver { url, got }
@@ -76,7 +81,11 @@ impl Receiver {
     }
 }
 
-pub fn post_json(server: &Server, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+pub fn post_json(
+    server: &Server,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
     let r = http_client()
         .post(server.api(path))
         .bearer_auth(server.token())
@@ -87,22 +96,46 @@ pub fn post_json(server: &Server, path: &str, body: &serde_json::Value) -> (u16,
     (st, r.json().unwrap_or(serde_json::Value::Null))
 }
 
-pub fn spawn_runner(server: &Server, id: &str, argv: &[&str], workspace: Option<&Path>, env: &[(&str, &str)]) -> serde_json::Value {
-    let env: serde_json::Map<String, serde_json::Value> =
-        env.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect();
+pub fn spawn_runner(
+    server: &Server,
+    id: &str,
+    argv: &[&str],
+    workspace: Option<&Path>,
+    env: &[(&str, &str)],
+) -> serde_json::Value {
+    let env: serde_json::Map<String, serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
     let mut spawn = serde_json::json!({ "argv": argv, "env": env });
     if let Some(w) = workspace {
         spawn["workspace"] = w.display().to_string().into();
     }
-    let (st, body) = post_json(server, "/api/v1/runners", &serde_json::json!({ "id": id, "spawn": spawn }));
+    let (st, body) = post_json(
+        server,
+        "/api/v1/runners",
+        &serde_json::json!({ "id": id, "spawn": spawn }),
+    );
     assert!(st == 200 || st == 201, "register {id}: {st} {body}");
     body
 }
 
-pub fn python_runner(server: &Server, id: &str, mode: &str, workspace: Option<&Path>, env: &[(&str, &str)]) -> serde_json::Value {
+pub fn python_runner(
+    server: &Server,
+    id: &str,
+    mode: &str,
+    workspace: Option<&Path>,
+    env: &[(&str, &str)],
+) -> serde_json::Value {
     let py = python();
     let script = test_data("python/runners/stalled.py");
-    spawn_runner(server, id, &[py.to_str().unwrap(), script.to_str().unwrap(), mode], workspace, env)
+    spawn_runner(
+        server,
+        id,
+        &[py.to_str().unwrap(), script.to_str().unwrap(), mode],
+        workspace,
+        env,
+    )
 }
 
 /// Incidents of `runner`, oldest first.
@@ -114,10 +147,18 @@ pub fn incidents(server: &Server, runner: &str) -> Vec<serde_json::Value> {
     items
 }
 
-pub fn wait_incident(server: &Server, runner: &str, event: &str, timeout: Duration) -> serde_json::Value {
+pub fn wait_incident(
+    server: &Server,
+    runner: &str,
+    event: &str,
+    timeout: Duration,
+) -> serde_json::Value {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(i) = incidents(server, runner).into_iter().find(|i| i["event"] == event) {
+        if let Some(i) = incidents(server, runner)
+            .into_iter()
+            .find(|i| i["event"] == event)
+        {
             return i;
         }
         if Instant::now() > deadline {
@@ -161,28 +202,50 @@ fn hash_tree(root: &Path) -> BTreeMap<String, String> {
 }
 
 /// The common assertions of a runner stopped for overrunning its tool SLA.
-fn assert_tool_overrun_handled(server: &Server, receiver: &Receiver, id: &str, pid: u64, tool: &str) {
+fn assert_tool_overrun_handled(
+    server: &Server,
+    receiver: &Receiver,
+    id: &str,
+    pid: u64,
+    tool: &str,
+) {
     let opened = wait_incident(server, id, "breaker.opened", Duration::from_secs(40));
     let reason = opened["reason"].as_str().unwrap();
-    assert!(reason.contains("overrun") || reason.contains("SLA"), "unexpected verdict: {opened:#}");
+    assert!(
+        reason.contains("overrun") || reason.contains("SLA"),
+        "unexpected verdict: {opened:#}"
+    );
     assert_eq!(opened["tool_name"], tool, "{opened:#}");
 
     // Admission is refused at once while OPEN.
-    let r = http_client().get(server.api(&format!("/api/v1/runners/{id}/admit"))).send().unwrap();
+    let r = http_client()
+        .get(server.api(&format!("/api/v1/runners/{id}/admit")))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 503);
-    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1);
     let admit: serde_json::Value = r.json().unwrap();
     assert_eq!(admit["state"], "OPEN");
     assert_eq!(admit["admit"], false);
 
     let terminated = wait_incident(server, id, "runner.terminated", Duration::from_secs(30));
-    wait_until!(Duration::from_secs(10), "the runner process to be gone", !process_alive(pid));
+    wait_until!(
+        Duration::from_secs(10),
+        "the runner process to be gone",
+        !process_alive(pid)
+    );
     let ev = terminated["evidence"].to_string();
     assert!(ev.contains("SIGTERM"), "no SIGTERM step in {terminated:#}");
 
     // The hung tool span was closed by stallwatch: ERROR, error.type=timeout, SIGTERM event.
-    let trace_id = opened["trace_id"].as_str().expect("breaker.opened names the span's trace");
+    let trace_id = opened["trace_id"]
+        .as_str()
+        .expect("breaker.opened names the span's trace");
     let span_id = opened["span_id"].as_str().unwrap();
     let mut span;
     wait_until!(Duration::from_secs(20), "the synthesized span end", {
@@ -191,30 +254,63 @@ fn assert_tool_overrun_handled(server: &Server, receiver: &Receiver, id: &str, p
         st == 200 && span["state"] == "ended"
     });
     assert_eq!(span["status"]["code"], 2, "{span:#}");
-    assert_eq!(attr(&span["attributes"], "error.type")["stringValue"], "timeout", "{span:#}");
-    let events: Vec<&str> = span["events"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert!(events.iter().any(|e| e.contains("SIGTERM")), "no SIGTERM span event: {events:?}");
+    assert_eq!(
+        attr(&span["attributes"], "error.type")["stringValue"],
+        "timeout",
+        "{span:#}"
+    );
+    let events: Vec<&str> = span["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        events.iter().any(|e| e.contains("SIGTERM")),
+        "no SIGTERM span event: {events:?}"
+    );
     // Detected after the SLA passed (monotonic: the span started before its start record arrived).
     let start = nanos(&span["start_time_unix_nano"]);
     let opened_at = nanos(&opened["at_unix_nano"]);
-    assert!(opened_at >= start + SLA_MS * 1_000_000, "tripped before the SLA: start {start} opened {opened_at}");
-    assert!(nanos(&span["end_time_unix_nano"]) >= opened_at, "span end precedes the trip");
+    assert!(
+        opened_at >= start + SLA_MS * 1_000_000,
+        "tripped before the SLA: start {start} opened {opened_at}"
+    );
+    assert!(
+        nanos(&span["end_time_unix_nano"]) >= opened_at,
+        "span end precedes the trip"
+    );
 
     // The webhook receiver was told, with a valid signature.
-    wait_until!(Duration::from_secs(20), "the breaker.opened webhook", receiver.events().iter().any(|e| e["event"] == "breaker.opened" && e["runner_id"] == id));
+    wait_until!(
+        Duration::from_secs(20),
+        "the breaker.opened webhook",
+        receiver
+            .events()
+            .iter()
+            .any(|e| e["event"] == "breaker.opened" && e["runner_id"] == id)
+    );
     let got = receiver.got.lock().unwrap();
-    let (headers, body) = got.iter().find(|(_, b)| serde_json::from_slice::<serde_json::Value>(b).unwrap()["runner_id"] == id).unwrap();
+    let (headers, body) = got
+        .iter()
+        .find(|(_, b)| serde_json::from_slice::<serde_json::Value>(b).unwrap()["runner_id"] == id)
+        .unwrap();
     let mut mac = Hmac::<Sha256>::new_from_slice(b"chain-secret").unwrap();
     mac.update(body);
-    assert_eq!(headers["x-stallwatch-signature"], format!("sha256={}", hex::encode(mac.finalize().into_bytes())));
+    assert_eq!(
+        headers["x-stallwatch-signature"],
+        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    );
     assert!(!headers["idempotency-key"].is_empty());
 }
 
 fn start_chain(dir: &Path, receiver: &Receiver) -> Server {
-    Server::start_with(ServerOpts::new(&dir.join("data")).config(&chain_config(&format!(
-        "[[alerts.webhook]]\nurl = \"{}\"\nsecret = \"chain-secret\"\n",
-        receiver.url
-    ))))
+    Server::start_with(
+        ServerOpts::new(&dir.join("data")).config(&chain_config(&format!(
+            "[[alerts.webhook]]\nurl = \"{}\"\nsecret = \"chain-secret\"\n",
+            receiver.url
+        ))),
+    )
 }
 
 #[test]
@@ -233,7 +329,13 @@ fn read_with_no_timeout_is_tripped_and_terminated() {
     let receiver = Receiver::start();
     let server = start_chain(dir.path(), &receiver);
     let reg = python_runner(&server, "py-read", "read_block", None, &[]);
-    assert_tool_overrun_handled(&server, &receiver, "py-read", reg["pid"].as_u64().unwrap(), "run_notebook");
+    assert_tool_overrun_handled(
+        &server,
+        &receiver,
+        "py-read",
+        reg["pid"].as_u64().unwrap(),
+        "run_notebook",
+    );
 }
 
 #[test]
@@ -244,7 +346,10 @@ fn gui_event_loop_is_tripped_and_runners_get_agg() {
     let reg = python_runner(&server, "py-gui", "gui", None, &[]);
     let pid = reg["pid"].as_u64().unwrap();
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-    assert!(environ.split(|b| *b == 0).any(|kv| kv == b"MPLBACKEND=Agg"), "spawned runner lacks MPLBACKEND=Agg");
+    assert!(
+        environ.split(|b| *b == 0).any(|kv| kv == b"MPLBACKEND=Agg"),
+        "spawned runner lacks MPLBACKEND=Agg"
+    );
     assert_tool_overrun_handled(&server, &receiver, "py-gui", pid, "run_notebook");
 }
 
@@ -253,17 +358,42 @@ fn half_written_csv_is_rolled_back_and_the_workspace_is_byte_for_byte_unchanged(
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("workspace");
     std::fs::create_dir_all(ws.join("data")).unwrap();
-    std::fs::write(ws.join("data/results.csv"), "step,loss,accuracy\n1,0.5,0.5\n").unwrap();
+    std::fs::write(
+        ws.join("data/results.csv"),
+        "step,loss,accuracy\n1,0.5,0.5\n",
+    )
+    .unwrap();
     std::fs::write(ws.join("notes.md"), "# experiment\n").unwrap();
     let before = hash_tree(&ws);
     let receiver = Receiver::start();
     let server = start_chain(dir.path(), &receiver);
     let reg = python_runner(&server, "py-csv", "half_csv", Some(&ws), &[]);
-    let staging = reg["checkpoint"]["path"].as_str().expect("a checkpoint for the workspace").to_string();
-    wait_until!(Duration::from_secs(30), "the half-written CSV", Path::new(&staging).join("results.csv").exists());
-    assert_tool_overrun_handled(&server, &receiver, "py-csv", reg["pid"].as_u64().unwrap(), "run_notebook");
-    let rolled = wait_incident(&server, "py-csv", "checkpoint.rolled_back", Duration::from_secs(20));
-    assert!(!Path::new(&staging).exists(), "staging folder left behind: {rolled:#}");
+    let staging = reg["checkpoint"]["path"]
+        .as_str()
+        .expect("a checkpoint for the workspace")
+        .to_string();
+    wait_until!(
+        Duration::from_secs(30),
+        "the half-written CSV",
+        Path::new(&staging).join("results.csv").exists()
+    );
+    assert_tool_overrun_handled(
+        &server,
+        &receiver,
+        "py-csv",
+        reg["pid"].as_u64().unwrap(),
+        "run_notebook",
+    );
+    let rolled = wait_incident(
+        &server,
+        "py-csv",
+        "checkpoint.rolled_back",
+        Duration::from_secs(20),
+    );
+    assert!(
+        !Path::new(&staging).exists(),
+        "staging folder left behind: {rolled:#}"
+    );
     let mut after = hash_tree(&ws);
     after.retain(|k, _| !k.starts_with(".workbench"));
     assert_eq!(before, after, "workspace changed");
@@ -276,10 +406,23 @@ fn native_call_holding_the_gil_is_unresponsive_and_tripped() {
     let server = start_chain(dir.path(), &receiver);
     let reg = python_runner(&server, "py-gil", "gil", None, &[]);
     let opened = wait_incident(&server, "py-gil", "breaker.opened", Duration::from_secs(40));
-    assert!(opened["reason"].as_str().unwrap().contains("unresponsive") || opened["evidence"].to_string().contains("unresponsive"), "{opened:#}");
-    wait_incident(&server, "py-gil", "runner.terminated", Duration::from_secs(30));
+    assert!(
+        opened["reason"].as_str().unwrap().contains("unresponsive")
+            || opened["evidence"].to_string().contains("unresponsive"),
+        "{opened:#}"
+    );
+    wait_incident(
+        &server,
+        "py-gil",
+        "runner.terminated",
+        Duration::from_secs(30),
+    );
     let pid = reg["pid"].as_u64().unwrap();
-    wait_until!(Duration::from_secs(10), "the runner to be gone", !process_alive(pid));
+    wait_until!(
+        Duration::from_secs(10),
+        "the runner to be gone",
+        !process_alive(pid)
+    );
 }
 
 #[test]
@@ -289,7 +432,10 @@ fn healthy_runner_under_cpu_load_is_never_tripped() {
     let server = start_chain(dir.path(), &receiver);
     // Another process keeps a core busy the whole time.
     let mut burner = std::process::Command::new(python())
-        .args(["-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"])
+        .args([
+            "-c",
+            "import time\nt=time.time()\nwhile time.time()-t<30: pass",
+        ])
         .spawn()
         .unwrap();
     python_runner(&server, "py-ok", "healthy", None, &[]);
@@ -298,14 +444,23 @@ fn healthy_runner_under_cpu_load_is_never_tripped() {
     let _ = burner.kill();
     let _ = burner.wait();
     let all = incidents(&server, "py-ok");
-    let events: Vec<_> = all.iter().map(|i| i["event"].as_str().unwrap().to_string()).collect();
+    let events: Vec<_> = all
+        .iter()
+        .map(|i| i["event"].as_str().unwrap().to_string())
+        .collect();
     assert!(
-        !events.iter().any(|e| e.starts_with("breaker.") || e == "runner.terminated"),
+        !events
+            .iter()
+            .any(|e| e.starts_with("breaker.") || e == "runner.terminated"),
         "healthy runner disturbed: {events:?}\n{:#}",
         serde_json::Value::from(all)
     );
     let (st, admit) = server.get_json("/api/v1/runners/py-ok/admit");
-    assert_eq!((st, admit["state"].as_str()), (200, Some("CLOSED")), "{admit}");
+    assert_eq!(
+        (st, admit["state"].as_str()),
+        (200, Some("CLOSED")),
+        "{admit}"
+    );
     // Its spans were stored and are ended.
     let (_, page) = server.get_json("/api/v1/traces?tool_name=run_notebook");
     assert!(page["items"].as_array().unwrap().len() >= 3, "{page}");
@@ -322,27 +477,79 @@ fn node_runner_dying_of_an_unhandled_rejection_is_a_crash_with_its_line() {
         kit.display().to_string()
     );
     spawn_runner(&server, "node-crash", &["node", "-e", &script], None, &[]);
-    let crashed = wait_incident(&server, "node-crash", "runner.crashed", Duration::from_secs(30));
+    let crashed = wait_incident(
+        &server,
+        "node-crash",
+        "runner.crashed",
+        Duration::from_secs(30),
+    );
     let ev = crashed["evidence"].to_string();
-    assert!(ev.contains("101"), "exit code 101 not recorded: {crashed:#}");
-    assert!(ev.contains("unhandledRejection") && ev.contains("tokenizer vanished"), "crash line missing: {crashed:#}");
-    wait_until!(Duration::from_secs(20), "the runner.crashed webhook", receiver.events().iter().any(|e| e["event"] == "runner.crashed"));
+    assert!(
+        ev.contains("101"),
+        "exit code 101 not recorded: {crashed:#}"
+    );
+    assert!(
+        ev.contains("unhandledRejection") && ev.contains("tokenizer vanished"),
+        "crash line missing: {crashed:#}"
+    );
+    wait_until!(
+        Duration::from_secs(20),
+        "the runner.crashed webhook",
+        receiver
+            .events()
+            .iter()
+            .any(|e| e["event"] == "runner.crashed")
+    );
 }
 
 #[test]
 fn half_open_probe_closes_the_breaker_once_the_restarted_runner_answers() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("once");
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(
-        &chain_config("").replace("breaker_cooldown_ms = 60000", "breaker_cooldown_ms = 1500").replace("max_restarts = 0", "max_restarts = 2"),
-    ));
-    python_runner(&server, "py-once", "once", None, &[("ONCE_MARKER", marker.to_str().unwrap())]);
-    wait_incident(&server, "py-once", "breaker.opened", Duration::from_secs(40));
-    wait_incident(&server, "py-once", "runner.restarted", Duration::from_secs(30));
-    wait_incident(&server, "py-once", "breaker.half_open", Duration::from_secs(30));
-    wait_incident(&server, "py-once", "breaker.closed", Duration::from_secs(30));
+    let server = Server::start_with(
+        ServerOpts::new(&dir.path().join("data")).config(
+            &chain_config("")
+                .replace("breaker_cooldown_ms = 60000", "breaker_cooldown_ms = 1500")
+                .replace("max_restarts = 0", "max_restarts = 2"),
+        ),
+    );
+    python_runner(
+        &server,
+        "py-once",
+        "once",
+        None,
+        &[("ONCE_MARKER", marker.to_str().unwrap())],
+    );
+    wait_incident(
+        &server,
+        "py-once",
+        "breaker.opened",
+        Duration::from_secs(40),
+    );
+    wait_incident(
+        &server,
+        "py-once",
+        "runner.restarted",
+        Duration::from_secs(30),
+    );
+    wait_incident(
+        &server,
+        "py-once",
+        "breaker.half_open",
+        Duration::from_secs(30),
+    );
+    wait_incident(
+        &server,
+        "py-once",
+        "breaker.closed",
+        Duration::from_secs(30),
+    );
     let (st, admit) = server.get_json("/api/v1/runners/py-once/admit");
-    assert_eq!((st, admit["state"].as_str()), (200, Some("CLOSED")), "{admit}");
+    assert_eq!(
+        (st, admit["state"].as_str()),
+        (200, Some("CLOSED")),
+        "{admit}"
+    );
 }
 
 #[test]
@@ -352,10 +559,28 @@ fn half_open_probe_reopens_the_breaker_when_the_runner_stays_dead() {
         &chain_config("").replace("breaker_cooldown_ms = 60000", "breaker_cooldown_ms = 1500"),
     ));
     python_runner(&server, "py-dead", "deadlock", None, &[]);
-    wait_incident(&server, "py-dead", "breaker.opened", Duration::from_secs(40));
-    wait_incident(&server, "py-dead", "breaker.half_open", Duration::from_secs(30));
+    wait_incident(
+        &server,
+        "py-dead",
+        "breaker.opened",
+        Duration::from_secs(40),
+    );
+    wait_incident(
+        &server,
+        "py-dead",
+        "breaker.half_open",
+        Duration::from_secs(30),
+    );
     // The probe finds no PONG (the runner was terminated and not restarted): OPEN again.
-    wait_until!(Duration::from_secs(30), "a second breaker.opened", incidents(&server, "py-dead").iter().filter(|i| i["event"] == "breaker.opened").count() >= 2);
+    wait_until!(
+        Duration::from_secs(30),
+        "a second breaker.opened",
+        incidents(&server, "py-dead")
+            .iter()
+            .filter(|i| i["event"] == "breaker.opened")
+            .count()
+            >= 2
+    );
     let (st, _) = server.get_json("/api/v1/runners/py-dead/admit");
     assert_eq!(st, 503);
 }

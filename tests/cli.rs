@@ -10,7 +10,10 @@ fn version_flag_prints_the_version() {
     let out = Command::new(bin()).arg("--version").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(text.trim(), format!("stallwatch {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        text.trim(),
+        format!("stallwatch {}", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]
@@ -39,7 +42,12 @@ fn a_second_instance_on_the_same_data_dir_names_the_holder_and_exits_non_zero() 
         .arg("serve")
         .arg("--data-dir")
         .arg(&data)
-        .args(["--otlp-grpc-listen", "127.0.0.1:0", "--otlp-http-listen", "127.0.0.1:0"])
+        .args([
+            "--otlp-grpc-listen",
+            "127.0.0.1:0",
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+        ])
         .args(["--dashboard-listen", "127.0.0.1:0"])
         .output()
         .unwrap();
@@ -82,7 +90,12 @@ fn a_database_from_a_newer_stallwatch_is_refused() {
         .arg("serve")
         .arg("--data-dir")
         .arg(&data)
-        .args(["--otlp-grpc-listen", "127.0.0.1:0", "--otlp-http-listen", "127.0.0.1:0"])
+        .args([
+            "--otlp-grpc-listen",
+            "127.0.0.1:0",
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+        ])
         .args(["--dashboard-listen", "127.0.0.1:0"])
         .output()
         .unwrap();

@@ -45,13 +45,18 @@ fn acknowledged_spans_survive_repeated_kill_9() {
         let stop = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..2)
             .map(|w| {
-                let (url, stop, acked) = (server.otlp_http("/v1/traces"), stop.clone(), acked.clone());
+                let (url, stop, acked) =
+                    (server.otlp_http("/v1/traces"), stop.clone(), acked.clone());
                 std::thread::spawn(move || blast(url, stop, acked, round * 10 + w + 1))
             })
             .collect();
         // Let it take load, then kill -9 in the middle of it.
         let before = acked.lock().unwrap().len();
-        wait_until!(Duration::from_secs(30), "acknowledged exports", acked.lock().unwrap().len() >= before + 20);
+        wait_until!(
+            Duration::from_secs(30),
+            "acknowledged exports",
+            acked.lock().unwrap().len() >= before + 20
+        );
         std::thread::sleep(Duration::from_millis(37 * (round + 1)));
         server.crash();
         stop.store(true, Ordering::Relaxed);
@@ -60,7 +65,11 @@ fn acknowledged_spans_survive_repeated_kill_9() {
         }
     }
     let acked: Vec<[u8; 16]> = acked.lock().unwrap().clone();
-    assert!(acked.len() >= 80, "too few acknowledged exports to prove anything: {}", acked.len());
+    assert!(
+        acked.len() >= 80,
+        "too few acknowledged exports to prove anything: {}",
+        acked.len()
+    );
     let server = Server::start(&data);
     let mut missing = HashSet::new();
     for tid in &acked {
@@ -70,9 +79,17 @@ fn acknowledged_spans_survive_repeated_kill_9() {
             missing.insert(hex);
         }
     }
-    assert!(missing.is_empty(), "{} of {} acknowledged traces lost: {:?}", missing.len(), acked.len(), missing.iter().take(5).collect::<Vec<_>>());
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged traces lost: {:?}",
+        missing.len(),
+        acked.len(),
+        missing.iter().take(5).collect::<Vec<_>>()
+    );
     assert_eq!(server.stop(), Some(0));
     let conn = rusqlite::Connection::open(data.join("stallwatch.db")).unwrap();
-    let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(check, "ok");
 }

@@ -35,7 +35,9 @@ fn check_protocol(protocol: &str) {
     wait_until!(std::time::Duration::from_secs(20), "the python spans", {
         let (st, t) = server.get_json(&format!("/api/v1/traces/{trace_id}"));
         trace = t;
-        st == 200 && trace["spans"].as_array().map(|a| a.len()) == Some(2) && trace["logs"].as_array().map(|a| !a.is_empty()) == Some(true)
+        st == 200
+            && trace["spans"].as_array().map(|a| a.len()) == Some(2)
+            && trace["logs"].as_array().map(|a| !a.is_empty()) == Some(true)
     });
     let root = span_named(&trace, "invoke_agent");
     let tool = span_named(&trace, "execute_tool read_file");
@@ -45,24 +47,47 @@ fn check_protocol(protocol: &str) {
     assert_eq!(tool["kind"], 3, "SpanKind.CLIENT is 3 on the wire");
     assert_eq!(tool["state"], "ended");
     let attrs = &tool["attributes"];
-    assert_eq!(attr(attrs, "gen_ai.operation.name")["stringValue"], "execute_tool");
+    assert_eq!(
+        attr(attrs, "gen_ai.operation.name")["stringValue"],
+        "execute_tool"
+    );
     assert_eq!(attr(attrs, "gen_ai.tool.name")["stringValue"], "read_file");
     assert_eq!(attr(attrs, "file.bytes")["intValue"], "9007199254740993");
     assert_eq!(attr(attrs, "score")["doubleValue"], 0.5);
     assert_eq!(attr(attrs, "cached")["boolValue"], false);
-    assert_eq!(attr(attrs, "paths")["arrayValue"]["values"][0]["stringValue"], "a.csv");
+    assert_eq!(
+        attr(attrs, "paths")["arrayValue"]["values"][0]["stringValue"],
+        "a.csv"
+    );
     assert_eq!(tool["status"]["code"], 2);
     assert_eq!(tool["status"]["message"], "file vanished");
     assert_eq!(tool["events"][0]["name"], "retry");
-    assert_eq!(attr(&tool["events"][0]["attributes"], "attempt")["intValue"], "2");
+    assert_eq!(
+        attr(&tool["events"][0]["attributes"], "attempt")["intValue"],
+        "2"
+    );
     assert_eq!(tool["links"][0]["trace_id"], ids["link_trace_id"]);
     assert_eq!(tool["links"][0]["span_id"], ids["link_span_id"]);
-    assert_eq!(attr(&tool["links"][0]["attributes"], "link.reason")["stringValue"], "batch");
-    assert_eq!(attr(&tool["resource"]["attributes"], "service.name")["stringValue"], format!("py-{protocol}"));
-    assert_eq!(attr(&tool["resource"]["attributes"], "deployment.environment")["stringValue"], "test");
+    assert_eq!(
+        attr(&tool["links"][0]["attributes"], "link.reason")["stringValue"],
+        "batch"
+    );
+    assert_eq!(
+        attr(&tool["resource"]["attributes"], "service.name")["stringValue"],
+        format!("py-{protocol}")
+    );
+    assert_eq!(
+        attr(&tool["resource"]["attributes"], "deployment.environment")["stringValue"],
+        "test"
+    );
     assert_eq!(tool["scope"]["name"], "stallwatch.e2e");
     assert_eq!(tool["scope"]["version"], "0.1");
-    let log = trace["logs"].as_array().unwrap().iter().find(|l| l["body"]["stringValue"] == "reading a.csv").unwrap_or_else(|| panic!("log missing: {trace:#}"));
+    let log = trace["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["body"]["stringValue"] == "reading a.csv")
+        .unwrap_or_else(|| panic!("log missing: {trace:#}"));
     assert_eq!(log["span_id"], ids["tool_span_id"]);
     assert_eq!(log["severity_number"], 13, "WARN is 13");
     assert_eq!(server.stop(), Some(0));

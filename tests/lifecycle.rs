@@ -16,7 +16,10 @@ const SLEEPER: &str = "[[runner]]\nid = \"sleeper\"\nspawn = { argv = [\"sleep\"
 fn runner_pid(server_api: &str, id: &str) -> u64 {
     let mut pid = None;
     wait_until!(Duration::from_secs(20), "the runner's pid", {
-        let r = http_client().get(format!("{server_api}/api/v1/runners/{id}")).send().unwrap();
+        let r = http_client()
+            .get(format!("{server_api}/api/v1/runners/{id}"))
+            .send()
+            .unwrap();
         let v: serde_json::Value = r.json().unwrap_or_default();
         pid = v["pid"].as_u64();
         pid.is_some()
@@ -43,17 +46,32 @@ fn exit_with_parent_stops_spawned_runners_when_the_parent_is_killed() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(parent.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    BufReader::new(parent.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
     let api = format!("http://{}", ready["dashboard"].as_str().unwrap());
-    let sw_pid: u64 = std::fs::read_to_string(data.join("lock")).unwrap().trim().parse().unwrap();
+    let sw_pid: u64 = std::fs::read_to_string(data.join("lock"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let runner = runner_pid(&api, "sleeper");
     assert!(process_alive(sw_pid) && process_alive(runner));
 
     parent.kill().unwrap();
     parent.wait().unwrap();
-    wait_until!(Duration::from_secs(30), "stallwatch to exit after its parent died", !process_alive(sw_pid));
-    wait_until!(Duration::from_secs(10), "the spawned runner to be stopped", !process_alive(runner));
+    wait_until!(
+        Duration::from_secs(30),
+        "stallwatch to exit after its parent died",
+        !process_alive(sw_pid)
+    );
+    wait_until!(
+        Duration::from_secs(10),
+        "the spawned runner to be stopped",
+        !process_alive(runner)
+    );
 }
 
 #[test]
@@ -70,10 +88,21 @@ fn exit_with_parent_never_outlives_a_parent_that_is_already_gone() {
         .arg(&d)
         .output()
         .unwrap();
-    let pid: u64 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
-    wait_until!(Duration::from_secs(30), "the orphaned stallwatch to stop", !process_alive(pid));
+    let pid: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_until!(
+        Duration::from_secs(30),
+        "the orphaned stallwatch to stop",
+        !process_alive(pid)
+    );
     let err = std::fs::read_to_string(dir.path().join("d.err")).unwrap();
-    assert!(err.contains("parent"), "no word about the parent on stderr: {err}");
+    assert!(
+        err.contains("parent"),
+        "no word about the parent on stderr: {err}"
+    );
 }
 
 #[test]
@@ -81,13 +110,27 @@ fn shutdown_endpoint_needs_the_token_and_stops_spawned_runners() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(SLEEPER));
     let runner = runner_pid(&format!("http://{}", server.dashboard), "sleeper");
-    let r = http_client().post(server.api("/api/v1/shutdown")).send().unwrap();
+    let r = http_client()
+        .post(server.api("/api/v1/shutdown"))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 401);
-    let r = http_client().post(server.api("/api/v1/shutdown")).bearer_auth("0".repeat(64)).send().unwrap();
+    let r = http_client()
+        .post(server.api("/api/v1/shutdown"))
+        .bearer_auth("0".repeat(64))
+        .send()
+        .unwrap();
     assert_eq!(r.status(), 401);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(server.child.try_wait().unwrap().is_none(), "a request without the token stopped stallwatch");
-    let r = http_client().post(server.api("/api/v1/shutdown")).bearer_auth(server.token()).send().unwrap();
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "a request without the token stopped stallwatch"
+    );
+    let r = http_client()
+        .post(server.api("/api/v1/shutdown"))
+        .bearer_auth(server.token())
+        .send()
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     let mut code = None;
     wait_until!(Duration::from_secs(30), "stallwatch to exit", {
@@ -95,15 +138,24 @@ fn shutdown_endpoint_needs_the_token_and_stops_spawned_runners() {
         code.is_some()
     });
     assert_eq!(code.unwrap().code(), Some(0));
-    assert!(!process_alive(runner), "spawned runner left running after shutdown");
+    assert!(
+        !process_alive(runner),
+        "spawned runner left running after shutdown"
+    );
 }
 
 #[test]
 fn ingest_token_refuses_exports_without_it_and_counts_them() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config("[otlp]\ningest_token = \"s3cret-token\"\n"));
+    let server = Server::start_with(
+        ServerOpts::new(&dir.path().join("data"))
+            .config("[otlp]\ningest_token = \"s3cret-token\"\n"),
+    );
     let body = rich_request([0x31; 16], "tok").encode_to_vec();
-    assert_eq!(post_protobuf(&server, "/v1/traces", body.clone()).status(), 401);
+    assert_eq!(
+        post_protobuf(&server, "/v1/traces", body.clone()).status(),
+        401
+    );
     let r = http_client()
         .post(server.otlp_http("/v1/traces"))
         .header("content-type", "application/x-protobuf")
@@ -113,14 +165,20 @@ fn ingest_token_refuses_exports_without_it_and_counts_them() {
         .unwrap();
     assert_eq!(r.status(), 401);
     // gRPC without the token: UNAUTHENTICATED.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let code = rt.block_on(async {
         let mut c = opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
         c.export(rich_request([0x32; 16], "tok")).await.unwrap_err().code()
     });
     assert_eq!(code, tonic::Code::Unauthenticated);
     let (_, t) = server.get_json(&format!("/api/v1/traces/{}", "31".repeat(16)));
-    assert!(t["spans"].as_array().is_none_or(|s| s.is_empty()), "refused spans were stored: {t}");
+    assert!(
+        t["spans"].as_array().is_none_or(|s| s.is_empty()),
+        "refused spans were stored: {t}"
+    );
     let r = http_client()
         .post(server.otlp_http("/v1/traces"))
         .header("content-type", "application/x-protobuf")
@@ -129,9 +187,53 @@ fn ingest_token_refuses_exports_without_it_and_counts_them() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
-    let metrics = http_client().get(server.api("/metrics")).send().unwrap().text().unwrap();
+    let metrics = http_client()
+        .get(server.api("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     assert!(
-        metrics.lines().any(|l| l.contains("unauth") && !l.starts_with('#') && !l.ends_with(" 0")),
+        metrics
+            .lines()
+            .any(|l| l.contains("unauth") && !l.starts_with('#') && !l.ends_with(" 0")),
         "refusals for a missing token not counted:\n{metrics}"
     );
+}
+
+#[test]
+fn self_traces_show_stallwatch_in_its_own_dashboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts {
+        env: vec![("STALLWATCH_SELF_TRACES".into(), "1".into())],
+        ..ServerOpts::new(&dir.path().join("data"))
+    });
+    // Some work to trace.
+    assert_eq!(
+        post_protobuf(
+            &server,
+            "/v1/traces",
+            rich_request([0x61; 16], "app").encode_to_vec()
+        )
+        .status(),
+        200
+    );
+    let mut page = serde_json::Value::Null;
+    wait_until!(Duration::from_secs(20), "stallwatch's own traces", {
+        page = server.get_json("/api/v1/traces?service=stallwatch").1;
+        page["items"].as_array().is_some_and(|i| !i.is_empty())
+    });
+    let names: Vec<String> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["root_name"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "stallwatch.ready"), "{names:?}");
+    // Without the flag there are none.
+    let dir2 = tempfile::tempdir().unwrap();
+    let plain = Server::start(&dir2.path().join("data"));
+    std::thread::sleep(Duration::from_millis(1200));
+    let (_, page) = plain.get_json("/api/v1/traces?service=stallwatch");
+    assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
 }

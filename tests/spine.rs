@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::{
-    trace_service_client::TraceServiceClient, ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
+    trace_service_client::TraceServiceClient, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{
     any_value::Value, AnyValue, ArrayValue, InstrumentationScope, KeyValue,
@@ -62,7 +61,14 @@ pub fn rich_request(trace_id: [u8; 16], service: &str) -> ExportTraceServiceRequ
             kv(
                 "cells",
                 Value::ArrayValue(ArrayValue {
-                    values: vec![AnyValue { value: Some(s("a")) }, AnyValue { value: Some(s("b")) }],
+                    values: vec![
+                        AnyValue {
+                            value: Some(s("a")),
+                        },
+                        AnyValue {
+                            value: Some(s("b")),
+                        },
+                    ],
                 }),
             ),
         ],
@@ -83,7 +89,10 @@ pub fn rich_request(trace_id: [u8; 16], service: &str) -> ExportTraceServiceRequ
             flags: 1,
         }],
         dropped_links_count: 5,
-        status: Some(Status { code: 2, message: "cell 4 raised".into() }),
+        status: Some(Status {
+            code: 2,
+            message: "cell 4 raised".into(),
+        }),
     };
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
@@ -138,22 +147,40 @@ fn assert_rich_trace(server: &Server, trace_hex: &str, service: &str) {
     assert_eq!(tool["status"]["code"], 2);
     assert_eq!(tool["status"]["message"], "cell 4 raised");
     let attrs = &tool["attributes"];
-    assert_eq!(attr(attrs, "gen_ai.tool.name")["stringValue"], "run_notebook");
+    assert_eq!(
+        attr(attrs, "gen_ai.tool.name")["stringValue"],
+        "run_notebook"
+    );
     assert_eq!(attr(attrs, "tokens.max")["intValue"], "9223372036854775807");
     assert_eq!(attr(attrs, "ratio")["doubleValue"], 0.25);
     assert_eq!(attr(attrs, "cached")["boolValue"], true);
-    assert_eq!(attr(attrs, "cells")["arrayValue"]["values"][1]["stringValue"], "b");
+    assert_eq!(
+        attr(attrs, "cells")["arrayValue"]["values"][1]["stringValue"],
+        "b"
+    );
     assert_eq!(tool["events"][0]["name"], "cell.done");
     assert_eq!(tool["events"][0]["time_unix_nano"], "1700000000500000000");
-    assert_eq!(attr(&tool["events"][0]["attributes"], "cell")["intValue"], "4");
+    assert_eq!(
+        attr(&tool["events"][0]["attributes"], "cell")["intValue"],
+        "4"
+    );
     assert_eq!(tool["links"][0]["trace_id"], "09".repeat(16));
     assert_eq!(tool["links"][0]["span_id"], "08".repeat(8));
-    assert_eq!(attr(&tool["links"][0]["attributes"], "link.kind")["stringValue"], "follows");
-    assert_eq!(attr(&tool["resource"]["attributes"], "service.name")["stringValue"], service);
+    assert_eq!(
+        attr(&tool["links"][0]["attributes"], "link.kind")["stringValue"],
+        "follows"
+    );
+    assert_eq!(
+        attr(&tool["resource"]["attributes"], "service.name")["stringValue"],
+        service
+    );
     assert_eq!(tool["scope"]["name"], "e2e.scope");
     assert_eq!(tool["scope"]["version"], "1.2.3");
     let root = span_named(&trace, "invoke agent_turn");
-    assert!(root["parent_span_id"].is_null() || root["parent_span_id"] == "", "{root}");
+    assert!(
+        root["parent_span_id"].is_null() || root["parent_span_id"] == "",
+        "{root}"
+    );
 }
 
 #[test]
@@ -181,18 +208,31 @@ fn otlp_http_protobuf_is_stored_and_read_back_field_by_field() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let tid = [0xab; 16];
-    let resp = post_protobuf(&server, "/v1/traces", rich_request(tid, "http-svc").encode_to_vec());
+    let resp = post_protobuf(
+        &server,
+        "/v1/traces",
+        rich_request(tid, "http-svc").encode_to_vec(),
+    );
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "application/x-protobuf");
     let body = resp.bytes().unwrap();
     let decoded = ExportTraceServiceResponse::decode(body.as_ref()).unwrap();
-    assert!(decoded.partial_success.is_none_or(|p| p.rejected_spans == 0));
+    assert!(decoded
+        .partial_success
+        .is_none_or(|p| p.rejected_spans == 0));
     assert_rich_trace(&server, &"ab".repeat(16), "http-svc");
 
     // Search finds it by service and by tool name, and not by a service that is absent.
     let (st, page) = server.get_json("/api/v1/traces?service=http-svc");
     assert_eq!(st, 200, "{page}");
-    assert!(page["items"].as_array().unwrap().iter().any(|t| t["trace_id"] == "ab".repeat(16)), "{page}");
+    assert!(
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["trace_id"] == "ab".repeat(16)),
+        "{page}"
+    );
     let (_, page) = server.get_json("/api/v1/traces?tool_name=run_notebook");
     assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
     let (_, page) = server.get_json("/api/v1/traces?service=nobody");
@@ -204,12 +244,21 @@ fn otlp_http_protobuf_is_stored_and_read_back_field_by_field() {
 fn otlp_grpc_is_stored_and_resending_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let tid = [0xcd; 16];
     rt.block_on(async {
-        let mut client = TraceServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+        let mut client = TraceServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .unwrap();
         for _ in 0..3 {
-            let resp = client.export(rich_request(tid, "grpc-svc")).await.unwrap().into_inner();
+            let resp = client
+                .export(rich_request(tid, "grpc-svc"))
+                .await
+                .unwrap()
+                .into_inner();
             assert!(resp.partial_success.is_none_or(|p| p.rejected_spans == 0));
         }
     });
@@ -217,7 +266,10 @@ fn otlp_grpc_is_stored_and_resending_changes_nothing() {
     let (_, page) = server.get_json("/api/v1/traces?service=grpc-svc");
     let items = page["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{page}");
-    assert_eq!(items[0]["span_count"], 2, "re-sent spans were stored twice: {page}");
+    assert_eq!(
+        items[0]["span_count"], 2,
+        "re-sent spans were stored twice: {page}"
+    );
 }
 
 #[test]
@@ -225,7 +277,15 @@ fn logs_are_stored_and_linked_to_their_trace() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let tid = [0x5a; 16];
-    assert_eq!(post_protobuf(&server, "/v1/traces", rich_request(tid, "logs-svc").encode_to_vec()).status(), 200);
+    assert_eq!(
+        post_protobuf(
+            &server,
+            "/v1/traces",
+            rich_request(tid, "logs-svc").encode_to_vec()
+        )
+        .status(),
+        200
+    );
     let logs = ExportLogsServiceRequest {
         resource_logs: vec![ResourceLogs {
             resource: Some(Resource {
@@ -239,7 +299,9 @@ fn logs_are_stored_and_linked_to_their_trace() {
                     time_unix_nano: 1_700_000_000_600_000_000,
                     severity_number: 17,
                     severity_text: "ERROR".into(),
-                    body: Some(AnyValue { value: Some(s("cell 4 raised ValueError")) }),
+                    body: Some(AnyValue {
+                        value: Some(s("cell 4 raised ValueError")),
+                    }),
                     trace_id: tid.to_vec(),
                     span_id: vec![2; 8],
                     ..Default::default()
@@ -249,7 +311,10 @@ fn logs_are_stored_and_linked_to_their_trace() {
             schema_url: String::new(),
         }],
     };
-    assert_eq!(post_protobuf(&server, "/v1/logs", logs.encode_to_vec()).status(), 200);
+    assert_eq!(
+        post_protobuf(&server, "/v1/logs", logs.encode_to_vec()).status(),
+        200
+    );
     let (_, trace) = server.get_json(&format!("/api/v1/traces/{}", "5a".repeat(16)));
     let logs = trace["logs"].as_array().unwrap();
     assert_eq!(logs.len(), 1, "{trace:#}");
@@ -263,8 +328,21 @@ fn metrics_endpoint_counts_what_was_received() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let tid = [0x77; 16];
-    assert_eq!(post_protobuf(&server, "/v1/traces", rich_request(tid, "m").encode_to_vec()).status(), 200);
-    let text = http_client().get(server.api("/metrics")).send().unwrap().text().unwrap();
+    assert_eq!(
+        post_protobuf(
+            &server,
+            "/v1/traces",
+            rich_request(tid, "m").encode_to_vec()
+        )
+        .status(),
+        200
+    );
+    let text = http_client()
+        .get(server.api("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     let mut samples = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         if let Some((k, v)) = line.rsplit_once(' ') {
@@ -273,10 +351,15 @@ fn metrics_endpoint_counts_what_was_received() {
     }
     let received: f64 = samples
         .iter()
-        .filter(|(k, _)| k.starts_with("stallwatch_") && k.contains("spans") && k.contains("received"))
+        .filter(|(k, _)| {
+            k.starts_with("stallwatch_") && k.contains("spans") && k.contains("received")
+        })
         .map(|(_, v)| v.parse::<f64>().unwrap())
         .sum();
-    assert!(received >= 2.0, "no received-spans counter >= 2 in /metrics:\n{text}");
+    assert!(
+        received >= 2.0,
+        "no received-spans counter >= 2 in /metrics:\n{text}"
+    );
 }
 
 #[test]
@@ -292,7 +375,11 @@ fn bad_input_is_refused_and_the_server_keeps_serving() {
         .send()
         .unwrap();
     assert_eq!(bad.status(), 400);
-    let good = post_protobuf(&server, "/v1/traces", rich_request([0x42; 16], "ok").encode_to_vec());
+    let good = post_protobuf(
+        &server,
+        "/v1/traces",
+        rich_request([0x42; 16], "ok").encode_to_vec(),
+    );
     assert_eq!(good.status(), 200);
     assert_eq!(server.stop(), Some(0));
 }

@@ -42,7 +42,9 @@ pub fn python() -> PathBuf {
 }
 
 pub fn test_data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(rel)
 }
 
 /// A running `stallwatch serve`.
@@ -154,7 +156,10 @@ impl Server {
     }
 
     pub fn token(&self) -> String {
-        std::fs::read_to_string(self.data_dir.join("token")).unwrap().trim().to_string()
+        std::fs::read_to_string(self.data_dir.join("token"))
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     pub fn api(&self, path: &str) -> String {
@@ -170,7 +175,10 @@ impl Server {
         let resp = http_client().get(self.api(path)).send().unwrap();
         let status = resp.status().as_u16();
         let text = resp.text().unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
     }
 
     pub fn stderr(&self) -> String {
@@ -189,7 +197,10 @@ impl Server {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                panic!("stallwatch did not stop within 30 s of SIGTERM; stderr:\n{}", self.stderr());
+                panic!(
+                    "stallwatch did not stop within 30 s of SIGTERM; stderr:\n{}",
+                    self.stderr()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -6,8 +6,8 @@
 #[allow(dead_code)] // shared helpers; not every module uses every one
 mod support;
 
-mod cli;
 mod chain;
+mod cli;
 mod client;
 mod crash;
 mod exporters;
