@@ -964,6 +964,9 @@ impl ReaperHandle {
         }
         let state = if cause == "delete" {
             RunnerRowState::Removed
+        } else if report.ended_by == "not_signalled" {
+            // Watched, never signalled (no proof of identity): it may still be running.
+            RunnerRowState::Running
         } else {
             RunnerRowState::Terminated
         };

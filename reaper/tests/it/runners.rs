@@ -312,16 +312,24 @@ async fn trip_writes_span_ends_and_rolls_back_checkpoints() {
 #[tokio::test]
 async fn shutdown_stops_spawned_runners_only() {
     let h = harness(300).await;
-    h.register(spawn_spec("mine", &["sleep", "60"])).await.unwrap();
+    h.register(spawn_spec("mine", &["sleep", "60"]))
+        .await
+        .unwrap();
     let mine = h.handle.runner_pid("mine").unwrap();
-    let mut theirs = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let mut theirs = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
     let tpid = theirs.id();
     let start = platform::proc_stat(tpid).unwrap().start_time_ticks;
     h.register(RunnerSpec {
         id: "theirs".into(),
         heartbeat_socket: None,
         spawn: None,
-        attach: Some(AttachSpec { pid: tpid, start_time_ticks: Some(start) }),
+        attach: Some(AttachSpec {
+            pid: tpid,
+            start_time_ticks: Some(start),
+        }),
     })
     .await
     .unwrap();

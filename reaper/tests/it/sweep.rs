@@ -191,9 +191,9 @@ async fn sweep_orphans_dead_and_recycled_runners_adopts_live_ones_and_never_sign
 /// end written as an error with `error.type = "orphaned"`, and leaves the ledger.
 #[tokio::test]
 async fn sweep_closes_open_spans_of_an_orphan_as_errors() {
-    use std::sync::Arc;
     use stallwatch_storage::ledger::{LedgerRow, LedgerWrite};
     use stallwatch_storage::model::*;
+    use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let mut dead = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = dead.id();
@@ -201,7 +201,9 @@ async fn sweep_closes_open_spans_of_an_orphan_as_errors() {
     let (t, s) = (TraceId([3; 16]), SpanId([4; 8]));
     {
         let st = Storage::open(StorageConfig::new(dir.path().join("stallwatch.db"))).unwrap();
-        st.upsert_runner(row("lost", dead_pid, 12345, RunnerRowState::Running)).await.unwrap();
+        st.upsert_runner(row("lost", dead_pid, 12345, RunnerRowState::Running))
+            .await
+            .unwrap();
         let span = Span {
             trace_id: t,
             span_id: s,
@@ -212,7 +214,10 @@ async fn sweep_closes_open_spans_of_an_orphan_as_errors() {
         st.write_traces(Arc::new(TraceBatch {
             resource_spans: vec![ResourceSpans {
                 resource: Resource::default(),
-                scope_spans: vec![ScopeSpans { scope: Scope::default(), spans: vec![span] }],
+                scope_spans: vec![ScopeSpans {
+                    scope: Scope::default(),
+                    spans: vec![span],
+                }],
             }],
         }))
         .await
@@ -246,7 +251,10 @@ async fn sweep_closes_open_spans_of_an_orphan_as_errors() {
     assert_eq!(i.incident.evidence["spans_closed"], 1);
     let sp = h.storage.span(t, s).await.unwrap().unwrap().span;
     assert_eq!(sp.status.code, STATUS_ERROR);
-    assert_eq!(attr(&sp.attributes, "error.type").and_then(AnyValue::as_str), Some("orphaned"));
+    assert_eq!(
+        attr(&sp.attributes, "error.type").and_then(AnyValue::as_str),
+        Some("orphaned")
+    );
     assert!(sp.events.iter().any(|e| e.name == "orphaned"));
     assert!(h.storage.open_spans().await.unwrap().is_empty());
 }
