@@ -153,7 +153,7 @@ pub(crate) fn decompress(
 /// Decodes a `Content-Encoding` header value (e.g. `"gzip"`, `"deflate, zstd"`) off `body`
 /// through the same capped decoder the receivers use, never producing more than
 /// `limit_bytes` bytes of output. No in-flight budget applies here (for fuzzing, tests and
-/// tools; the receivers go through [`decompress`] with their budget charge).
+/// tools; the receivers go through the same decoder with their budget charge).
 ///
 /// Errors: the message the receivers answer with: an unknown coding (HTTP 415), output
 /// past `limit_bytes` (HTTP 413), a corrupt or truncated stream (HTTP 400).

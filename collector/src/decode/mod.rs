@@ -1,7 +1,7 @@
 //! The one decode layer: OTLP request bodies (protobuf or JSON) → storage records.
 //!
 //! Protobuf goes through prost into opentelemetry-proto's wire types; JSON goes through
-//! our own OTLP/JSON layer ([`json`]) into the same wire types; then [`convert`] validates
+//! our own OTLP/JSON layer (`json.rs`) into the same wire types; then `convert.rs` validates
 //! and converts both into `stallwatch_storage::model` batches. A [`DecodeError`] is a bad
 //! request (HTTP 400 / gRPC `INVALID_ARGUMENT`) and names the field that was wrong;
 //! records refused one by one (empty or all-zero ids) are counted in [`Decoded`] for
