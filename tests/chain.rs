@@ -26,10 +26,13 @@ pub fn chain_config(extra: &str) -> String {
     )
 }
 
-/// A webhook receiver on loopback: answers 200 and keeps (headers, body) of each POST.
+/// One received webhook: lowercase header names → values, and the body.
+pub type Delivery = (BTreeMap<String, String>, Vec<u8>);
+
+/// A webhook receiver on loopback: answers 200 and keeps each POST.
 pub struct Receiver {
     pub url: String,
-    pub got: Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>,
+    pub got: Arc<Mutex<Vec<Delivery>>>,
 }
 
 impl Receiver {

@@ -14,7 +14,7 @@ use crate::support::*;
 const SLEEPER: &str = "[[runner]]\nid = \"sleeper\"\nspawn = { argv = [\"sleep\", \"300\"] }\n";
 
 fn runner_pid(server_api: &str, id: &str) -> u64 {
-    let mut pid = None;
+    let mut pid;
     wait_until!(Duration::from_secs(20), "the runner's pid", {
         let r = http_client()
             .get(format!("{server_api}/api/v1/runners/{id}"))
@@ -132,7 +132,7 @@ fn shutdown_endpoint_needs_the_token_and_stops_spawned_runners() {
         .send()
         .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
-    let mut code = None;
+    let mut code;
     wait_until!(Duration::from_secs(30), "stallwatch to exit", {
         code = server.child.try_wait().unwrap();
         code.is_some()
@@ -218,7 +218,7 @@ fn self_traces_show_stallwatch_in_its_own_dashboard() {
         .status(),
         200
     );
-    let mut page = serde_json::Value::Null;
+    let mut page;
     wait_until!(Duration::from_secs(20), "stallwatch's own traces", {
         page = server.get_json("/api/v1/traces?service=stallwatch").1;
         page["items"].as_array().is_some_and(|i| !i.is_empty())
