@@ -10,6 +10,7 @@ mod chain;
 mod cli;
 mod client;
 mod crash;
+mod demo;
 mod exporters;
 mod lifecycle;
 mod spine;
