@@ -474,3 +474,31 @@ async fn shutdown_stops_accepting_and_run_returns() {
         .await
         .is_err());
 }
+
+#[tokio::test]
+async fn c11_body_far_over_the_limit_gets_a_clear_413_not_a_reset() {
+    let h = start_with(|c| {
+        c.max_request_bytes = 1024 * 1024;
+        c.max_inflight_bytes = 4 * 1024 * 1024;
+    })
+    .await;
+    let body = vec![b' '; 24 * 1024 * 1024];
+    for chunked in [false, true] {
+        let rb = h
+            .client
+            .post(h.url("/v1/traces"))
+            .header("content-type", "application/json");
+        let rb = if chunked {
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                body.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+            rb.body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        } else {
+            rb.body(body.clone())
+        };
+        let r = rb
+            .send()
+            .await
+            .expect("a clear answer, not a dropped connection");
+        assert_eq!(r.status(), 413, "chunked={chunked}");
+    }
+}
