@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use stallwatch_storage::control::RunnerBoard;
 use stallwatch_storage::model::Incident;
+use stallwatch_storage::IncidentQuery;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -96,12 +97,27 @@ async fn pump(
     }
     let mut tick = tokio::time::interval(BOARD_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = match start {
+    // Without Last-Event-ID nothing is replayed; a lagging subscriber then re-reads only
+    // from the newest incident at connect time (`floor`), never the whole history.
+    let (mut last, floor) = match start {
         Some(after) => match replay(&ctx, after, &tx).await {
-            Some(l) => l,
+            Some(l) => (l, after),
             None => return,
         },
-        None => 0,
+        None => {
+            let newest = ctx
+                .app
+                .storage
+                .incidents(IncidentQuery {
+                    limit: 1,
+                    ..IncidentQuery::default()
+                })
+                .await
+                .ok()
+                .and_then(|v| v.first().map(|i| i.id))
+                .unwrap_or(0);
+            (0, newest)
+        }
     };
     loop {
         let got = tokio::select! {
@@ -130,7 +146,7 @@ async fn pump(
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "sse subscriber lagged; re-reading from storage");
-                match replay(&ctx, last, &tx).await {
+                match replay(&ctx, last.max(floor), &tx).await {
                     Some(l) => last = l,
                     None => return,
                 }
