@@ -115,7 +115,9 @@ struct Server {
     log: PathBuf,
 }
 
-fn start(data: &Path, config: &Path, log: PathBuf) -> Server {
+/// Starts `stallwatch serve`; answers the server or why it did not become ready (the last
+/// lines of its log).
+fn start(data: &Path, config: &Path, log: PathBuf) -> Result<Server, String> {
     let stderr = std::fs::File::create(&log).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stallwatch"))
         .arg("serve")
@@ -146,20 +148,69 @@ fn start(data: &Path, config: &Path, log: PathBuf) -> Server {
     let Ok(line) = rx.recv_timeout(READY_TIMEOUT) else {
         let _ = child.kill();
         let _ = child.wait();
-        panic!(
-            "no ready line within {READY_TIMEOUT:?}; log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(2).collect();
+        return Err(tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
     };
     let ready: Json = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
     assert_eq!(ready["event"], "ready", "{line}");
     let addr = |k: &str| ready[k].as_str().unwrap().parse().unwrap();
-    Server {
+    Ok(Server {
         http: addr("otlp_http"),
         dashboard: addr("dashboard"),
         child,
         log,
+    })
+}
+
+/// Start failures seen, and what the harness did about them.
+#[derive(Default)]
+struct StartLog {
+    failures: Vec<Json>,
+    /// Runners of killed generations the harness SIGKILLed so stallwatch could start.
+    runners_killed_to_start: u32,
+}
+
+/// Starts, retrying: after 3 failed attempts in a row the runners of killed generations
+/// still alive are SIGKILLed (what an operator would do) before the next attempts.
+fn start_retrying(
+    data: &Path,
+    config: &Path,
+    logs: &Path,
+    name: &str,
+    sleepers: &[(u32, Proc)],
+    slog: &mut StartLog,
+) -> Server {
+    for attempt in 0..6 {
+        let log = logs.join(format!("{name}.{attempt}.log"));
+        match start(data, config, log) {
+            Ok(s) => return s,
+            Err(why) => {
+                eprintln!("{name}: start attempt {attempt} failed: {why}");
+                slog.failures
+                    .push(json!({"start": name, "attempt": attempt, "error": why}));
+                if attempt >= 2 {
+                    slog.runners_killed_to_start += kill_alive(sleepers);
+                }
+            }
+        }
     }
+    panic!("stallwatch did not start after 6 attempts ({name})");
+}
+
+/// SIGKILLs the recorded runners that are still the same live process; answers how many.
+fn kill_alive(sleepers: &[(u32, Proc)]) -> u32 {
+    let mut n = 0;
+    for (_, p) in sleepers {
+        if alive(*p) {
+            // Ours (spawned by a stallwatch this harness started), identity re-checked.
+            let _ = Command::new("kill")
+                .args(["-KILL", &p.pid.to_string()])
+                .status();
+            n += 1;
+        }
+    }
+    n
 }
 
 impl Server {
@@ -170,8 +221,8 @@ impl Server {
 
     /// SIGTERM, then wait up to 60 s; answers the exit code.
     fn stop(&mut self) -> Option<i32> {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
@@ -556,14 +607,15 @@ fn main() {
     let o = parse_opts();
     let seed = o.seed.unwrap_or_else(now_ns);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let tmp = tempfile::Builder::new()
-        .prefix("stallwatch-crash-")
-        .tempdir()
-        .unwrap();
-    let root = o
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| tmp.path().to_path_buf());
+    // Kept on failure (and on a panic) to look at; removed at the end when all is well.
+    let root = match &o.data_dir {
+        Some(d) => d.clone(),
+        None => tempfile::Builder::new()
+            .prefix("stallwatch-crash-")
+            .tempdir()
+            .unwrap()
+            .keep(),
+    };
     let data = root.join("data");
     let logs = root.join("logs");
     std::fs::create_dir_all(&logs).unwrap();
@@ -589,10 +641,19 @@ fn main() {
     let mut old_alive_at_kill = Vec::new();
     let mut no_sleeper = 0u32;
     let mut kill_ms = Vec::new();
+    let mut slog = StartLog::default();
+    let mut integrity_ms = Vec::new();
     let started = Instant::now();
 
     for gen in 0..o.cycles {
-        let mut server = start(&data, &config, logs.join(format!("gen-{gen:03}.log")));
+        let mut server = start_retrying(
+            &data,
+            &config,
+            &logs,
+            &format!("gen-{gen:03}"),
+            &sleepers,
+            &mut slog,
+        );
         let pid = server.child.id();
         match wait_sleeper(pid, Duration::from_secs(10)) {
             Some(p) => sleepers.push((gen, p)),
@@ -637,7 +698,9 @@ fn main() {
         if gen > 0 {
             old_alive_at_kill.push(old_alive.len());
         }
+        let t0 = Instant::now();
         let check = integrity(&db);
+        integrity_ms.push(t0.elapsed().as_millis() as u64);
         *integrity_results.entry(check.clone()).or_default() += 1;
         if check != "ok" {
             integrity_failures.push(json!({"generation": gen, "result": check}));
@@ -652,7 +715,7 @@ fn main() {
     }
 
     // Final start: the sweep judges the last crash; then verify everything.
-    let mut server = start(&data, &config, logs.join("final.log"));
+    let mut server = start_retrying(&data, &config, &logs, "final", &sleepers, &mut slog);
     let final_sweep = server.wait_sweep(SWEEP_TIMEOUT);
     let acked: Vec<[u8; 16]> = acked.lock().unwrap().clone();
     let t0 = Instant::now();
@@ -687,14 +750,21 @@ fn main() {
         .filter(|(_, p)| alive(*p))
         .map(|(g, p)| json!({"generation": g, "pid": p.pid, "start_ticks": p.start_ticks}))
         .collect();
-    for (_, p) in &sleepers {
-        if alive(*p) {
-            // Ours (spawned by the stallwatch this harness started), identity re-checked.
-            let pid = rustix::process::Pid::from_raw(p.pid as i32).unwrap();
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
+    kill_alive(&sleepers);
 
+    // What each finished sweep did with runner "sleeper" of the generation killed before.
+    let mut verdicts: BTreeMap<&str, u32> = BTreeMap::new();
+    for sw in sweeps.iter().map(|v| &v["sweep"]).chain(final_sweep.iter()) {
+        let r = sw["report"].as_str().unwrap_or("");
+        let v = if r.contains("adopted: [\"sleeper\"") {
+            "adopted"
+        } else if r.contains("orphaned: [(\"sleeper\"") {
+            "orphaned"
+        } else {
+            "not judged"
+        };
+        *verdicts.entry(v).or_default() += 1;
+    }
     let spans_acked = acked.len() as u64 * o.spans_per_trace as u64;
     let summary = json!({
         "cycles": o.cycles,
@@ -727,20 +797,25 @@ fn main() {
             "runner_orphaned_incidents": incidents.len(),
             "incident_reasons": incident_reasons,
             "killed_generations_alive_at_kill_max": old_alive_at_kill.iter().max(),
+            "sweep_verdicts": verdicts,
             "sample_sweeps": sweeps.iter().take(3).collect::<Vec<_>>(),
         },
+        "integrity_check_ms": {"first": integrity_ms.first(), "last": integrity_ms.last(),
+                               "max": integrity_ms.iter().max()},
+        "start_failures": slog.failures.len(),
+        "start_failure_samples": slog.failures.iter().take(3).collect::<Vec<_>>(),
+        "runners_killed_by_harness_to_start": slog.runners_killed_to_start,
         "leftover_runner_processes": leftovers,
         "final_exit_code": exit,
         "folder": root.display().to_string(),
     });
     println!("{}", serde_json::to_string_pretty(&summary).unwrap());
-    if o.data_dir.is_none() {
-        // Keep the folder when something failed, to look at.
-        if lost_spans > 0 || !integrity_failures.is_empty() || !leftovers.is_empty() {
-            let _ = tmp.keep();
-        }
+    let failed = lost_spans > 0
+        || integrity_results.keys().any(|k| k != "ok")
+        || !leftovers.is_empty()
+        || !slog.failures.is_empty();
+    if o.data_dir.is_none() && !failed {
+        let _ = std::fs::remove_dir_all(&root);
     }
-    let failed =
-        lost_spans > 0 || integrity_results.keys().any(|k| k != "ok") || !leftovers.is_empty();
     std::process::exit(i32::from(failed));
 }
