@@ -17,6 +17,7 @@ pub mod control;
 mod db;
 pub mod error;
 pub mod events;
+pub mod forward;
 pub mod incidents;
 pub mod ledger;
 pub mod model;

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&[&str]] = &[&[
     crate::runners::SCHEMA,
     crate::checkpoints::SCHEMA,
     crate::outbox::SCHEMA,
+    crate::forward::SCHEMA,
 ]];
 
 /// The schema version this binary writes.

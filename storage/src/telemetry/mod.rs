@@ -15,7 +15,7 @@
 //! - `read`: trace view, span, search, services, span names, metric points;
 //! - `stats`: counters for `/metrics`.
 
-mod encode;
+pub(crate) mod encode;
 mod read;
 mod retention;
 mod schema;
