@@ -124,3 +124,45 @@ impl CollectorConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_design_and_validate() {
+        let c = CollectorConfig::default();
+        assert_eq!(c.grpc_listen.to_string(), "127.0.0.1:4317");
+        assert_eq!(c.http_listen.to_string(), "127.0.0.1:4318");
+        assert_eq!(c.max_request_bytes, 20_971_520);
+        assert_eq!(c.max_inflight_bytes, 67_108_864);
+        assert_eq!(c.max_nesting_depth, 32);
+        assert!(c
+            .cors_allowed_origins
+            .contains(&"http://localhost:*".to_string()));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn invalid_values_are_refused_naming_the_field() {
+        let bad: [(fn(&mut CollectorConfig), &str); 5] = [
+            (|c| c.max_request_bytes = 10, "max_request_bytes"),
+            (
+                |c| c.max_inflight_bytes = c.max_request_bytes - 1,
+                "max_inflight_bytes",
+            ),
+            (|c| c.max_nesting_depth = 0, "max_nesting_depth"),
+            (
+                |c| c.cors_allowed_origins = vec!["localhost".into()],
+                "cors_allowed_origins",
+            ),
+            (|c| c.ingest_token = Some("a b".into()), "ingest_token"),
+        ];
+        for (f, field) in bad {
+            let mut c = CollectorConfig::default();
+            f(&mut c);
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+    }
+}

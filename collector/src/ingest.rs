@@ -426,3 +426,75 @@ impl IngestState {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Format;
+    use prost::Message;
+
+    #[test]
+    fn storage_write_errors_map_to_retryable_answers() {
+        let cases = [
+            (WriteError::QueueFull { capacity: 8 }, 503, Some("1"), 14),
+            (WriteError::Full("disk".into()), 503, Some("10"), 14),
+            (WriteError::Closed, 503, Some("1"), 14),
+            (WriteError::Failed("boom".into()), 500, None, 13),
+        ];
+        for (err, http, retry_after, grpc) in cases {
+            let r = refusal_for_write(err);
+            let resp = crate::http::refusal_response(Format::Json, &r);
+            assert_eq!(resp.status().as_u16(), http, "{r:?}");
+            assert_eq!(
+                resp.headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{r:?}"
+            );
+            let st = crate::grpc::refusal_status(&r);
+            assert_eq!(st.code() as i32, grpc, "{r:?}");
+            if grpc == 14 {
+                let details = crate::rpc::RpcStatus::decode(st.details()).unwrap();
+                assert_eq!(details.details[0].type_url, crate::rpc::RETRY_INFO_TYPE);
+                let ri = crate::rpc::RetryInfo::decode(&details.details[0].value[..]).unwrap();
+                assert!(ri.retry_delay.unwrap().seconds >= 1);
+            } else {
+                assert!(st.details().is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn too_large_is_resource_exhausted_without_retry_info() {
+        let r = Refusal::TooLarge("big".into());
+        let st = crate::grpc::refusal_status(&r);
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted);
+        assert!(st.details().is_empty());
+        let resp = crate::http::refusal_response(Format::Protobuf, &r);
+        assert_eq!(resp.status().as_u16(), 413);
+        assert!(resp.headers().get("retry-after").is_none());
+    }
+
+    #[test]
+    fn bearer_token_check() {
+        let (tx, _rx) = mpsc::channel(1);
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(stallwatch_storage::StorageConfig::new(
+            dir.path().join("t.db"),
+        ))
+        .unwrap();
+        let config = CollectorConfig {
+            ingest_token: Some("abc".into()),
+            ..CollectorConfig::default()
+        };
+        let s = IngestState::new(&config, storage, tx).unwrap();
+        assert!(s.authorized(Some(b"Bearer abc")));
+        assert!(s.authorized(Some(b"bearer abc ")));
+        assert!(!s.authorized(Some(b"Bearer abd")));
+        assert!(!s.authorized(Some(b"Bearer ab")));
+        assert!(!s.authorized(Some(b"Basic abc")));
+        assert!(!s.authorized(Some(b"abc")));
+        assert!(!s.authorized(None));
+    }
+}
