@@ -391,3 +391,62 @@ pub(crate) fn prepare_metrics(batch: &MetricBatch) -> Result<Vec<PointRow>, Stri
 pub(crate) fn value_text(v: &AnyValue) -> Option<String> {
     v.index_text()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::model::{ResourceSpans, ScopeSpans, SpanId, TraceId};
+
+    fn span(s: u8, end: u64, name: &str) -> Span {
+        Span {
+            trace_id: TraceId([1; 16]),
+            span_id: SpanId([s; 8]),
+            name: name.into(),
+            start_time_unix_nano: 5,
+            end_time_unix_nano: end,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn in_request_duplicates_and_slicing() {
+        let b = TraceBatch {
+            resource_spans: vec![ResourceSpans {
+                resource: Resource::default(),
+                scope_spans: vec![ScopeSpans {
+                    scope: Scope::default(),
+                    spans: vec![
+                        span(1, 0, "open"),
+                        span(2, 9, "b"),
+                        span(1, 7, "ended"),
+                        span(2, 8, "b2"),
+                    ],
+                }],
+            }],
+        };
+        let mut p = prepare_traces(&b).unwrap();
+        assert_eq!(p.duplicates, 2);
+        assert_eq!(p.index.spans.len(), 2);
+        assert_eq!(p.traces.len(), 1);
+        let header = decode_header(&p.payload).unwrap();
+        assert_eq!(header.resources.len(), 1);
+        let names: Vec<String> = p
+            .index
+            .spans
+            .iter()
+            .map(|s| decode_span(&p.payload, s.off, s.len).unwrap().name)
+            .collect();
+        assert_eq!(names, vec!["b".to_string(), "ended".to_string()]);
+        // unknown_service term for a resource without service.name
+        assert!(p.index.terms.contains(&(
+            TERM_SERVICE.to_string(),
+            crate::model::UNKNOWN_SERVICE.to_string()
+        )));
+        p.retain(&[false, true]);
+        assert_eq!(p.index.spans.len(), 1);
+        let s = &p.index.spans[0];
+        assert_eq!(decode_span(&p.payload, s.off, s.len).unwrap().name, "ended");
+        assert!(decode_header(&p.payload).is_ok());
+    }
+}

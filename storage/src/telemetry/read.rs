@@ -359,8 +359,17 @@ impl Search<'_> {
             let (Some(payload), Some(resources)) = (&b.payload, &b.resources) else {
                 return Ok(false);
             };
-            let span = decode_span(payload, s.off, s.len).map_err(corrupt)?;
-            let on_span = attr(&span.attributes, k).and_then(value_text);
+            let body = payload
+                .get(s.off as usize..(s.off as usize).saturating_add(s.len as usize))
+                .unwrap_or_default();
+            // cheap prefilter: a span whose body lacks the value's bytes cannot carry it
+            let maybe = v.is_empty() || body.windows(v.len()).any(|w| w == v.as_bytes());
+            let on_span = if maybe {
+                let span = decode_span(payload, s.off, s.len).map_err(corrupt)?;
+                attr(&span.attributes, k).and_then(value_text)
+            } else {
+                None
+            };
             let found = if on_span.as_deref() == Some(v.as_str()) {
                 true
             } else {
@@ -494,6 +503,8 @@ fn search_in(
 
     // candidate batches, newest first, with their meta
     let mut candidates: Vec<i64> = Vec::new();
+    // traces whose place in this scan is decided (scan order is newest batch first)
+    let mut settled: std::collections::HashSet<[u8; 16]> = std::collections::HashSet::new();
     let mut items: Vec<TraceSummary> = Vec::new();
     let mut next_from = upper;
     loop {
@@ -583,6 +594,9 @@ fn search_in(
             let mut traces: Vec<([u8; 16], Vec<usize>)> = matched.into_iter().collect();
             traces.sort_by_key(|x| std::cmp::Reverse(x.0));
             for (t, positions) in traces {
+                if settled.contains(&t) {
+                    continue; // already shown, or shown at a newer batch
+                }
                 let mut ids = s.trace_batches(conn, &t)?;
                 if !ids.contains(&b) {
                     ids.push(b);
@@ -613,8 +627,10 @@ fn search_in(
                     }
                 }
                 if shown_newer {
+                    settled.insert(t);
                     continue;
                 }
+                settled.insert(t);
                 let Some(sum) = summarize(winners.iter().map(|(_, (bi, pi))| {
                     let x = &loaded[*bi].1.index;
                     (x, &x.spans[*pi])

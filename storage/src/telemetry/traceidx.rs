@@ -192,3 +192,63 @@ pub(crate) struct Summary<'a> {
     /// The root span copy (or the earliest) and its batch.
     pub root: (&'a BatchIndex, &'a IdxSpan),
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn copy(t: u8, s: u8, end: u64) -> IdxSpan {
+        IdxSpan {
+            trace_id: [t; 16],
+            span_id: [s; 8],
+            start: 10,
+            end,
+            ..Default::default()
+        }
+    }
+
+    fn batch(spans: Vec<IdxSpan>) -> BatchIndex {
+        BatchIndex {
+            terms: vec![],
+            spans,
+        }
+    }
+
+    #[test]
+    fn fold_prefers_the_first_ended_copy() {
+        let b0 = batch(vec![copy(1, 1, 0), copy(1, 2, 5), copy(2, 1, 0)]);
+        let b1 = batch(vec![
+            copy(1, 1, 7),
+            copy(1, 2, 9),
+            copy(1, 1, 8),
+            copy(1, 3, 0),
+        ]);
+        let w = fold(&[1; 16], [&b0, &b1]);
+        assert_eq!(
+            w,
+            vec![([1; 8], (1, 0)), ([2; 8], (0, 1)), ([3; 8], (1, 3))],
+            "span 1: open then ended (first ended wins); span 2: ended first stays"
+        );
+        let s = summarize(w.iter().map(|(_, (bi, pi))| {
+            let b = if *bi == 0 { &b0 } else { &b1 };
+            (b, &b.spans[*pi])
+        }))
+        .unwrap();
+        assert_eq!((s.spans, s.open, s.end), (3, 1, 7));
+    }
+
+    #[test]
+    fn sorted_lists_and_batch_ids_round_trip() {
+        let idx = batch(vec![copy(3, 1, 1), copy(1, 1, 1), copy(3, 2, 1)]);
+        let list = batch_trace_ids(&idx);
+        assert_eq!(list.len(), 32);
+        assert!(list_contains(&list, &[1; 16]));
+        assert!(list_contains(&list, &[3; 16]));
+        assert!(!list_contains(&list, &[2; 16]));
+        assert_eq!(
+            decode_batches(&encode_batches(&[1, i64::MAX, 7])),
+            vec![1, i64::MAX, 7]
+        );
+    }
+}
