@@ -145,7 +145,8 @@ mod tests {
 
     #[test]
     fn invalid_values_are_refused_naming_the_field() {
-        let bad: [(fn(&mut CollectorConfig), &str); 5] = [
+        type Mutate = fn(&mut CollectorConfig);
+        let bad: [(Mutate, &str); 5] = [
             (|c| c.max_request_bytes = 10, "max_request_bytes"),
             (
                 |c| c.max_inflight_bytes = c.max_request_bytes - 1,
