@@ -12,8 +12,13 @@
 //! `sleep 600` runners of killed generations that are still alive (those are reported, then
 //! SIGKILLed by pid + start time so the harness leaves nothing behind).
 //!
+//! A killed generation's runner that the next sweep re-adopts (same pid, start time and boot
+//! id: DESIGN, Orphan sweep) is legitimately alive; any other one still alive is
+//! *untracked*: nothing watches it any more.
+//!
 //! Prints one JSON summary on stdout (progress on stderr); exits 1 when a span was lost, an
-//! integrity check was not `ok`, or a killed generation's runner survived.
+//! integrity check was not `ok`, stallwatch failed to start, or a killed generation's
+//! runner was left alive untracked.
 //!
 //! ```sh
 //! cargo bench --profile dev --bench crash_harness -- --cycles 100
@@ -261,6 +266,13 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// True when a sweep's report says it re-adopted runner `sleeper`.
+fn sweep_adopted(sweep: Option<&Json>) -> bool {
+    sweep
+        .and_then(|s| s["report"].as_str())
+        .is_some_and(|r| r.contains("adopted: [\"sleeper\""))
 }
 
 fn client() -> reqwest::blocking::Client {
@@ -643,6 +655,7 @@ fn main() {
     let mut kill_ms = Vec::new();
     let mut slog = StartLog::default();
     let mut integrity_ms = Vec::new();
+    let mut untracked_at_kill: Vec<usize> = Vec::new();
     let started = Instant::now();
 
     for gen in 0..o.cycles {
@@ -691,6 +704,7 @@ fn main() {
         for w in workers {
             w.join().unwrap();
         }
+        let sweep_ref = sweep.clone();
         match sweep {
             Some(s) => sweeps.push(json!({"generation": gen, "sweep": s})),
             None => sweeps_unfinished += 1,
@@ -698,6 +712,8 @@ fn main() {
         if gen > 0 {
             old_alive_at_kill.push(old_alive.len());
         }
+        let adopted = sweep_adopted(sweep_ref.as_ref());
+        untracked_at_kill.push(old_alive.len().saturating_sub(usize::from(adopted)));
         let t0 = Instant::now();
         let check = integrity(&db);
         integrity_ms.push(t0.elapsed().as_millis() as u64);
@@ -797,6 +813,8 @@ fn main() {
             "runner_orphaned_incidents": incidents.len(),
             "incident_reasons": incident_reasons,
             "killed_generations_alive_at_kill_max": old_alive_at_kill.iter().max(),
+            "untracked_alive_at_kill_max": untracked_at_kill.iter().max(),
+            "cycles_with_untracked_alive": untracked_at_kill.iter().filter(|n| **n > 0).count(),
             "sweep_verdicts": verdicts,
             "sample_sweeps": sweeps.iter().take(3).collect::<Vec<_>>(),
         },
@@ -813,7 +831,8 @@ fn main() {
     let failed = lost_spans > 0
         || integrity_results.keys().any(|k| k != "ok")
         || !leftovers.is_empty()
-        || !slog.failures.is_empty();
+        || !slog.failures.is_empty()
+        || untracked_at_kill.iter().any(|n| *n > 0);
     if o.data_dir.is_none() && !failed {
         let _ = std::fs::remove_dir_all(&root);
     }
