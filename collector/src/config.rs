@@ -26,6 +26,9 @@ pub const DEFAULT_MAX_NESTING_DEPTH: usize = 32;
 pub const MAX_NESTING_DEPTH_LIMIT: usize = 40;
 /// Default time `run` waits for in-flight requests after shutdown is requested: 10 s.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest wait for the next piece of a request body: 30 s. A client that stalls
+/// longer gets a 400 / `INVALID_ARGUMENT` and releases its share of `max_inflight_bytes`.
+pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default CORS allow-list: the Tauri web-view origins and any `http://localhost` port
 /// (issue 2, Collector; DESIGN, Security). `null` (file:// pages) is deliberately absent.
 pub const DEFAULT_CORS_ALLOWED_ORIGINS: [&str; 4] = [
@@ -65,6 +68,9 @@ pub struct CollectorConfig {
     /// How long [`crate::Collector::run`] waits for in-flight requests once shutdown is
     /// requested. Default [`DEFAULT_DRAIN_TIMEOUT`].
     pub drain_timeout: Duration,
+    /// Longest wait for the next piece of a request body, so stalled uploads cannot pin
+    /// the in-flight budget. Default [`DEFAULT_BODY_IDLE_TIMEOUT`].
+    pub body_idle_timeout: Duration,
 }
 
 impl Default for CollectorConfig {
@@ -81,6 +87,7 @@ impl Default for CollectorConfig {
                 .collect(),
             ingest_token: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::StreamBody;
 use hyper::body::Frame;
 use prost::Message;
 use tonic::body::Body;
@@ -188,7 +188,11 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
     let mut buf = BytesMut::new();
     let mut declared: Option<(u8, usize)> = None;
     loop {
-        match body.frame().await {
+        let next = match state.next_frame(&mut body).await {
+            Ok(n) => n,
+            Err(r) => return refuse(&state, r),
+        };
+        match next {
             None => break,
             Some(Err(e)) => {
                 return refuse(

@@ -16,7 +16,6 @@ use axum::response::Response;
 use axum::routing::any;
 use axum::Router;
 use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt;
 
 use crate::decode::Format;
 use crate::decompress::{parse_content_encoding, Coding};
@@ -218,7 +217,11 @@ async fn export(state: IngestState, signal: Signal, req: Request) -> Response {
     let mut body = req.into_body();
     let mut buf = BytesMut::with_capacity(reserved.min(limit));
     loop {
-        match body.frame().await {
+        let next = match state.next_frame(&mut body).await {
+            Ok(n) => n,
+            Err(r) => return refuse(r),
+        };
+        match next {
             None => break,
             Some(Err(e)) => {
                 return refuse(Refusal::BadRequest(format!(

@@ -220,6 +220,7 @@ pub(crate) struct Inner {
     pub(crate) token: Option<String>,
     pub(crate) max_request_bytes: usize,
     pub(crate) limits: Limits,
+    pub(crate) body_idle_timeout: std::time::Duration,
 }
 
 impl IngestState {
@@ -246,6 +247,7 @@ impl IngestState {
                 limits: Limits {
                     max_nesting_depth: config.max_nesting_depth,
                 },
+                body_idle_timeout: config.body_idle_timeout,
             }),
         })
     }
@@ -280,6 +282,25 @@ impl IngestState {
             .zip(want)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
+    }
+
+    /// The next frame of a request body, or a refusal when the client stalls longer than
+    /// `body_idle_timeout`.
+    pub(crate) async fn next_frame<B>(
+        &self,
+        body: &mut B,
+    ) -> Result<Option<Result<hyper::body::Frame<Bytes>, B::Error>>, Refusal>
+    where
+        B: hyper::body::Body<Data = Bytes> + Unpin,
+    {
+        use http_body_util::BodyExt;
+        let t = self.inner.body_idle_timeout;
+        tokio::time::timeout(t, body.frame()).await.map_err(|_| {
+            Refusal::BadRequest(format!(
+                "request body stalled for more than {} ms",
+                t.as_millis()
+            ))
+        })
     }
 
     /// Counts a request refused before it reached [`IngestState::process`].

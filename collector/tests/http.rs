@@ -502,3 +502,23 @@ async fn c11_body_far_over_the_limit_gets_a_clear_413_not_a_reset() {
         assert_eq!(r.status(), 413, "chunked={chunked}");
     }
 }
+
+#[tokio::test]
+async fn stalled_body_is_refused_and_releases_the_budget() {
+    use tokio::io::AsyncReadExt;
+    let h = start_with(|c| c.body_idle_timeout = Duration::from_millis(300)).await;
+    let mut held = hold_budget(&h, 100 * 1024).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), held.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("stalled"), "{text}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while h.stats.inflight_bytes() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "budget not released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
