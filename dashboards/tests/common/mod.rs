@@ -362,9 +362,13 @@ pub async fn seed(h: &Harness) {
         .unwrap();
     h.storage.write_logs(Arc::new(seed_logs())).await.unwrap();
     h.storage
-        .ledger_apply(vec![LedgerWrite::Upsert(Box::new(open_ledger_row(
-            now_unix_nano(),
-        )))])
+        .ledger_apply(
+            // `.into()`: works whether the writes are passed as a Vec or an Arc<Vec>.
+            vec![LedgerWrite::Upsert(Box::new(open_ledger_row(
+                now_unix_nano(),
+            )))]
+            .into(),
+        )
         .await
         .unwrap();
     h.board.send_replace(board());
