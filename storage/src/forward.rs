@@ -239,13 +239,16 @@ fn read_traces(
     Ok((chunk.rows > 0).then_some(chunk))
 }
 
+/// Decoded `(Resource, Scope, T)` payloads of one-record-per-row tables.
+type Rows<T> = Vec<(Resource, Scope, T)>;
+
 /// Reads up to `max` rows of `(Resource, Scope, T)` payloads after `after_id`.
 fn read_rows<T: serde::de::DeserializeOwned>(
     conn: &Connection,
     table: &str,
     after_id: i64,
     max: usize,
-) -> Result<(Chunk<()>, Vec<(Resource, Scope, T)>), StorageError> {
+) -> Result<(Chunk<()>, Rows<T>), StorageError> {
     let mut st = conn.prepare_cached(&format!(
         "SELECT id, payload FROM {table} WHERE id > ?1 ORDER BY id LIMIT ?2"
     ))?;
@@ -539,7 +542,10 @@ impl Storage {
     /// The stored cursor row of one signal, if forwarding ever ran (for tests and tools).
     ///
     /// Errors: SQLite failures.
-    pub async fn forward_cursor(&self, signal: Signal) -> Result<Option<ForwardCursor>, StorageError> {
+    pub async fn forward_cursor(
+        &self,
+        signal: Signal,
+    ) -> Result<Option<ForwardCursor>, StorageError> {
         self.read(move |c| {
             let exists: Option<i64> = c
                 .query_row(

@@ -64,7 +64,11 @@ mod tests {
         assert_eq!(b.failures(), 8);
         b.reset();
         assert_eq!(b.next_delay(Some(s(7))), s(7), "the server's hint wins");
-        assert_eq!(b.next_delay(Some(s(600))), s(60), "hint capped at retry_max");
+        assert_eq!(
+            b.next_delay(Some(s(600))),
+            s(60),
+            "hint capped at retry_max"
+        );
         assert_eq!(b.next_delay(None), s(4), "exponential sequence continued");
         b.reset();
         assert_eq!(b.failures(), 0);

@@ -165,7 +165,10 @@ impl TryFrom<RawForwardConfig> for ForwardConfig {
                 return Err(bad("headers", format!("{k:?} is not a usable header name")));
             }
             if http::HeaderValue::try_from(v.as_str()).is_err() {
-                return Err(bad("headers", format!("the value of {k:?} is not a valid header value")));
+                return Err(bad(
+                    "headers",
+                    format!("the value of {k:?} is not a valid header value"),
+                ));
             }
             headers.push((k, v));
         }
@@ -177,7 +180,11 @@ impl TryFrom<RawForwardConfig> for ForwardConfig {
         if max_queue_bytes == 0 {
             return Err(bad("max_queue_bytes", "must be at least 1"));
         }
-        let retry_initial = ms("retry_initial_ms", raw.retry_initial_ms, DEFAULT_RETRY_INITIAL_MS)?;
+        let retry_initial = ms(
+            "retry_initial_ms",
+            raw.retry_initial_ms,
+            DEFAULT_RETRY_INITIAL_MS,
+        )?;
         let retry_max = ms("retry_max_ms", raw.retry_max_ms, DEFAULT_RETRY_MAX_MS)?;
         if retry_max < retry_initial {
             return Err(bad("retry_max_ms", "must be at least retry_initial_ms"));
@@ -192,7 +199,11 @@ impl TryFrom<RawForwardConfig> for ForwardConfig {
             retry_initial,
             retry_max,
             timeout: ms("timeout_ms", raw.timeout_ms, DEFAULT_TIMEOUT_MS)?,
-            poll_interval: ms("poll_interval_ms", raw.poll_interval_ms, DEFAULT_POLL_INTERVAL_MS)?,
+            poll_interval: ms(
+                "poll_interval_ms",
+                raw.poll_interval_ms,
+                DEFAULT_POLL_INTERVAL_MS,
+            )?,
         })
     }
 }
@@ -225,10 +236,22 @@ mod tests {
             ("protocol = \"grpc\"", "endpoint"),
             ("endpoint = \"https://h\"", "endpoint"),
             ("endpoint = \"http://h\"\nprotocol = \"thrift\"", "protocol"),
-            ("endpoint = \"http://h\"\ncompression = \"zstd\"", "compression"),
-            ("endpoint = \"http://h\"\nbatch_max_spans = 0", "batch_max_spans"),
-            ("endpoint = \"http://h\"\nretry_initial_ms = 5000\nretry_max_ms = 10", "retry_max_ms"),
-            ("endpoint = \"http://h\"\n[headers]\n\"bad key\" = \"v\"", "headers"),
+            (
+                "endpoint = \"http://h\"\ncompression = \"zstd\"",
+                "compression",
+            ),
+            (
+                "endpoint = \"http://h\"\nbatch_max_spans = 0",
+                "batch_max_spans",
+            ),
+            (
+                "endpoint = \"http://h\"\nretry_initial_ms = 5000\nretry_max_ms = 10",
+                "retry_max_ms",
+            ),
+            (
+                "endpoint = \"http://h\"\n[headers]\n\"bad key\" = \"v\"",
+                "headers",
+            ),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(&format!("[forward] {key}:")), "{text} → {e}");

@@ -18,8 +18,8 @@ use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
 use serde_json::Value;
 use stallwatch_storage::model::{
-    AnyValue, KeyValue, LogBatch, LogRecord, MetricBatch, MetricKind, MetricPoint, Resource,
-    Scope, Span, TraceBatch,
+    AnyValue, KeyValue, LogBatch, LogRecord, MetricBatch, MetricKind, MetricPoint, Resource, Scope,
+    Span, TraceBatch,
 };
 
 fn any(v: &AnyValue) -> pc::AnyValue {
@@ -34,9 +34,7 @@ fn any(v: &AnyValue) -> pc::AnyValue {
         AnyValue::Array(a) => Some(V::ArrayValue(pc::ArrayValue {
             values: a.iter().map(any).collect(),
         })),
-        AnyValue::KvList(kvs) => Some(V::KvlistValue(pc::KeyValueList {
-            values: attrs(kvs),
-        })),
+        AnyValue::KvList(kvs) => Some(V::KvlistValue(pc::KeyValueList { values: attrs(kvs) })),
     };
     pc::AnyValue { value }
 }
@@ -203,7 +201,9 @@ fn ju64(v: Option<&Value>) -> u64 {
 
 fn temporality(d: &Value) -> i32 {
     match d.get("aggregation_temporality") {
-        Some(Value::String(s)) => pm::AggregationTemporality::from_str_name(s).unwrap_or_default() as i32,
+        Some(Value::String(s)) => {
+            pm::AggregationTemporality::from_str_name(s).unwrap_or_default() as i32
+        }
         Some(Value::Number(n)) => n.as_i64().unwrap_or(0) as i32,
         _ => 0,
     }
@@ -291,7 +291,11 @@ fn push_point(data: &mut pm::metric::Data, p: &MetricPoint, d: &Value) {
     let attributes = attrs(&p.attributes);
     match data {
         Data::Gauge(pm::Gauge { data_points }) | Data::Sum(pm::Sum { data_points, .. }) => {
-            let value = match d.get("as_int").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
+            let value = match d
+                .get("as_int")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse().ok())
+            {
                 Some(i) => Some(pm::number_data_point::Value::AsInt(i)),
                 None => p.value.map(pm::number_data_point::Value::AsDouble),
             };
@@ -325,24 +329,22 @@ fn push_point(data: &mut pm::metric::Data, p: &MetricPoint, d: &Value) {
             min: jf(d.get("min")),
             max: jf(d.get("max")),
         }),
-        Data::ExponentialHistogram(h) => {
-            h.data_points.push(pm::ExponentialHistogramDataPoint {
-                attributes,
-                start_time_unix_nano: p.start_time_unix_nano,
-                time_unix_nano: p.time_unix_nano,
-                count: p.count.unwrap_or(0),
-                sum: p.sum,
-                scale: d.get("scale").and_then(Value::as_i64).unwrap_or(0) as i32,
-                zero_count: ju64(d.get("zero_count")),
-                positive: buckets(d, "positive"),
-                negative: buckets(d, "negative"),
-                flags,
-                exemplars: exemplars(d),
-                min: jf(d.get("min")),
-                max: jf(d.get("max")),
-                zero_threshold: jf(d.get("zero_threshold")).unwrap_or(0.0),
-            })
-        }
+        Data::ExponentialHistogram(h) => h.data_points.push(pm::ExponentialHistogramDataPoint {
+            attributes,
+            start_time_unix_nano: p.start_time_unix_nano,
+            time_unix_nano: p.time_unix_nano,
+            count: p.count.unwrap_or(0),
+            sum: p.sum,
+            scale: d.get("scale").and_then(Value::as_i64).unwrap_or(0) as i32,
+            zero_count: ju64(d.get("zero_count")),
+            positive: buckets(d, "positive"),
+            negative: buckets(d, "negative"),
+            flags,
+            exemplars: exemplars(d),
+            min: jf(d.get("min")),
+            max: jf(d.get("max")),
+            zero_threshold: jf(d.get("zero_threshold")).unwrap_or(0.0),
+        }),
         Data::Summary(s) => s.data_points.push(pm::SummaryDataPoint {
             attributes,
             start_time_unix_nano: p.start_time_unix_nano,
@@ -377,7 +379,10 @@ fn scope_metrics(points: &[MetricPoint]) -> Vec<pm::Metric> {
             unit: p.unit.clone(),
             kind: p.kind,
             temporality: temporality(&d),
-            monotonic: d.get("is_monotonic").and_then(Value::as_bool).unwrap_or(false),
+            monotonic: d
+                .get("is_monotonic")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         };
         let i = match ids.iter().rposition(|x| *x == id) {
             Some(i) => i,

@@ -1,0 +1,324 @@
+//! One OTLP export to the upstream, over gRPC (tonic client) or HTTP/protobuf (reqwest),
+//! classified by the OTLP exporter spec ("Retrying", "Failures"): success (with the
+//! count `partial_success` rejected), retryable (with the server's delay hint: HTTP
+//! `Retry-After` seconds, gRPC `google.rpc.RetryInfo`), or a permanent refusal.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prost::Message;
+use stallwatch_storage::forward::Signal;
+use tonic::codec::CompressionEncoding;
+use tonic::metadata::{MetadataKey, MetadataValue};
+use tonic::transport::Channel;
+use tonic::Code;
+
+use super::config::{Compression, ForwardConfig, Protocol};
+use super::error::ForwardError;
+use crate::rpc::{RetryInfo, RpcStatus, RETRY_INFO_TYPE};
+
+/// One export request, ready to send (and to re-send on retry).
+#[derive(Clone, Debug)]
+pub enum Request {
+    /// Spans.
+    Traces(ExportTraceServiceRequest),
+    /// Log records.
+    Logs(ExportLogsServiceRequest),
+    /// Metric points.
+    Metrics(ExportMetricsServiceRequest),
+}
+
+impl Request {
+    fn signal(&self) -> Signal {
+        match self {
+            Request::Traces(_) => Signal::Traces,
+            Request::Logs(_) => Signal::Logs,
+            Request::Metrics(_) => Signal::Metrics,
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Request::Traces(r) => r.encode_to_vec(),
+            Request::Logs(r) => r.encode_to_vec(),
+            Request::Metrics(r) => r.encode_to_vec(),
+        }
+    }
+}
+
+/// What the upstream answered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Acknowledged; `rejected` items were refused inside it (`partial_success`).
+    Accepted {
+        /// Items the upstream rejected.
+        rejected: u64,
+        /// Its `error_message` (may be empty).
+        message: String,
+    },
+    /// Try again later (after `hint` when the server gave one).
+    Retry {
+        /// The server's delay.
+        hint: Option<Duration>,
+        /// What happened.
+        error: String,
+    },
+    /// Refused for good: the items are dropped.
+    Refused {
+        /// What happened.
+        error: String,
+    },
+}
+
+/// A client for the configured upstream.
+pub struct Exporter {
+    protocol: Protocol,
+    endpoint: String,
+    headers: Vec<(String, String)>,
+    compression: Compression,
+    timeout: Duration,
+    http: reqwest::Client,
+    grpc: Option<Channel>,
+}
+
+impl Exporter {
+    /// Builds the client; gRPC connects lazily (and reconnects) on first use.
+    ///
+    /// Errors: [`ForwardError::Client`] when reqwest cannot build its client,
+    /// [`ForwardError::Config`] (`endpoint`) when tonic refuses the URL.
+    pub fn new(config: &ForwardConfig) -> Result<Self, ForwardError> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout)
+            .build()
+            .map_err(|e| ForwardError::Client(e.to_string()))?;
+        let grpc = match config.protocol {
+            Protocol::Grpc => Some(
+                Channel::from_shared(config.endpoint.clone())
+                    .map_err(|e| ForwardError::Config {
+                        key: "endpoint",
+                        message: e.to_string(),
+                    })?
+                    .connect_timeout(config.timeout)
+                    .timeout(config.timeout)
+                    .connect_lazy(),
+            ),
+            Protocol::HttpProtobuf => None,
+        };
+        Ok(Self {
+            protocol: config.protocol,
+            endpoint: config.endpoint.clone(),
+            headers: config.headers.clone(),
+            compression: config.compression,
+            timeout: config.timeout,
+            http,
+            grpc,
+        })
+    }
+
+    /// Sends one request and classifies the answer. Never panics on a bad answer.
+    pub async fn export(&self, req: &Request) -> Outcome {
+        match (&self.grpc, self.protocol) {
+            (Some(ch), Protocol::Grpc) => self.export_grpc(ch.clone(), req.clone()).await,
+            _ => self.export_http(req).await,
+        }
+    }
+
+    async fn export_http(&self, req: &Request) -> Outcome {
+        let signal = req.signal();
+        let url = format!("{}/v1/{}", self.endpoint, signal.as_str());
+        let mut body = req.encode();
+        let mut builder = self
+            .http
+            .post(&url)
+            .header("content-type", "application/x-protobuf");
+        if self.compression == Compression::Gzip {
+            let mut enc = flate2::write::GzEncoder::new(
+                Vec::with_capacity(body.len() / 4),
+                flate2::Compression::fast(),
+            );
+            if enc.write_all(&body).is_ok() {
+                if let Ok(z) = enc.finish() {
+                    body = z;
+                    builder = builder.header("content-encoding", "gzip");
+                }
+            }
+        }
+        for (k, v) in &self.headers {
+            builder = builder.header(k.as_str(), v.as_str());
+        }
+        let resp = match builder.body(body).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                return Outcome::Retry {
+                    hint: None,
+                    error: format!("POST {url}: {}", error_chain(&e)),
+                }
+            }
+        };
+        let status = resp.status().as_u16();
+        let hint = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let bytes = resp.bytes().await.unwrap_or_default();
+        match status {
+            200..=299 => {
+                let (rejected, message) = partial_http(signal, &bytes);
+                Outcome::Accepted { rejected, message }
+            }
+            429 | 502 | 503 | 504 => Outcome::Retry {
+                hint,
+                error: format!("POST {url}: HTTP {status}"),
+            },
+            _ => Outcome::Refused {
+                error: format!(
+                    "POST {url}: HTTP {status}: {}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+                ),
+            },
+        }
+    }
+
+    async fn export_grpc(&self, ch: Channel, req: Request) -> Outcome {
+        let gzip = self.compression == Compression::Gzip;
+        macro_rules! call {
+            ($client:ident, $msg:expr, $rej:ident) => {{
+                let mut c = $client::new(ch);
+                if gzip {
+                    c = c.send_compressed(CompressionEncoding::Gzip);
+                }
+                let mut r = tonic::Request::new($msg);
+                r.set_timeout(self.timeout);
+                for (k, v) in &self.headers {
+                    if let (Ok(k), Ok(v)) = (
+                        MetadataKey::from_bytes(k.as_bytes()),
+                        MetadataValue::try_from(v.as_str()),
+                    ) {
+                        r.metadata_mut().insert(k, v);
+                    }
+                }
+                c.export(r).await.map(|resp| {
+                    let p = resp.into_inner().partial_success.unwrap_or_default();
+                    (p.$rej.max(0) as u64, p.error_message)
+                })
+            }};
+        }
+        let result = match req {
+            Request::Traces(m) => call!(TraceServiceClient, m, rejected_spans),
+            Request::Logs(m) => call!(LogsServiceClient, m, rejected_log_records),
+            Request::Metrics(m) => call!(MetricsServiceClient, m, rejected_data_points),
+        };
+        match result {
+            Ok((rejected, message)) => Outcome::Accepted { rejected, message },
+            Err(status) => classify_grpc(&status, &self.endpoint),
+        }
+    }
+}
+
+/// The full error chain of a reqwest error (its `Display` hides "connection refused").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// `partial_success` of an HTTP answer body (protobuf).
+fn partial_http(signal: Signal, body: &[u8]) -> (u64, String) {
+    let p = match signal {
+        Signal::Traces => ExportTraceServiceResponse::decode(body)
+            .ok()
+            .and_then(|r| r.partial_success)
+            .map(|p| (p.rejected_spans, p.error_message)),
+        Signal::Logs => ExportLogsServiceResponse::decode(body)
+            .ok()
+            .and_then(|r| r.partial_success)
+            .map(|p| (p.rejected_log_records, p.error_message)),
+        Signal::Metrics => ExportMetricsServiceResponse::decode(body)
+            .ok()
+            .and_then(|r| r.partial_success)
+            .map(|p| (p.rejected_data_points, p.error_message)),
+    };
+    p.map(|(n, m)| (n.max(0) as u64, m)).unwrap_or_default()
+}
+
+/// The RetryInfo delay inside a gRPC status's details, if any.
+pub fn retry_info(details: &[u8]) -> Option<Duration> {
+    let st = RpcStatus::decode(details).ok()?;
+    st.details
+        .iter()
+        .filter(|d| d.type_url == RETRY_INFO_TYPE)
+        .find_map(|d| RetryInfo::decode(d.value.as_slice()).ok()?.retry_delay)
+        .map(|d| {
+            Duration::new(
+                d.seconds.max(0) as u64,
+                d.nanos.clamp(0, 999_999_999) as u32,
+            )
+        })
+}
+
+/// OTLP/gRPC retryable codes: CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE,
+/// UNAVAILABLE, DATA_LOSS; RESOURCE_EXHAUSTED only with RetryInfo. Others are permanent.
+fn classify_grpc(status: &tonic::Status, endpoint: &str) -> Outcome {
+    let hint = retry_info(status.details());
+    let error = format!("gRPC {endpoint}: {:?}: {}", status.code(), status.message());
+    match status.code() {
+        Code::Cancelled
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unavailable
+        | Code::DataLoss => Outcome::Retry { hint, error },
+        Code::ResourceExhausted if hint.is_some() => Outcome::Retry { hint, error },
+        _ => Outcome::Refused { error },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::rpc;
+
+    #[test]
+    fn grpc_codes_and_retry_info() {
+        let details = rpc::status(14, "busy", Some(3)).encode_to_vec();
+        let st = tonic::Status::with_details(Code::Unavailable, "busy", details.clone().into());
+        assert_eq!(
+            classify_grpc(&st, "e"),
+            Outcome::Retry {
+                hint: Some(Duration::from_secs(3)),
+                error: "gRPC e: Unavailable: busy".into()
+            }
+        );
+        let st = tonic::Status::new(Code::ResourceExhausted, "too big");
+        assert!(matches!(classify_grpc(&st, "e"), Outcome::Refused { .. }));
+        let st = tonic::Status::with_details(Code::ResourceExhausted, "slow", details.into());
+        assert!(matches!(
+            classify_grpc(&st, "e"),
+            Outcome::Retry { hint: Some(_), .. }
+        ));
+        let st = tonic::Status::new(Code::InvalidArgument, "bad");
+        assert!(matches!(classify_grpc(&st, "e"), Outcome::Refused { .. }));
+    }
+}

@@ -1,0 +1,431 @@
+//! `[forward]`: sends every span, log record and metric point stallwatch accepted to an
+//! upstream OpenTelemetry Collector, Tempo or Jaeger over OTLP (DESIGN, Beyond one machine).
+//!
+//! The stored telemetry tables are the durable queue: nothing is copied on the ingest path.
+//! One task reads rows after the per-signal cursor (`stallwatch_storage::forward`) through
+//! the read-only pool, converts them back to OTLP (`convert`), sends them (`client`), and
+//! moves the cursor in a `synchronous=FULL` transaction once the upstream acknowledged
+//! them, so a restart resumes there and an acknowledged row is never sent again. A
+//! retryable failure keeps the request and waits (`backoff`, honouring `Retry-After` and
+//! RetryInfo); a permanent refusal drops the request, counted. The backlog is measured
+//! every second; past `max_queue_bytes` the oldest rows are skipped, counted as dropped and
+//! logged. Rows deleted by retention before they were forwarded show up as holes in the
+//! row ids and are counted too. The task never takes the telemetry writer and never blocks
+//! ingest or the watchdog: it only reads, and its conversions run on the blocking pool.
+
+pub mod backoff;
+pub mod client;
+pub mod config;
+pub mod convert;
+pub mod error;
+pub mod stats;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use stallwatch_storage::forward::{Chunk, ForwardCursor, Signal};
+use stallwatch_storage::{Storage, StorageError};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use backoff::Backoff;
+pub use client::{Exporter, Outcome, Request};
+pub use config::{Compression, ForwardConfig, Protocol, RawForwardConfig};
+pub use error::ForwardError;
+pub use stats::{DropReason, ForwardStats};
+
+/// A running forwarder task.
+pub struct Forwarder {
+    stats: Arc<ForwardStats>,
+    token: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Forwarder {
+    /// Starts the forwarder task on the current tokio runtime. It reads the cursors (created
+    /// on first use), then forwards until [`Forwarder::stop`].
+    ///
+    /// Errors: [`ForwardError::Client`] / [`ForwardError::Config`] when the upstream client
+    /// cannot be built.
+    pub fn start(config: ForwardConfig, storage: Storage) -> Result<Self, ForwardError> {
+        let exporter = Exporter::new(&config)?;
+        let stats = Arc::new(ForwardStats::default());
+        let token = CancellationToken::new();
+        let worker = Worker {
+            backoff: Backoff::new(config.retry_initial, config.retry_max),
+            config,
+            storage,
+            exporter,
+            stats: stats.clone(),
+            token: token.clone(),
+            cursors: [ForwardCursor::default(); 3],
+            pending: [None, None, None],
+        };
+        let task = tokio::spawn(worker.run());
+        Ok(Self { stats, token, task })
+    }
+
+    /// The counters (a `MetricsSource` for `GET /metrics`).
+    pub fn stats(&self) -> Arc<ForwardStats> {
+        self.stats.clone()
+    }
+
+    /// Stops the task: an export in flight is abandoned (its rows stay queued and are sent
+    /// again after the restart). Waits up to `deadline`.
+    pub async fn stop(self, deadline: Duration) {
+        self.token.cancel();
+        if tokio::time::timeout(deadline, self.task).await.is_err() {
+            tracing::warn!("forwarder did not stop within {deadline:?}");
+        }
+    }
+}
+
+/// Converts a request on the blocking pool.
+type MakeRequest = Box<dyn FnOnce() -> Request + Send>;
+
+/// Splits a chunk into its counts and the conversion of its data.
+fn split<T: Send + 'static>(c: Chunk<T>, f: fn(&T) -> Request) -> (Chunk<()>, MakeRequest) {
+    let meta = Chunk {
+        last_id: c.last_id,
+        rows: c.rows,
+        items: c.items,
+        missing_rows: c.missing_rows,
+        undecodable: c.undecodable,
+        data: (),
+    };
+    let data = c.data;
+    (meta, Box::new(move || f(&data)))
+}
+
+/// A request read from the queue and not yet acknowledged.
+struct Pending {
+    request: Request,
+    last_id: i64,
+    items: u64,
+    missing_rows: u64,
+    undecodable: u64,
+}
+
+struct Worker {
+    config: ForwardConfig,
+    storage: Storage,
+    exporter: Exporter,
+    stats: Arc<ForwardStats>,
+    token: CancellationToken,
+    backoff: Backoff,
+    cursors: [ForwardCursor; 3],
+    pending: [Option<Pending>; 3],
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Worker {
+    /// Sleeps `d` unless cancelled; answers false when cancelled.
+    async fn sleep(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = self.token.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+
+    async fn run(mut self) {
+        // The cursors; storage errors here are retried (the database may be busy).
+        loop {
+            match self.storage.forward_cursors().await {
+                Ok(c) => {
+                    self.cursors = c;
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!("forward: cannot read the cursors: {e}");
+                    if !self.sleep(self.config.retry_max).await {
+                        return;
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            endpoint = %self.config.endpoint,
+            protocol = ?self.config.protocol,
+            traces_after = self.cursors[0].last_id,
+            logs_after = self.cursors[1].last_id,
+            metrics_after = self.cursors[2].last_id,
+            "forwarding telemetry upstream"
+        );
+        let check_every = Duration::from_millis(config::BACKLOG_CHECK_MS);
+        let mut last_check: Option<Instant> = None;
+        while !self.token.is_cancelled() {
+            if last_check.is_none_or(|t| t.elapsed() >= check_every) {
+                last_check = Some(Instant::now());
+                if let Err(e) = self.check_backlog().await {
+                    tracing::error!("forward: backlog check failed: {e}");
+                }
+            }
+            match self.round().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    if !self.sleep(self.config.poll_interval).await {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("forward: {e}");
+                    if !self.sleep(self.config.retry_initial).await {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!("forwarder stopped");
+    }
+
+    /// One request per signal with rows. Answers true when something was acknowledged or
+    /// a retry wait happened (no idle sleep needed).
+    async fn round(&mut self) -> Result<bool, ForwardError> {
+        let mut progressed = false;
+        for (i, signal) in Signal::ALL.into_iter().enumerate() {
+            if self.pending[i].is_none() {
+                self.pending[i] = self.read(signal).await?;
+            }
+            let Some(p) = &self.pending[i] else { continue };
+            let outcome = tokio::select! {
+                _ = self.token.cancelled() => return Ok(true),
+                o = self.exporter.export(&p.request) => o,
+            };
+            match outcome {
+                Outcome::Accepted { rejected, message } => {
+                    if self.backoff.failures() > 0 {
+                        tracing::info!(
+                            failures = self.backoff.failures(),
+                            "forward: upstream reachable again"
+                        );
+                    }
+                    self.backoff.reset();
+                    let rejected = rejected.min(p.items);
+                    if rejected > 0 {
+                        tracing::warn!(
+                            signal = signal.as_str(),
+                            rejected,
+                            "forward: upstream rejected part of a request: {message}"
+                        );
+                        self.stats.dropped(signal, DropReason::Refused, rejected);
+                    }
+                    self.stats.sent(signal, p.items - rejected);
+                    self.ack(i, signal, p.items - rejected, rejected).await?;
+                    progressed = true;
+                }
+                Outcome::Retry { hint, error } => {
+                    let delay = self.backoff.next_delay(hint);
+                    self.stats.retry(&error, now_unix_s());
+                    if self.backoff.failures() == 1 {
+                        tracing::warn!(
+                            signal = signal.as_str(),
+                            retry_in_ms = delay.as_millis() as u64,
+                            "forward: upstream unavailable, keeping the backlog: {error}"
+                        );
+                    } else {
+                        tracing::debug!(
+                            retry_in_ms = delay.as_millis() as u64,
+                            failures = self.backoff.failures(),
+                            "forward: still unavailable: {error}"
+                        );
+                    }
+                    self.sleep(delay).await;
+                    return Ok(true);
+                }
+                Outcome::Refused { error } => {
+                    tracing::error!(
+                        signal = signal.as_str(),
+                        items = p.items,
+                        "forward: upstream refused a request for good; dropping it: {error}"
+                    );
+                    self.stats.error(&error, now_unix_s());
+                    let items = p.items;
+                    self.stats.dropped(signal, DropReason::Refused, items);
+                    self.ack(i, signal, 0, items).await?;
+                    progressed = true;
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Moves the cursor past the pending request of `signal`.
+    async fn ack(
+        &mut self,
+        i: usize,
+        signal: Signal,
+        sent: u64,
+        dropped: u64,
+    ) -> Result<(), ForwardError> {
+        let Some(p) = self.pending[i].take() else {
+            return Ok(());
+        };
+        let delta = ForwardCursor {
+            last_id: p.last_id,
+            sent,
+            dropped: dropped + p.undecodable,
+            lost_rows: p.missing_rows,
+        };
+        let from = self.cursors[i].last_id;
+        self.storage
+            .forward_advance(signal, from, p.last_id, delta)
+            .await?;
+        let c = &mut self.cursors[i];
+        c.last_id = p.last_id;
+        c.sent += delta.sent;
+        c.dropped += delta.dropped;
+        c.lost_rows += delta.lost_rows;
+        Ok(())
+    }
+
+    /// Reads the next request of `signal` after its cursor and converts it on the blocking
+    /// pool.
+    async fn read(&self, signal: Signal) -> Result<Option<Pending>, ForwardError> {
+        let after = self.cursors[Self::index(signal)].last_id;
+        let max = self.config.batch_max_spans;
+        let s = &self.storage;
+        let split = match signal {
+            Signal::Traces => s
+                .forward_read_traces(after, max)
+                .await?
+                .map(|c| split(c, |d| Request::Traces(convert::traces(d)))),
+            Signal::Logs => s
+                .forward_read_logs(after, max)
+                .await?
+                .map(|c| split(c, |d| Request::Logs(convert::logs(d)))),
+            Signal::Metrics => s
+                .forward_read_metrics(after, max)
+                .await?
+                .map(|c| split(c, |d| Request::Metrics(convert::metrics(d)))),
+        };
+        let Some((meta, make)) = split else {
+            return Ok(None);
+        };
+        let Chunk {
+            last_id,
+            items,
+            missing_rows,
+            undecodable,
+            ..
+        } = meta;
+        let request = tokio::task::spawn_blocking(make)
+            .await
+            .map_err(|e| ForwardError::Storage(StorageError::Task(e.to_string())))?;
+        if missing_rows > 0 {
+            tracing::warn!(
+                signal = signal.as_str(),
+                rows = missing_rows,
+                "forward: rows were deleted by retention before they were forwarded"
+            );
+            self.stats.lost_rows(signal, missing_rows);
+        }
+        if undecodable > 0 {
+            tracing::error!(
+                signal = signal.as_str(),
+                items = undecodable,
+                "forward: undecodable stored items skipped"
+            );
+            self.stats
+                .dropped(signal, DropReason::Undecodable, undecodable);
+        }
+        Ok(Some(Pending {
+            request,
+            last_id,
+            items,
+            missing_rows,
+            undecodable,
+        }))
+    }
+
+    fn index(signal: Signal) -> usize {
+        match signal {
+            Signal::Traces => 0,
+            Signal::Logs => 1,
+            Signal::Metrics => 2,
+        }
+    }
+
+    /// Measures the backlog (gauges), restarts a cursor whose table was emptied, and
+    /// enforces `max_queue_bytes` by skipping the oldest rows of the largest backlogs.
+    async fn check_backlog(&mut self) -> Result<(), ForwardError> {
+        let mut backlogs = Vec::with_capacity(3);
+        for (i, signal) in Signal::ALL.into_iter().enumerate() {
+            let after = self.cursors[i].last_id;
+            let b = self.storage.forward_backlog(signal, after).await?;
+            if b.rows == 0 && after > 0 {
+                let max = self.storage.forward_max_id(signal).await?;
+                if max < after {
+                    // Emptied table: row ids restarted below the cursor.
+                    tracing::info!(
+                        signal = signal.as_str(),
+                        "forward: table emptied; cursor restarts at 0"
+                    );
+                    self.storage
+                        .forward_advance(signal, after, 0, ForwardCursor::default())
+                        .await?;
+                    self.cursors[i].last_id = 0;
+                    self.pending[i] = None;
+                }
+            }
+            self.stats.backlog(signal, b.rows, b.items, b.bytes);
+            backlogs.push((i, signal, b));
+        }
+        let total: u64 = backlogs.iter().map(|(_, _, b)| b.bytes).sum();
+        if total <= self.config.max_queue_bytes {
+            return Ok(());
+        }
+        let mut excess = total - self.config.max_queue_bytes;
+        backlogs.sort_by_key(|b| std::cmp::Reverse(b.2.bytes));
+        for (i, signal, b) in backlogs {
+            if excess == 0 {
+                break;
+            }
+            let after = self.cursors[i].last_id;
+            let shed = excess.min(b.bytes);
+            let Some(trim) = self.storage.forward_trim(signal, after, shed).await? else {
+                continue;
+            };
+            let missing = ((trim.last_id - after) as u64).saturating_sub(trim.rows);
+            let delta = ForwardCursor {
+                last_id: trim.last_id,
+                sent: 0,
+                dropped: trim.items,
+                lost_rows: missing,
+            };
+            self.storage
+                .forward_advance(signal, after, trim.last_id, delta)
+                .await?;
+            let c = &mut self.cursors[i];
+            c.last_id = trim.last_id;
+            c.dropped += trim.items;
+            c.lost_rows += missing;
+            self.pending[i] = None;
+            self.stats
+                .dropped(signal, DropReason::QueueFull, trim.items);
+            if missing > 0 {
+                self.stats.lost_rows(signal, missing);
+            }
+            self.stats.backlog(
+                signal,
+                b.rows.saturating_sub(trim.rows),
+                b.items.saturating_sub(trim.items),
+                b.bytes.saturating_sub(trim.bytes),
+            );
+            tracing::warn!(
+                signal = signal.as_str(),
+                dropped_items = trim.items,
+                dropped_bytes = trim.bytes,
+                max_queue_bytes = self.config.max_queue_bytes,
+                "forward: backlog over max_queue_bytes; the oldest un-forwarded items were dropped"
+            );
+            excess = excess.saturating_sub(trim.bytes);
+        }
+        Ok(())
+    }
+}
