@@ -31,8 +31,10 @@ const RUNNER_SCRIPT: &str = include_str!("../tests/python/runners/stalled.py");
 
 /// Heartbeat interval of the demo sidecar, ms.
 const HEARTBEAT_INTERVAL_MS: u64 = 250;
-/// Heartbeat timeout of the demo sidecar, ms.
-const HEARTBEAT_TIMEOUT_MS: u64 = 1500;
+/// Heartbeat timeout of the demo sidecar, ms. Generous: the stalled runners are caught by
+/// their tool SLA (their heartbeat thread keeps answering), and on a loaded machine a
+/// 1500 ms timeout tripped the healthy runner.
+const HEARTBEAT_TIMEOUT_MS: u64 = 3000;
 /// Grace between SIGTERM and SIGKILL, ms.
 const GRACE_MS: u64 = 1500;
 /// Staleness limit of refreshed open spans, ms.
@@ -450,7 +452,16 @@ impl Demo {
             println!("{}", line.trim_end());
         }
         match event {
-            "breaker.opened" => s.opened_reason = Some(reason.to_string()),
+            "breaker.opened" => {
+                s.opened_reason = Some(reason.to_string());
+                println!(
+                    "{:>9}  {:<12} {:<22} {}",
+                    "",
+                    "",
+                    "",
+                    self.admission(&runner)
+                );
+            }
             "checkpoint.rolled_back" => s.rolled_back = true,
             "runner.terminated" => {
                 let report = &i["evidence"]["report"];
@@ -612,6 +623,34 @@ impl Demo {
                 "the demo did not go as expected: {}",
                 problems.join("; ")
             ))
+        }
+    }
+
+    /// What `GET /api/v1/runners/{id}/admit` answers now, as one phrase.
+    fn admission(&self, id: &str) -> String {
+        match self
+            .http
+            .get(self.api(&format!("/api/v1/runners/{id}/admit")))
+            .send()
+        {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| format!(", Retry-After {v} s"))
+                    .unwrap_or_default();
+                let state = r
+                    .json::<Value>()
+                    .ok()
+                    .and_then(|v| v["state"].as_str().map(str::to_string));
+                format!(
+                    "admission now: {status} ({}){retry}",
+                    state.as_deref().unwrap_or("?")
+                )
+            }
+            Err(e) => format!("admission check failed: {e}"),
         }
     }
 

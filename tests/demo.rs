@@ -80,6 +80,13 @@ fn demo_trips_the_four_stalled_runners_and_leaves_the_workspace_unchanged() {
             opened.contains("tool_overrun") && opened.contains("over its SLA of 3000 ms"),
             "{opened}"
         );
+        // The next line: admission refused at once while OPEN.
+        let at = lines.iter().position(|l| l == opened).unwrap();
+        assert!(
+            lines[at + 1].contains("admission now: 503 (OPEN), Retry-After"),
+            "{}; {ctx}",
+            lines[at + 1]
+        );
         let terminated = lines
             .iter()
             .position(|l| l.contains(&format!(" {id} ")) && l.contains("runner.terminated"))
