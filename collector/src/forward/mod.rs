@@ -215,8 +215,9 @@ impl Worker {
                         );
                         self.stats.dropped(signal, DropReason::Refused, rejected);
                     }
-                    self.stats.sent(signal, p.items - rejected);
-                    self.ack(i, signal, p.items - rejected, rejected).await?;
+                    let sent = p.items - rejected;
+                    self.ack(i, signal, sent, rejected).await?;
+                    self.stats.sent(signal, sent);
                     progressed = true;
                 }
                 Outcome::Retry { hint, error } => {
