@@ -250,11 +250,11 @@ async fn orphan(h: &ReaperHandle, row: &RunnerRow, reason: &str, rep: &mut Sweep
     )
     .await;
     if !spans.is_empty() {
-        let removes = spans
+        let removes: Vec<LedgerWrite> = spans
             .iter()
             .map(|(t, s)| LedgerWrite::Remove(*t, *s))
             .collect();
-        if let Err(e) = h.storage().ledger_apply(removes).await {
+        if let Err(e) = h.storage().ledger_apply(std::sync::Arc::new(removes)).await {
             rep.errors.push(format!("open-span ledger of {id}: {e}"));
         }
     }

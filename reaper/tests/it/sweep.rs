@@ -222,25 +222,27 @@ async fn sweep_closes_open_spans_of_an_orphan_as_errors() {
         }))
         .await
         .unwrap();
-        st.ledger_apply(vec![LedgerWrite::Upsert(LedgerRow {
-            trace_id: t,
-            span_id: s,
-            parent_span_id: None,
-            name: "execute_tool fit".into(),
-            tool_name: Some("fit".into()),
-            runner_id: Some("lost".into()),
-            service_name: "svc".into(),
-            pid: Some(dead_pid),
-            state: SpanState::Open,
-            boot_id: platform::boot_id().unwrap(),
-            first_seen_mono_ns: 1,
-            last_seen_mono_ns: 1,
-            refreshes: 0,
-            first_seen_unix_nano: 1,
-            last_seen_unix_nano: 1,
-            sla_ms: Some(1000),
-            sla_override_ms: None,
-        })])
+        st.ledger_apply(std::sync::Arc::new(vec![LedgerWrite::Upsert(Box::new(
+            LedgerRow {
+                trace_id: t,
+                span_id: s,
+                parent_span_id: None,
+                name: "execute_tool fit".into(),
+                tool_name: Some("fit".into()),
+                runner_id: Some("lost".into()),
+                service_name: "svc".into(),
+                pid: Some(dead_pid),
+                state: SpanState::Open,
+                boot_id: platform::boot_id().unwrap(),
+                first_seen_mono_ns: 1,
+                last_seen_mono_ns: 1,
+                refreshes: 0,
+                first_seen_unix_nano: 1,
+                last_seen_unix_nano: 1,
+                sla_ms: Some(1000),
+                sla_override_ms: None,
+            },
+        ))]))
         .await
         .unwrap();
         st.shutdown().await;
