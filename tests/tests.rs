@@ -6,6 +6,7 @@
 #[allow(dead_code)] // shared helpers; not every module uses every one
 mod support;
 
+mod browser;
 mod chain;
 mod cli;
 mod client;
