@@ -85,7 +85,7 @@ pub struct LedgerRow {
 #[derive(Clone, Debug, PartialEq)]
 pub enum LedgerWrite {
     /// Insert or replace the row keyed by (trace id, span id).
-    Upsert(LedgerRow),
+    Upsert(Box<LedgerRow>),
     /// Remove the row (the span ended, or its runner was stopped).
     Remove(TraceId, SpanId),
 }
@@ -173,11 +173,15 @@ fn row_to_ledger(r: &Row<'_>) -> rusqlite::Result<LedgerRow> {
 
 impl Storage {
     /// Applies a batch of ledger writes in ONE control transaction (`synchronous=FULL`), in
-    /// order. An empty batch does nothing.
+    /// order. An empty batch does nothing. The batch is shared (`Arc`) so a caller can keep
+    /// it for a retry without copying it.
     ///
     /// Errors: [`StorageError::Sqlite`] (or a full disk, see [`StorageError::is_full`]); the
     /// whole batch is then not applied and the caller may retry it.
-    pub async fn ledger_apply(&self, writes: Vec<LedgerWrite>) -> Result<(), StorageError> {
+    pub async fn ledger_apply(
+        &self,
+        writes: std::sync::Arc<Vec<LedgerWrite>>,
+    ) -> Result<(), StorageError> {
         if writes.is_empty() {
             return Ok(());
         }
@@ -188,7 +192,7 @@ impl Storage {
             ))?;
             let mut del =
                 tx.prepare_cached("DELETE FROM open_spans WHERE trace_id = ?1 AND span_id = ?2")?;
-            for w in &writes {
+            for w in writes.iter() {
                 match w {
                     LedgerWrite::Upsert(r) => {
                         up.execute(params![

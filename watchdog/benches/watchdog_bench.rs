@@ -154,13 +154,14 @@ fn batch(runner: Option<&str>, spans: Vec<Span>) -> Arc<TraceBatch> {
     })
 }
 
-/// SLA overruns: 60 runners without heartbeat sockets, each with one tool span whose SLA
-/// (300..900 ms) passes at a different moment.
-async fn sla_latency() {
+/// SLA overruns on runners without heartbeat sockets, one tool span each. `spacing_ms`
+/// apart, SLAs of `sla_base_ms` + a spread: with a wide spacing every trip is alone (the
+/// latency of one decision plus one `synchronous=FULL` incident insert); with a narrow one
+/// trips come in a burst and queue behind each other's incident fsync.
+async fn sla_latency(label: &str, n: u64, spacing_ms: u64, spread_ms: i64) {
     let mut cfg = WatchdogConfig::default();
     cfg.sla.min_sla = Duration::from_millis(100);
     let mut rig = start(cfg);
-    let n = 60;
     let mut thresholds = std::collections::HashMap::new();
     for i in 0..n {
         let id = format!("sla-{i}");
@@ -169,7 +170,12 @@ async fn sla_latency() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     for i in 0..n {
         let id = format!("sla-{i}");
-        let sla = 300 + (i as i64 * 97) % 600;
+        let sla = 300
+            + if spread_ms > 0 {
+                (i as i64 * 97) % spread_ms
+            } else {
+                0
+            };
         let received = Instant::now();
         let _ = rig
             .obs
@@ -179,7 +185,7 @@ async fn sla_latency() {
             })
             .await;
         thresholds.insert(id, received + Duration::from_millis(sla as u64));
-        tokio::time::sleep(Duration::from_millis(7)).await;
+        tokio::time::sleep(Duration::from_millis(spacing_ms)).await;
     }
     let mut lat = Vec::new();
     while lat.len() < n as usize {
@@ -192,7 +198,7 @@ async fn sla_latency() {
             lat.push(now.saturating_duration_since(*th).as_secs_f64() * 1e3);
         }
     }
-    report("detection latency, SLA overrun (tick 50 ms)", &mut lat);
+    report(label, &mut lat);
     stop(rig).await;
 }
 
@@ -439,15 +445,42 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` asks for a list; nothing to list
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // WATCHDOG_BENCH_THREADS=1 runs on a current-thread runtime (default: 2 workers)
+    let threads: usize = std::env::var("WATCHDOG_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let rt = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
     rt.block_on(async {
         for section in which.split(',') {
             match section.trim() {
-                "sla" => sla_latency().await,
+                "sla" => {
+                    sla_latency(
+                        "detection latency, SLA overrun, isolated trips (150 ms apart)",
+                        40,
+                        150,
+                        0,
+                    )
+                    .await;
+                    sla_latency(
+                        "detection latency, SLA overrun, burst (60 trips within ~1 s)",
+                        60,
+                        7,
+                        600,
+                    )
+                    .await;
+                }
                 "heartbeat" => heartbeat_latency().await,
                 "cpu" => cpu_1000().await,
                 "ledger" => ledger_throughput().await,

@@ -350,3 +350,59 @@ impl TryFrom<RawWatchdogConfig> for WatchdogConfig {
         Ok(cfg)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<WatchdogConfig, String> {
+        let raw: RawWatchdogConfig = toml::from_str(s).map_err(|e| e.to_string())?;
+        WatchdogConfig::try_from(raw).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn toml_section_with_units_in_names() {
+        let c = parse(
+            r#"
+            heartbeat_interval_ms = 500
+            heartbeat_timeout_ms = 1500
+            default_sla_ms = 20000
+            tool_name_patterns = ["tool.*"]
+            [[sla_rule]]
+            tool = "train_*"
+            sla_ms = 600000
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(c.heartbeat_timeout, Duration::from_millis(1500));
+        assert_eq!(c.startup_grace, DEFAULT_STARTUP_GRACE);
+        assert_eq!(c.sla.resolve("train_big", None).0, Duration::from_secs(600));
+        assert!(c.name_is_tool("tool.run"));
+        assert!(!c.name_is_tool("http get"));
+    }
+
+    #[test]
+    fn errors_name_the_rule_and_the_key() {
+        let e = parse(
+            "[[sla_rule]]\ntool = \"ok*\"\nsla_ms = 5\n[[sla_rule]]\ntool = \"[bad\"\nsla_ms = 5\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("watchdog.sla_rule[1].tool"), "{e}");
+        let e = parse("[[sla_rule]]\ntool = \"x\"\nsla_ms = 0\n").unwrap_err();
+        assert!(e.contains("watchdog.sla_rule[0].sla_ms"), "{e}");
+        let e = parse("heartbeat_timeout_ms = 0").unwrap_err();
+        assert!(e.contains("watchdog.heartbeat_timeout_ms"), "{e}");
+        let e = parse("min_sla_ms = 5000\nmax_sla_ms = 10").unwrap_err();
+        assert!(e.contains("watchdog.min_sla_ms"), "{e}");
+        let e = parse("class_tools = [\"{a\"]").unwrap_err();
+        assert!(e.contains("watchdog.class_tools[0]"), "{e}");
+        let e = parse("heartbeat_timeout = 5").unwrap_err();
+        assert!(
+            e.contains("unknown field") && e.contains("heartbeat_timeout"),
+            "{e}"
+        );
+        let e = parse("[[sla_rule]]\ntool = \"x\"\nsla = 5\n").unwrap_err();
+        assert!(e.contains("unknown field") && e.contains("sla"), "{e}");
+    }
+}

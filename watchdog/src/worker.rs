@@ -42,6 +42,10 @@ use crate::stats::WatchdogStats;
 const EFFECTS_CAPACITY: usize = 4096;
 /// Bound of the ledger persistence queue, in batches.
 const PERSIST_CAPACITY: usize = 16;
+/// Most ledger rows written in one control transaction.
+const PERSIST_CHUNK: usize = 1024;
+/// Most unwritten ledger rows kept for retry while storage fails.
+const PERSIST_CARRY_MAX: usize = 1_000_000;
 /// Bound of the handle's command queue.
 const COMMAND_CAPACITY: usize = 64;
 
@@ -1070,34 +1074,46 @@ async fn run_effects(
     }
 }
 
-/// Writes ledger batches, merging whatever queued up meanwhile into one transaction; a
-/// failed batch is retried with the next one.
+/// Writes ledger batches, merging whatever queued up meanwhile; each transaction carries
+/// at most [`PERSIST_CHUNK`] rows so an incident waiting for the same control connection
+/// never waits long. A failed chunk is kept and retried with the next batch (at most
+/// [`PERSIST_CARRY_MAX`] rows are kept; beyond that the oldest are dropped and counted).
 async fn run_persister(
     storage: Storage,
     mut rx: mpsc::Receiver<Vec<LedgerWrite>>,
     stats: Arc<WatchdogStats>,
 ) {
-    let mut carry: Vec<LedgerWrite> = Vec::new();
-    while let Some(mut batch) = rx.recv().await {
+    let mut pending: Vec<LedgerWrite> = Vec::new();
+    while let Some(batch) = rx.recv().await {
+        pending.extend(batch);
         while let Ok(more) = rx.try_recv() {
-            batch.extend(more);
+            pending.extend(more);
         }
-        if !carry.is_empty() {
-            carry.append(&mut batch);
-            batch = std::mem::take(&mut carry);
-        }
-        let n = batch.len() as u64;
-        match storage.ledger_apply(batch.clone()).await {
-            Ok(()) => {
-                stats.ledger_rows_written.fetch_add(n, Ordering::Relaxed);
+        let mut failed: Vec<LedgerWrite> = Vec::new();
+        let mut rest = std::mem::take(&mut pending).into_iter().peekable();
+        while rest.peek().is_some() {
+            let chunk: Arc<Vec<LedgerWrite>> =
+                Arc::new(rest.by_ref().take(PERSIST_CHUNK).collect());
+            let n = chunk.len() as u64;
+            match storage.ledger_apply(chunk.clone()).await {
+                Ok(()) => {
+                    stats.ledger_rows_written.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        "open-span ledger chunk of {n} rows not written (kept for retry): {e}"
+                    );
+                    failed.extend(Arc::try_unwrap(chunk).unwrap_or_else(|a| (*a).clone()));
+                }
             }
-            Err(e) => {
-                stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    "open-span ledger batch of {n} rows not written (kept for retry): {e}"
-                );
-                carry = batch;
-            }
         }
+        if failed.len() > PERSIST_CARRY_MAX {
+            let drop_n = failed.len() - PERSIST_CARRY_MAX;
+            failed.drain(..drop_n);
+            stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("open-span ledger: dropped {drop_n} unwritten rows (storage failing)");
+        }
+        pending = failed;
     }
 }
