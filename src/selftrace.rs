@@ -2,7 +2,7 @@
 //! terminations) become OTLP spans of `service.name = "stallwatch"`, stored through the
 //! same storage pipeline, so its behaviour shows in its own dashboard.
 //!
-//! A `tracing_subscriber` layer records each span of a `stallwatch*` target at INFO or
+//! A `tracing_subscriber` layer records each span of a `stallwatch*` target at DEBUG or
 //! above: fields become attributes, events inside it become span events, nesting becomes
 //! parent/child with one trace per root span. Closed spans go through a bounded channel
 //! (a full channel drops and counts; it never blocks the instrumented code) to a task that
@@ -94,8 +94,10 @@ impl Visit for Fields<'_> {
     }
 }
 
-fn ours(meta: &tracing::Metadata<'_>) -> bool {
-    meta.target().starts_with("stallwatch") && *meta.level() <= Level::INFO
+/// True for what the layer records: spans and events of `stallwatch*` targets at DEBUG or
+/// above (per-request spans are DEBUG so they cost nothing unless `--self-traces` is on).
+pub fn ours(meta: &tracing::Metadata<'_>) -> bool {
+    meta.target().starts_with("stallwatch") && *meta.level() <= Level::DEBUG
 }
 
 fn random_nonzero<const N: usize>() -> [u8; N] {

@@ -3,8 +3,8 @@
 //!
 //! Shutdown order (SIGTERM, SIGINT or `POST /api/v1/shutdown`): mark not ready → stop OTLP
 //! intake and finish in-flight exports → stop spawned runners (normal termination) → stop
-//! the watchdog and reaper → stop the dashboard and webhook worker → storage commits what
-//! is queued and stops. Each stage has its own deadline.
+//! the watchdog and reaper → stop the dashboard and webhook worker → stop the `[forward]`
+//! forwarder → storage commits what is queued and stops. Each stage has its own deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +64,10 @@ fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace
     };
     let (layer, sink) = if self_traces {
         let (l, s) = crate::selftrace::layer();
+        // Only stallwatch's own spans: dependency spans (h2, hyper) stay disabled.
+        let l = l.with_filter(tracing_subscriber::filter::filter_fn(
+            crate::selftrace::ours,
+        ));
         (Some(l), Some(s))
     } else {
         (None, None)
@@ -106,6 +110,18 @@ async fn serve(
     let events = EventBus::new(storage.clone());
     let self_trace_task =
         self_traces.map(|sink| tokio::spawn(crate::selftrace::run_writer(sink, storage.clone())));
+
+    // Forwarder: every accepted span, log and metric point upstream (`[forward]`).
+    let forwarder = match &file.forward {
+        None => None,
+        Some(_) => {
+            let raw: stallwatch_collector::RawForwardConfig =
+                config::section("forward", &file.forward)?;
+            let fc = stallwatch_collector::ForwardConfig::try_from(raw)
+                .context("invalid [forward] section")?;
+            Some(stallwatch_collector::Forwarder::start(fc, storage.clone())?)
+        }
+    };
 
     let (obs_tx, obs_rx) = mpsc::channel::<Observation>(OBSERVATION_QUEUE);
     let (trip_tx, trip_rx) = mpsc::channel::<Trip>(TRIP_QUEUE);
@@ -183,12 +199,15 @@ async fn serve(
     let dashboard_addr = listener.local_addr()?;
     dash_config.listen = dashboard_addr;
     let (ready_tx, ready_rx) = watch::channel(false);
-    let metrics: Vec<Arc<dyn MetricsSource>> = vec![
+    let mut metrics: Vec<Arc<dyn MetricsSource>> = vec![
         collector.stats(),
         storage.telemetry_stats(),
         watchdog.stats(),
         reaper.stats(),
     ];
+    if let Some(f) = &forwarder {
+        metrics.push(f.stats());
+    }
     let dash_config = Arc::new(dash_config);
     let state = AppState {
         storage: storage.clone(),
@@ -296,7 +315,11 @@ async fn serve(
     if let Some(t) = self_trace_task {
         t.abort();
     }
-    // 5. Storage flushes last.
+    // 5. The forwarder (un-acknowledged rows stay queued for the next start).
+    if let Some(f) = forwarder {
+        f.stop(STAGE_DEADLINE).await;
+    }
+    // 6. Storage flushes last.
     if tokio::time::timeout(STAGE_DEADLINE, storage.shutdown())
         .await
         .is_err()

@@ -1006,6 +1006,7 @@ impl ReaperHandle {
         .await;
     }
 
+    #[tracing::instrument(name = "reaper.trip", level = "info", skip_all, fields(runner_id = %trip.runner_id, verdict = %trip.verdict))]
     async fn on_trip(&self, trip: Trip) {
         let Some(entry) = self.entry(&trip.runner_id) else {
             tracing::warn!(runner = %trip.runner_id, "trip for an unknown runner ignored");

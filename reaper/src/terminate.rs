@@ -210,6 +210,9 @@ async fn wait_until(deadline: Instant, mut gone: impl FnMut() -> bool) -> bool {
 /// Runs the termination sequence on `t`. Never fails: problems are steps in the report.
 /// The caller must hold the runner's lock (so nobody else reaps the leader meanwhile) and
 /// afterwards reap unowned zombies (escaped descendants re-parented to stallwatch).
+///
+/// Traced as the `reaper.terminate` span (stored with `--self-traces`).
+#[tracing::instrument(name = "reaper.terminate", level = "info", skip_all, fields(cause = %cause))]
 pub async fn terminate(
     storage: &Storage,
     stats: &ReaperStats,
