@@ -507,7 +507,11 @@ impl Demo {
             problems.push(format!("incident stream: {e}"));
         }
         if interrupted.load(Ordering::SeqCst) {
-            problems.push("interrupted (Ctrl-C)".to_string());
+            // Mid-run the staged CSV is still in the workspace and the runners still
+            // hang: judging any of it would only mislead.
+            println!();
+            println!("interrupted (Ctrl-C): stopping the sidecar and its runners");
+            bail!("the demo was interrupted before it finished");
         }
         // Final breaker state of each runner, as the watchdog sees it.
         println!();
