@@ -47,6 +47,10 @@ pub struct FileConfig {
     /// `[alerts]` with `[[alerts.webhook]]`.
     #[serde(default)]
     pub alerts: Option<toml::Table>,
+    /// `[forward]`: send everything accepted upstream over OTLP (validated by the
+    /// collector crate); absent means no forwarding.
+    #[serde(default)]
+    pub forward: Option<toml::Table>,
 }
 
 /// `[otlp]`: the collector's listeners and limits.
