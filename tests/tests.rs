@@ -13,5 +13,6 @@ mod client;
 mod crash;
 mod demo;
 mod exporters;
+mod forward;
 mod lifecycle;
 mod spine;

@@ -1,0 +1,518 @@
+//! `[forward]`: a second stallwatch instance (B, the upstream) receives over OTLP what the
+//! first (A) accepted, over HTTP/protobuf and gRPC; through an outage of B (local ingest
+//! unaffected), a SIGKILL of A mid-backlog, and a queue cap that drops the oldest rows
+//! visibly. B restarts on the same ports, so listen addresses are reserved up front.
+//! No OpenTelemetry Collector binary is installable here from apt, PyPI or npm, so the
+//! real upstream is stallwatch itself.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{
+    any_value::Value, AnyValue, InstrumentationScope, KeyValue,
+};
+use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use opentelemetry_proto::tonic::metrics::v1::{
+    metric::Data, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics,
+    Sum,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message;
+
+use crate::support::*;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A free loopback port now (bound then released).
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Starts `stallwatch serve` with the OTLP listeners on fixed addresses (support::Server
+/// always passes port 0 on the command line, and the CLI beats TOML and env).
+fn start_on(data_dir: &Path, config: &str, grpc: SocketAddr, http: SocketAddr) -> Server {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    std::fs::create_dir_all(data_dir).unwrap();
+    let cfg = data_dir.with_extension("toml");
+    std::fs::write(&cfg, config).unwrap();
+    let stderr_path = data_dir.with_extension(format!(
+        "stderr.{}.log",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--otlp-grpc-listen", &grpc.to_string()])
+        .args(["--otlp-http-listen", &http.to_string()])
+        .args(["--dashboard-listen", "127.0.0.1:0"])
+        .env_remove("STALLWATCH_CONFIG")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()))
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let Ok(line) = rx.recv_timeout(LONG) else {
+        let _ = child.kill();
+        panic!(
+            "no ready line; stderr:\n{}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        );
+    };
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr = |k: &str| -> SocketAddr { ready[k].as_str().unwrap().parse().unwrap() };
+    Server {
+        grpc: addr("otlp_grpc"),
+        http: addr("otlp_http"),
+        dashboard: addr("dashboard"),
+        data_dir: data_dir.to_path_buf(),
+        ready,
+        child,
+        stderr_path,
+    }
+}
+
+fn kv(key: &str, v: Value) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(v) }),
+        ..Default::default()
+    }
+}
+
+fn resource(service: &str) -> Option<Resource> {
+    Some(Resource {
+        attributes: vec![kv("service.name", Value::StringValue(service.into()))],
+        ..Default::default()
+    })
+}
+
+/// Trace `trace_no` with `n` spans (a root and children), one resource and scope.
+fn traces(trace_no: u32, n: u32, service: &str) -> ExportTraceServiceRequest {
+    let mut tid = [0u8; 16];
+    tid[..4].copy_from_slice(&trace_no.to_be_bytes());
+    tid[15] = 1;
+    let spans = (0..n)
+        .map(|i| Span {
+            trace_id: tid.to_vec(),
+            span_id: (u64::from(i) + 1).to_be_bytes().to_vec(),
+            parent_span_id: if i == 0 {
+                vec![]
+            } else {
+                1u64.to_be_bytes().to_vec()
+            },
+            name: if i == 0 {
+                "invoke_agent".into()
+            } else {
+                format!("execute_tool t{i}")
+            },
+            kind: 1,
+            start_time_unix_nano: 1_700_000_000_000_000_000 + u64::from(i),
+            end_time_unix_nano: 1_700_000_001_000_000_000,
+            attributes: vec![
+                kv("gen_ai.tool.name", Value::StringValue(format!("t{i}"))),
+                kv("n", Value::IntValue(i64::from(i))),
+            ],
+            status: Some(Status {
+                code: 1,
+                message: String::new(),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: resource(service),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope {
+                    name: "fwd-test".into(),
+                    ..Default::default()
+                }),
+                spans,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+fn trace_hex(trace_no: u32) -> String {
+    let mut tid = [0u8; 16];
+    tid[..4].copy_from_slice(&trace_no.to_be_bytes());
+    tid[15] = 1;
+    hex::encode(tid)
+}
+
+fn logs(trace_no: u32, n: u32) -> ExportLogsServiceRequest {
+    let tid = hex::decode(trace_hex(trace_no)).unwrap();
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            resource: resource("fwd-svc"),
+            scope_logs: vec![ScopeLogs {
+                scope: None,
+                log_records: (0..n)
+                    .map(|i| LogRecord {
+                        time_unix_nano: 1_700_000_000_500_000_000 + u64::from(i),
+                        severity_number: 9,
+                        severity_text: "INFO".into(),
+                        body: Some(AnyValue {
+                            value: Some(Value::StringValue(format!("log {i}"))),
+                        }),
+                        trace_id: tid.clone(),
+                        span_id: 1u64.to_be_bytes().to_vec(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+fn metrics(n: u32) -> ExportMetricsServiceRequest {
+    let point = |i: u32, v: number_data_point::Value| NumberDataPoint {
+        time_unix_nano: 1_700_000_000_000_000_000 + u64::from(i),
+        value: Some(v),
+        attributes: vec![kv("i", Value::IntValue(i64::from(i)))],
+        ..Default::default()
+    };
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: resource("fwd-svc"),
+            scope_metrics: vec![ScopeMetrics {
+                scope: None,
+                metrics: vec![
+                    Metric {
+                        name: "fwd.gauge".into(),
+                        unit: "ms".into(),
+                        data: Some(Data::Gauge(Gauge {
+                            data_points: (0..n)
+                                .map(|i| {
+                                    point(i, number_data_point::Value::AsDouble(f64::from(i) + 0.5))
+                                })
+                                .collect(),
+                        })),
+                        ..Default::default()
+                    },
+                    Metric {
+                        name: "fwd.sum".into(),
+                        data: Some(Data::Sum(Sum {
+                            data_points: vec![point(0, number_data_point::Value::AsInt(42))],
+                            aggregation_temporality: 2,
+                            is_monotonic: true,
+                        })),
+                        ..Default::default()
+                    },
+                ],
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+fn post(server: &Server, path: &str, body: Vec<u8>) {
+    let resp = http_client()
+        .post(server.otlp_http(path))
+        .header("content-type", "application/x-protobuf")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{path} to {}", server.http);
+}
+
+/// Sends `spans_each` spans in each of `n` traces (numbered from `first`), plus `n` log
+/// records and `n + 1` metric points. Answers (spans, logs, points) sent.
+fn send_mix(server: &Server, first: u32, n: u32, spans_each: u32) -> (u64, u64, u64) {
+    for t in first..first + n {
+        post(
+            server,
+            "/v1/traces",
+            traces(t, spans_each, "fwd-svc").encode_to_vec(),
+        );
+    }
+    post(server, "/v1/logs", logs(first, n).encode_to_vec());
+    post(server, "/v1/metrics", metrics(n).encode_to_vec());
+    (u64::from(n * spans_each), u64::from(n), u64::from(n + 1))
+}
+
+/// `/metrics` samples, name{labels} → value.
+fn samples(server: &Server) -> BTreeMap<String, f64> {
+    let text = http_client()
+        .get(server.api("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+/// Sum of the samples whose key starts with `prefix`.
+fn sum(s: &BTreeMap<String, f64>, prefix: &str) -> u64 {
+    s.iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, v)| *v as u64)
+        .sum()
+}
+
+/// What an upstream received over OTLP (spans, log records, metric points), since it started.
+fn received(server: &Server) -> (u64, u64, u64) {
+    let s = samples(server);
+    (
+        sum(&s, "stallwatch_otlp_spans_received_total"),
+        sum(&s, "stallwatch_otlp_log_records_received_total"),
+        sum(&s, "stallwatch_otlp_metric_points_received_total"),
+    )
+}
+
+fn add(a: (u64, u64, u64), b: (u64, u64, u64)) -> (u64, u64, u64) {
+    (a.0 + b.0, a.1 + b.1, a.2 + b.2)
+}
+
+fn span_count(server: &Server, trace_no: u32) -> usize {
+    let (st, t) = server.get_json(&format!("/api/v1/traces/{}", trace_hex(trace_no)));
+    if st != 200 {
+        return 0;
+    }
+    t["spans"].as_array().map_or(0, |a| a.len())
+}
+
+/// Waits until `server` received exactly `want`, then checks nothing more arrives.
+fn expect_exactly(server: &Server, want: (u64, u64, u64), what: &str) {
+    let mut got = received(server);
+    wait_until!(
+        LONG,
+        format!("{what}: {want:?} at the upstream (last {got:?})"),
+        {
+            let done = got.0 >= want.0 && got.1 >= want.1 && got.2 >= want.2;
+            got = received(server);
+            done
+        }
+    );
+    // Two more poll intervals and a retry: nothing arrives twice.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        received(server),
+        want,
+        "{what}: the upstream received something twice"
+    );
+}
+
+fn forward_config(b: SocketAddr, protocol: &str, extra: &str) -> String {
+    format!(
+        "[forward]\nendpoint = \"http://{b}\"\nprotocol = \"{protocol}\"\nretry_initial_ms = 100\nretry_max_ms = 500\ntimeout_ms = 5000\npoll_interval_ms = 50\n{extra}"
+    )
+}
+
+#[test]
+fn http_protobuf_upstream_outage_then_everything_arrives_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    let b = start_on(&dir.path().join("b"), "", b_grpc, b_http);
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(
+            b_http,
+            "http/protobuf",
+            "[forward.headers]\nx-team = \"ml\"\n",
+        ),
+        free_addr(),
+        free_addr(),
+    );
+
+    let first = send_mix(&a, 1, 4, 25);
+    expect_exactly(&b, first, "before the outage");
+    assert_eq!(span_count(&b, 1), 25);
+    let (_, trace) = b.get_json(&format!("/api/v1/traces/{}", trace_hex(2)));
+    let tool = span_named(&trace, "execute_tool t3");
+    assert_eq!(attr(&tool["attributes"], "n")["intValue"], "3");
+    assert_eq!(tool["parent_span_id"], "0000000000000001");
+    assert_eq!(
+        trace["logs"].as_array().map_or(0, |l| l.len()),
+        0,
+        "logs belong to trace 1"
+    );
+    let (_, trace1) = b.get_json(&format!("/api/v1/traces/{}", trace_hex(1)));
+    assert_eq!(trace1["logs"].as_array().unwrap().len(), 4, "{trace1:#}");
+
+    // Outage: A keeps accepting at once; its backlog grows and it retries.
+    b.stop();
+    let second = send_mix(&a, 100, 6, 30);
+    wait_until!(LONG, "A to retry against the missing upstream", {
+        let s = samples(&a);
+        sum(&s, "stallwatch_forward_retries_total") >= 2
+            && sum(&s, "stallwatch_forward_backlog_items{signal=\"traces\"}") == second.0
+    });
+    assert!(
+        a.stderr().contains("upstream unavailable"),
+        "{}",
+        a.stderr()
+    );
+
+    // B comes back on the same ports (and the same data folder): all of it, once.
+    let b = start_on(&dir.path().join("b"), "", b_grpc, b_http);
+    expect_exactly(&b, second, "after the outage");
+    for t in 100..106 {
+        assert_eq!(span_count(&b, t), 30, "trace {t}");
+    }
+    assert_eq!(
+        span_count(&b, 1),
+        25,
+        "data from before the outage is still there"
+    );
+    let s = samples(&a);
+    assert_eq!(
+        sum(&s, "stallwatch_forward_sent_items_total{signal=\"traces\"}"),
+        first.0 + second.0
+    );
+    assert_eq!(sum(&s, "stallwatch_forward_dropped_items_total"), 0);
+    assert!(
+        a.stderr().contains("upstream reachable again"),
+        "{}",
+        a.stderr()
+    );
+}
+
+#[test]
+fn grpc_gzip_resumes_after_sigkill_mid_backlog_without_losing_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    let (a_grpc, a_http) = (free_addr(), free_addr());
+    let a_config = forward_config(
+        b_grpc,
+        "grpc",
+        "compression = \"gzip\"\nbatch_max_spans = 100\n",
+    );
+
+    // Phase 1: acknowledged data is never sent again, even after SIGKILL of A.
+    let b = start_on(&dir.path().join("b"), "", b_grpc, b_http);
+    let a = start_on(&dir.path().join("a"), &a_config, a_grpc, a_http);
+    let first = send_mix(&a, 1, 3, 40);
+    expect_exactly(&b, first, "phase 1");
+    wait_until!(LONG, "A to record the acknowledgement", {
+        sum(
+            &samples(&a),
+            "stallwatch_forward_sent_items_total{signal=\"traces\"}",
+        ) == first.0
+    });
+    a.crash();
+    let a = start_on(&dir.path().join("a"), &a_config, a_grpc, a_http);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        received(&b),
+        first,
+        "a restarted A re-sent acknowledged data"
+    );
+
+    // Phase 2: a big backlog built while B is down, A killed while it drains.
+    b.stop();
+    let second = send_mix(&a, 1000, 60, 100);
+    let b = start_on(&dir.path().join("b"), "", b_grpc, b_http);
+    wait_until!(LONG, "the drain to start", received(&b).0 > 0);
+    let mid = received(&b);
+    a.crash();
+    let a = start_on(&dir.path().join("a"), &a_config, a_grpc, a_http);
+    let mut got = received(&b);
+    wait_until!(
+        LONG,
+        format!("the rest of the backlog (at {got:?}, mid-drain kill at {mid:?})"),
+        {
+            let done = got.0 >= second.0 && got.1 >= second.1 && got.2 >= second.2;
+            got = received(&b);
+            done
+        }
+    );
+    for t in 1000..1060 {
+        assert_eq!(
+            span_count(&b, t),
+            100,
+            "trace {t} is complete at the upstream"
+        );
+    }
+    // At most the one request per signal in flight at the kill is sent again.
+    std::thread::sleep(Duration::from_millis(1500));
+    let got = received(&b);
+    assert!(got.0 <= second.0 + 100, "{got:?} vs {second:?}");
+    assert!(
+        got.1 <= second.1 * 2 && got.2 <= second.2 * 2,
+        "{got:?} vs {second:?}"
+    );
+    drop(a);
+}
+
+#[test]
+fn queue_cap_drops_the_oldest_rows_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    // Nothing listens on B's address yet.
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(b_http, "http/protobuf", "max_queue_bytes = 20000\n"),
+        free_addr(),
+        free_addr(),
+    );
+    let mut sent = (0, 0, 0);
+    for round in 0..5 {
+        sent = add(sent, send_mix(&a, 1 + round * 10, 10, 20));
+    }
+    let queue_full =
+        "stallwatch_forward_dropped_items_total{signal=\"traces\",reason=\"queue_full\"}";
+    wait_until!(LONG, "A to drop the oldest rows past max_queue_bytes", {
+        let s = samples(&a);
+        sum(&s, queue_full) > 0 && sum(&s, "stallwatch_forward_backlog_bytes") <= 20000
+    });
+    let dropped = sum(&samples(&a), queue_full);
+    assert!(
+        a.stderr().contains("over max_queue_bytes"),
+        "{}",
+        a.stderr()
+    );
+    assert!(dropped < sent.0, "something is left to send");
+
+    // The upstream appears: what was not dropped arrives; sent + dropped = accepted.
+    let b = start_on(&dir.path().join("b"), "", b_grpc, b_http);
+    wait_until!(LONG, "the kept spans to arrive", {
+        let s = samples(&a);
+        let d = sum(
+            &s,
+            "stallwatch_forward_dropped_items_total{signal=\"traces\"",
+        );
+        let f = sum(&s, "stallwatch_forward_sent_items_total{signal=\"traces\"}");
+        d + f == sent.0 && received(&b).0 == f
+    });
+    assert!(
+        span_count(&b, 50) == 20,
+        "the newest trace survived the cap"
+    );
+    assert_eq!(span_count(&b, 1), 0, "the oldest trace was dropped");
+}
