@@ -162,42 +162,52 @@ async fn sla_latency(label: &str, n: u64, spacing_ms: u64, spread_ms: i64) {
     let mut cfg = WatchdogConfig::default();
     cfg.sla.min_sla = Duration::from_millis(100);
     let mut rig = start(cfg);
-    let mut thresholds = std::collections::HashMap::new();
     for i in 0..n {
         let id = format!("sla-{i}");
         let _ = rig.changes.send(register(&id, None)).await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    for i in 0..n {
-        let id = format!("sla-{i}");
-        let sla = 300
-            + if spread_ms > 0 {
-                (i as i64 * 97) % spread_ms
-            } else {
-                0
-            };
-        let received = Instant::now();
-        let _ = rig
-            .obs
-            .send(Observation {
-                received,
-                data: ObservedData::Spans(batch(Some(&id), vec![span(i, 1, 0, Some(sla))])),
-            })
-            .await;
-        thresholds.insert(id, received + Duration::from_millis(sla as u64));
-        tokio::time::sleep(Duration::from_millis(spacing_ms)).await;
-    }
-    let mut lat = Vec::new();
-    while lat.len() < n as usize {
-        let Ok(Some(t)) = tokio::time::timeout(Duration::from_secs(10), rig.trips.recv()).await
+    // send from another task so trips are received (and timed) while spans still go out
+    let obs = rig.obs.clone();
+    let sender = tokio::spawn(async move {
+        let mut thresholds = std::collections::HashMap::new();
+        for i in 0..n {
+            let id = format!("sla-{i}");
+            let sla = 300
+                + if spread_ms > 0 {
+                    (i as i64 * 97) % spread_ms
+                } else {
+                    0
+                };
+            let received = Instant::now();
+            thresholds.insert(id.clone(), received + Duration::from_millis(sla as u64));
+            let _ = obs
+                .send(Observation {
+                    received,
+                    data: ObservedData::Spans(batch(Some(&id), vec![span(i, 1, 0, Some(sla))])),
+                })
+                .await;
+            tokio::time::sleep(Duration::from_millis(spacing_ms)).await;
+        }
+        thresholds
+    });
+    let mut got = Vec::new();
+    while got.len() < n as usize {
+        let Ok(Some(t)) = tokio::time::timeout(Duration::from_secs(15), rig.trips.recv()).await
         else {
             break;
         };
-        let now = Instant::now();
-        if let Some(th) = thresholds.get(&t.runner_id) {
-            lat.push(now.saturating_duration_since(*th).as_secs_f64() * 1e3);
-        }
+        got.push((t.runner_id, Instant::now()));
     }
+    let thresholds = sender.await.unwrap_or_default();
+    let mut lat: Vec<f64> = got
+        .iter()
+        .filter_map(|(id, at)| {
+            thresholds
+                .get(id)
+                .map(|th| at.saturating_duration_since(*th).as_secs_f64() * 1e3)
+        })
+        .collect();
     report(label, &mut lat);
     stop(rig).await;
 }
