@@ -20,7 +20,7 @@ pub const SLA_MS: u64 = 2000;
 /// Watchdog and reaper timings scaled for tests; `extra` is appended.
 pub fn chain_config(extra: &str) -> String {
     format!(
-        "[watchdog]\nheartbeat_interval_ms = 200\nheartbeat_timeout_ms = 1500\nstartup_grace_ms = 15000\n\
+        "[watchdog]\nheartbeat_interval_ms = 200\nheartbeat_timeout_ms = 3000\nstartup_grace_ms = 15000\n\
          staleness_ms = 4000\nbreaker_cooldown_ms = 60000\ndefault_sla_ms = {SLA_MS}\ntick_ms = 25\n\
          [reaper]\ngrace_ms = 1000\nmax_restarts = 0\n{extra}"
     )

@@ -214,8 +214,19 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// An ordered stop (SIGTERM), so the runners it spawned are terminated too; SIGKILL
+    /// only if it does not stop within 15 s. Tests that want a crash call `crash()`.
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
+            let pid = self.child.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

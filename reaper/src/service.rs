@@ -812,6 +812,11 @@ impl ReaperHandle {
                     now_unix_nano(),
                 )
                 .await;
+            if policy.max_restarts == 0 {
+                // Restarts are off: nothing was given up, and the trip or exit already has
+                // its own incident. A "crashed" here would misname a deliberate stop.
+                return;
+            }
             self.incident(
                 EventKind::RunnerCrashed,
                 &id,
