@@ -33,7 +33,9 @@ pub const DEFAULT_MAX_SLA: Duration = Duration::from_millis(3_600_000);
 /// Longest a lost heartbeat with a fresh span within SLA stays *suspect* before it trips:
 /// 30000 ms (DESIGN, "trip after min(SLA, 30 s)").
 pub const DEFAULT_SUSPECT_CAP: Duration = Duration::from_millis(30_000);
-/// Default evaluation period of the watchdog loop: 50 ms (bounds detection latency).
+/// Default evaluation period after a change (new telemetry, a runner registered): 50 ms.
+/// Thresholds themselves (SLA, staleness, heartbeat deadlines, cooldowns) are met by
+/// exact wake-ups at their instants, not by this period.
 pub const DEFAULT_TICK: Duration = Duration::from_millis(50);
 /// Default period at which the runner board is republished when nothing changed: 1000 ms.
 pub const DEFAULT_BOARD_INTERVAL: Duration = Duration::from_millis(1000);
@@ -241,7 +243,8 @@ pub struct WatchdogConfig {
     pub sla: SlaPolicy,
     /// Compiled extra span-name globs that make a span a tool span.
     pub tool_name_patterns: Vec<String>,
-    /// Evaluation period ([`DEFAULT_TICK`]).
+    /// Longest delay before a change is evaluated ([`DEFAULT_TICK`]); thresholds are met
+    /// by exact wake-ups.
     pub tick: Duration,
     /// Board republish period when nothing changed ([`DEFAULT_BOARD_INTERVAL`]).
     pub board_interval: Duration,
