@@ -43,6 +43,8 @@ pub(crate) fn open_connection(
     conn.busy_timeout(config.busy_timeout)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "cache_size", -16_000i64)?; // 16 MB per connection
+                                                         // Checkpoints run on the telemetry checkpoint thread, never inside a commit.
+    conn.pragma_update(None, "wal_autocheckpoint", 0i64)?;
     Ok(conn)
 }
 
@@ -110,6 +112,7 @@ impl Storage {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out = f(&tx)?;
         tx.commit()?;
+        self.inner.telemetry.note_commit();
         Ok(out)
     }
 

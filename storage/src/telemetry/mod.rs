@@ -15,6 +15,8 @@
 //! - `read`: trace view, span, search, services, span names, metric points;
 //! - `stats`: counters for `/metrics`.
 
+mod bloom;
+mod checkpoint;
 pub(crate) mod encode;
 mod read;
 mod retention;

@@ -8,7 +8,7 @@
 //! beats an open one, the first ended copy wins, a second open copy is dropped). Copies that lose are sliced out of the batch before
 //! it is stored; a request made only of known spans stores nothing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use tokio::sync::{oneshot, watch};
 
+use super::bloom::TraceBloom;
+use super::checkpoint::{self, Checkpointer};
 use super::encode::{decode_index, BatchIndex, IdxSpan, LogRow, PointRow, PreparedTraces};
 use super::schema::{MERGE_BATCHES, META_MERGED_UPTO};
 use super::stats::{RefusedReason, TelemetryStats};
@@ -79,6 +81,7 @@ pub(crate) struct TelemetryWriter {
     capacity: usize,
     closed: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    checkpointer: Mutex<Checkpointer>,
     pub(crate) stats: Arc<TelemetryStats>,
     pub(crate) full: watch::Receiver<Option<String>>,
 }
@@ -113,7 +116,9 @@ impl TelemetryWriter {
         let (tx, rx) = mpsc::sync_channel(capacity);
         let stats = Arc::new(TelemetryStats::default());
         let (full_tx, full_rx) = watch::channel(None);
+        let checkpointer = Checkpointer::start(config)?;
         let mut writer = Writer {
+            ckpt: checkpointer.shared.clone(),
             conn,
             rx,
             deferred: VecDeque::new(),
@@ -130,12 +135,15 @@ impl TelemetryWriter {
             l0_batches: 0,
             merged_upto: 0,
             idx_cache: HashMap::new(),
+            bloom: TraceBloom::with_capacity(0),
+            l0_new: HashSet::new(),
             retention_interval: config.retention_interval,
             next_retention: Instant::now() + config.retention_interval,
             last_size_retention: None,
         };
         writer.refresh_used()?;
         writer.reload_l0()?;
+        writer.rebuild_bloom(0)?;
         let thread = std::thread::Builder::new()
             .name("stallwatch-telemetry-writer".into())
             .spawn(move || writer.run())
@@ -145,6 +153,7 @@ impl TelemetryWriter {
             capacity,
             closed: AtomicBool::new(false),
             thread: Mutex::new(Some(thread)),
+            checkpointer: Mutex::new(checkpointer),
             stats,
             full: full_rx,
         })
@@ -217,6 +226,16 @@ impl TelemetryWriter {
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
+        if let Ok(mut c) = self.checkpointer.lock() {
+            c.stop();
+        }
+    }
+
+    /// Tells the checkpointer that a transaction committed on another connection.
+    pub(crate) fn note_commit(&self) {
+        if let Ok(c) = self.checkpointer.lock() {
+            c.shared.commits.fetch_add(1, Ordering::Release);
+        }
     }
 }
 
@@ -231,6 +250,7 @@ struct Committed {
 
 pub(super) struct Writer {
     pub(super) conn: Connection,
+    ckpt: Arc<checkpoint::Shared>,
     rx: Receiver<Msg>,
     deferred: VecDeque<Msg>,
     pub(super) stats: Arc<TelemetryStats>,
@@ -246,6 +266,11 @@ pub(super) struct Writer {
     pub(super) l0_batches: usize,
     pub(super) merged_upto: i64,
     idx_cache: HashMap<i64, Arc<BatchIndex>>,
+    /// Every trace id in `trace_index` or `l0` (and stale ones): a miss is a new trace.
+    bloom: TraceBloom,
+    /// Traces of `l0` that had no `trace_index` row when first stored (merge skips the
+    /// read for them).
+    pub(super) l0_new: HashSet<[u8; 16]>,
     retention_interval: Duration,
     next_retention: Instant,
     last_size_retention: Option<Instant>,
@@ -407,6 +432,16 @@ impl Writer {
                 return;
             }
         }
+        if self
+            .ckpt
+            .writer_should_checkpoint
+            .swap(false, Ordering::AcqRel)
+        {
+            // The WAL outgrew its bound: copy its tail so the next transaction rewinds it.
+            if let Err(e) = checkpoint::passive(&self.conn) {
+                tracing::debug!(error = %e, "writer-side WAL checkpoint failed");
+            }
+        }
         let started = Instant::now();
         let saved_next = self.next_batch_id;
         let mut replies = Vec::with_capacity(reqs.len());
@@ -445,6 +480,7 @@ impl Writer {
                         tracing::warn!(error = %e, "merging the trace index failed; will retry");
                     }
                 }
+                self.ckpt.commits.fetch_add(1, Ordering::Release);
                 let _ = self.refresh_used();
                 if self.used_bytes < self.budget_bytes {
                     self.set_full(None);
@@ -568,6 +604,7 @@ impl Writer {
     /// Re-reads the unmerged trace map after a rollback.
     pub(super) fn reload_l0(&mut self) -> Result<(), rusqlite::Error> {
         self.idx_cache.clear();
+        self.l0_new.clear();
         self.merged_upto = merged_upto(&self.conn)?;
         self.l0 = unmerged_map(&self.conn, self.merged_upto)?;
         self.l0_batches = self.conn.query_row(
@@ -575,6 +612,30 @@ impl Writer {
             [self.merged_upto],
             |r| r.get::<_, i64>(0),
         )? as usize;
+        Ok(())
+    }
+
+    /// Rebuilds the trace-id filter from `trace_index` and `l0`, sized for at least
+    /// `min_capacity` ids.
+    fn rebuild_bloom(&mut self, min_capacity: usize) -> Result<(), rusqlite::Error> {
+        let rows: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM trace_index", [], |r| r.get(0))?;
+        let want = (rows.max(0) as usize + self.l0.len()) * 2;
+        let mut bloom = TraceBloom::with_capacity(want.max(min_capacity));
+        {
+            let mut st = self.conn.prepare("SELECT trace_id FROM trace_index")?;
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                if let Ok(t) = <[u8; 16]>::try_from(r.get_ref(0)?.as_blob()?) {
+                    bloom.insert(&t);
+                }
+            }
+        }
+        for t in self.l0.keys() {
+            bloom.insert(t);
+        }
+        self.bloom = bloom;
         Ok(())
     }
 
@@ -593,6 +654,10 @@ impl Writer {
         let mut dups = p.duplicates;
         let traces = std::mem::take(&mut p.traces);
         for (t, positions) in &traces {
+            if !self.bloom.may_contain(t) {
+                self.l0_new.insert(*t);
+                continue; // a new trace: every copy stays
+            }
             let mut batches = indexed_batches(&self.conn, t)?;
             if let Some(l) = self.l0.get(t) {
                 batches.extend_from_slice(l);
@@ -672,6 +737,14 @@ impl Writer {
             let mut t = [0u8; 16];
             t.copy_from_slice(c);
             self.l0.entry(t).or_default().push(b);
+            self.bloom.insert(&t);
+        }
+        if self.bloom.overfull() {
+            let want = self.bloom.inserted() * 4;
+            if let Err(e) = self.rebuild_bloom(want) {
+                // Keep the old one (still has every id); retry at the next batch.
+                tracing::warn!(error = %e, "rebuilding the trace-id filter failed");
+            }
         }
         self.l0_batches += 1;
         self.next_batch_id += 1;
@@ -688,7 +761,11 @@ impl Writer {
             let mut keys: Vec<[u8; 16]> = self.l0.keys().copied().collect();
             keys.sort_unstable();
             for t in keys {
-                let mut list = indexed_batches(&self.conn, &t)?;
+                let mut list = if self.l0_new.contains(&t) {
+                    Vec::new()
+                } else {
+                    indexed_batches(&self.conn, &t)?
+                };
                 if let Some(l) = self.l0.get(&t) {
                     list.extend_from_slice(l);
                 }
@@ -710,6 +787,7 @@ impl Writer {
             Ok(()) => {
                 self.merged_upto = self.next_batch_id - 1;
                 self.l0.clear();
+                self.l0_new.clear();
                 self.l0_batches = 0;
                 Ok(())
             }

@@ -1,0 +1,130 @@
+//! WAL checkpoints off the writer thread.
+//!
+//! Every connection runs with `wal_autocheckpoint=0` (see `db::open_connection`), so no
+//! commit pays for copying WAL frames into the database file and syncing it. This thread,
+//! with its own connection, runs `PRAGMA wal_checkpoint(PASSIVE)` every
+//! [`CHECKPOINT_INTERVAL`] while commits happen, so the copying and the fsyncs run on the
+//! other core while the writer keeps committing. A PASSIVE checkpoint never blocks the
+//! writer or readers.
+//!
+//! Bounding the WAL: SQLite rewinds the WAL at the start of a write transaction once every
+//! frame has been checkpointed. Under continuous load a concurrent checkpoint never quite
+//! catches up (the writer appends while it copies), so when the WAL holds more than
+//! [`WAL_BOUND_FRAMES`] frames the checkpointer raises a flag and the writer runs one
+//! PASSIVE checkpoint itself between two groups (only the tail is left to copy), after
+//! which its next transaction rewinds the WAL.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::config::StorageConfig;
+use crate::db::open_connection;
+use crate::error::StorageError;
+
+/// How often the checkpointer looks for new commits.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+/// WAL frames (pages) above which the writer checkpoints the tail itself: 4096 frames,
+/// 64 MiB at 16 KiB pages.
+pub(crate) const WAL_BOUND_FRAMES: i64 = 4096;
+
+/// State shared by the writer and the checkpointer.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Commits made by the writer (bumped after each COMMIT).
+    pub(crate) commits: AtomicU64,
+    /// Set when the WAL outgrew [`WAL_BOUND_FRAMES`]; the writer checkpoints and clears it.
+    pub(crate) writer_should_checkpoint: AtomicBool,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// The checkpoint thread's handle; dropping it stops the thread.
+pub(crate) struct Checkpointer {
+    pub(crate) shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// `(busy, wal frames, checkpointed frames)` of `PRAGMA wal_checkpoint(PASSIVE)`.
+pub(crate) fn passive(conn: &Connection) -> Result<(i64, i64, i64), rusqlite::Error> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+}
+
+impl Checkpointer {
+    /// Opens the checkpointer's connection and starts the thread.
+    ///
+    /// Errors: [`StorageError::Open`] / [`StorageError::Sqlite`] when the connection cannot
+    /// be opened.
+    pub(crate) fn start(config: &StorageConfig) -> Result<Self, StorageError> {
+        let conn = open_connection(
+            config,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.pragma_update(None, "cache_size", 16i64)?;
+        let shared = Arc::new(Shared::default());
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("stallwatch-wal-checkpoint".into())
+            .spawn(move || run(conn, s))
+            .map_err(|e| StorageError::Task(format!("cannot start the checkpoint thread: {e}")))?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and waits for it (at most one checkpoint).
+    pub(crate) fn stop(&mut self) {
+        if let Ok(mut s) = self.shared.stop.lock() {
+            *s = true;
+        }
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.shared.stop.lock() {
+            *s = true;
+        }
+        self.shared.wake.notify_all();
+    }
+}
+
+fn run(conn: Connection, shared: Arc<Shared>) {
+    let mut seen = shared.commits.load(Ordering::Acquire);
+    loop {
+        {
+            let Ok(stop) = shared.stop.lock() else { return };
+            let Ok((stop, _)) = shared.wake.wait_timeout(stop, CHECKPOINT_INTERVAL) else {
+                return;
+            };
+            if *stop {
+                return;
+            }
+        }
+        let now = shared.commits.load(Ordering::Acquire);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match passive(&conn) {
+            Ok((_, log, _)) => {
+                if log > WAL_BOUND_FRAMES {
+                    shared
+                        .writer_should_checkpoint
+                        .store(true, Ordering::Release);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "WAL checkpoint failed; will retry"),
+        }
+    }
+}
