@@ -85,6 +85,7 @@ async fn serve(
     exit_with_parent: bool,
     self_traces: Option<crate::selftrace::SelfTraceSink>,
 ) -> Result<()> {
+    let mut signals = StopSignals::install()?;
     let file = &settings.file;
     let shutdown = CancellationToken::new();
     if exit_with_parent {
@@ -286,7 +287,7 @@ async fn serve(
     tracing::info_span!("stallwatch.ready", otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr)
         .in_scope(|| tracing::info!(data_dir = %data.path.display(), "stallwatch ready"));
 
-    wait_for_stop(&shutdown).await;
+    signals.wait(&shutdown).await;
     tracing::info!("shutting down");
     let _ = ready_tx.send(false);
 
@@ -339,21 +340,29 @@ async fn stage<T>(name: &str, task: tokio::task::JoinHandle<T>) {
     }
 }
 
-/// Resolves on SIGTERM, SIGINT, or a cancelled `shutdown` (control API).
-async fn wait_for_stop(shutdown: &CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot watch SIGTERM: {e}");
-            shutdown.cancelled().await;
-            return;
+/// SIGTERM and SIGINT streams, installed before anything is bound so a stop request that
+/// arrives right after the `ready` line is an ordered shutdown, never the default action.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+        })
+    }
+
+    /// Resolves on SIGTERM, SIGINT, or a cancelled `shutdown` (control API).
+    async fn wait(&mut self, shutdown: &CancellationToken) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            _ = self.int.recv() => tracing::info!("SIGINT received"),
+            _ = shutdown.cancelled() => tracing::info!("shutdown requested through the API"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = shutdown.cancelled() => tracing::info!("shutdown requested through the API"),
     }
 }
 

@@ -61,12 +61,12 @@ fn a_second_instance_on_the_same_data_dir_names_the_holder_and_exits_non_zero() 
 }
 
 #[test]
-fn env_variables_set_flags_and_cli_wins_over_env() {
+fn cli_flags_win_over_env_and_toml() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let cfg = dir.path().join("c.toml");
     std::fs::write(&cfg, "[otlp]\nhttp_listen = \"127.0.0.1:1\"\n").unwrap();
-    // env beats TOML for the HTTP listener; the CLI flag (port 0 in Server) beats env.
+    // TOML says port 1, env says port 2, the CLI flag (port 0 in Server) wins over both.
     let server = Server::start_with(ServerOpts {
         data_dir: data,
         config: Some("[otlp]\ngrpc_listen = \"127.0.0.1:1\"\n".into()),
@@ -102,4 +102,41 @@ fn a_database_from_a_newer_stallwatch_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("newer"), "{err}");
+}
+
+#[test]
+fn env_wins_over_toml_when_no_flag_is_given() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    // TOML asks for port 1 (root could bind it); the environment asks for any free port.
+    std::fs::write(&cfg, "[otlp]\ngrpc_listen = \"127.0.0.1:1\"\n").unwrap();
+    let mut child = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("d"))
+        .args([
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+            "--dashboard-listen",
+            "127.0.0.1:0",
+        ])
+        .env("STALLWATCH_OTLP_GRPC_LISTEN", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(child.wait().unwrap().success());
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let grpc: std::net::SocketAddr = ready["otlp_grpc"].as_str().unwrap().parse().unwrap();
+    assert_ne!(grpc.port(), 1, "TOML won over the environment");
 }
