@@ -220,6 +220,8 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
                         return refuse(&state, r);
                     }
                     declared = Some((flag, len));
+                    // One allocation for the whole message instead of doubling copies.
+                    buf.reserve((FRAME_HEADER + len).saturating_sub(buf.len()));
                 }
                 if let Some((_, len)) = declared {
                     if buf.len() > FRAME_HEADER + len {

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::bloom::IdBuild;
 use super::schema::{
     PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
 };
@@ -184,7 +185,8 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
     let mut keep = vec![true; total];
     let mut duplicates = 0u64;
     {
-        let mut seen: HashMap<([u8; 16], [u8; 8]), (usize, bool)> = HashMap::with_capacity(total);
+        let mut seen: HashMap<([u8; 16], [u8; 8]), (usize, bool), IdBuild> =
+            HashMap::with_capacity_and_hasher(total, IdBuild::default());
         for (i, (_, _, s)) in batch.spans().enumerate() {
             let key = (s.trace_id.0, s.span_id.0);
             match seen.get(&key).copied() {
@@ -273,7 +275,7 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
     }
 
     // 3. group by trace
-    let mut by_trace: HashMap<[u8; 16], usize> = HashMap::new();
+    let mut by_trace: HashMap<[u8; 16], usize, IdBuild> = HashMap::default();
     let mut traces: Vec<([u8; 16], Vec<u32>)> = Vec::new();
     for (i, s) in spans.iter().enumerate() {
         let g = *by_trace.entry(s.trace_id).or_insert_with(|| {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use tokio::sync::{oneshot, watch};
 
-use super::bloom::TraceBloom;
+use super::bloom::{IdBuild, TraceBloom};
 use super::checkpoint::{self, Checkpointer};
 use super::encode::{decode_index, BatchIndex, IdxSpan, LogRow, PointRow, PreparedTraces};
 use super::schema::{MERGE_BATCHES, META_MERGED_UPTO};
@@ -136,7 +136,7 @@ impl TelemetryWriter {
             merged_upto: 0,
             idx_cache: HashMap::new(),
             bloom: TraceBloom::with_capacity(0),
-            l0_new: HashSet::new(),
+            l0_new: HashSet::default(),
             retention_interval: config.retention_interval,
             next_retention: Instant::now() + config.retention_interval,
             last_size_retention: None,
@@ -270,7 +270,7 @@ pub(super) struct Writer {
     bloom: TraceBloom,
     /// Traces of `l0` that had no `trace_index` row when first stored (merge skips the
     /// read for them).
-    pub(super) l0_new: HashSet<[u8; 16]>,
+    pub(super) l0_new: HashSet<[u8; 16], IdBuild>,
     retention_interval: Duration,
     next_retention: Instant,
     last_size_retention: Option<Instant>,
