@@ -516,3 +516,37 @@ fn queue_cap_drops_the_oldest_rows_and_says_so() {
     );
     assert_eq!(span_count(&b, 1), 0, "the oldest trace was dropped");
 }
+
+#[test]
+fn requests_the_upstream_finds_too_large_are_split_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    // B refuses bodies over 2 KiB with 413; A's first requests carry everything at once.
+    let b = start_on(
+        &dir.path().join("b"),
+        "[otlp]\nmax_request_bytes = 2048\n",
+        b_grpc,
+        b_http,
+    );
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(b_http, "http/protobuf", ""),
+        free_addr(),
+        free_addr(),
+    );
+    for t in 1..=10 {
+        post(&a, "/v1/traces", traces(t, 5, "fwd-svc").encode_to_vec());
+    }
+    post(&a, "/v1/logs", logs(1, 60).encode_to_vec());
+    expect_exactly(&b, (50, 60, 0), "split requests");
+    let s = samples(&a);
+    assert_eq!(sum(&s, "stallwatch_forward_dropped_items_total"), 0);
+    assert!(
+        sum(&s, "stallwatch_forward_requests_total{signal=\"logs\"}") > 1,
+        "the logs went in several requests"
+    );
+    assert!(a.stderr().contains("sending smaller ones"), "{}", a.stderr());
+    for t in 1..=10 {
+        assert_eq!(span_count(&b, t), 5, "trace {t}");
+    }
+}

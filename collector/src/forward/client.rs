@@ -70,13 +70,21 @@ pub enum Outcome {
     },
     /// Try again later (after `hint` when the server gave one).
     Retry {
+        /// The connection was reset or closed mid-request: some servers refuse an
+        /// over-size body that way (closing before reading it), so a smaller request may
+        /// pass where the same one keeps failing.
+        cut_off: bool,
         /// The server's delay.
         hint: Option<Duration>,
         /// What happened.
         error: String,
     },
-    /// Refused for good: the items are dropped.
+    /// Refused for good: the items are dropped, unless `too_large` and a smaller request
+    /// can be tried.
     Refused {
+        /// The upstream said the request is too large (HTTP 413, gRPC
+        /// `RESOURCE_EXHAUSTED` without RetryInfo).
+        too_large: bool,
         /// What happened.
         error: String,
     },
@@ -163,10 +171,15 @@ impl Exporter {
         let resp = match builder.body(body).send().await {
             Ok(r) => r,
             Err(e) => {
+                let error = format!("POST {url}: {}", error_chain(&e));
+                let lower = error.to_ascii_lowercase();
                 return Outcome::Retry {
+                    cut_off: lower.contains("reset")
+                        || lower.contains("broken pipe")
+                        || lower.contains("closed before"),
                     hint: None,
-                    error: format!("POST {url}: {}", error_chain(&e)),
-                }
+                    error,
+                };
             }
         };
         let status = resp.status().as_u16();
@@ -183,10 +196,12 @@ impl Exporter {
                 Outcome::Accepted { rejected, message }
             }
             429 | 502 | 503 | 504 => Outcome::Retry {
+                cut_off: false,
                 hint,
                 error: format!("POST {url}: HTTP {status}"),
             },
             _ => Outcome::Refused {
+                too_large: status == 413,
                 error: format!(
                     "POST {url}: HTTP {status}: {}",
                     String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
@@ -288,9 +303,24 @@ fn classify_grpc(status: &tonic::Status, endpoint: &str) -> Outcome {
         | Code::Aborted
         | Code::OutOfRange
         | Code::Unavailable
-        | Code::DataLoss => Outcome::Retry { hint, error },
-        Code::ResourceExhausted if hint.is_some() => Outcome::Retry { hint, error },
-        _ => Outcome::Refused { error },
+        | Code::DataLoss => Outcome::Retry {
+            cut_off: false,
+            hint,
+            error,
+        },
+        Code::ResourceExhausted if hint.is_some() => Outcome::Retry {
+            cut_off: false,
+            hint,
+            error,
+        },
+        Code::ResourceExhausted => Outcome::Refused {
+            too_large: true,
+            error,
+        },
+        _ => Outcome::Refused {
+            too_large: false,
+            error,
+        },
     }
 }
 
@@ -307,18 +337,31 @@ mod tests {
         assert_eq!(
             classify_grpc(&st, "e"),
             Outcome::Retry {
+                cut_off: false,
                 hint: Some(Duration::from_secs(3)),
                 error: "gRPC e: Unavailable: busy".into()
             }
         );
         let st = tonic::Status::new(Code::ResourceExhausted, "too big");
-        assert!(matches!(classify_grpc(&st, "e"), Outcome::Refused { .. }));
+        assert!(matches!(
+            classify_grpc(&st, "e"),
+            Outcome::Refused {
+                too_large: true,
+                ..
+            }
+        ));
         let st = tonic::Status::with_details(Code::ResourceExhausted, "slow", details.into());
         assert!(matches!(
             classify_grpc(&st, "e"),
             Outcome::Retry { hint: Some(_), .. }
         ));
         let st = tonic::Status::new(Code::InvalidArgument, "bad");
-        assert!(matches!(classify_grpc(&st, "e"), Outcome::Refused { .. }));
+        assert!(matches!(
+            classify_grpc(&st, "e"),
+            Outcome::Refused {
+                too_large: false,
+                ..
+            }
+        ));
     }
 }

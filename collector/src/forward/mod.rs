@@ -53,6 +53,8 @@ impl Forwarder {
         let token = CancellationToken::new();
         let worker = Worker {
             backoff: Backoff::new(config.retry_initial, config.retry_max),
+            max_items: [config.batch_max_spans; 3],
+            acked_since_shrink: [0; 3],
             config,
             storage,
             exporter,
@@ -101,9 +103,12 @@ fn split<T: Send + 'static>(c: Chunk<T>, f: fn(&T) -> Request) -> (Chunk<()>, Ma
 struct Pending {
     request: Request,
     last_id: i64,
+    rows: u64,
     items: u64,
     missing_rows: u64,
     undecodable: u64,
+    /// Retryable failures of this request so far.
+    attempts: u32,
 }
 
 struct Worker {
@@ -115,7 +120,16 @@ struct Worker {
     backoff: Backoff,
     cursors: [ForwardCursor; 3],
     pending: [Option<Pending>; 3],
+    /// Items per request, per signal: `batch_max_spans`, halved after a too-large refusal.
+    max_items: [usize; 3],
+    /// Requests acknowledged since `max_items` last changed, per signal.
+    acked_since_shrink: [u32; 3],
 }
+
+/// Cut-off attempts of one request before it is sent in smaller pieces.
+const CUT_OFF_ATTEMPTS: u32 = 2;
+/// Acknowledged requests before a shrunk batch size doubles back.
+const REGROW_AFTER: u32 = 16;
 
 fn now_unix_s() -> u64 {
     SystemTime::now()
@@ -218,9 +232,30 @@ impl Worker {
                     let sent = p.items - rejected;
                     self.ack(i, signal, sent, rejected).await?;
                     self.stats.sent(signal, sent);
+                    self.regrow(i);
                     progressed = true;
                 }
-                Outcome::Retry { hint, error } => {
+                Outcome::Retry {
+                    cut_off: true,
+                    error,
+                    ..
+                } if p.rows > 1 && p.attempts >= CUT_OFF_ATTEMPTS => {
+                    let max = (p.items / 2).max(1) as usize;
+                    tracing::warn!(
+                        signal = signal.as_str(),
+                        items = p.items,
+                        next_max_items = max,
+                        "forward: the upstream keeps cutting this request off; sending smaller ones: {error}"
+                    );
+                    self.stats.retry(&error, now_unix_s());
+                    self.max_items[i] = max;
+                    self.acked_since_shrink[i] = 0;
+                    self.pending[i] = None;
+                }
+                Outcome::Retry { hint, error, .. } => {
+                    if let Some(p) = self.pending[i].as_mut() {
+                        p.attempts += 1;
+                    }
                     let delay = self.backoff.next_delay(hint);
                     self.stats.retry(&error, now_unix_s());
                     if self.backoff.failures() == 1 {
@@ -239,7 +274,23 @@ impl Worker {
                     self.sleep(delay).await;
                     return Ok(true);
                 }
-                Outcome::Refused { error } => {
+                Outcome::Refused {
+                    too_large: true,
+                    error,
+                } if p.rows > 1 => {
+                    // Fewer rows next time; the cursor stays, nothing is dropped.
+                    let max = (p.items / 2).max(1) as usize;
+                    tracing::warn!(
+                        signal = signal.as_str(),
+                        items = p.items,
+                        next_max_items = max,
+                        "forward: upstream refused a request as too large; sending smaller ones: {error}"
+                    );
+                    self.max_items[i] = max;
+                    self.acked_since_shrink[i] = 0;
+                    self.pending[i] = None;
+                }
+                Outcome::Refused { error, .. } => {
                     tracing::error!(
                         signal = signal.as_str(),
                         items = p.items,
@@ -254,6 +305,19 @@ impl Worker {
             }
         }
         Ok(progressed)
+    }
+
+    /// After a success: a batch size halved by a too-large refusal doubles back (up to
+    /// `batch_max_spans`) every [`REGROW_AFTER`] acknowledged requests.
+    fn regrow(&mut self, i: usize) {
+        if self.max_items[i] >= self.config.batch_max_spans {
+            return;
+        }
+        self.acked_since_shrink[i] += 1;
+        if self.acked_since_shrink[i] >= REGROW_AFTER {
+            self.acked_since_shrink[i] = 0;
+            self.max_items[i] = (self.max_items[i] * 2).min(self.config.batch_max_spans);
+        }
     }
 
     /// Moves the cursor past the pending request of `signal`.
@@ -289,7 +353,7 @@ impl Worker {
     /// pool.
     async fn read(&self, signal: Signal) -> Result<Option<Pending>, ForwardError> {
         let after = self.cursors[Self::index(signal)].last_id;
-        let max = self.config.batch_max_spans;
+        let max = self.max_items[Self::index(signal)];
         let s = &self.storage;
         let split = match signal {
             Signal::Traces => s
@@ -310,6 +374,7 @@ impl Worker {
         };
         let Chunk {
             last_id,
+            rows,
             items,
             missing_rows,
             undecodable,
@@ -338,9 +403,11 @@ impl Worker {
         Ok(Some(Pending {
             request,
             last_id,
+            rows,
             items,
             missing_rows,
             undecodable,
+            attempts: 0,
         }))
     }
 
