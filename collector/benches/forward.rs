@@ -8,6 +8,10 @@
 //!    `FORWARD_BENCH_OUTAGE_SECS` (default 30) while B is down; prints the backlog every
 //!    5 s, then brings B up and reports the drain time.
 //!
+//! 3. Live: A ingests at the same rate for `FORWARD_BENCH_LIVE_SECS` (default 10) with
+//!    the forwarder off, then on with B healthy: the slowest and mean local write, and the
+//!    forwarding lag at the end (does forwarding slow local ingest?).
+//!
 //! Run: `cargo bench -p stallwatch-collector --bench forward`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -256,6 +260,58 @@ async fn outage(rate: u64, secs: u64) {
     a.shutdown().await;
 }
 
+/// Ingests `rate` spans/s for `secs` into `a`; answers (slowest, mean) write latency.
+async fn ingest(a: &Storage, rate: u64, secs: u64, seq: &mut u64) -> (Duration, Duration) {
+    let per_tick = (rate / 10).div_ceil(SPANS_PER_REQUEST as u64);
+    let t = Instant::now();
+    let (mut worst, mut total, mut n) = (Duration::ZERO, Duration::ZERO, 0u32);
+    while t.elapsed() < Duration::from_secs(secs) {
+        let tick = Instant::now();
+        for _ in 0..per_tick {
+            let w = Instant::now();
+            a.write_traces(batch(*seq)).await.unwrap();
+            let e = w.elapsed();
+            worst = worst.max(e);
+            total += e;
+            n += 1;
+            *seq += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100).saturating_sub(tick.elapsed())).await;
+    }
+    (worst, total / n.max(1))
+}
+
+async fn live(rate: u64, secs: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Storage::open(StorageConfig::new(dir.path().join("a.db"))).unwrap();
+    let mut seq = 0u64;
+    let (worst, mean) = ingest(&a, rate, secs, &mut seq).await;
+    println!(
+        "live: forwarder off: {rate} spans/s for {secs} s, local write slowest {:.1} ms, mean {:.2} ms",
+        worst.as_secs_f64() * 1e3,
+        mean.as_secs_f64() * 1e3
+    );
+    let (grpc, http) = (free_addr(), free_addr());
+    let b = upstream(dir.path(), grpc, http).await;
+    let fwd = Forwarder::start(forward_config(http, "http/protobuf"), a.clone()).unwrap();
+    let stats = fwd.stats();
+    let before = seq * SPANS_PER_REQUEST as u64;
+    while stats.sent_items(Signal::Traces) < before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (worst, mean) = ingest(&a, rate, secs, &mut seq).await;
+    let total = seq * SPANS_PER_REQUEST as u64;
+    let lag = total - stats.sent_items(Signal::Traces);
+    println!(
+        "live: forwarder on:  {rate} spans/s for {secs} s, local write slowest {:.1} ms, mean {:.2} ms; forwarding lag at the end {lag} spans",
+        worst.as_secs_f64() * 1e3,
+        mean.as_secs_f64() * 1e3
+    );
+    fwd.stop(Duration::from_secs(10)).await;
+    b.stop().await;
+    a.shutdown().await;
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -267,5 +323,9 @@ fn main() {
     rt.block_on(outage(
         env("FORWARD_BENCH_RATE", 20_000),
         env("FORWARD_BENCH_OUTAGE_SECS", 30),
+    ));
+    rt.block_on(live(
+        env("FORWARD_BENCH_RATE", 20_000),
+        env("FORWARD_BENCH_LIVE_SECS", 10),
     ));
 }
