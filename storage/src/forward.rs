@@ -4,7 +4,7 @@
 //! The telemetry tables ARE the durable queue (DESIGN, Beyond one machine): nothing is
 //! copied on the ingest path. `forward_cursor` holds, per signal, the last row id the
 //! upstream acknowledged plus the counters of what was sent and dropped; it is written
-//! through [`Storage::control`] (`synchronous=FULL`), so a restart resumes after the last
+//! through `Storage::control` (`synchronous=FULL`), so a restart resumes after the last
 //! acknowledged row and an acknowledged row is never read for forwarding again. Reads go
 //! through the read-only pool and never touch the telemetry writer.
 //!
