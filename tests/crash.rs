@@ -93,3 +93,41 @@ fn acknowledged_spans_survive_repeated_kill_9() {
         .unwrap();
     assert_eq!(check, "ok");
 }
+
+/// Regression (found by the crash harness): after a kill -9, a `[[runner]]` config runner
+/// and the orphan sweep raced over the same id: start-up failed with `runner_exists`, or
+/// the previous run's process was left running untracked.
+#[test]
+fn config_runner_left_by_a_crash_is_settled_not_duplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = "[[runner]]\nid = \"sleeper\"\nspawn = { argv = [\"sleep\", \"600\"] }\n";
+    let mut previous: Vec<u64> = Vec::new();
+    for round in 0..3 {
+        let server = Server::start_with(ServerOpts::new(&data).config(cfg));
+        let mut pid = None;
+        wait_until!(Duration::from_secs(20), "the sleeper's pid", {
+            pid = server.get_json("/api/v1/runners/sleeper").1["pid"].as_u64();
+            pid.is_some_and(|p| !previous.contains(&p))
+        });
+        // Every process of earlier rounds is gone: stopped in order, not left running.
+        for old in &previous {
+            wait_until!(
+                Duration::from_secs(20),
+                format!("round {round}: old sleeper {old} stopped"),
+                !crate::chain::process_alive(*old)
+            );
+        }
+        previous.push(pid.unwrap());
+        server.crash();
+    }
+    // The last one, left by the final crash, is settled by the next start, then stopped in order.
+    let server = Server::start_with(ServerOpts::new(&data).config(cfg));
+    let last = *previous.last().unwrap();
+    wait_until!(
+        Duration::from_secs(20),
+        "the last crashed run's sleeper stopped",
+        !crate::chain::process_alive(last)
+    );
+    assert_eq!(server.stop(), Some(0));
+}

@@ -366,6 +366,12 @@ async function viewTrace(traceId, spanId) {
     const last = en > 0n ? en : st;
     if (t1 === null || last > t1) t1 = last;
   }
+  // A running span is drawn up to now (this browser's clock), unless "now" is more than an
+  // hour past the trace's last known time (an old span that never ended, or skewed clocks):
+  // then the scale stays on what is known.
+  const nowNs = BigInt(Date.now()) * 1000000n;
+  const toNow = t.spans.some(s => s.state === "open") && t1 !== null && nowNs > t1 && nowNs - t1 < 3600n * 1000000000n;
+  if (toNow) t1 = nowNs;
   const total = Number(t1 - t0) || 1;
   const details = h("div", { class: "panel" });
   const wf = h("div", { class: "waterfall", id: "waterfall" });
@@ -384,7 +390,7 @@ async function viewTrace(traceId, spanId) {
     const en = running ? Number(t1 - t0) : Number(BigInt(s.end_time_unix_nano) - t0);
     const left = (st / total) * 100, width = Math.max(0.4, ((en - st) / total) * 100);
     const cls = "wf-bar" + (s.state === "open" ? " open" : s.state === "inferred" ? " inferred" : s.status.code === 2 ? " error" : "");
-    const label = s.state === "open" ? "running" : s.state === "inferred" ? "in progress (inferred)" : fmtDur(s.duration_ms);
+    const label = s.state === "open" ? (toNow ? `running · ${fmtDur((en - st) / 1e6)}` : "running") : s.state === "inferred" ? "in progress (inferred)" : fmtDur(s.duration_ms);
     wf.append(h("div", { class: "wf-row", dataset: { spanId: s.span_id, state: s.state }, onclick: () => select(s.span_id) },
       h("div", { class: "wf-name", title: s.name, style: { paddingLeft: `${depth * 14}px` } }, s.name, s.service_name ? h("span", { class: "muted" }, ` · ${s.service_name}`) : null),
       h("div", { class: "wf-track" },

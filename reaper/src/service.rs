@@ -145,18 +145,22 @@ impl Reaper {
             started_unix_nano: now_unix_nano(),
         });
         let handle = ReaperHandle { inner };
-        // The sweep reads rows left by the previous run; it skips runners of this run.
-        let sweeper = handle.clone();
-        let sweep_task = tokio::spawn(async move {
-            let report = crate::sweep::sweep(&sweeper).await;
-            tracing::info!(?report, "orphan sweep finished");
-        });
         for spec in &config.runners {
+            // A process of this id left by a crashed run is settled first, so the sweep
+            // and this registration never race over the same id.
+            crate::sweep::settle_config_runner(&handle, &spec.id).await;
             handle
                 .register(spec.clone(), false)
                 .await
                 .map_err(|e| ReaperError::Config(e.to_string()))?;
         }
+        // The sweep reads rows left by the previous run; it skips runners of this run, so it
+        // starts once the config runners are settled and registered.
+        let sweeper = handle.clone();
+        let sweep_task = tokio::spawn(async move {
+            let report = crate::sweep::sweep(&sweeper).await;
+            tracing::info!(?report, "orphan sweep finished");
+        });
         let h = handle.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(h.inner.config.zombie_interval);
@@ -1044,7 +1048,7 @@ impl ReaperHandle {
         }
     }
 
-    async fn delete(&self, id: &str) -> ControlReply {
+    pub(crate) async fn delete(&self, id: &str) -> ControlReply {
         let Some(entry) = self.entry(id) else {
             return Err(ControlError::new(
                 404,

@@ -85,6 +85,47 @@ fn stat_of(pid: Option<u32>) -> std::io::Result<Option<platform::ProcStat>> {
     }
 }
 
+/// Settles a runner id that a `[[runner]]` config entry is about to register, when the
+/// previous run left it active. If the old process is proven to be the same one (pid,
+/// start time, boot id), it is re-adopted and then stopped with the normal termination
+/// sequence: this run spawns and owns its own copy, so two never run side by side and the
+/// old one is never left untracked. Otherwise it is marked orphaned, as the sweep would.
+/// A probe error is logged and the entry left to the background sweep.
+pub(crate) async fn settle_config_runner(h: &ReaperHandle, id: &str) {
+    let row = match h.storage().runner_row(id.to_string()).await {
+        Ok(Some(row)) => row,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(runner = id, "cannot read the previous run's row: {e}");
+            return;
+        }
+    };
+    if !row.state.is_active() || h.is_current(&row.id, row.instance_id.as_deref()) {
+        return;
+    }
+    match probe(&row, h.boot_id(), stat_of(row.pid)) {
+        Err(e) => tracing::warn!(runner = id, "probing the previous run's process: {e}"),
+        Ok(Probe::Alive) => {
+            if let Err(e) = adopt(h, &row).await {
+                tracing::warn!(runner = id, "re-adopting the previous run's process: {e}");
+                return;
+            }
+            tracing::info!(
+                runner = id,
+                pid = row.pid,
+                "stopping the previous run's process before spawning the configured runner"
+            );
+            if let Err(e) = h.delete(id).await {
+                tracing::warn!(runner = id, "stopping the previous run's process: {e}");
+            }
+        }
+        Ok(Probe::Gone(reason)) => {
+            let mut rep = SweepReport::default();
+            orphan(h, &row, &reason, &mut rep).await;
+        }
+    }
+}
+
 /// Runs the sweep to the end.
 pub async fn sweep(h: &ReaperHandle) -> SweepReport {
     let mut rep = SweepReport::default();
