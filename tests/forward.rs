@@ -545,7 +545,11 @@ fn requests_the_upstream_finds_too_large_are_split_not_dropped() {
         sum(&s, "stallwatch_forward_requests_total{signal=\"logs\"}") > 1,
         "the logs went in several requests"
     );
-    assert!(a.stderr().contains("sending smaller ones"), "{}", a.stderr());
+    assert!(
+        a.stderr().contains("sending smaller ones"),
+        "{}",
+        a.stderr()
+    );
     for t in 1..=10 {
         assert_eq!(span_count(&b, t), 5, "trace {t}");
     }
