@@ -554,3 +554,66 @@ fn requests_the_upstream_finds_too_large_are_split_not_dropped() {
         assert_eq!(span_count(&b, t), 5, "trace {t}");
     }
 }
+
+#[test]
+fn headers_reach_the_upstream_and_a_permanent_refusal_is_counted_as_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    // B accepts only exporters carrying its ingest token.
+    let b = start_on(
+        &dir.path().join("b"),
+        "[otlp]\ningest_token = \"s3cret\"\n",
+        b_grpc,
+        b_http,
+    );
+    let with_token = start_on(
+        &dir.path().join("a1"),
+        &forward_config(
+            b_grpc,
+            "grpc",
+            "[forward.headers]\nAuthorization = \"Bearer s3cret\"\n",
+        ),
+        free_addr(),
+        free_addr(),
+    );
+    let without = start_on(
+        &dir.path().join("a2"),
+        &forward_config(b_http, "http/protobuf", ""),
+        free_addr(),
+        free_addr(),
+    );
+    post(
+        &with_token,
+        "/v1/traces",
+        traces(7, 3, "tok").encode_to_vec(),
+    );
+    post(&without, "/v1/traces", traces(8, 4, "none").encode_to_vec());
+    wait_until!(
+        LONG,
+        "the token-carrying spans at B",
+        span_count(&b, 7) == 3
+    );
+    wait_until!(LONG, "the refused request counted as dropped", {
+        sum(
+            &samples(&without),
+            "stallwatch_forward_dropped_items_total{signal=\"traces\",reason=\"refused\"}",
+        ) == 4
+    });
+    assert!(
+        without.stderr().contains("refused a request for good"),
+        "{}",
+        without.stderr()
+    );
+    assert_eq!(span_count(&b, 8), 0);
+    // Dropped means given up: the backlog empties and nothing is retried.
+    wait_until!(LONG, "an empty backlog", {
+        sum(
+            &samples(&without),
+            "stallwatch_forward_backlog_items{signal=\"traces\"}",
+        ) == 0
+    });
+    assert_eq!(
+        sum(&samples(&without), "stallwatch_forward_retries_total"),
+        0
+    );
+}
