@@ -204,13 +204,28 @@ impl Worker {
         let mut progressed = false;
         for (i, signal) in Signal::ALL.into_iter().enumerate() {
             if self.pending[i].is_none() {
-                self.pending[i] = self.read(signal).await?;
+                self.pending[i] = self.read(signal, self.cursors[i].last_id).await?;
             }
             let Some(p) = &self.pending[i] else { continue };
-            let outcome = tokio::select! {
+            // While the upstream works on this request, read and convert the next one
+            // (not during an outage: it would only be thrown away).
+            let prefetch = self.backoff.failures() == 0;
+            let (outcome, next) = tokio::select! {
                 _ = self.token.cancelled() => return Ok(true),
-                o = self.exporter.export(&p.request) => o,
+                r = async {
+                    tokio::join!(self.exporter.export(&p.request), async {
+                        if prefetch {
+                            self.read(signal, p.last_id).await
+                        } else {
+                            Ok(None)
+                        }
+                    })
+                } => r,
             };
+            let next = next.unwrap_or_else(|e| {
+                tracing::warn!("forward: reading ahead failed: {e}");
+                None
+            });
             match outcome {
                 Outcome::Accepted { rejected, message } => {
                     if self.backoff.failures() > 0 {
@@ -233,6 +248,8 @@ impl Worker {
                     self.ack(i, signal, sent, rejected).await?;
                     self.stats.sent(signal, sent);
                     self.regrow(i);
+                    // The read-ahead starts after the row just acknowledged: it is next.
+                    self.pending[i] = next;
                     progressed = true;
                 }
                 Outcome::Retry {
@@ -341,6 +358,23 @@ impl Worker {
         self.storage
             .forward_advance(signal, from, p.last_id, delta)
             .await?;
+        if p.missing_rows > 0 {
+            tracing::warn!(
+                signal = signal.as_str(),
+                rows = p.missing_rows,
+                "forward: rows were deleted by retention before they were forwarded"
+            );
+            self.stats.lost_rows(signal, p.missing_rows);
+        }
+        if p.undecodable > 0 {
+            tracing::error!(
+                signal = signal.as_str(),
+                items = p.undecodable,
+                "forward: undecodable stored items skipped"
+            );
+            self.stats
+                .dropped(signal, DropReason::Undecodable, p.undecodable);
+        }
         let c = &mut self.cursors[i];
         c.last_id = p.last_id;
         c.sent += delta.sent;
@@ -351,8 +385,7 @@ impl Worker {
 
     /// Reads the next request of `signal` after its cursor and converts it on the blocking
     /// pool.
-    async fn read(&self, signal: Signal) -> Result<Option<Pending>, ForwardError> {
-        let after = self.cursors[Self::index(signal)].last_id;
+    async fn read(&self, signal: Signal, after: i64) -> Result<Option<Pending>, ForwardError> {
         let max = self.max_items[Self::index(signal)];
         let s = &self.storage;
         let split = match signal {
@@ -383,23 +416,6 @@ impl Worker {
         let request = tokio::task::spawn_blocking(make)
             .await
             .map_err(|e| ForwardError::Storage(StorageError::Task(e.to_string())))?;
-        if missing_rows > 0 {
-            tracing::warn!(
-                signal = signal.as_str(),
-                rows = missing_rows,
-                "forward: rows were deleted by retention before they were forwarded"
-            );
-            self.stats.lost_rows(signal, missing_rows);
-        }
-        if undecodable > 0 {
-            tracing::error!(
-                signal = signal.as_str(),
-                items = undecodable,
-                "forward: undecodable stored items skipped"
-            );
-            self.stats
-                .dropped(signal, DropReason::Undecodable, undecodable);
-        }
         Ok(Some(Pending {
             request,
             last_id,
