@@ -15,4 +15,5 @@ mod demo;
 mod exporters;
 mod forward;
 mod lifecycle;
+mod shapes;
 mod spine;
