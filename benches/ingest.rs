@@ -4,8 +4,9 @@
 //!
 //! Reports per run: accepted spans/s, p50/p99 export latency, stallwatch's own CPU seconds
 //! (user + system, from `/proc/PID/stat`) per million spans, and peak RSS (`VmHWM`); idle
-//! RSS is read 10 s after start on an empty database. With `--prefill N` it first loads N
-//! spans and then measures again against the full database.
+//! RSS is read 10 s after start on an empty database. Each configuration gets a fresh
+//! server and database. With `--prefill N` it also loads N spans into a fresh server and
+//! then measures gRPC and HTTP/protobuf at concurrency 1 against that database.
 //!
 //! ```sh
 //! cargo bench --bench ingest -- --requests 2000 --prefill 1000000
@@ -516,6 +517,11 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+fn stop(mut t: Target) {
+    let _ = t.child.kill();
+    let _ = t.child.wait();
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; cargo test passes nothing we need to honour.
     if std::env::args().any(|a| a == "--list") {
@@ -530,34 +536,40 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut t = start_target();
+    let t = start_target();
     let pid = t.child.id();
     std::thread::sleep(Duration::from_secs(idle_wait as u64));
     println!(
         "{}",
         serde_json::json!({"idle_rss_mib": (status_kib(pid, "VmRSS:") as f64 / 1024.0 * 10.0).round() / 10.0, "after_s": idle_wait})
     );
+    stop(t);
     rt.block_on(async {
+        // A fresh server and database per configuration: figures do not depend on the
+        // runs before (database size, size-based retention at the default 2 GiB cap, peak
+        // RSS of an earlier run).
         for p in [Protocol::Grpc, Protocol::HttpProto] {
             for c in [1, 4, 16] {
+                let t = start_target();
                 let r = run(&t, p, c, requests, spans).await;
-                report("fresh", p, c, &r, pid);
+                report("fresh", p, c, &r, t.child.id());
+                stop(t);
             }
         }
         if prefill > 0 {
-            let t0 = Instant::now();
-            let r = run(&t, Protocol::Grpc, 4, prefill.div_ceil(spans), spans).await;
-            eprintln!(
-                "prefilled {} spans in {:.1}s",
-                r.accepted,
-                t0.elapsed().as_secs_f64()
-            );
             for p in [Protocol::Grpc, Protocol::HttpProto] {
+                let t = start_target();
+                let t0 = Instant::now();
+                let r = run(&t, Protocol::Grpc, 4, prefill.div_ceil(spans), spans).await;
+                eprintln!(
+                    "prefilled {} spans in {:.1}s",
+                    r.accepted,
+                    t0.elapsed().as_secs_f64()
+                );
                 let r = run(&t, p, 1, requests, spans).await;
-                report("prefilled", p, 1, &r, pid);
+                report("prefilled", p, 1, &r, t.child.id());
+                stop(t);
             }
         }
     });
-    let _ = t.child.kill();
-    let _ = t.child.wait();
 }
