@@ -71,36 +71,100 @@ fn kv(k: &str, v: &str) -> KeyValue {
     }
 }
 
-/// (service, span name, parent index, tool name)
-const TRACE_SHAPE: [(&str, &str, Option<usize>, Option<&str>); 8] = [
-    ("tauri-backend", "invoke agent_turn", None, None),
-    ("llm-gateway", "chat claude-sonnet-4", Some(0), None),
+/// (service, span name, kind, parent index, fixed attributes): the agent-turn trace
+/// otlp-blast sends (same attributes, so both tools load the server equally).
+type Shape = (
+    &'static str,
+    &'static str,
+    i32,
+    Option<usize>,
+    &'static [(&'static str, &'static str)],
+);
+const TRACE_SHAPE: [Shape; 8] = [
+    (
+        "tauri-backend",
+        "invoke agent_turn",
+        2,
+        None,
+        &[("tauri.command", "agent_turn"), ("session.id", "ses_7f3a")],
+    ),
+    (
+        "llm-gateway",
+        "chat claude-sonnet-4",
+        3,
+        Some(0),
+        &[
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.request.model", "claude-sonnet-4"),
+            ("gen_ai.system", "anthropic"),
+        ],
+    ),
     (
         "tauri-backend",
         "tools/call run_notebook",
+        3,
         Some(0),
-        Some("run_notebook"),
+        &[
+            ("mcp.method.name", "tools/call"),
+            ("gen_ai.tool.name", "run_notebook"),
+            ("gen_ai.operation.name", "execute_tool"),
+        ],
     ),
     (
         "mcp-runner-python",
         "tools/call run_notebook",
+        2,
         Some(2),
-        Some("run_notebook"),
+        &[
+            ("mcp.method.name", "tools/call"),
+            ("gen_ai.tool.name", "run_notebook"),
+            ("gen_ai.operation.name", "execute_tool"),
+            ("mcp.session.id", "mcp_91c2"),
+        ],
     ),
-    ("mcp-runner-python", "execute_cell", Some(3), None),
+    (
+        "mcp-runner-python",
+        "execute_cell",
+        1,
+        Some(3),
+        &[
+            ("notebook.cell.index", "3"),
+            ("code.function.name", "execute_cell"),
+        ],
+    ),
     (
         "tauri-backend",
         "tools/call read_file",
+        3,
         Some(0),
-        Some("read_file"),
+        &[
+            ("mcp.method.name", "tools/call"),
+            ("gen_ai.tool.name", "read_file"),
+            ("gen_ai.operation.name", "execute_tool"),
+        ],
     ),
     (
         "mcp-runner-node",
         "tools/call read_file",
+        2,
         Some(5),
-        Some("read_file"),
+        &[
+            ("mcp.method.name", "tools/call"),
+            ("gen_ai.tool.name", "read_file"),
+            ("gen_ai.operation.name", "execute_tool"),
+            ("mcp.session.id", "mcp_44d0"),
+        ],
     ),
-    ("tauri-backend", "db.write session_events", Some(0), None),
+    (
+        "tauri-backend",
+        "db.write session_events",
+        1,
+        Some(0),
+        &[
+            ("db.system.name", "sqlite"),
+            ("db.operation.name", "INSERT"),
+        ],
+    ),
 ];
 
 /// A pre-encoded request and where its ids sit, so each send can use fresh ids.
@@ -120,7 +184,11 @@ fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
 
 fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
     let traces = spans_per_request.div_ceil(8);
-    let now = 1_764_000_000_000_000_000u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        - 2_000_000_000;
     let mut by_service: HashMap<&str, Vec<Span>> = HashMap::new();
     let mut trace_ids = Vec::new();
     let mut span_ids = Vec::new();
@@ -129,34 +197,36 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
         let tid: [u8; 16] = rng.bytes();
         trace_ids.push(tid);
         let ids: Vec<[u8; 8]> = (0..8).map(|_| rng.bytes()).collect();
-        for (i, (service, name, parent, tool)) in TRACE_SHAPE.iter().enumerate() {
+        for (i, (service, name, kind, parent, fixed)) in TRACE_SHAPE.iter().enumerate() {
             if emitted == spans_per_request {
                 break;
             }
             emitted += 1;
             span_ids.push(ids[i]);
-            let mut attributes = vec![];
-            if let Some(tool) = tool {
-                attributes.push(kv("gen_ai.tool.name", tool));
-                attributes.push(kv("gen_ai.operation.name", "execute_tool"));
-                attributes.push(kv("mcp.method.name", "tools/call"));
-            }
+            let mut attributes: Vec<KeyValue> = fixed.iter().map(|(k, v)| kv(k, v)).collect();
             for a in 0..attrs {
                 attributes.push(kv(&format!("workbench.attr.{a}"), &rng.word(24)));
             }
-            let start = now + (i as u64) * 1_000_000;
+            let start = now + (i as u64) * 3_000_000 + rng.next() % 1_000_000;
+            // 2% errors with a message, as otlp-blast.
+            let error = rng.next() % 50 == 0;
             by_service.entry(service).or_default().push(Span {
                 trace_id: tid.to_vec(),
                 span_id: ids[i].to_vec(),
                 parent_span_id: parent.map(|p| ids[p].to_vec()).unwrap_or_default(),
+                flags: 0x100,
                 name: (*name).into(),
-                kind: if tool.is_some() { 3 } else { 1 },
+                kind: *kind,
                 start_time_unix_nano: start,
-                end_time_unix_nano: start + 5_000_000 + rng.next() % 50_000_000,
+                end_time_unix_nano: start + 200_000 + rng.next() % 250_000_000,
                 attributes,
                 status: Some(Status {
-                    code: 0,
-                    message: String::new(),
+                    code: if error { 2 } else { 0 },
+                    message: if error {
+                        "tool returned non-zero exit".into()
+                    } else {
+                        String::new()
+                    },
                 }),
                 ..Default::default()
             });
@@ -173,25 +243,34 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
                     KeyValue {
                         key: "process.pid".into(),
                         value: Some(AnyValue {
-                            value: Some(Value::IntValue(4000 + pid as i64)),
+                            value: Some(Value::IntValue(10_000 + pid as i64)),
                         }),
                         ..Default::default()
                     },
+                    kv("service.version", "0.4.2"),
+                    kv(
+                        "telemetry.sdk.language",
+                        match service {
+                            "mcp-runner-python" => "python",
+                            "mcp-runner-node" => "nodejs",
+                            _ => "rust",
+                        },
+                    ),
                 ],
                 dropped_attributes_count: 0,
                 entity_refs: vec![],
             }),
             scope_spans: vec![ScopeSpans {
                 scope: Some(InstrumentationScope {
-                    name: "workbench".into(),
-                    version: "1.0.0".into(),
+                    name: "workbench.tracing".into(),
+                    version: "0.4.2".into(),
                     attributes: vec![],
                     dropped_attributes_count: 0,
                 }),
                 spans,
                 schema_url: String::new(),
             }],
-            schema_url: String::new(),
+            schema_url: "https://opentelemetry.io/schemas/1.37.0".into(),
         });
     }
     let body = ExportTraceServiceRequest { resource_spans }.encode_to_vec();
