@@ -8,7 +8,9 @@
 //! (`synchronous=FULL`), then `rename` each file into place; a crash in the middle is rolled
 //! forward on restart ([`Checkpoints::roll_forward`]). Rollback = delete the staging folder.
 //! Paths never leave the workspace root: `..`, absolute paths and symlinks pointing outside
-//! are refused with a clear error. The filesystem work is plain blocking code run on
+//! are refused with a clear error; the staging folder and every folder between it and the
+//! workspace root must not be symlinks (checked component by component, never followed, on
+//! create, commit, roll-forward and rollback). The filesystem work is plain blocking code run on
 //! tokio's blocking pool.
 
 use std::ffi::OsStr;
@@ -82,6 +84,92 @@ pub fn check_workspace(workspace: &Path) -> Result<PathBuf, ControlError> {
         ));
     }
     Ok(canon)
+}
+
+/// Checks that the staging folder lies under `workspace` and that neither it nor any
+/// folder between the workspace root and it is a symlink (each component is looked at with
+/// `symlink_metadata`, never followed), and that it resolves to itself. Answers whether the
+/// staging folder exists. Errors: 400 `path_escape` (a symlink or a path outside the
+/// workspace), 500 `io`. Blocking.
+pub fn verify_staging(staging: &Path, workspace: &Path) -> Result<bool, ControlError> {
+    let escape = |why: String| bad(400, "path_escape", why);
+    let rel = staging.strip_prefix(workspace).map_err(|_| {
+        escape(format!(
+            "staging folder {} is not under the workspace {}",
+            staging.display(),
+            workspace.display()
+        ))
+    })?;
+    if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(escape(format!(
+            "staging folder {} leaves the workspace",
+            staging.display()
+        )));
+    }
+    let mut cur = workspace.to_path_buf();
+    for c in rel.components() {
+        cur.push(c);
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(escape(format!(
+                    "{} is a symlink: checkpoint folders must not leave the workspace",
+                    cur.display()
+                )))
+            }
+            Ok(m) if !m.is_dir() => {
+                return Err(escape(format!("{} is not a folder", cur.display())))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(bad(500, "io", format!("{}: {e}", cur.display()))),
+        }
+    }
+    let canon = fs::canonicalize(staging)
+        .map_err(|e| bad(500, "io", format!("{}: {e}", staging.display())))?;
+    if canon != staging {
+        return Err(escape(format!(
+            "staging folder {} resolves to {} (a symlinked workspace folder)",
+            staging.display(),
+            canon.display()
+        )));
+    }
+    Ok(true)
+}
+
+/// Creates `{workspace}/.workbench/checkpoints/{id}` one folder at a time, refusing (and
+/// never creating through) a symlinked `.workbench` or `.workbench/checkpoints`. Errors: 400
+/// `path_escape`, 500 `io`. Blocking.
+pub fn create_staging(staging: &Path, workspace: &Path) -> Result<(), ControlError> {
+    let rel = staging.strip_prefix(workspace).map_err(|_| {
+        bad(
+            400,
+            "path_escape",
+            format!("{} is not under the workspace", staging.display()),
+        )
+    })?;
+    let mut cur = workspace.to_path_buf();
+    for c in rel.components() {
+        cur.push(c);
+        match fs::create_dir(&cur) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(bad(500, "io", format!("creating {}: {e}", cur.display()))),
+        }
+        // A symlink is refused before anything is created below it.
+        let m = fs::symlink_metadata(&cur)
+            .map_err(|e| bad(500, "io", format!("{}: {e}", cur.display())))?;
+        if m.file_type().is_symlink() || !m.is_dir() {
+            return Err(bad(
+                400,
+                "path_escape",
+                format!(
+                    "{} is a symlink or not a folder: checkpoint folders must stay inside the workspace",
+                    cur.display()
+                ),
+            ));
+        }
+    }
+    verify_staging(staging, workspace).map(|_| ())
 }
 
 /// Checks that `rel` is a plain relative path (only normal components, no `..`, not
@@ -325,6 +413,13 @@ fn fsync_path(p: &Path) -> Result<(), ControlError> {
 /// Validates and fsyncs every staged file and checks every destination. Answers the
 /// relative paths to rename, in order. Blocking.
 pub fn prepare_commit(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, ControlError> {
+    if !verify_staging(staging, workspace)? {
+        return Err(bad(
+            500,
+            "io",
+            format!("staging folder {} is missing", staging.display()),
+        ));
+    }
     let files = staged_files(staging, workspace)?;
     for rel in &files {
         let p = staging.join(rel);
@@ -392,6 +487,10 @@ pub fn apply_renames(
     rels: &[PathBuf],
 ) -> Result<usize, ControlError> {
     let mut moved = 0;
+    if !verify_staging(staging, workspace)? {
+        // Every file was renamed and the folder removed before a crash.
+        return Ok(0);
+    }
     for rel in rels {
         let src = staging.join(rel);
         if fs::symlink_metadata(&src).is_err() {
@@ -472,9 +571,9 @@ impl Checkpoints {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let staging = staging_dir(&ws, &id);
         let st = staging.clone();
+        let w2 = ws.clone();
         blocking(move || {
-            fs::create_dir_all(&st)
-                .map_err(|e| bad(500, "io", format!("creating {}: {e}", st.display())))?;
+            create_staging(&st, &w2)?;
             if let Some(p) = st.parent() {
                 fsync_path(p)?;
             }
@@ -609,8 +708,15 @@ impl Checkpoints {
                 ))
             }
         }
-        let staging = path_of(&row.staging);
-        blocking(move || remove_staging(&staging)).await?;
+        let (staging, ws) = (path_of(&row.staging), path_of(&row.workspace));
+        blocking(move || {
+            // Never delete through a symlink: a symlinked staging folder or parent is refused.
+            if verify_staging(&staging, &ws)? {
+                remove_staging(&staging)?;
+            }
+            Ok(())
+        })
+        .await?;
         let detail = serde_json::json!({"reason": reason});
         self.storage
             .finish_checkpoint(

@@ -204,6 +204,82 @@ async fn path_escapes_are_refused_with_a_clear_error() {
     assert!(!outside.path().join("evil.txt").exists());
 }
 
+#[tokio::test]
+async fn a_symlinked_staging_folder_is_never_followed() {
+    let h = harness(200).await;
+    let ws = workspace();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
+    // The staging folder replaced by a symlink to outside: commit and rollback refuse,
+    // nothing is moved or deleted through it.
+    let (id, staging) = create(&h, ws.path()).await;
+    std::fs::remove_dir(&staging).unwrap();
+    std::os::unix::fs::symlink(outside.path(), &staging).unwrap();
+    let cid = id.clone();
+    let err = call(&h, |reply| ControlRequest::CommitCheckpoint {
+        id: cid,
+        reply,
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "path_escape", "{err}");
+    assert!(err.message.contains("symlink"), "{err}");
+    assert!(outside.path().join("secret.txt").exists());
+    assert!(!ws.path().join("secret.txt").exists());
+    let cid = id.clone();
+    let err = call(&h, |reply| ControlRequest::RollbackCheckpoint {
+        id: cid,
+        reply,
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "path_escape", "{err}");
+    assert!(outside.path().join("secret.txt").exists());
+    // `.workbench/checkpoints` replaced by a symlink: the parent check refuses too.
+    let (id2, staging2) = create(&h, ws.path()).await;
+    let cps = staging2.parent().unwrap().to_path_buf();
+    let moved = outside.path().join("cps");
+    std::fs::rename(&cps, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &cps).unwrap();
+    std::fs::write(moved.join(&id2).join("other.txt"), "o").unwrap();
+    let cid = id2.clone();
+    let err = call(&h, |reply| ControlRequest::CommitCheckpoint {
+        id: cid,
+        reply,
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "path_escape", "{err}");
+    assert!(moved.join(&id2).join("other.txt").exists());
+    assert!(!ws.path().join("other.txt").exists());
+}
+
+#[tokio::test]
+async fn a_symlinked_workbench_is_refused_on_create() {
+    let h = harness(200).await;
+    for link in [".workbench", ".workbench/checkpoints"] {
+        let ws = workspace();
+        let outside = tempfile::tempdir().unwrap();
+        if link != ".workbench" {
+            std::fs::create_dir_all(ws.path().join(".workbench")).unwrap();
+        }
+        std::os::unix::fs::symlink(outside.path(), ws.path().join(link)).unwrap();
+        let err = call(&h, |reply| ControlRequest::CreateCheckpoint {
+            runner_id: "r".into(),
+            workspace: ws.path().to_path_buf(),
+            reply,
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, "path_escape", "{link}: {err}");
+        assert_eq!(
+            std::fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "{link}: nothing created outside the workspace"
+        );
+    }
+}
+
 /// Child side of the failpoint test: commits `STALLWATCH_TEST_COMMIT=<db>|<id>` with
 /// `STALLWATCH_FAILPOINTS` set by the parent (the process aborts mid-commit).
 #[tokio::test]
