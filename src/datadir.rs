@@ -32,7 +32,7 @@ pub struct DataDir {
     pub path: PathBuf,
     /// The control-API bearer token (64 hex characters).
     pub token: String,
-    _lock: File,
+    _lock: (File, File),
 }
 
 impl DataDir {
@@ -49,7 +49,7 @@ impl DataDir {
         let path = path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", path.display()))?;
-        let lock = take_lock(&path.join("lock"))?;
+        let lock = take_lock(&path, &path.join("lock"))?;
         let token = load_or_create_token(&path.join("token"))?;
         fs::create_dir_all(path.join("run"))
             .with_context(|| format!("cannot create {}", path.join("run").display()))?;
@@ -67,7 +67,12 @@ impl DataDir {
     }
 }
 
-fn take_lock(path: &Path) -> Result<File> {
+/// Takes the instance lock: an `flock` on the data folder itself (which survives someone
+/// deleting the `lock` file) and on `lock`, which also records our pid for the message a
+/// second instance prints.
+fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
+    let dir_handle =
+        File::open(dir).with_context(|| format!("cannot open data folder {}", dir.display()))?;
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -76,7 +81,9 @@ fn take_lock(path: &Path) -> Result<File> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("cannot open lock file {}", path.display()))?;
-    if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+    if flock(&dir_handle, FlockOperation::NonBlockingLockExclusive).is_err()
+        || flock(&f, FlockOperation::NonBlockingLockExclusive).is_err()
+    {
         let mut holder = String::new();
         let _ = f.read_to_string(&mut holder);
         let holder = holder.trim();
@@ -94,7 +101,7 @@ fn take_lock(path: &Path) -> Result<File> {
     f.seek(SeekFrom::Start(0))?;
     writeln!(f, "{}", std::process::id())?;
     f.sync_all()?;
-    Ok(f)
+    Ok((dir_handle, f))
 }
 
 fn load_or_create_token(path: &Path) -> Result<String> {
@@ -113,7 +120,14 @@ fn load_or_create_token(path: &Path) -> Result<String> {
             Ok(token)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let meta = fs::metadata(path)?;
+            // Never follow a symlink: it could make us chmod or read someone else's file.
+            let meta = fs::symlink_metadata(path)?;
+            if !meta.file_type().is_file() {
+                bail!(
+                    "token {} is not a regular file (a symlink?); delete it to make a new one",
+                    path.display()
+                );
+            }
             if meta.permissions().mode() & 0o077 != 0 {
                 tracing::warn!(path = %path.display(), "token file was readable by others; setting mode 0600");
                 fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
@@ -165,6 +179,30 @@ mod tests {
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_symlinked_token_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other.txt");
+        fs::write(&other, "x").unwrap();
+        fs::set_permissions(&other, fs::Permissions::from_mode(0o644)).unwrap();
+        let data = dir.path().join("data");
+        fs::create_dir_all(&data).unwrap();
+        std::os::unix::fs::symlink(&other, data.join("token")).unwrap();
+        let err = DataDir::open(&data).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        let mode = fs::metadata(&other).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644, "the symlink's target was chmodded");
+    }
+
+    #[test]
+    fn deleting_the_lock_file_does_not_let_a_second_instance_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let _a = DataDir::open(dir.path()).unwrap();
+        fs::remove_file(dir.path().join("lock")).unwrap();
+        let err = DataDir::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("in use"), "{err}");
     }
 
     #[test]

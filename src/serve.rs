@@ -269,6 +269,15 @@ async fn serve(
     let http_addr = collector.http_addr();
     let collector_task = tokio::spawn(collector.run(collector_token.clone()));
 
+    for (what, addr) in [
+        ("OTLP/gRPC", grpc_addr),
+        ("OTLP/HTTP", http_addr),
+        ("dashboard", dashboard_addr),
+    ] {
+        if !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "{what} listens beyond loopback: other machines can reach it (the read API has no token; set [otlp] ingest_token)");
+        }
+    }
     // Keys in DESIGN's order (serde_json's map would sort them).
     let ready = format!(
         "{{\"event\":\"ready\",\"otlp_grpc\":{},\"otlp_http\":{},\"dashboard\":{},\"data_dir\":{}}}",

@@ -280,6 +280,17 @@ impl WatchdogConfig {
                 });
             }
         }
+        // "Lost" means no PONG for the timeout since the last one; with pings further apart
+        // than the timeout, a healthy runner would be declared lost between two pings.
+        if self.heartbeat_timeout <= self.heartbeat_interval {
+            return Err(WatchdogError::Config {
+                key: "watchdog.heartbeat_timeout_ms".into(),
+                message: format!(
+                    "must be greater than heartbeat_interval_ms ({} ms), or a healthy runner is lost between pings",
+                    self.heartbeat_interval.as_millis()
+                ),
+            });
+        }
         for (i, r) in self.sla.rules.iter().enumerate() {
             if r.sla.is_zero() {
                 return Err(WatchdogError::Config {
@@ -396,6 +407,11 @@ mod tests {
         assert!(e.contains("watchdog.sla_rule[0].sla_ms"), "{e}");
         let e = parse("heartbeat_timeout_ms = 0").unwrap_err();
         assert!(e.contains("watchdog.heartbeat_timeout_ms"), "{e}");
+        let e = parse("heartbeat_interval_ms = 5000\nheartbeat_timeout_ms = 300").unwrap_err();
+        assert!(
+            e.contains("watchdog.heartbeat_timeout_ms") && e.contains("5000"),
+            "{e}"
+        );
         let e = parse("min_sla_ms = 5000\nmax_sla_ms = 10").unwrap_err();
         assert!(e.contains("watchdog.min_sla_ms"), "{e}");
         let e = parse("class_tools = [\"{a\"]").unwrap_err();
