@@ -286,20 +286,28 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
 impl Template {
     /// The body with ids derived from `n` (unique per request across the run).
     fn render(&self, n: u64) -> Vec<u8> {
+        // Random-looking ids (as real SDKs and otlp-blast send): sequential ids would land
+        // at the end of the trace-id index and make the server look faster than it is.
+        let mix = |mut z: u64| {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
         let mut b = self.body.clone();
         for (i, slots) in self.trace_slots.iter().enumerate() {
+            let k = (n << 20) ^ i as u64;
             let mut id = [0u8; 16];
-            id[..8].copy_from_slice(&n.to_be_bytes());
-            id[8..12].copy_from_slice(&(i as u32).to_be_bytes());
-            id[12..].copy_from_slice(&0x5357_4254u32.to_be_bytes());
+            id[..8].copy_from_slice(&mix(k).to_le_bytes());
+            id[8..].copy_from_slice(&mix(!k).to_le_bytes());
             for &o in slots {
                 b[o..o + 16].copy_from_slice(&id);
             }
         }
         for (i, slots) in self.span_slots.iter().enumerate() {
-            let v = (n << 16) ^ (i as u64 + 1);
+            let v = mix((n << 20) ^ (1 << 19) ^ i as u64) | 1;
             for &o in slots {
-                b[o..o + 8].copy_from_slice(&v.to_be_bytes());
+                b[o..o + 8].copy_from_slice(&v.to_le_bytes());
             }
         }
         b
