@@ -15,5 +15,6 @@ mod demo;
 mod exporters;
 mod forward;
 mod lifecycle;
+mod reaper_fixes;
 mod shapes;
 mod spine;

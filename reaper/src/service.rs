@@ -74,6 +74,10 @@ struct Entry {
     id: String,
     spec: RunnerSpec,
     spawned: bool,
+    /// Started by stallwatch, in this run or (re-adopted after a crash) an earlier one:
+    /// stopped at shutdown. An adopted one is no longer our child, so it is signalled only
+    /// through its pidfd after the identity checks, never by process group.
+    stop_at_shutdown: bool,
     pid: u32,
     start_time_ticks: Option<u64>,
     instance_id: String,
@@ -225,11 +229,16 @@ impl ReaperHandle {
         }
     }
 
-    /// Stops every spawned runner with the termination sequence (shutdown; attached runners
-    /// are left alone). Answers the reports. No restarts happen afterwards.
+    /// Stops every spawned runner with the termination sequence (shutdown), including
+    /// spawned runners of an earlier run re-adopted by the orphan sweep; attached runners
+    /// are left alone. Answers the reports. No restarts happen afterwards.
     pub async fn stop_spawned_runners(&self) -> Vec<TerminationReport> {
         self.inner.stopping_all.store(true, Ordering::SeqCst);
-        let entries: Vec<Arc<Entry>> = self.entries().into_iter().filter(|e| e.spawned).collect();
+        let entries: Vec<Arc<Entry>> = self
+            .entries()
+            .into_iter()
+            .filter(|e| e.stop_at_shutdown)
+            .collect();
         let mut out = Vec::new();
         for e in entries {
             if let Some(r) = self.stop(&e, "shutdown", None).await {
@@ -417,6 +426,7 @@ impl ReaperHandle {
             id: id.clone(),
             spec: spec.clone(),
             spawned: true,
+            stop_at_shutdown: true,
             pid: proc.pid,
             start_time_ticks: Some(proc.start_time_ticks),
             instance_id: instance_id.clone(),
@@ -565,6 +575,7 @@ impl ReaperHandle {
             id: id.clone(),
             spec: spec.clone(),
             spawned: false,
+            stop_at_shutdown: adopt.as_ref().is_some_and(|(r, _)| r.spawned),
             pid: att.pid,
             start_time_ticks: att.start_time_ticks,
             instance_id: instance_id.clone(),
