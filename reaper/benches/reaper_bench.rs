@@ -139,6 +139,15 @@ async fn main() {
         summary(label, ms);
     }
 
+    // Checkpoints are opened for a registered runner (stopped at shutdown).
+    let (reply, rx) = oneshot::channel();
+    handle
+        .handle(ControlRequest::RegisterRunner {
+            spec: spec("bench", "sleep 600"),
+            reply,
+        })
+        .await;
+    rx.await.unwrap().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let (mut rb, mut cm) = (Vec::new(), Vec::new());
     for _ in 0..3 {

@@ -50,7 +50,8 @@ pub fn staging_dir(workspace: &Path, id: &str) -> PathBuf {
     workspace.join(STAGING_ROOT).join(id)
 }
 
-/// Checks a workspace root: absolute, an existing folder. Answers its canonical path.
+/// Checks a workspace root: absolute, an existing folder, not `/`. Answers its canonical
+/// path. Errors: 400 `bad_workspace`, 400 `path_escape` (`..`).
 pub fn check_workspace(workspace: &Path) -> Result<PathBuf, ControlError> {
     if !workspace.is_absolute() {
         return Err(bad(
@@ -81,6 +82,16 @@ pub fn check_workspace(workspace: &Path) -> Result<PathBuf, ControlError> {
             400,
             "bad_workspace",
             format!("workspace {} is not a folder", workspace.display()),
+        ));
+    }
+    if canon.parent().is_none() {
+        return Err(bad(
+            400,
+            "bad_workspace",
+            format!(
+                "workspace {} is the filesystem root; give the project folder",
+                workspace.display()
+            ),
         ));
     }
     Ok(canon)
@@ -544,6 +555,8 @@ pub struct Checkpoints {
     storage: Storage,
     events: EventBus,
     stats: Arc<ReaperStats>,
+    /// stallwatch's data folder (canonical): no workspace may lie inside it.
+    data_dir: Option<PathBuf>,
 }
 
 fn path_of(bytes: &[u8]) -> PathBuf {
@@ -557,17 +570,39 @@ impl Checkpoints {
             storage,
             events,
             stats,
+            data_dir: None,
         }
     }
 
+    /// Refuses workspaces inside stallwatch's data folder `dir` (its database, sockets and
+    /// token live there). A folder that cannot be resolved is kept as given.
+    pub fn with_data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+        self
+    }
+
     /// Creates the staging folder of a new transaction for `runner_id` under `workspace`.
-    /// Answers `{"id","path"}`. Errors: 400 `bad_workspace`/`path_escape`, 500 `io`.
+    /// Answers `{"id","path"}`. Errors: 400 `bad_workspace` (also inside the data folder)
+    /// or `path_escape`, 500 `io`.
     pub async fn create(
         &self,
         runner_id: &str,
         workspace: &Path,
     ) -> Result<serde_json::Value, ControlError> {
         let ws = check_workspace(workspace)?;
+        if let Some(data) = &self.data_dir {
+            if ws.starts_with(data) {
+                return Err(bad(
+                    400,
+                    "bad_workspace",
+                    format!(
+                        "workspace {} is inside stallwatch's data folder {}",
+                        workspace.display(),
+                        data.display()
+                    ),
+                ));
+            }
+        }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let staging = staging_dir(&ws, &id);
         let st = staging.clone();

@@ -160,6 +160,19 @@ pub struct ProcStat {
     pub pgid: u32,
     /// Start time, clock ticks since boot (field 22).
     pub start_time_ticks: u64,
+    /// Kernel `PF_*` flags (field 9); see [`PF_KTHREAD`].
+    pub flags: u32,
+}
+
+/// `PF_KTHREAD` (linux/sched.h): set in `/proc/PID/stat` field 9 on kernel threads.
+pub const PF_KTHREAD: u32 = 0x0020_0000;
+
+impl ProcStat {
+    /// True for a kernel thread (the `PF_KTHREAD` flag). A ppid of 2 alone is not used:
+    /// inside a pid namespace pid 2 is an ordinary process.
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
 }
 
 /// Parses the text of `/proc/PID/stat` (the command name may contain spaces and parens).
@@ -174,6 +187,7 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
         ppid: f.get(1)?.parse().ok()?,
         pgid: f.get(2)?.parse().ok()?,
         start_time_ticks: f.get(19)?.parse().ok()?,
+        flags: f.get(6)?.parse().ok()?,
     })
 }
 
@@ -350,6 +364,9 @@ mod tests {
         let st = parse_stat(s).unwrap();
         assert_eq!((st.pid, st.state, st.ppid, st.pgid), (1234, 'S', 1, 1234));
         assert_eq!(st.start_time_ticks, 98765);
+        assert!(!st.is_kernel_thread());
+        let k = "77 (kworker/0:1) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0";
+        assert!(parse_stat(k).unwrap().is_kernel_thread());
     }
 
     #[test]

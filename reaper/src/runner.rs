@@ -25,21 +25,63 @@ use crate::platform;
 /// Longest usable UNIX socket path on Linux, bytes (`sun_path` is 108 with the NUL).
 pub const MAX_SOCKET_PATH_BYTES: usize = 107;
 
-/// Checks a runner spec: id shape, exactly one of `spawn`/`attach`, non-empty argv.
-/// Errors: 400 `bad_runner` naming what is wrong.
+/// Checks a runner spec: id shape, exactly one of `spawn`/`attach`, non-empty argv, env
+/// keys non-empty without `=` or NUL, an existing `cwd` folder, and a `heartbeat_socket`
+/// that is an absolute path naming a socket or nothing yet.
+/// Errors: 400 `invalid_runner` naming what is wrong (the API's code for a bad runner).
 pub fn validate_spec(spec: &RunnerSpec) -> Result<(), ControlError> {
-    let bad = |m: String| ControlError::new(400, "bad_runner", m);
+    let bad = |m: String| ControlError::new(400, "invalid_runner", m);
     if !valid_runner_id(&spec.id) {
         return Err(bad(format!(
             "runner id {:?} must match ^[a-z0-9][a-z0-9._-]{{0,62}}$",
             spec.id
         )));
     }
+    if let Some(sock) = &spec.heartbeat_socket {
+        if sock.as_os_str().is_empty() || !sock.is_absolute() {
+            return Err(bad(format!(
+                "runner {}: heartbeat_socket {:?} must be an absolute path",
+                spec.id,
+                sock.display().to_string()
+            )));
+        }
+        if let Ok(m) = std::fs::symlink_metadata(sock) {
+            if !m.file_type().is_socket() {
+                return Err(bad(format!(
+                    "runner {}: heartbeat_socket {} exists and is not a socket",
+                    spec.id,
+                    sock.display()
+                )));
+            }
+        }
+    }
     match (&spec.spawn, &spec.attach) {
         (Some(s), None) if s.argv.is_empty() || s.argv[0].is_empty() => {
             Err(bad(format!("runner {}: spawn.argv is empty", spec.id)))
         }
-        (Some(_), None) | (None, Some(_)) => Ok(()),
+        (Some(s), None) => {
+            if let Some(k) = s
+                .env
+                .keys()
+                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+            {
+                return Err(bad(format!(
+                    "runner {}: env key {k:?} must be non-empty, without '=' or NUL",
+                    spec.id
+                )));
+            }
+            if let Some(cwd) = &s.cwd {
+                if !cwd.is_dir() {
+                    return Err(bad(format!(
+                        "runner {}: cwd {} is missing or not a folder",
+                        spec.id,
+                        cwd.display()
+                    )));
+                }
+            }
+            Ok(())
+        }
+        (None, Some(_)) => Ok(()),
         _ => Err(bad(format!(
             "runner {}: exactly one of spawn or attach is required",
             spec.id

@@ -135,7 +135,8 @@ impl Reaper {
         let boot_id = platform::boot_id()?;
         let stats = Arc::new(ReaperStats::default());
         let inner = Arc::new(Inner {
-            checkpoints: Checkpoints::new(storage.clone(), events.clone(), stats.clone()),
+            checkpoints: Checkpoints::new(storage.clone(), events.clone(), stats.clone())
+                .with_data_dir(&config.data_dir),
             config: config.clone(),
             storage,
             events,
@@ -217,7 +218,16 @@ impl ReaperHandle {
                 workspace,
                 reply,
             } => {
-                let _ = reply.send(self.inner.checkpoints.create(&runner_id, &workspace).await);
+                let r = if self.entry(&runner_id).is_none() {
+                    Err(ControlError::new(
+                        404,
+                        "runner_not_found",
+                        format!("no runner {runner_id} is registered"),
+                    ))
+                } else {
+                    self.inner.checkpoints.create(&runner_id, &workspace).await
+                };
+                let _ = reply.send(r);
             }
             ControlRequest::CommitCheckpoint { id, reply } => {
                 let _ = reply.send(self.inner.checkpoints.commit(&id).await);
@@ -365,7 +375,7 @@ impl ReaperHandle {
 
     async fn spawn_runner(&self, spec: RunnerSpec, restarted: bool) -> ControlReply {
         let Some(spawn) = spec.spawn.clone() else {
-            return Err(ControlError::new(400, "bad_runner", "no spawn section"));
+            return Err(ControlError::new(400, "invalid_runner", "no spawn section"));
         };
         let id = spec.id.clone();
         let cfg = &self.inner.config;
@@ -408,10 +418,16 @@ impl ReaperHandle {
                 .lock()
                 .map_err(|_| internal("owned pid set poisoned"))?;
             let p = runner::spawn_process(&spawn, &env).map_err(|e| {
+                let what = match &spawn.cwd {
+                    Some(cwd) if !cwd.is_dir() => {
+                        format!("cwd {} is missing or not a folder", cwd.display())
+                    }
+                    _ => spawn.argv[0].clone(),
+                };
                 ControlError::new(
                     400,
                     "spawn_failed",
-                    format!("cannot start runner {id} ({}): {e}", spawn.argv[0]),
+                    format!("cannot start runner {id} ({what}): {e}"),
                 )
             })?;
             owned.insert(p.pid);
@@ -529,15 +545,27 @@ impl ReaperHandle {
         adopt: Option<(RunnerRow, Option<Resume>)>,
     ) -> ControlReply {
         let Some(att) = spec.attach.clone() else {
-            return Err(ControlError::new(400, "bad_runner", "no attach section"));
+            return Err(ControlError::new(
+                400,
+                "invalid_runner",
+                "no attach section",
+            ));
         };
         let id = spec.id.clone();
         let me = std::process::id();
-        if att.pid <= 1 || att.pid == me {
+        let kernel_thread = platform::proc_stat(att.pid).is_ok_and(|s| s.is_kernel_thread());
+        if att.pid <= 2 || att.pid == me || kernel_thread {
+            let why = if att.pid == me {
+                "it is stallwatch itself"
+            } else if kernel_thread || att.pid == 2 {
+                "it is a kernel thread"
+            } else {
+                "it is init"
+            };
             return Err(ControlError::new(
                 400,
-                "bad_runner",
-                format!("pid {} cannot be a runner", att.pid),
+                "invalid_runner",
+                format!("pid {} cannot be a runner: {why}", att.pid),
             ));
         }
         let pidfd = match att.start_time_ticks {

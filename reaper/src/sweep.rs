@@ -358,6 +358,7 @@ mod tests {
             ppid: 1,
             pgid: 10,
             start_time_ticks: start,
+            flags: 0,
         }
     }
 

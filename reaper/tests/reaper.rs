@@ -12,3 +12,5 @@ mod runners;
 mod scenarios;
 #[path = "it/sweep.rs"]
 mod sweep;
+#[path = "it/validation.rs"]
+mod validation;

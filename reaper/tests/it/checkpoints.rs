@@ -60,6 +60,40 @@ async fn create(h: &Harness, ws: &Path) -> (String, PathBuf) {
     )
 }
 
+/// A process attached as runner "r" (watched, never signalled), killed on drop:
+/// checkpoints are opened for registered runners only.
+struct RunnerR(std::process::Child);
+
+impl Drop for RunnerR {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn cp_harness() -> (Harness, RunnerR) {
+    let h = harness(200).await;
+    let child = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let r = RunnerR(child);
+    h.register(attach_spec("r", r.0.id())).await.unwrap();
+    (h, r)
+}
+
+fn attach_spec(id: &str, pid: u32) -> stallwatch_storage::control::RunnerSpec {
+    stallwatch_storage::control::RunnerSpec {
+        id: id.into(),
+        heartbeat_socket: None,
+        spawn: None,
+        attach: Some(stallwatch_storage::control::AttachSpec {
+            pid,
+            start_time_ticks: None,
+        }),
+    }
+}
+
 fn workspace() -> tempfile::TempDir {
     let ws = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(ws.path().join("data")).unwrap();
@@ -70,7 +104,7 @@ fn workspace() -> tempfile::TempDir {
 
 #[tokio::test]
 async fn rollback_leaves_the_workspace_byte_for_byte_identical() {
-    let h = harness(200).await;
+    let (h, _r) = cp_harness().await;
     let ws = workspace();
     let before = hash_tree(ws.path());
     let (id, staging) = create(&h, ws.path()).await;
@@ -97,7 +131,7 @@ async fn rollback_leaves_the_workspace_byte_for_byte_identical() {
 
 #[tokio::test]
 async fn commit_validates_then_moves_every_file() {
-    let h = harness(200).await;
+    let (h, _r) = cp_harness().await;
     let ws = workspace();
     // Invalid content: nothing moves.
     let cases: Vec<(&str, Vec<u8>)> = vec![
@@ -157,7 +191,7 @@ async fn commit_validates_then_moves_every_file() {
 
 #[tokio::test]
 async fn path_escapes_are_refused_with_a_clear_error() {
-    let h = harness(200).await;
+    let (h, _r) = cp_harness().await;
     let ws = workspace();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
@@ -206,7 +240,7 @@ async fn path_escapes_are_refused_with_a_clear_error() {
 
 #[tokio::test]
 async fn a_symlinked_staging_folder_is_never_followed() {
-    let h = harness(200).await;
+    let (h, _r) = cp_harness().await;
     let ws = workspace();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
@@ -256,7 +290,7 @@ async fn a_symlinked_staging_folder_is_never_followed() {
 
 #[tokio::test]
 async fn a_symlinked_workbench_is_refused_on_create() {
-    let h = harness(200).await;
+    let (h, _r) = cp_harness().await;
     for link in [".workbench", ".workbench/checkpoints"] {
         let ws = workspace();
         let outside = tempfile::tempdir().unwrap();

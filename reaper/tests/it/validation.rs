@@ -1,0 +1,153 @@
+//! Input validation of runner and checkpoint requests: each bad input is a 400 (or 404)
+//! with a clear code and message, refused before anything is started or created.
+
+use std::path::{Path, PathBuf};
+
+use stallwatch_storage::control::{AttachSpec, ControlError, ControlRequest, RunnerSpec};
+use tokio::sync::oneshot;
+
+use crate::common::*;
+
+async fn create_checkpoint(
+    h: &Harness,
+    runner: &str,
+    ws: &Path,
+) -> Result<serde_json::Value, ControlError> {
+    let (reply, rx) = oneshot::channel();
+    h.handle
+        .handle(ControlRequest::CreateCheckpoint {
+            runner_id: runner.into(),
+            workspace: ws.to_path_buf(),
+            reply,
+        })
+        .await;
+    rx.await.unwrap()
+}
+
+fn attach(id: &str, pid: u32) -> RunnerSpec {
+    RunnerSpec {
+        id: id.into(),
+        heartbeat_socket: None,
+        spawn: None,
+        attach: Some(AttachSpec {
+            pid,
+            start_time_ticks: None,
+        }),
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_need_a_registered_runner_and_a_real_project_folder() {
+    let h = harness(200).await;
+    let ws = tempfile::tempdir().unwrap();
+    let err = create_checkpoint(&h, "ghost", ws.path()).await.unwrap_err();
+    assert_eq!(
+        (err.status, err.code.as_str()),
+        (404, "runner_not_found"),
+        "{err}"
+    );
+
+    h.register(spawn_spec("cp", &["sleep", "600"]))
+        .await
+        .unwrap();
+    let inside = h.dir.path().join("inside");
+    std::fs::create_dir_all(&inside).unwrap();
+    let file = ws.path().join("f.txt");
+    std::fs::write(&file, "x").unwrap();
+    let cases: [(PathBuf, &str); 5] = [
+        ("/".into(), "filesystem root"),
+        (inside, "data folder"),
+        (h.dir.path().to_path_buf(), "data folder"),
+        (ws.path().join("missing"), "missing"),
+        (file, "not a folder"),
+    ];
+    for (p, why) in cases {
+        let err = create_checkpoint(&h, "cp", &p).await.unwrap_err();
+        assert_eq!(
+            (err.status, err.code.as_str()),
+            (400, "bad_workspace"),
+            "{}: {err}",
+            p.display()
+        );
+        if why != "missing" {
+            assert!(err.message.contains(why), "{}: {err}", p.display());
+        }
+    }
+    assert!(!h.dir.path().join(".workbench").exists());
+    // A plain project folder is accepted.
+    create_checkpoint(&h, "cp", ws.path()).await.unwrap();
+    h.delete("cp").await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_runner_specs_are_refused_with_invalid_runner() {
+    let h = harness(200).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("plain");
+    std::fs::write(&file, "x").unwrap();
+    // heartbeat_socket: absolute, and a socket or nothing yet.
+    for (sock, why) in [
+        (PathBuf::new(), "absolute"),
+        (PathBuf::from("rel.sock"), "absolute"),
+        (tmp.path().to_path_buf(), "not a socket"),
+        (file.clone(), "not a socket"),
+    ] {
+        let mut spec = spawn_spec("hb", &["sleep", "600"]);
+        spec.heartbeat_socket = Some(sock.clone());
+        let err = h.register(spec).await.unwrap_err();
+        assert_eq!(
+            (err.status, err.code.as_str()),
+            (400, "invalid_runner"),
+            "{sock:?}: {err}"
+        );
+        assert!(err.message.contains(why), "{sock:?}: {err}");
+    }
+    // env keys: non-empty, no '=', no NUL.
+    for key in ["", "A=B", "A\0B"] {
+        let mut spec = spawn_spec("envy", &["sleep", "600"]);
+        spec.spawn
+            .as_mut()
+            .unwrap()
+            .env
+            .insert(key.into(), "v".into());
+        let err = h.register(spec).await.unwrap_err();
+        assert_eq!(
+            (err.status, err.code.as_str()),
+            (400, "invalid_runner"),
+            "{key:?}: {err}"
+        );
+        assert!(err.message.contains("env key"), "{key:?}: {err}");
+    }
+    // A missing cwd is named as such, not blamed on the program.
+    let mut spec = spawn_spec("nocwd", &["sleep", "600"]);
+    spec.spawn.as_mut().unwrap().cwd = Some(tmp.path().join("gone"));
+    let err = h.register(spec).await.unwrap_err();
+    assert_eq!(err.code, "invalid_runner", "{err}");
+    assert!(
+        err.message.contains("cwd") && !err.message.contains("sleep"),
+        "{err}"
+    );
+    // init, pid 2 (kthreadd) and stallwatch itself are never runners, with one code.
+    for pid in [1, 2, std::process::id()] {
+        let err = h.register(attach("att", pid)).await.unwrap_err();
+        assert_eq!(
+            (err.status, err.code.as_str()),
+            (400, "invalid_runner"),
+            "pid {pid}: {err}"
+        );
+    }
+    // Any kernel thread visible here (PF_KTHREAD) is refused too.
+    let kthreads = stallwatch_reaper::platform::all_processes()
+        .into_iter()
+        .filter(|p| p.is_kernel_thread() && p.pid > 2)
+        .take(3);
+    for k in kthreads {
+        let err = h.register(attach("kt", k.pid)).await.unwrap_err();
+        assert_eq!(err.code, "invalid_runner", "kernel thread {}: {err}", k.pid);
+    }
+    // An absolute socket path that does not exist yet is fine.
+    let mut spec = spawn_spec("hb", &["sleep", "600"]);
+    spec.heartbeat_socket = Some(tmp.path().join("hb.sock"));
+    h.register(spec).await.unwrap();
+    h.delete("hb").await.unwrap();
+}
