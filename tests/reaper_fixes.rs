@@ -36,3 +36,48 @@ fn a_spawned_runner_readopted_after_a_crash_is_stopped_at_shutdown() {
         !process_alive(pid)
     );
 }
+
+/// Replacing a checkpoint's staging folder by a symlink to a folder outside the workspace
+/// must not move that folder's files into the workspace (it used to answer 200 {"files":1}
+/// and move them); a checkpoint for an unregistered runner is a 404.
+#[test]
+fn a_symlinked_staging_folder_is_refused_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let ws = dir.path().join("ws");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "s").unwrap();
+
+    let (st, v) = crate::chain::post_json(
+        &server,
+        "/api/v1/checkpoints",
+        &serde_json::json!({"runner_id": "nobody", "workspace": ws}),
+    );
+    assert_eq!((st, v["error"]["code"].as_str()), (404, Some("runner_not_found")), "{v}");
+
+    spawn_runner(&server, "holder", &["sleep", "600"], None, &[]);
+    let (st, cp) = crate::chain::post_json(
+        &server,
+        "/api/v1/checkpoints",
+        &serde_json::json!({"runner_id": "holder", "workspace": ws}),
+    );
+    assert!(st == 200 || st == 201, "{st} {cp}");
+    let staging = std::path::PathBuf::from(cp["path"].as_str().unwrap());
+    std::fs::remove_dir(&staging).unwrap();
+    std::os::unix::fs::symlink(&outside, &staging).unwrap();
+    let id = cp["id"].as_str().unwrap();
+    for action in ["commit", "rollback"] {
+        let (st, v) = crate::chain::post_json(
+            &server,
+            &format!("/api/v1/checkpoints/{id}/{action}"),
+            &serde_json::json!({}),
+        );
+        assert_eq!(st, 400, "{action}: {v}");
+        assert_eq!(v["error"]["code"], "path_escape", "{action}: {v}");
+        assert!(outside.join("secret.txt").exists(), "{action}");
+        assert!(!ws.join("secret.txt").exists(), "{action}");
+    }
+    server.stop();
+}
