@@ -20,10 +20,14 @@ fn a_spawned_runner_readopted_after_a_crash_is_stopped_at_shutdown() {
     assert!(process_alive(pid), "a crash does not stop the runner");
 
     let server = Server::start(&data);
-    wait_until!(Duration::from_secs(30), "the sweep re-adopts the sleeper", {
-        let (st, v) = server.get_json("/api/v1/runners/sleeper");
-        st == 200 && v["pid"].as_u64() == Some(pid) && v["spawned"] == false
-    });
+    wait_until!(
+        Duration::from_secs(30),
+        "the sweep re-adopts the sleeper",
+        {
+            let (st, v) = server.get_json("/api/v1/runners/sleeper");
+            st == 200 && v["pid"].as_u64() == Some(pid) && v["spawned"] == false
+        }
+    );
     assert!(process_alive(pid));
     let stderr_path = server.stderr_path.clone();
     server.stop();
@@ -55,7 +59,11 @@ fn a_symlinked_staging_folder_is_refused_over_http() {
         "/api/v1/checkpoints",
         &serde_json::json!({"runner_id": "nobody", "workspace": ws}),
     );
-    assert_eq!((st, v["error"]["code"].as_str()), (404, Some("runner_not_found")), "{v}");
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (404, Some("runner_not_found")),
+        "{v}"
+    );
 
     spawn_runner(&server, "holder", &["sleep", "600"], None, &[]);
     let (st, cp) = crate::chain::post_json(
