@@ -161,6 +161,11 @@ async fn serve(
     let collector = Collector::bind(collector_config, storage.clone(), obs_tx)
         .await
         .context("cannot bind the OTLP listeners")?;
+    if let Some(token) = &file.otlp.ingest_token {
+        // Spawned runners must be able to export when an ingest token is required
+        // (OTEL_EXPORTER_OTLP_HEADERS values are percent-encoded: the space is %20).
+        reaper_config.otlp_headers = Some(format!("authorization=Bearer%20{token}"));
+    }
     if !endpoint_configured {
         // Spawned runners export to the HTTP listener actually bound (port 0 resolved).
         reaper_config.otlp_endpoint =

@@ -237,3 +237,30 @@ fn self_traces_show_stallwatch_in_its_own_dashboard() {
     let (_, page) = plain.get_json("/api/v1/traces?service=stallwatch");
     assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
 }
+
+#[test]
+fn spawned_runners_get_the_ingest_token_so_their_spans_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(
+        &crate::chain::chain_config("[otlp]\ningest_token = \"runner-token-1\"\n"),
+    ));
+    let reg = crate::chain::python_runner(&server, "py-tok", "healthy", None, &[]);
+    let pid = reg["pid"].as_u64().unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|kv| kv == b"OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20runner-token-1"),
+        "spawned runner lacks the ingest token header"
+    );
+    // Its tool spans pass the token check and are stored.
+    wait_until!(
+        Duration::from_secs(30),
+        "the runner's spans stored despite the ingest token",
+        {
+            server.get_json("/api/v1/traces?tool_name=run_notebook").1["items"]
+                .as_array()
+                .is_some_and(|i| !i.is_empty())
+        }
+    );
+}

@@ -54,6 +54,10 @@ pub struct ReaperConfig {
     /// Given to spawned runners as `OTEL_EXPORTER_OTLP_ENDPOINT` (default
     /// [`DEFAULT_OTLP_ENDPOINT`]).
     pub otlp_endpoint: String,
+    /// Given to spawned runners as `OTEL_EXPORTER_OTLP_HEADERS` when set (`src/` sets it
+    /// to `authorization=Bearer%20<token>` when `[otlp] ingest_token` is configured, so the
+    /// runners' exporters are accepted). Default `None`.
+    pub otlp_headers: Option<String>,
     /// Restart policy of spawned runners.
     pub restart: RestartPolicy,
     /// Runners from the config file's `[[runner]]` tables, started at [`crate::Reaper::start`].
@@ -73,6 +77,7 @@ impl ReaperConfig {
             grace: DEFAULT_GRACE,
             data_dir: data_dir.into(),
             otlp_endpoint: DEFAULT_OTLP_ENDPOINT.into(),
+            otlp_headers: None,
             restart: RestartPolicy::default(),
             runners: Vec::new(),
             sweep_batch: DEFAULT_SWEEP_BATCH,

@@ -172,6 +172,9 @@ pub fn runner_env(
     }
     set("OTEL_EXPORTER_OTLP_ENDPOINT", config.otlp_endpoint.clone());
     set("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".into());
+    if let Some(h) = &config.otlp_headers {
+        set("OTEL_EXPORTER_OTLP_HEADERS", h.clone());
+    }
     set("OTEL_SERVICE_NAME", id.into());
     set(
         "OTEL_RESOURCE_ATTRIBUTES",
