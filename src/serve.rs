@@ -375,7 +375,7 @@ impl StopSignals {
         tokio::select! {
             _ = self.term.recv() => tracing::info!("SIGTERM received"),
             _ = self.int.recv() => tracing::info!("SIGINT received"),
-            _ = shutdown.cancelled() => tracing::info!("shutdown requested through the API"),
+            _ = shutdown.cancelled() => tracing::info!("shutdown requested (control API or parent exit)"),
         }
     }
 }
