@@ -105,7 +105,7 @@ fn config_runner_left_by_a_crash_is_settled_not_duplicated() {
     let mut previous: Vec<u64> = Vec::new();
     for round in 0..3 {
         let server = Server::start_with(ServerOpts::new(&data).config(cfg));
-        let mut pid = None;
+        let mut pid;
         wait_until!(Duration::from_secs(20), "the sleeper's pid", {
             pid = server.get_json("/api/v1/runners/sleeper").1["pid"].as_u64();
             pid.is_some_and(|p| !previous.contains(&p))

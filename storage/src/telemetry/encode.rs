@@ -175,6 +175,9 @@ fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
     }
 }
 
+/// (trace id, span id) → (flat index of the kept copy, whether that copy is ended).
+type SeenSpans = HashMap<([u8; 16], [u8; 8]), (usize, bool), IdBuild>;
+
 /// Encodes a trace export. Duplicates inside the request are resolved here with the same
 /// rules as the writer (an ended copy wins over an open one; otherwise the first wins).
 ///
@@ -185,8 +188,7 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
     let mut keep = vec![true; total];
     let mut duplicates = 0u64;
     {
-        let mut seen: HashMap<([u8; 16], [u8; 8]), (usize, bool), IdBuild> =
-            HashMap::with_capacity_and_hasher(total, IdBuild::default());
+        let mut seen: SeenSpans = HashMap::with_capacity_and_hasher(total, IdBuild::default());
         for (i, (_, _, s)) in batch.spans().enumerate() {
             let key = (s.trace_id.0, s.span_id.0);
             match seen.get(&key).copied() {
