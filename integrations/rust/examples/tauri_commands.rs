@@ -11,7 +11,8 @@
 //!    success or roll back on failure;
 //! 4. `shutdown`: ordered shutdown when the app quits.
 //!
-//! Run: `cargo run -p stallwatch-client --example tauri_commands -- target/debug/stallwatch`
+//! Run: `cargo build -p stallwatch && cargo run -p stallwatch-client --example tauri_commands --
+//! "${CARGO_TARGET_DIR:-target}/debug/stallwatch"`
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
