@@ -490,44 +490,68 @@ pub(crate) fn traces(body: &[u8]) -> Result<ExportTraceServiceRequest, DecodeErr
     let Some(mut root) = parse_root(body)? else {
         return Ok(ExportTraceServiceRequest::default());
     };
-    let r = Path::ROOT;
-    let items = list(&mut root, "resourceSpans", "resource_spans", &r)?;
-    let prs = r.field("resourceSpans");
-    let mut out = Vec::with_capacity(items.len());
-    for (ri, item) in items.into_iter().enumerate() {
-        let pr = prs.index(ri);
-        let mut rs = object(item, &pr)?;
-        let resource = resource(&mut rs, &pr)?;
-        let schema_url = string(&mut rs, "schemaUrl", "schema_url", &pr)?;
-        let scopes = list(&mut rs, "scopeSpans", "scope_spans", &pr)?;
-        let pss = pr.field("scopeSpans");
-        let mut scope_spans = Vec::with_capacity(scopes.len());
-        for (si, item) in scopes.into_iter().enumerate() {
-            let ps = pss.index(si);
-            let mut ss = object(item, &ps)?;
-            let scope = scope(&mut ss, &ps)?;
-            let schema_url = string(&mut ss, "schemaUrl", "schema_url", &ps)?;
-            let spans = list(&mut ss, "spans", "spans", &ps)?;
-            let psp = ps.field("spans");
-            let mut out_spans = Vec::with_capacity(spans.len());
-            for (i, item) in spans.into_iter().enumerate() {
-                out_spans.push(span(item, &psp.index(i))?);
-            }
-            scope_spans.push(pt::ScopeSpans {
-                scope,
-                spans: out_spans,
-                schema_url,
-            });
-        }
-        out.push(pt::ResourceSpans {
+    let resource_spans = envelope(
+        &mut root,
+        [
+            ("resourceSpans", "resource_spans"),
+            ("scopeSpans", "scope_spans"),
+            ("spans", "spans"),
+        ],
+        span,
+        |scope, spans, schema_url| pt::ScopeSpans {
+            scope,
+            spans,
+            schema_url,
+        },
+        |resource, scope_spans, schema_url| pt::ResourceSpans {
             resource,
             scope_spans,
             schema_url,
-        });
+        },
+    )?;
+    Ok(ExportTraceServiceRequest { resource_spans })
+}
+
+/// The envelope all three signals share: `resource{X}[]` (resource, schemaUrl) →
+/// `scope{X}[]` (scope, schemaUrl) → items, each level named in lowerCamelCase and
+/// snake_case (`names`), with field paths for error messages. `item` decodes one item;
+/// `scope_msg` and `resource_msg` build the protobuf messages.
+fn envelope<T, S, R>(
+    root: &mut Obj,
+    names: [(&'static str, &'static str); 3],
+    item: fn(Value, &Path) -> Result<T, DecodeError>,
+    scope_msg: fn(Option<pc::InstrumentationScope>, Vec<T>, String) -> S,
+    resource_msg: fn(Option<pr::Resource>, Vec<S>, String) -> R,
+) -> Result<Vec<R>, DecodeError> {
+    let [(res_camel, res_snake), (scope_camel, scope_snake), (item_camel, item_snake)] = names;
+    let r = Path::ROOT;
+    let resources = list(root, res_camel, res_snake, &r)?;
+    let pres = r.field(res_camel);
+    let mut out = Vec::with_capacity(resources.len());
+    for (ri, rv) in resources.into_iter().enumerate() {
+        let pr = pres.index(ri);
+        let mut ro = object(rv, &pr)?;
+        let resource = resource(&mut ro, &pr)?;
+        let schema_url = string(&mut ro, "schemaUrl", "schema_url", &pr)?;
+        let scopes = list(&mut ro, scope_camel, scope_snake, &pr)?;
+        let pscopes = pr.field(scope_camel);
+        let mut scope_out = Vec::with_capacity(scopes.len());
+        for (si, sv) in scopes.into_iter().enumerate() {
+            let ps = pscopes.index(si);
+            let mut so = object(sv, &ps)?;
+            let scope = scope(&mut so, &ps)?;
+            let scope_schema_url = string(&mut so, "schemaUrl", "schema_url", &ps)?;
+            let values = list(&mut so, item_camel, item_snake, &ps)?;
+            let pitems = ps.field(item_camel);
+            let mut items = Vec::with_capacity(values.len());
+            for (i, v) in values.into_iter().enumerate() {
+                items.push(item(v, &pitems.index(i))?);
+            }
+            scope_out.push(scope_msg(scope, items, scope_schema_url));
+        }
+        out.push(resource_msg(resource, scope_out, schema_url));
     }
-    Ok(ExportTraceServiceRequest {
-        resource_spans: out,
-    })
+    Ok(out)
 }
 
 fn span(v: Value, p: &Path) -> Result<pt::Span, DecodeError> {
@@ -627,42 +651,26 @@ pub(crate) fn logs(body: &[u8]) -> Result<ExportLogsServiceRequest, DecodeError>
     let Some(mut root) = parse_root(body)? else {
         return Ok(ExportLogsServiceRequest::default());
     };
-    let r = Path::ROOT;
-    let items = list(&mut root, "resourceLogs", "resource_logs", &r)?;
-    let prl = r.field("resourceLogs");
-    let mut out = Vec::with_capacity(items.len());
-    for (ri, item) in items.into_iter().enumerate() {
-        let pr = prl.index(ri);
-        let mut rl = object(item, &pr)?;
-        let resource = resource(&mut rl, &pr)?;
-        let schema_url = string(&mut rl, "schemaUrl", "schema_url", &pr)?;
-        let scopes = list(&mut rl, "scopeLogs", "scope_logs", &pr)?;
-        let psl = pr.field("scopeLogs");
-        let mut scope_logs = Vec::with_capacity(scopes.len());
-        for (si, item) in scopes.into_iter().enumerate() {
-            let ps = psl.index(si);
-            let mut sl = object(item, &ps)?;
-            let scope = scope(&mut sl, &ps)?;
-            let schema_url = string(&mut sl, "schemaUrl", "schema_url", &ps)?;
-            let records = list(&mut sl, "logRecords", "log_records", &ps)?;
-            let plr = ps.field("logRecords");
-            let mut log_records = Vec::with_capacity(records.len());
-            for (i, item) in records.into_iter().enumerate() {
-                log_records.push(log_record(item, &plr.index(i))?);
-            }
-            scope_logs.push(pl::ScopeLogs {
-                scope,
-                log_records,
-                schema_url,
-            });
-        }
-        out.push(pl::ResourceLogs {
+    let resource_logs = envelope(
+        &mut root,
+        [
+            ("resourceLogs", "resource_logs"),
+            ("scopeLogs", "scope_logs"),
+            ("logRecords", "log_records"),
+        ],
+        log_record,
+        |scope, log_records, schema_url| pl::ScopeLogs {
+            scope,
+            log_records,
+            schema_url,
+        },
+        |resource, scope_logs, schema_url| pl::ResourceLogs {
             resource,
             scope_logs,
             schema_url,
-        });
-    }
-    Ok(ExportLogsServiceRequest { resource_logs: out })
+        },
+    )?;
+    Ok(ExportLogsServiceRequest { resource_logs })
 }
 
 fn log_record(v: Value, p: &Path) -> Result<pl::LogRecord, DecodeError> {
@@ -706,44 +714,26 @@ pub(crate) fn metrics(body: &[u8]) -> Result<ExportMetricsServiceRequest, Decode
     let Some(mut root) = parse_root(body)? else {
         return Ok(ExportMetricsServiceRequest::default());
     };
-    let r = Path::ROOT;
-    let items = list(&mut root, "resourceMetrics", "resource_metrics", &r)?;
-    let prm = r.field("resourceMetrics");
-    let mut out = Vec::with_capacity(items.len());
-    for (ri, item) in items.into_iter().enumerate() {
-        let pr = prm.index(ri);
-        let mut rm = object(item, &pr)?;
-        let resource = resource(&mut rm, &pr)?;
-        let schema_url = string(&mut rm, "schemaUrl", "schema_url", &pr)?;
-        let scopes = list(&mut rm, "scopeMetrics", "scope_metrics", &pr)?;
-        let psm = pr.field("scopeMetrics");
-        let mut scope_metrics = Vec::with_capacity(scopes.len());
-        for (si, item) in scopes.into_iter().enumerate() {
-            let ps = psm.index(si);
-            let mut sm = object(item, &ps)?;
-            let scope = scope(&mut sm, &ps)?;
-            let schema_url = string(&mut sm, "schemaUrl", "schema_url", &ps)?;
-            let metrics_in = list(&mut sm, "metrics", "metrics", &ps)?;
-            let pms = ps.field("metrics");
-            let mut metrics = Vec::with_capacity(metrics_in.len());
-            for (i, item) in metrics_in.into_iter().enumerate() {
-                metrics.push(metric(item, &pms.index(i))?);
-            }
-            scope_metrics.push(pm::ScopeMetrics {
-                scope,
-                metrics,
-                schema_url,
-            });
-        }
-        out.push(pm::ResourceMetrics {
+    let resource_metrics = envelope(
+        &mut root,
+        [
+            ("resourceMetrics", "resource_metrics"),
+            ("scopeMetrics", "scope_metrics"),
+            ("metrics", "metrics"),
+        ],
+        metric,
+        |scope, metrics, schema_url| pm::ScopeMetrics {
+            scope,
+            metrics,
+            schema_url,
+        },
+        |resource, scope_metrics, schema_url| pm::ResourceMetrics {
             resource,
             scope_metrics,
             schema_url,
-        });
-    }
-    Ok(ExportMetricsServiceRequest {
-        resource_metrics: out,
-    })
+        },
+    )?;
+    Ok(ExportMetricsServiceRequest { resource_metrics })
 }
 
 fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
