@@ -374,6 +374,17 @@ fn jf(d: f64) -> Value {
     }
 }
 
+/// The detail fields both histogram kinds share: `min`, `max` (when present) and `flags`.
+fn histogram_tail(d: &mut Map<String, Value>, min: Option<f64>, max: Option<f64>, flags: u32) {
+    if let Some(v) = min {
+        d.insert("min".into(), jf(v));
+    }
+    if let Some(v) = max {
+        d.insert("max".into(), jf(v));
+    }
+    d.insert("flags".into(), flags.into());
+}
+
 fn any_to_json(v: &AnyValue) -> Value {
     match v {
         AnyValue::Empty => json!({}),
@@ -598,13 +609,7 @@ fn metric(
                     "explicit_bounds".into(),
                     Value::Array(dp.explicit_bounds.iter().map(|b| jf(*b)).collect()),
                 );
-                if let Some(v) = dp.min {
-                    d.insert("min".into(), jf(v));
-                }
-                if let Some(v) = dp.max {
-                    d.insert("max".into(), jf(v));
-                }
-                d.insert("flags".into(), dp.flags.into());
+                histogram_tail(&mut d, dp.min, dp.max, dp.flags);
                 if let Some(ex) = exemplars(dp.exemplars, &pi.field("exemplars"), limits)? {
                     d.insert("exemplars".into(), ex);
                 }
@@ -642,13 +647,7 @@ fn metric(
                         );
                     }
                 }
-                if let Some(v) = dp.min {
-                    d.insert("min".into(), jf(v));
-                }
-                if let Some(v) = dp.max {
-                    d.insert("max".into(), jf(v));
-                }
-                d.insert("flags".into(), dp.flags.into());
+                histogram_tail(&mut d, dp.min, dp.max, dp.flags);
                 if let Some(ex) = exemplars(dp.exemplars, &pi.field("exemplars"), limits)? {
                     d.insert("exemplars".into(), ex);
                 }
