@@ -2,10 +2,12 @@
 //!
 //! Every connection runs with `wal_autocheckpoint=0` (see `db::open_connection`), so no
 //! commit pays for copying WAL frames into the database file and syncing it. This thread,
-//! with its own connection, runs `PRAGMA wal_checkpoint(PASSIVE)` every
+//! with its own connection, runs `PRAGMA wal_checkpoint(PASSIVE)` at most every
 //! [`CHECKPOINT_INTERVAL`] while commits happen, so the copying and the fsyncs run on the
 //! other core while the writer keeps committing. A PASSIVE checkpoint never blocks the
-//! writer or readers.
+//! writer or readers. When nothing commits the thread sleeps on a condition variable with
+//! no timeout (the writer wakes it through [`Shared::note_commit`]), so an idle sidecar
+//! pays no wake-ups for it.
 //!
 //! Bounding the WAL: SQLite rewinds the WAL at the start of a write transaction once every
 //! frame has been checkpointed. Under continuous load a concurrent checkpoint never quite
@@ -40,6 +42,18 @@ pub(crate) struct Shared {
     pub(crate) writer_should_checkpoint: AtomicBool,
     stop: Mutex<bool>,
     wake: Condvar,
+}
+
+impl Shared {
+    /// Counts one commit and wakes the checkpointer if it is asleep. The counter is bumped
+    /// before the mutex is taken and the checkpointer compares it while holding the mutex,
+    /// so no wake-up is lost.
+    pub(crate) fn note_commit(&self) {
+        self.commits.fetch_add(1, Ordering::Release);
+        if let Ok(_guard) = self.stop.lock() {
+            self.wake.notify_all();
+        }
+    }
 }
 
 /// The checkpoint thread's handle; dropping it stops the thread.
@@ -103,7 +117,21 @@ fn run(conn: Connection, shared: Arc<Shared>) {
     let mut seen = shared.commits.load(Ordering::Acquire);
     loop {
         {
-            let Ok(stop) = shared.stop.lock() else { return };
+            // Sleep until a commit happens (no timeout: an idle sidecar never wakes here).
+            let Ok(mut stop) = shared.stop.lock() else {
+                return;
+            };
+            while !*stop && shared.commits.load(Ordering::Acquire) == seen {
+                let Ok(s) = shared.wake.wait(stop) else {
+                    return;
+                };
+                stop = s;
+            }
+            if *stop {
+                return;
+            }
+            // Then let commits gather for one interval, so a busy writer gets one
+            // checkpoint per interval rather than one per commit.
             let Ok((stop, _)) = shared.wake.wait_timeout(stop, CHECKPOINT_INTERVAL) else {
                 return;
             };
@@ -111,11 +139,7 @@ fn run(conn: Connection, shared: Arc<Shared>) {
                 return;
             }
         }
-        let now = shared.commits.load(Ordering::Acquire);
-        if now == seen {
-            continue;
-        }
-        seen = now;
+        seen = shared.commits.load(Ordering::Acquire);
         match passive(&conn) {
             Ok((_, log, _)) => {
                 if log > WAL_BOUND_FRAMES {

@@ -234,7 +234,7 @@ impl TelemetryWriter {
     /// Tells the checkpointer that a transaction committed on another connection.
     pub(crate) fn note_commit(&self) {
         if let Ok(c) = self.checkpointer.lock() {
-            c.shared.commits.fetch_add(1, Ordering::Release);
+            c.shared.note_commit();
         }
     }
 }
@@ -480,7 +480,7 @@ impl Writer {
                         tracing::warn!(error = %e, "merging the trace index failed; will retry");
                     }
                 }
-                self.ckpt.commits.fetch_add(1, Ordering::Release);
+                self.ckpt.note_commit();
                 let _ = self.refresh_used();
                 if self.used_bytes < self.budget_bytes {
                     self.set_full(None);
