@@ -68,6 +68,37 @@ pub struct RunnerSpec {
     pub attach: Option<AttachSpec>,
 }
 
+impl RunnerSpec {
+    /// A runner stallwatch starts with `argv` (no cwd, env or workspace).
+    pub fn spawned(id: impl Into<String>, argv: Vec<String>) -> Self {
+        Self {
+            id: id.into(),
+            heartbeat_socket: None,
+            spawn: Some(SpawnSpec {
+                argv,
+                cwd: None,
+                env: BTreeMap::new(),
+                workspace: None,
+            }),
+            attach: None,
+        }
+    }
+
+    /// A runner someone else started, watched by `pid`; give `start_time_ticks` (field 22
+    /// of `/proc/PID/stat`) or it is watched but never signalled.
+    pub fn attached(id: impl Into<String>, pid: u32, start_time_ticks: Option<u64>) -> Self {
+        Self {
+            id: id.into(),
+            heartbeat_socket: None,
+            spawn: None,
+            attach: Some(AttachSpec {
+                pid,
+                start_time_ticks,
+            }),
+        }
+    }
+}
+
 /// A runner stallwatch starts itself.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
