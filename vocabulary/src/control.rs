@@ -241,31 +241,208 @@ pub struct WorstSpan {
 /// Every runner's status, by id. Published through a `watch` channel.
 pub type RunnerBoard = Arc<BTreeMap<String, RunnerStatus>>;
 
-/// An error answer of the control API: HTTP status, machine code, human message.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ControlError {
-    /// HTTP status to answer (400, 404, 409, 500, 503, ...).
-    pub status: u16,
-    /// Machine-readable code, e.g. `runner_exists`.
-    pub code: String,
-    /// Human message.
-    pub message: String,
+/// Why the reaper refused to register a runner (`POST /api/v1/runners`, config runners).
+/// The wire mapping (HTTP status, error code) is in `dashboards/src/error.rs`.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RegisterError {
+    /// The spec is invalid (heartbeat socket, env key, cwd, pid 1/2, stallwatch itself, a
+    /// kernel thread, or no spawn/attach section); the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// A runner with this id is registered and alive; delete it first.
+    #[error("runner {0} is registered and alive")]
+    IdInUse(String),
+    /// The process to attach is not alive (or its start time differs: pid reused).
+    #[error("{0}")]
+    Gone(String),
+    /// The program could not be started (`execve` failed); the message names it.
+    #[error("{0}")]
+    SpawnFailed(String),
+    /// The heartbeat socket folder could not be prepared under the data folder.
+    #[error("{0}")]
+    SocketDir(String),
+    /// The runner's workspace checkpoint could not be opened.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Something inside stallwatch failed (a poisoned lock, an OS call); see its log.
+    #[error("{0}")]
+    Internal(String),
 }
 
-impl ControlError {
-    /// Builds an error.
-    pub fn new(status: u16, code: impl Into<String>, message: impl Into<String>) -> Self {
+/// Why a request about one runner failed (`DELETE /api/v1/runners/{id}`, breaker reset).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RunnerError {
+    /// No runner with this id is registered (the message names it).
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// Why a checkpoint request failed (`POST /api/v1/checkpoints[/{id}/commit|rollback]`;
+/// `docs/design.md`, Checkpoints). Messages name the path and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CheckpointError {
+    /// The workspace is not an absolute, existing, plain project folder (root, the data
+    /// folder, a file, missing).
+    #[error("{0}")]
+    InvalidWorkspace(String),
+    /// A path would leave the workspace (`..`, a symlink out, a symlinked staging folder).
+    #[error("{0}")]
+    PathEscape(String),
+    /// A staged entry is not a regular file (a socket, a FIFO, a device).
+    #[error("{0} is not a regular file")]
+    NotAFile(PathBuf),
+    /// A staged file failed its format check (empty, bad JSON/CSV, no HDF5 signature).
+    #[error("{}: {why}", path.display())]
+    Validation {
+        /// The file, relative to the staging folder.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A staged file would replace a folder of the workspace.
+    #[error("{} is a folder in the workspace", .0.display())]
+    Conflict(PathBuf),
+    /// No checkpoint with this id.
+    #[error("{0}")]
+    NotFound(String),
+    /// The checkpoint is not `open` (already committed or rolled back).
+    #[error("{0}")]
+    NotOpen(String),
+    /// A roll-forward found the checkpoint not `committing` (nothing to finish).
+    #[error("{0}")]
+    NotCommitting(String),
+    /// The runner the checkpoint would belong to is not registered.
+    #[error("{0}")]
+    RunnerNotFound(String),
+    /// A file system call failed (the message names the path).
+    #[error("{0}")]
+    Io(String),
+    /// Something inside stallwatch failed (a journal write, a worker thread); see its log.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The answer of a successful registration: a spawned or an attached runner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Registered {
+    /// Started by stallwatch.
+    Spawned(SpawnedRunner),
+    /// Watched by pid.
+    Attached(AttachedRunner),
+}
+
+/// A runner stallwatch started: `{"id","spawned":true,"pid","start_time_ticks",
+/// "instance_id","heartbeat_socket","socket_fallback","checkpoint"}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpawnedRunner {
+    /// Runner id.
+    pub id: String,
+    /// Always true here.
+    pub spawned: bool,
+    /// Its pid (also its process group id).
+    pub pid: u32,
+    /// Field 22 of `/proc/PID/stat`, clock ticks since boot.
+    pub start_time_ticks: u64,
+    /// A fresh UUID per start (the `service.instance.id` of its output logs).
+    pub instance_id: String,
+    /// The heartbeat socket stallwatch pings.
+    pub heartbeat_socket: PathBuf,
+    /// Why the socket is not where it was asked for (path too long), if it is not.
+    pub socket_fallback: Option<String>,
+    /// The checkpoint opened for its workspace, when the spec names one.
+    pub checkpoint: Option<CheckpointCreated>,
+}
+
+/// A runner watched by pid: `{"id","spawned":false,"pid","start_time_ticks",
+/// "signalled_on_trip","instance_id"}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttachedRunner {
+    /// Runner id.
+    pub id: String,
+    /// Always false here.
+    pub spawned: bool,
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time when given (the proof of identity signals need).
+    pub start_time_ticks: Option<u64>,
+    /// True when a trip may signal it (a start time was given and matched).
+    pub signalled_on_trip: bool,
+    /// A fresh UUID, or the earlier one when the orphan sweep re-adopted it.
+    pub instance_id: String,
+}
+
+/// The answer of `DELETE /api/v1/runners/{id}`: `{"id","removed":true,"termination",
+/// "steps","survivors"}`. The termination report is carried as its serialized JSON (its
+/// types belong to the reaper's termination module).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunnerDeleted {
+    /// Runner id.
+    pub id: String,
+    /// Always true: the runner is unregistered.
+    pub removed: bool,
+    /// The termination report, when a termination ran (null for a runner already gone).
+    pub termination: Option<serde_json::Value>,
+    /// The report's steps (empty without a termination).
+    pub steps: Vec<serde_json::Value>,
+    /// Recorded processes still alive at the end (empty without a termination).
+    pub survivors: Vec<serde_json::Value>,
+}
+
+/// The answer of `POST /api/v1/runners/{id}/breaker/reset`: `{"id","state":"CLOSED"}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BreakerReset {
+    /// Runner id.
+    pub id: String,
+    /// The breaker's state afterwards.
+    pub state: BreakerState,
+}
+
+/// The answer of `POST /api/v1/checkpoints`: `{"id","path"}`. The tool writes into `path`
+/// (`<workspace>/.workbench/checkpoints/<id>/`), never into the workspace directly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointCreated {
+    /// Checkpoint (transaction) id.
+    pub id: String,
+    /// The staging folder.
+    pub path: PathBuf,
+}
+
+/// The answer of `POST /api/v1/checkpoints/{id}/commit|rollback`: `{"id","state"}` and, for
+/// a commit, `"files"` (how many files moved into the workspace).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointOutcome {
+    /// Checkpoint id.
+    pub id: String,
+    /// `committed` or `rolled_back`.
+    pub state: String,
+    /// Files moved into the workspace (commits only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
+}
+
+impl CheckpointOutcome {
+    /// A commit that moved `files` files.
+    pub fn committed(id: impl Into<String>, files: u64) -> Self {
         Self {
-            status,
-            code: code.into(),
-            message: message.into(),
+            id: id.into(),
+            state: "committed".into(),
+            files: Some(files),
+        }
+    }
+
+    /// A rollback.
+    pub fn rolled_back(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            state: "rolled_back".into(),
+            files: None,
         }
     }
 }
 
-/// The answer of a control request: a JSON body for 200/201, or an error.
-pub type ControlReply = Result<serde_json::Value, ControlError>;
+/// Where a control request's answer goes.
+pub type Reply<T, E> = oneshot::Sender<Result<T, E>>;
 
 /// A control API call, routed by `src/` to the reaper or the watchdog.
 #[derive(Debug)]
@@ -275,21 +452,21 @@ pub enum ControlRequest {
         /// The runner.
         spec: RunnerSpec,
         /// Answer.
-        reply: oneshot::Sender<ControlReply>,
+        reply: Reply<Registered, RegisterError>,
     },
     /// `DELETE /api/v1/runners/{id}`: answers when termination is done.
     DeleteRunner {
         /// Runner id.
         id: String,
         /// Answer (the termination steps and survivors).
-        reply: oneshot::Sender<ControlReply>,
+        reply: Reply<RunnerDeleted, RunnerError>,
     },
     /// `POST /api/v1/runners/{id}/breaker/reset`.
     ResetBreaker {
         /// Runner id.
         id: String,
         /// Answer.
-        reply: oneshot::Sender<ControlReply>,
+        reply: Reply<BreakerReset, RunnerError>,
     },
     /// `POST /api/v1/checkpoints`.
     CreateCheckpoint {
@@ -298,21 +475,21 @@ pub enum ControlRequest {
         /// Workspace root.
         workspace: PathBuf,
         /// Answer (`{"id","path"}`).
-        reply: oneshot::Sender<ControlReply>,
+        reply: Reply<CheckpointCreated, CheckpointError>,
     },
     /// `POST /api/v1/checkpoints/{id}/commit`.
     CommitCheckpoint {
         /// Checkpoint (transaction) id.
         id: String,
         /// Answer.
-        reply: oneshot::Sender<ControlReply>,
+        reply: Reply<CheckpointOutcome, CheckpointError>,
     },
     /// `POST /api/v1/checkpoints/{id}/rollback`.
     RollbackCheckpoint {
         /// Checkpoint (transaction) id.
         id: String,
         /// Answer.
-        reply: oneshot::Sender<ControlReply>,
+        reply: Reply<CheckpointOutcome, CheckpointError>,
     },
     /// `POST /api/v1/shutdown`: the same ordered shutdown as SIGTERM.
     Shutdown,

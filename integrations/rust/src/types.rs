@@ -5,8 +5,6 @@
 //! the app); tests pin their JSON shape. The answer types follow DESIGN, Read API JSON and the dashboard's renderers; they ignore
 //! unknown fields so a newer binary can add some.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -39,28 +37,10 @@ impl Admission {
     }
 }
 
-/// The answer of `POST /api/v1/checkpoints`: `{"id","path"}`. The tool writes into `path`
-/// (`<workspace>/.workbench/checkpoints/<id>/`), never into the workspace directly.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Checkpoint (transaction) id.
-    pub id: String,
-    /// The staging folder.
-    pub path: PathBuf,
-}
+/// The answer of `POST /api/v1/checkpoints`: `{"id","path"}` (the server's own type).
+pub type Checkpoint = stallwatch_vocabulary::control::CheckpointCreated;
 
-/// The answer of `POST /api/v1/checkpoints/{id}/commit|rollback`: `{"id","state"}` and, for
-/// a commit, the number of files moved into the workspace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckpointOutcome {
-    /// Checkpoint id.
-    pub id: String,
-    /// `committed` or `rolled_back`.
-    pub state: String,
-    /// Files renamed into the workspace (commit only).
-    #[serde(default)]
-    pub files: Option<u64>,
-}
+pub use stallwatch_vocabulary::control::CheckpointOutcome;
 
 /// One recent heartbeat round trip.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,6 +198,7 @@ fn u64_from_string_or_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn pairs() -> Vec<(RunnerSpec, serde_json::Value)> {
         let env: BTreeMap<String, String> = [("A".to_string(), "1".to_string())].into();
