@@ -251,13 +251,13 @@ async fn serve(
             match req {
                 ControlRequest::Shutdown => control_shutdown.cancel(),
                 ControlRequest::ResetBreaker { id, reply } => {
+                    use stallwatch_storage::control::{BreakerReset, BreakerState, RunnerError};
                     let answer = match wd_for_control.reset_breaker(&id).await {
-                        Ok(()) => Ok(serde_json::json!({"id": id, "state": "CLOSED"})),
-                        Err(e) => Err(stallwatch_storage::control::ControlError::new(
-                            404,
-                            "runner_not_found",
-                            e.to_string(),
-                        )),
+                        Ok(()) => Ok(BreakerReset {
+                            id,
+                            state: BreakerState::Closed,
+                        }),
+                        Err(e) => Err(RunnerError::NotFound(e.to_string())),
                     };
                     let _ = reply.send(answer);
                 }

@@ -6,7 +6,7 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use stallwatch_storage::control::ControlError;
+use stallwatch_storage::control::{CheckpointError, RegisterError, RunnerError};
 use stallwatch_storage::telemetry::QueryError;
 use stallwatch_storage::StorageError;
 
@@ -33,9 +33,15 @@ pub enum DashboardError {
     /// The `Host` header is not a loopback or configured name (HTTP 421, DNS rebinding).
     #[error("host {0:?} is not allowed")]
     ForbiddenHost(String),
-    /// The reaper or watchdog refused the control request (its status and code).
+    /// The reaper refused to register a runner.
     #[error("{0}")]
-    Control(ControlError),
+    Register(#[from] RegisterError),
+    /// A request about one runner failed (it is not registered).
+    #[error("{0}")]
+    Runner(#[from] RunnerError),
+    /// A checkpoint request failed.
+    #[error("{0}")]
+    Checkpoint(#[from] CheckpointError),
     /// Nothing is listening for control requests (stallwatch is shutting down): HTTP 503.
     #[error("control channel closed")]
     ControlUnavailable,
@@ -75,6 +81,48 @@ impl DashboardError {
     }
 }
 
+// The one table from domain errors to the wire: HTTP status and machine code. No crate
+// below dashboards knows an HTTP status (ARCHITECTURE.md); the message is the error's own
+// `Display`, which names the runner, path or field.
+
+/// `POST /api/v1/runners` refusals.
+fn register_wire(e: &RegisterError) -> (StatusCode, &'static str) {
+    match e {
+        RegisterError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_runner"),
+        RegisterError::IdInUse(_) => (StatusCode::CONFLICT, "runner_exists"),
+        RegisterError::Gone(_) => (StatusCode::CONFLICT, "runner_gone"),
+        RegisterError::SpawnFailed(_) => (StatusCode::BAD_REQUEST, "spawn_failed"),
+        RegisterError::SocketDir(_) => (StatusCode::INTERNAL_SERVER_ERROR, "socket_dir"),
+        RegisterError::Checkpoint(c) => checkpoint_wire(c),
+        RegisterError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
+/// `DELETE /api/v1/runners/{id}` and breaker reset refusals.
+fn runner_wire(e: &RunnerError) -> (StatusCode, &'static str) {
+    match e {
+        RunnerError::NotFound(_) => (StatusCode::NOT_FOUND, "runner_not_found"),
+    }
+}
+
+/// Checkpoint refusals (`docs/design.md`, Checkpoints): 422 only for a staged file that
+/// fails its format check, 409 for state conflicts.
+fn checkpoint_wire(e: &CheckpointError) -> (StatusCode, &'static str) {
+    match e {
+        CheckpointError::InvalidWorkspace(_) => (StatusCode::BAD_REQUEST, "invalid_workspace"),
+        CheckpointError::PathEscape(_) => (StatusCode::BAD_REQUEST, "path_escape"),
+        CheckpointError::NotAFile(_) => (StatusCode::BAD_REQUEST, "invalid_file"),
+        CheckpointError::Validation { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_file"),
+        CheckpointError::Conflict(_) => (StatusCode::CONFLICT, "invalid_file"),
+        CheckpointError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        CheckpointError::NotOpen(_) => (StatusCode::CONFLICT, "not_open"),
+        CheckpointError::NotCommitting(_) => (StatusCode::CONFLICT, "not_committing"),
+        CheckpointError::RunnerNotFound(_) => (StatusCode::NOT_FOUND, "runner_not_found"),
+        CheckpointError::Io(_) => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
+        CheckpointError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
 /// Renders `{"error":{"code","message"}}`.
 pub(crate) fn error_body(code: &str, message: &str) -> serde_json::Value {
     serde_json::json!({"error": {"code": code, "message": message}})
@@ -99,11 +147,18 @@ impl IntoResponse for DashboardError {
                 "host_not_allowed".into(),
                 self.to_string(),
             ),
-            DashboardError::Control(c) => (
-                StatusCode::from_u16(c.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                c.code.clone(),
-                c.message.clone(),
-            ),
+            DashboardError::Register(e) => {
+                let (status, code) = register_wire(e);
+                (status, code.into(), e.to_string())
+            }
+            DashboardError::Runner(e) => {
+                let (status, code) = runner_wire(e);
+                (status, code.into(), e.to_string())
+            }
+            DashboardError::Checkpoint(e) => {
+                let (status, code) = checkpoint_wire(e);
+                (status, code.into(), e.to_string())
+            }
             DashboardError::ControlUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "control_unavailable".into(),

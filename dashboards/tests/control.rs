@@ -3,7 +3,10 @@
 
 use serde_json::{json, Value};
 use stallwatch_dashboards::DashboardConfig;
-use stallwatch_storage::control::{ControlError, ControlRequest};
+use stallwatch_storage::control::{
+    BreakerReset, BreakerState, CheckpointCreated, CheckpointError, CheckpointOutcome,
+    ControlRequest, RegisterError, RunnerDeleted,
+};
 use tokio::sync::mpsc::error::TryRecvError;
 
 use crate::common::*;
@@ -79,21 +82,24 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
             match req {
                 ControlRequest::RegisterRunner { spec, reply } => {
                     seen.push(format!("register {}", spec.id));
-                    let _ = reply.send(Err(ControlError::new(
-                        409,
-                        "runner_exists",
-                        "runner nb-9 is alive",
-                    )));
+                    let _ = reply.send(Err(RegisterError::IdInUse("nb-9".into())));
                 }
                 ControlRequest::DeleteRunner { id, reply } => {
                     seen.push(format!("delete {id}"));
-                    let _ = reply.send(Ok(
-                        json!({"id": id, "steps": ["SIGTERM", "exited"], "survivors": []}),
-                    ));
+                    let _ = reply.send(Ok(RunnerDeleted {
+                        id,
+                        removed: true,
+                        termination: None,
+                        steps: vec![json!("SIGTERM"), json!("exited")],
+                        survivors: vec![],
+                    }));
                 }
                 ControlRequest::ResetBreaker { id, reply } => {
                     seen.push(format!("reset {id}"));
-                    let _ = reply.send(Ok(json!({"id": id, "state": "CLOSED"})));
+                    let _ = reply.send(Ok(BreakerReset {
+                        id,
+                        state: BreakerState::Closed,
+                    }));
                 }
                 ControlRequest::CreateCheckpoint {
                     runner_id,
@@ -101,21 +107,22 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
                     reply,
                 } => {
                     seen.push(format!("checkpoint {runner_id} {}", workspace.display()));
-                    let _ = reply.send(Ok(
-                        json!({"id": "tx-1", "path": "/tmp/ws/.workbench/checkpoints/tx-1"}),
-                    ));
+                    let _ = reply.send(Ok(CheckpointCreated {
+                        id: "tx-1".into(),
+                        path: "/tmp/ws/.workbench/checkpoints/tx-1".into(),
+                    }));
                 }
                 ControlRequest::CommitCheckpoint { id, reply } => {
                     seen.push(format!("commit {id}"));
-                    let _ = reply.send(Ok(json!({"id": id, "state": "committed"})));
+                    let _ = reply.send(Ok(CheckpointOutcome {
+                        id,
+                        state: "committed".into(),
+                        files: None,
+                    }));
                 }
                 ControlRequest::RollbackCheckpoint { id, reply } => {
                     seen.push(format!("rollback {id}"));
-                    let _ = reply.send(Err(ControlError::new(
-                        404,
-                        "checkpoint_not_found",
-                        "no checkpoint tx-1",
-                    )));
+                    let _ = reply.send(Err(CheckpointError::NotFound("no checkpoint tx-1".into())));
                 }
                 ControlRequest::Shutdown => {
                     seen.push("shutdown".into());
@@ -141,7 +148,7 @@ async fn with_the_token_requests_reach_the_channel_and_replies_come_back() {
         if status == 409 {
             assert_eq!(
                 v,
-                json!({"error":{"code":"runner_exists","message":"runner nb-9 is alive"}})
+                json!({"error":{"code":"runner_exists","message":"runner nb-9 is registered and alive"}})
             );
         }
     }

@@ -109,7 +109,10 @@ async fn main() {
                     reply,
                 })
                 .await;
-            let pid = rx.await.unwrap().unwrap()["pid"].as_u64().unwrap() as u32;
+            let pid = match rx.await.unwrap().unwrap() {
+                stallwatch_storage::control::Registered::Spawned(r) => r.pid,
+                stallwatch_storage::control::Registered::Attached(r) => r.pid,
+            };
             tokio::time::sleep(Duration::from_millis(100)).await; // let the trap be installed
             let t0 = Instant::now();
             trips
@@ -161,8 +164,8 @@ async fn main() {
                 })
                 .await;
             let v = rx.await.unwrap().unwrap();
-            let id = v["id"].as_str().unwrap().to_string();
-            write_files(Path::new(v["path"].as_str().unwrap()));
+            let id = v.id.clone();
+            write_files(&v.path);
             let (reply, rx) = oneshot::channel();
             let t0 = Instant::now();
             if commit {

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use stallwatch_storage::checkpoints::{CheckpointRow, CheckpointState};
-use stallwatch_storage::control::ControlError;
+use stallwatch_storage::control::{CheckpointCreated, CheckpointError, CheckpointOutcome};
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
 
@@ -41,58 +41,43 @@ const NEEDS_CONTENT: &[&str] = &[
     "jpg", "jpeg", "pdf", "pkl", "pickle", "pt", "pth",
 ];
 
-fn bad(status: u16, code: &str, msg: impl Into<String>) -> ControlError {
-    ControlError::new(status, code, msg)
-}
-
 /// The staging folder of transaction `id` under `workspace`.
 pub fn staging_dir(workspace: &Path, id: &str) -> PathBuf {
     workspace.join(STAGING_ROOT).join(id)
 }
 
 /// Checks a workspace root: absolute, an existing folder, not `/`. Answers its canonical
-/// path. Errors: 400 `bad_workspace`, 400 `path_escape` (`..`).
-pub fn check_workspace(workspace: &Path) -> Result<PathBuf, ControlError> {
+/// path. Errors: [`CheckpointError::InvalidWorkspace`], [`CheckpointError::PathEscape`] (`..`).
+pub fn check_workspace(workspace: &Path) -> Result<PathBuf, CheckpointError> {
     if !workspace.is_absolute() {
-        return Err(bad(
-            400,
-            "bad_workspace",
-            format!("workspace {} must be an absolute path", workspace.display()),
-        ));
+        return Err(CheckpointError::InvalidWorkspace(format!(
+            "workspace {} must be an absolute path",
+            workspace.display()
+        )));
     }
     if workspace
         .components()
         .any(|c| matches!(c, Component::ParentDir))
     {
-        return Err(bad(
-            400,
-            "path_escape",
-            format!("workspace {} contains '..'", workspace.display()),
-        ));
+        return Err(CheckpointError::PathEscape(format!(
+            "workspace {} contains '..'",
+            workspace.display()
+        )));
     }
     let canon = fs::canonicalize(workspace).map_err(|e| {
-        bad(
-            400,
-            "bad_workspace",
-            format!("workspace {}: {e}", workspace.display()),
-        )
+        CheckpointError::InvalidWorkspace(format!("workspace {}: {e}", workspace.display()))
     })?;
     if !canon.is_dir() {
-        return Err(bad(
-            400,
-            "bad_workspace",
-            format!("workspace {} is not a folder", workspace.display()),
-        ));
+        return Err(CheckpointError::InvalidWorkspace(format!(
+            "workspace {} is not a folder",
+            workspace.display()
+        )));
     }
     if canon.parent().is_none() {
-        return Err(bad(
-            400,
-            "bad_workspace",
-            format!(
-                "workspace {} is the filesystem root; give the project folder",
-                workspace.display()
-            ),
-        ));
+        return Err(CheckpointError::InvalidWorkspace(format!(
+            "workspace {} is the filesystem root; give the project folder",
+            workspace.display()
+        )));
     }
     Ok(canon)
 }
@@ -100,10 +85,10 @@ pub fn check_workspace(workspace: &Path) -> Result<PathBuf, ControlError> {
 /// Checks that the staging folder lies under `workspace` and that neither it nor any
 /// folder between the workspace root and it is a symlink (each component is looked at with
 /// `symlink_metadata`, never followed), and that it resolves to itself. Answers whether the
-/// staging folder exists. Errors: 400 `path_escape` (a symlink or a path outside the
-/// workspace), 500 `io`. Blocking.
-pub fn verify_staging(staging: &Path, workspace: &Path) -> Result<bool, ControlError> {
-    let escape = |why: String| bad(400, "path_escape", why);
+/// staging folder exists. Errors: `PathEscape` (a symlink or a path outside the
+/// workspace), `Io`. Blocking.
+pub fn verify_staging(staging: &Path, workspace: &Path) -> Result<bool, CheckpointError> {
+    let escape = |why: String| CheckpointError::PathEscape(why);
     let rel = staging.strip_prefix(workspace).map_err(|_| {
         escape(format!(
             "staging folder {} is not under the workspace {}",
@@ -132,11 +117,11 @@ pub fn verify_staging(staging: &Path, workspace: &Path) -> Result<bool, ControlE
             }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(bad(500, "io", format!("{}: {e}", cur.display()))),
+            Err(e) => return Err(CheckpointError::Io(format!("{}: {e}", cur.display()))),
         }
     }
     let canon = fs::canonicalize(staging)
-        .map_err(|e| bad(500, "io", format!("{}: {e}", staging.display())))?;
+        .map_err(|e| CheckpointError::Io(format!("{}: {e}", staging.display())))?;
     if canon != staging {
         return Err(escape(format!(
             "staging folder {} resolves to {} (a symlinked workspace folder)",
@@ -148,15 +133,11 @@ pub fn verify_staging(staging: &Path, workspace: &Path) -> Result<bool, ControlE
 }
 
 /// Creates `{workspace}/.workbench/checkpoints/{id}` one folder at a time, refusing (and
-/// never creating through) a symlinked `.workbench` or `.workbench/checkpoints`. Errors: 400
-/// `path_escape`, 500 `io`. Blocking.
-pub fn create_staging(staging: &Path, workspace: &Path) -> Result<(), ControlError> {
+/// never creating through) a symlinked `.workbench` or `.workbench/checkpoints`. Errors:
+/// `PathEscape`, `Io`. Blocking.
+pub fn create_staging(staging: &Path, workspace: &Path) -> Result<(), CheckpointError> {
     let rel = staging.strip_prefix(workspace).map_err(|_| {
-        bad(
-            400,
-            "path_escape",
-            format!("{} is not under the workspace", staging.display()),
-        )
+        CheckpointError::PathEscape(format!("{} is not under the workspace", staging.display()))
     })?;
     let mut cur = workspace.to_path_buf();
     for c in rel.components() {
@@ -164,16 +145,18 @@ pub fn create_staging(staging: &Path, workspace: &Path) -> Result<(), ControlErr
         match fs::create_dir(&cur) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(bad(500, "io", format!("creating {}: {e}", cur.display()))),
+            Err(e) => {
+                return Err(CheckpointError::Io(format!(
+                    "creating {}: {e}",
+                    cur.display()
+                )))
+            }
         }
         // A symlink is refused before anything is created below it.
         let m = fs::symlink_metadata(&cur)
-            .map_err(|e| bad(500, "io", format!("{}: {e}", cur.display())))?;
+            .map_err(|e| CheckpointError::Io(format!("{}: {e}", cur.display())))?;
         if m.file_type().is_symlink() || !m.is_dir() {
-            return Err(bad(
-                400,
-                "path_escape",
-                format!(
+            return Err(CheckpointError::PathEscape(format!(
                     "{} is a symlink or not a folder: checkpoint folders must stay inside the workspace",
                     cur.display()
                 ),
@@ -185,65 +168,53 @@ pub fn create_staging(staging: &Path, workspace: &Path) -> Result<(), ControlErr
 
 /// Checks that `rel` is a plain relative path (only normal components, no `..`, not
 /// absolute, not under `.workbench/`).
-pub fn check_relative(rel: &Path) -> Result<(), ControlError> {
+pub fn check_relative(rel: &Path) -> Result<(), CheckpointError> {
     if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-        return Err(bad(
-            400,
-            "path_escape",
-            format!(
-                "path {} leaves the workspace root ('..' or absolute)",
-                rel.display()
-            ),
-        ));
+        return Err(CheckpointError::PathEscape(format!(
+            "path {} leaves the workspace root ('..' or absolute)",
+            rel.display()
+        )));
     }
     if rel.components().next() == Some(Component::Normal(OsStr::new(".workbench"))) {
-        return Err(bad(
-            400,
-            "path_escape",
-            format!(
-                "path {} would overwrite stallwatch's .workbench folder",
-                rel.display()
-            ),
-        ));
+        return Err(CheckpointError::PathEscape(format!(
+            "path {} would overwrite stallwatch's .workbench folder",
+            rel.display()
+        )));
     }
     Ok(())
 }
 
 /// Lists the files of a staging folder (relative paths, sorted). Symlinks are kept only
 /// when they resolve inside `workspace`; anything else (sockets, devices) is refused.
-pub fn staged_files(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, ControlError> {
+pub fn staged_files(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel_dir) = stack.pop() {
         let dir = staging.join(&rel_dir);
         let rd = fs::read_dir(&dir)
-            .map_err(|e| bad(500, "io", format!("reading {}: {e}", dir.display())))?;
+            .map_err(|e| CheckpointError::Io(format!("reading {}: {e}", dir.display())))?;
         for entry in rd {
-            let entry = entry.map_err(|e| bad(500, "io", format!("{}: {e}", dir.display())))?;
+            let entry =
+                entry.map_err(|e| CheckpointError::Io(format!("{}: {e}", dir.display())))?;
             let rel = rel_dir.join(entry.file_name());
             let ft = entry
                 .file_type()
-                .map_err(|e| bad(500, "io", format!("{}: {e}", rel.display())))?;
+                .map_err(|e| CheckpointError::Io(format!("{}: {e}", rel.display())))?;
             if ft.is_dir() {
                 stack.push(rel);
             } else if ft.is_symlink() {
                 let target = fs::canonicalize(entry.path()).map_err(|e| {
-                    bad(
-                        400,
-                        "path_escape",
-                        format!("symlink {} does not resolve: {e}", rel.display()),
-                    )
+                    CheckpointError::PathEscape(format!(
+                        "symlink {} does not resolve: {e}",
+                        rel.display()
+                    ))
                 })?;
                 if !target.starts_with(workspace) {
-                    return Err(bad(
-                        400,
-                        "path_escape",
-                        format!(
-                            "symlink {} points outside the workspace ({})",
-                            rel.display(),
-                            target.display()
-                        ),
-                    ));
+                    return Err(CheckpointError::PathEscape(format!(
+                        "symlink {} points outside the workspace ({})",
+                        rel.display(),
+                        target.display()
+                    )));
                 }
                 check_relative(&rel)?;
                 out.push(rel);
@@ -251,11 +222,7 @@ pub fn staged_files(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, Co
                 check_relative(&rel)?;
                 out.push(rel);
             } else {
-                return Err(bad(
-                    400,
-                    "invalid_file",
-                    format!("{} is not a regular file", rel.display()),
-                ));
+                return Err(CheckpointError::NotAFile(rel.clone()));
             }
         }
     }
@@ -321,9 +288,9 @@ pub fn has_hdf5_signature(data: &[u8]) -> bool {
 }
 
 /// Validates one staged file by its extension (issue 4, Checkpoints).
-pub fn validate_file(path: &Path, rel: &Path) -> Result<(), ControlError> {
+pub fn validate_file(path: &Path, rel: &Path) -> Result<(), CheckpointError> {
     let meta = fs::symlink_metadata(path)
-        .map_err(|e| bad(500, "io", format!("{}: {e}", rel.display())))?;
+        .map_err(|e| CheckpointError::Io(format!("{}: {e}", rel.display())))?;
     if meta.file_type().is_symlink() {
         return Ok(());
     }
@@ -332,7 +299,10 @@ pub fn validate_file(path: &Path, rel: &Path) -> Result<(), ControlError> {
         .and_then(OsStr::to_str)
         .map(str::to_ascii_lowercase)
         .unwrap_or_default();
-    let invalid = |why: String| bad(422, "invalid_file", format!("{}: {why}", rel.display()));
+    let invalid = |why: String| CheckpointError::Validation {
+        path: rel.to_path_buf(),
+        why,
+    };
     if meta.len() == 0 {
         return if NEEDS_CONTENT.contains(&ext.as_str()) {
             Err(invalid(format!("empty .{ext} file")))
@@ -340,8 +310,8 @@ pub fn validate_file(path: &Path, rel: &Path) -> Result<(), ControlError> {
             Ok(())
         };
     }
-    let read_all = || -> Result<Vec<u8>, ControlError> {
-        fs::read(path).map_err(|e| bad(500, "io", format!("{}: {e}", rel.display())))
+    let read_all = || -> Result<Vec<u8>, CheckpointError> {
+        fs::read(path).map_err(|e| CheckpointError::Io(format!("{}: {e}", rel.display())))
     };
     match ext.as_str() {
         "json" => {
@@ -365,11 +335,11 @@ pub fn validate_file(path: &Path, rel: &Path) -> Result<(), ControlError> {
         }
         "h5" | "hdf5" | "hdf" | "he5" => {
             // Read only what the signature search needs: offsets up to the file size.
-            let mut f =
-                File::open(path).map_err(|e| bad(500, "io", format!("{}: {e}", rel.display())))?;
+            let mut f = File::open(path)
+                .map_err(|e| CheckpointError::Io(format!("{}: {e}", rel.display())))?;
             let mut buf = Vec::new();
             f.read_to_end(&mut buf)
-                .map_err(|e| bad(500, "io", format!("{}: {e}", rel.display())))?;
+                .map_err(|e| CheckpointError::Io(format!("{}: {e}", rel.display())))?;
             if !has_hdf5_signature(&buf) {
                 return Err(invalid(
                     "no HDF5 signature at offset 0, 512, 1024, ...".into(),
@@ -383,53 +353,44 @@ pub fn validate_file(path: &Path, rel: &Path) -> Result<(), ControlError> {
 
 /// Resolves where `rel` lands in the workspace, refusing a destination whose existing
 /// parent folders resolve outside it (a symlinked folder), and creating missing folders.
-pub fn destination(workspace: &Path, rel: &Path) -> Result<PathBuf, ControlError> {
+pub fn destination(workspace: &Path, rel: &Path) -> Result<PathBuf, CheckpointError> {
     check_relative(rel)?;
     let dest = workspace.join(rel);
     if let Some(parent) = dest.parent() {
         fs::create_dir_all(parent)
-            .map_err(|e| bad(500, "io", format!("creating {}: {e}", parent.display())))?;
+            .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", parent.display())))?;
         let canon = fs::canonicalize(parent)
-            .map_err(|e| bad(500, "io", format!("{}: {e}", parent.display())))?;
+            .map_err(|e| CheckpointError::Io(format!("{}: {e}", parent.display())))?;
         if !canon.starts_with(workspace) {
-            return Err(bad(
-                400,
-                "path_escape",
-                format!(
-                    "{} would be written outside the workspace (through {})",
-                    rel.display(),
-                    canon.display()
-                ),
-            ));
+            return Err(CheckpointError::PathEscape(format!(
+                "{} would be written outside the workspace (through {})",
+                rel.display(),
+                canon.display()
+            )));
         }
     }
     if let Ok(m) = fs::symlink_metadata(&dest) {
         if m.is_dir() {
-            return Err(bad(
-                409,
-                "invalid_file",
-                format!("{} is a folder in the workspace", rel.display()),
-            ));
+            return Err(CheckpointError::Conflict(rel.to_path_buf()));
         }
     }
     Ok(dest)
 }
 
-fn fsync_path(p: &Path) -> Result<(), ControlError> {
+fn fsync_path(p: &Path) -> Result<(), CheckpointError> {
     File::open(p)
         .and_then(|f| f.sync_all())
-        .map_err(|e| bad(500, "io", format!("fsync {}: {e}", p.display())))
+        .map_err(|e| CheckpointError::Io(format!("fsync {}: {e}", p.display())))
 }
 
 /// Validates and fsyncs every staged file and checks every destination. Answers the
 /// relative paths to rename, in order. Blocking.
-pub fn prepare_commit(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, ControlError> {
+pub fn prepare_commit(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     if !verify_staging(staging, workspace)? {
-        return Err(bad(
-            500,
-            "io",
-            format!("staging folder {} is missing", staging.display()),
-        ));
+        return Err(CheckpointError::Io(format!(
+            "staging folder {} is missing",
+            staging.display()
+        )));
     }
     let files = staged_files(staging, workspace)?;
     for rel in &files {
@@ -447,13 +408,13 @@ pub fn prepare_commit(staging: &Path, workspace: &Path) -> Result<Vec<PathBuf>, 
 const FSYNC_THREADS: usize = 8;
 
 /// fsyncs every regular staged file, on up to [`FSYNC_THREADS`] threads.
-fn fsync_files(root: &Path, files: &[PathBuf]) -> Result<(), ControlError> {
+fn fsync_files(root: &Path, files: &[PathBuf]) -> Result<(), CheckpointError> {
     let chunk = files.len().div_ceil(FSYNC_THREADS).max(1);
     std::thread::scope(|scope| {
         let workers: Vec<_> = files
             .chunks(chunk)
             .map(|part| {
-                scope.spawn(move || -> Result<(), ControlError> {
+                scope.spawn(move || -> Result<(), CheckpointError> {
                     for rel in part {
                         let p = root.join(rel);
                         if !fs::symlink_metadata(&p)
@@ -473,7 +434,7 @@ fn fsync_files(root: &Path, files: &[PathBuf]) -> Result<(), ControlError> {
     })
 }
 
-fn fsync_dirs(root: &Path, files: &[PathBuf]) -> Result<(), ControlError> {
+fn fsync_dirs(root: &Path, files: &[PathBuf]) -> Result<(), CheckpointError> {
     let mut dirs: Vec<PathBuf> = files
         .iter()
         .filter_map(|f| f.parent().map(|p| root.join(p)))
@@ -496,7 +457,7 @@ pub fn apply_renames(
     staging: &Path,
     workspace: &Path,
     rels: &[PathBuf],
-) -> Result<usize, ControlError> {
+) -> Result<usize, CheckpointError> {
     let mut moved = 0;
     if !verify_staging(staging, workspace)? {
         // Every file was renamed and the folder removed before a crash.
@@ -509,7 +470,7 @@ pub fn apply_renames(
         }
         let dest = destination(workspace, rel)?;
         fs::rename(&src, &dest)
-            .map_err(|e| bad(500, "io", format!("rename {}: {e}", rel.display())))?;
+            .map_err(|e| CheckpointError::Io(format!("rename {}: {e}", rel.display())))?;
         moved += 1;
         failpoint::hit("checkpoint.after_rename");
     }
@@ -519,16 +480,15 @@ pub fn apply_renames(
 }
 
 /// Removes a staging folder (missing is fine) and fsyncs its parent. Blocking.
-pub fn remove_staging(staging: &Path) -> Result<(), ControlError> {
+pub fn remove_staging(staging: &Path) -> Result<(), CheckpointError> {
     match fs::remove_dir_all(staging) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
-            return Err(bad(
-                500,
-                "io",
-                format!("removing {}: {e}", staging.display()),
-            ))
+            return Err(CheckpointError::Io(format!(
+                "removing {}: {e}",
+                staging.display()
+            )))
         }
     }
     if let Some(parent) = staging.parent() {
@@ -539,13 +499,13 @@ pub fn remove_staging(staging: &Path) -> Result<(), ControlError> {
     Ok(())
 }
 
-fn internal(e: impl std::fmt::Display) -> ControlError {
-    bad(500, "internal", e.to_string())
+fn internal(e: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Internal(e.to_string())
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ControlError> + Send + 'static,
-) -> Result<T, ControlError> {
+    f: impl FnOnce() -> Result<T, CheckpointError> + Send + 'static,
+) -> Result<T, CheckpointError> {
     tokio::task::spawn_blocking(f).await.map_err(internal)?
 }
 
@@ -582,25 +542,21 @@ impl Checkpoints {
     }
 
     /// Creates the staging folder of a new transaction for `runner_id` under `workspace`.
-    /// Answers `{"id","path"}`. Errors: 400 `bad_workspace` (also inside the data folder)
-    /// or `path_escape`, 500 `io`.
+    /// Answers `{"id","path"}`. Errors: `InvalidWorkspace` (also inside the data folder)
+    /// or `PathEscape`, `Io`.
     pub async fn create(
         &self,
         runner_id: &str,
         workspace: &Path,
-    ) -> Result<serde_json::Value, ControlError> {
+    ) -> Result<CheckpointCreated, CheckpointError> {
         let ws = check_workspace(workspace)?;
         if let Some(data) = &self.data_dir {
             if ws.starts_with(data) {
-                return Err(bad(
-                    400,
-                    "bad_workspace",
-                    format!(
-                        "workspace {} is inside stallwatch's data folder {}",
-                        workspace.display(),
-                        data.display()
-                    ),
-                ));
+                return Err(CheckpointError::InvalidWorkspace(format!(
+                    "workspace {} is inside stallwatch's data folder {}",
+                    workspace.display(),
+                    data.display()
+                )));
             }
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
@@ -629,28 +585,27 @@ impl Checkpoints {
             })
             .await
             .map_err(internal)?;
-        Ok(serde_json::json!({"id": id, "path": staging}))
+        Ok(CheckpointCreated { id, path: staging })
     }
 
-    async fn row(&self, id: &str) -> Result<CheckpointRow, ControlError> {
+    async fn row(&self, id: &str) -> Result<CheckpointRow, CheckpointError> {
         self.storage
             .checkpoint(id.to_string())
             .await
             .map_err(internal)?
-            .ok_or_else(|| bad(404, "not_found", format!("no checkpoint {id}")))
+            .ok_or_else(|| CheckpointError::NotFound(format!("no checkpoint {id}")))
     }
 
     /// Validates, fsyncs, journals and renames every staged file into the workspace.
-    /// Answers `{"id","state":"committed","files"}`. Errors: 404, 409 `not_open`, 422
-    /// `invalid_file` (nothing moved), 400 `path_escape`, 500 `io`.
-    pub async fn commit(&self, id: &str) -> Result<serde_json::Value, ControlError> {
+    /// Answers `{"id","state":"committed","files"}`. Errors: `NotFound`, `NotOpen`,
+    /// `Validation` (nothing moved), `PathEscape`, `Io`.
+    pub async fn commit(&self, id: &str) -> Result<CheckpointOutcome, CheckpointError> {
         let row = self.row(id).await?;
         if row.state != CheckpointState::Open {
-            return Err(bad(
-                409,
-                "not_open",
-                format!("checkpoint {id} is {}", row.state.as_str()),
-            ));
+            return Err(CheckpointError::NotOpen(format!(
+                "checkpoint {id} is {}",
+                row.state.as_str()
+            )));
         }
         let (staging, ws) = (path_of(&row.staging), path_of(&row.workspace));
         let (s2, w2) = (staging.clone(), ws.clone());
@@ -665,7 +620,9 @@ impl Checkpoints {
             .await
             .map_err(internal)?;
         if !began {
-            return Err(bad(409, "not_open", format!("checkpoint {id} is not open")));
+            return Err(CheckpointError::NotOpen(format!(
+                "checkpoint {id} is not open"
+            )));
         }
         self.finish_commit(&row, files).await
     }
@@ -674,7 +631,7 @@ impl Checkpoints {
         &self,
         row: &CheckpointRow,
         files: Vec<PathBuf>,
-    ) -> Result<serde_json::Value, ControlError> {
+    ) -> Result<CheckpointOutcome, CheckpointError> {
         let (staging, ws) = (path_of(&row.staging), path_of(&row.workspace));
         let n = files.len();
         blocking(move || apply_renames(&staging, &ws, &files)).await?;
@@ -699,18 +656,17 @@ impl Checkpoints {
             detail,
         )
         .await;
-        Ok(serde_json::json!({"id": row.id, "state": "committed", "files": n}))
+        Ok(CheckpointOutcome::committed(row.id.clone(), n as u64))
     }
 
     /// Rolls a `committing` checkpoint forward from its intent journal (after a crash).
-    pub async fn roll_forward(&self, id: &str) -> Result<serde_json::Value, ControlError> {
+    pub async fn roll_forward(&self, id: &str) -> Result<CheckpointOutcome, CheckpointError> {
         let row = self.row(id).await?;
         if row.state != CheckpointState::Committing {
-            return Err(bad(
-                409,
-                "not_committing",
-                format!("checkpoint {id} is {}", row.state.as_str()),
-            ));
+            return Err(CheckpointError::NotCommitting(format!(
+                "checkpoint {id} is {}",
+                row.state.as_str()
+            )));
         }
         let journal = self
             .storage
@@ -722,25 +678,22 @@ impl Checkpoints {
     }
 
     /// Removes the staging folder of an `open` checkpoint; the workspace is untouched.
-    /// Answers `{"id","state":"rolled_back"}`. Errors: 404, 409 (already committed or in a
-    /// commit, which only rolls forward), 500 `io`.
+    /// Answers `{"id","state":"rolled_back"}`. Errors: `NotFound`, `NotOpen` (already committed
+    /// or in a commit, which only rolls forward), `Io`.
     pub async fn rollback(
         &self,
         id: &str,
         reason: &str,
-    ) -> Result<serde_json::Value, ControlError> {
+    ) -> Result<CheckpointOutcome, CheckpointError> {
         let row = self.row(id).await?;
         match row.state {
             CheckpointState::Open => {}
-            CheckpointState::RolledBack => {
-                return Ok(serde_json::json!({"id": id, "state": "rolled_back"}))
-            }
+            CheckpointState::RolledBack => return Ok(CheckpointOutcome::rolled_back(id)),
             s => {
-                return Err(bad(
-                    409,
-                    "not_open",
-                    format!("checkpoint {id} is {}", s.as_str()),
-                ))
+                return Err(CheckpointError::NotOpen(format!(
+                    "checkpoint {id} is {}",
+                    s.as_str()
+                )))
             }
         }
         let (staging, ws) = (path_of(&row.staging), path_of(&row.workspace));
@@ -773,7 +726,7 @@ impl Checkpoints {
             detail,
         )
         .await;
-        Ok(serde_json::json!({"id": id, "state": "rolled_back"}))
+        Ok(CheckpointOutcome::rolled_back(id))
     }
 
     /// Settles every active checkpoint of `runner_id` (or of every runner): `open` ones are
@@ -877,10 +830,10 @@ mod tests {
         assert!(validate_file(&init, Path::new("pkg/__init__.py")).is_ok());
         let j = d.path().join("a.json");
         fs::write(&j, b"").unwrap();
-        assert_eq!(
-            validate_file(&j, Path::new("a.json")).unwrap_err().status,
-            422
-        );
+        assert!(matches!(
+            validate_file(&j, Path::new("a.json")).unwrap_err(),
+            CheckpointError::Validation { .. }
+        ));
         fs::write(&j, b"{\"a\": [1,").unwrap();
         assert!(validate_file(&j, Path::new("a.json")).is_err());
         let nb = d.path().join("n.ipynb");

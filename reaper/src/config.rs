@@ -156,7 +156,7 @@ impl TryFrom<ReaperConfigInput> for ReaperConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for r in &input.runners {
-            crate::runner::validate_spec(r).map_err(|e| ReaperError::Config(e.message))?;
+            crate::runner::validate_spec(r).map_err(|e| ReaperError::Config(e.to_string()))?;
             if !seen.insert(r.id.clone()) {
                 return Err(ReaperError::Config(format!(
                     "runner id {} is listed twice",

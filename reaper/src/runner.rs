@@ -17,7 +17,7 @@ use std::process::{ChildStderr, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
-use stallwatch_storage::control::{valid_runner_id, ControlError, RunnerSpec, SpawnSpec};
+use stallwatch_storage::control::{valid_runner_id, RegisterError, RunnerSpec, SpawnSpec};
 
 use crate::config::ReaperConfig;
 use crate::platform;
@@ -28,9 +28,9 @@ pub const MAX_SOCKET_PATH_BYTES: usize = 107;
 /// Checks a runner spec: id shape, exactly one of `spawn`/`attach`, non-empty argv, env
 /// keys non-empty without `=` or NUL, an existing `cwd` folder, and a `heartbeat_socket`
 /// that is an absolute path naming a socket or nothing yet.
-/// Errors: 400 `invalid_runner` naming what is wrong (the API's code for a bad runner).
-pub fn validate_spec(spec: &RunnerSpec) -> Result<(), ControlError> {
-    let bad = |m: String| ControlError::new(400, "invalid_runner", m);
+/// Errors: [`RegisterError::Invalid`] naming what is wrong.
+pub fn validate_spec(spec: &RunnerSpec) -> Result<(), RegisterError> {
+    let bad = RegisterError::Invalid;
     if !valid_runner_id(&spec.id) {
         return Err(bad(format!(
             "runner id {:?} must match ^[a-z0-9][a-z0-9._-]{{0,62}}$",

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stallwatch_storage::control::{
-    ControlError, ControlReply, ControlRequest, RunnerChange, RunnerSpec, Trip,
+    AttachedRunner, CheckpointError, ControlRequest, RegisterError, Registered, RunnerChange,
+    RunnerDeleted, RunnerError, RunnerSpec, SpawnedRunner, Trip,
 };
 use stallwatch_storage::model::{
     now_unix_nano, AnyValue, EventKind, KeyValue, LogBatch, LogRecord, NewIncident, Resource,
@@ -112,8 +113,8 @@ pub struct ReaperHandle {
     inner: Arc<Inner>,
 }
 
-fn internal(e: impl std::fmt::Display) -> ControlError {
-    ControlError::new(500, "internal", e.to_string())
+fn internal(e: impl std::fmt::Display) -> RegisterError {
+    RegisterError::Internal(e.to_string())
 }
 
 impl Reaper {
@@ -203,8 +204,8 @@ impl ReaperHandle {
     }
 
     /// Answers one control request: `RegisterRunner`, `DeleteRunner`, `CreateCheckpoint`,
-    /// `CommitCheckpoint`, `RollbackCheckpoint` (through its oneshot, with JSON or a
-    /// [`ControlError`]). Other requests are ignored (they belong to the watchdog or `src/`).
+    /// `CommitCheckpoint`, `RollbackCheckpoint` (through its oneshot, with the typed answer or
+    /// error of each operation). Other requests are ignored (they belong to the watchdog or `src/`).
     pub async fn handle(&self, req: ControlRequest) {
         match req {
             ControlRequest::RegisterRunner { spec, reply } => {
@@ -219,11 +220,9 @@ impl ReaperHandle {
                 reply,
             } => {
                 let r = if self.entry(&runner_id).is_none() {
-                    Err(ControlError::new(
-                        404,
-                        "runner_not_found",
-                        format!("no runner {runner_id} is registered"),
-                    ))
+                    Err(CheckpointError::RunnerNotFound(format!(
+                        "no runner {runner_id} is registered"
+                    )))
                 } else {
                     self.inner.checkpoints.create(&runner_id, &workspace).await
                 };
@@ -354,28 +353,36 @@ impl ReaperHandle {
     }
 
     /// `POST /api/v1/runners` (and config runners): same id alive → 409, dead → replaced.
-    async fn register(&self, spec: RunnerSpec, from_api: bool) -> ControlReply {
+    async fn register(
+        &self,
+        spec: RunnerSpec,
+        from_api: bool,
+    ) -> Result<Registered, RegisterError> {
         runner::validate_spec(&spec)?;
         if let Some(old) = self.entry(&spec.id) {
             if old.alive.load(Ordering::SeqCst) {
-                return Err(ControlError::new(
-                    409,
-                    "runner_exists",
-                    format!("runner {} is registered and alive", spec.id),
-                ));
+                return Err(RegisterError::IdInUse(spec.id.clone()));
             }
         }
         let _ = from_api;
         if spec.spawn.is_some() {
-            self.spawn_runner(spec, false).await
+            self.spawn_runner(spec, false)
+                .await
+                .map(Registered::Spawned)
         } else {
-            self.attach_runner(spec, None).await
+            self.attach_runner(spec, None)
+                .await
+                .map(Registered::Attached)
         }
     }
 
-    async fn spawn_runner(&self, spec: RunnerSpec, restarted: bool) -> ControlReply {
+    async fn spawn_runner(
+        &self,
+        spec: RunnerSpec,
+        restarted: bool,
+    ) -> Result<SpawnedRunner, RegisterError> {
         let Some(spawn) = spec.spawn.clone() else {
-            return Err(ControlError::new(400, "invalid_runner", "no spawn section"));
+            return Err(RegisterError::Invalid("no spawn section".into()));
         };
         let id = spec.id.clone();
         let cfg = &self.inner.config;
@@ -384,22 +391,13 @@ impl ReaperHandle {
             tracing::warn!(runner = %id, "{why}");
         }
         runner::prepare_socket_dir(&sock.path).map_err(|e| {
-            ControlError::new(
-                500,
-                "socket_dir",
-                format!(
-                    "preparing heartbeat socket folder for {}: {e}",
-                    sock.path.display()
-                ),
-            )
+            RegisterError::SocketDir(format!(
+                "preparing heartbeat socket folder for {}: {e}",
+                sock.path.display()
+            ))
         })?;
         let checkpoint = match &spawn.workspace {
-            Some(ws) => {
-                let v = self.inner.checkpoints.create(&id, ws).await?;
-                let cid = v["id"].as_str().unwrap_or_default().to_string();
-                let path = PathBuf::from(v["path"].as_str().unwrap_or_default());
-                Some((path, cid))
-            }
+            Some(ws) => Some(self.inner.checkpoints.create(&id, ws).await?),
             None => None,
         };
         let instance_id = uuid::Uuid::new_v4().to_string();
@@ -408,7 +406,9 @@ impl ReaperHandle {
             &id,
             &spawn,
             &sock.path,
-            checkpoint.as_ref().map(|(p, c)| (p.as_path(), c.as_str())),
+            checkpoint
+                .as_ref()
+                .map(|c| (c.path.as_path(), c.id.as_str())),
             &instance_id,
         );
         // Spawn and record the pid under the OWNED_PIDS lock: the unowned-zombie reaper holds
@@ -424,11 +424,7 @@ impl ReaperHandle {
                     }
                     _ => spawn.argv[0].clone(),
                 };
-                ControlError::new(
-                    400,
-                    "spawn_failed",
-                    format!("cannot start runner {id} ({what}): {e}"),
-                )
+                RegisterError::SpawnFailed(format!("cannot start runner {id} ({what}): {e}"))
             })?;
             owned.insert(p.pid);
             p
@@ -487,7 +483,7 @@ impl ReaperHandle {
         let now = now_unix_nano();
         let detail = serde_json::json!({
             "socket_fallback": sock.fallback_reason,
-            "checkpoint_id": checkpoint.as_ref().map(|c| c.1.clone()),
+            "checkpoint_id": checkpoint.as_ref().map(|c| c.id.clone()),
         });
         let row = RunnerRow {
             id: id.clone(),
@@ -529,12 +525,16 @@ impl ReaperHandle {
         })
         .await;
         self.start_monitor(entry);
-        Ok(serde_json::json!({
-            "id": id, "spawned": true, "pid": proc.pid, "start_time_ticks": proc.start_time_ticks,
-            "instance_id": instance_id, "heartbeat_socket": sock.path,
-            "socket_fallback": sock.fallback_reason,
-            "checkpoint": checkpoint.map(|(p, c)| serde_json::json!({"id": c, "path": p})),
-        }))
+        Ok(SpawnedRunner {
+            id,
+            spawned: true,
+            pid: proc.pid,
+            start_time_ticks: proc.start_time_ticks,
+            instance_id,
+            heartbeat_socket: sock.path,
+            socket_fallback: sock.fallback_reason,
+            checkpoint,
+        })
     }
 
     /// Attaches an existing process. `adopt` carries a ledger `Resume` when the orphan sweep
@@ -543,13 +543,9 @@ impl ReaperHandle {
         &self,
         spec: RunnerSpec,
         adopt: Option<(RunnerRow, Option<Resume>)>,
-    ) -> ControlReply {
+    ) -> Result<AttachedRunner, RegisterError> {
         let Some(att) = spec.attach.clone() else {
-            return Err(ControlError::new(
-                400,
-                "invalid_runner",
-                "no attach section",
-            ));
+            return Err(RegisterError::Invalid("no attach section".into()));
         };
         let id = spec.id.clone();
         let me = std::process::id();
@@ -562,31 +558,25 @@ impl ReaperHandle {
             } else {
                 "it is init"
             };
-            return Err(ControlError::new(
-                400,
-                "invalid_runner",
-                format!("pid {} cannot be a runner: {why}", att.pid),
-            ));
+            return Err(RegisterError::Invalid(format!(
+                "pid {} cannot be a runner: {why}",
+                att.pid
+            )));
         }
         let pidfd = match att.start_time_ticks {
             Some(t) => match platform::open_verified(att.pid, t).map_err(internal)? {
                 Some(fd) => Some(fd),
                 None => {
-                    return Err(ControlError::new(
-                        409,
-                        "runner_gone",
-                        format!("no live process {} with start time {t}", att.pid),
-                    ))
+                    return Err(RegisterError::Gone(format!(
+                        "no live process {} with start time {t}",
+                        att.pid
+                    )))
                 }
             },
             None => {
                 // Watched, never signalled: the pidfd only tells us when it exits.
                 if platform::proc_stat(att.pid).is_err() {
-                    return Err(ControlError::new(
-                        409,
-                        "runner_gone",
-                        format!("no live process {}", att.pid),
-                    ));
+                    return Err(RegisterError::Gone(format!("no live process {}", att.pid)));
                 }
                 None
             }
@@ -662,12 +652,14 @@ impl ReaperHandle {
                 }
             });
         }
-        Ok(serde_json::json!({
-            "id": id, "spawned": false, "pid": att.pid,
-            "start_time_ticks": att.start_time_ticks,
-            "signalled_on_trip": att.start_time_ticks.is_some(),
-            "instance_id": instance_id,
-        }))
+        Ok(AttachedRunner {
+            id,
+            spawned: false,
+            pid: att.pid,
+            start_time_ticks: att.start_time_ticks,
+            signalled_on_trip: att.start_time_ticks.is_some(),
+            instance_id,
+        })
     }
 
     fn start_monitor(&self, entry: Arc<Entry>) {
@@ -1087,13 +1079,9 @@ impl ReaperHandle {
         }
     }
 
-    pub(crate) async fn delete(&self, id: &str) -> ControlReply {
+    pub(crate) async fn delete(&self, id: &str) -> Result<RunnerDeleted, RunnerError> {
         let Some(entry) = self.entry(id) else {
-            return Err(ControlError::new(
-                404,
-                "not_found",
-                format!("no runner {id}"),
-            ));
+            return Err(RunnerError::NotFound(format!("no runner {id}")));
         };
         let report = self.stop(&entry, "delete", None).await;
         if let Some(r) = &report {
@@ -1120,13 +1108,7 @@ impl ReaperHandle {
                 m.remove(id);
             }
         }
-        Ok(serde_json::json!({
-            "id": id,
-            "removed": true,
-            "termination": report,
-            "steps": report.as_ref().map(|r| r.steps.clone()).unwrap_or_default(),
-            "survivors": report.as_ref().map(|r| r.survivors.clone()).unwrap_or_default(),
-        }))
+        Ok(deleted_answer(id, report.as_ref()))
     }
 
     /// Reaps zombie children no runner owns. Without `now`, a zombie is reaped only when it
@@ -1259,5 +1241,24 @@ mod tests {
         assert!(allow_restart(&mut h, t0 + Duration::from_secs(1), p));
         assert!(!allow_restart(&mut h, t0 + Duration::from_secs(2), p));
         assert!(allow_restart(&mut h, t0 + Duration::from_secs(11), p));
+    }
+}
+
+/// The DELETE answer: the termination report travels as its serialized JSON (its types are
+/// the termination module's own).
+fn deleted_answer(id: &str, report: Option<&TerminationReport>) -> RunnerDeleted {
+    fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+        serde_json::to_value(v).unwrap_or_default()
+    }
+    RunnerDeleted {
+        id: id.to_string(),
+        removed: true,
+        termination: report.map(json),
+        steps: report
+            .map(|r| r.steps.iter().map(json).collect())
+            .unwrap_or_default(),
+        survivors: report
+            .map(|r| r.survivors.iter().map(json).collect())
+            .unwrap_or_default(),
     }
 }

@@ -1,4 +1,8 @@
-//! stallwatch storage: the record model and the only crate that knows SQL.
+//! stallwatch storage: the only crate that knows SQL.
+//!
+//! The record model and the cross-stage messages live in `stallwatch-vocabulary`; they are
+//! re-exported here as [`model`], [`control`] and [`MetricsSource`] so older paths keep
+//! working.
 //!
 //! One SQLite file (WAL). Telemetry (spans, logs, metric points) goes through one writer
 //! thread that group-commits many export requests per transaction with
@@ -13,18 +17,18 @@
 
 pub mod checkpoints;
 pub mod config;
-pub mod control;
 mod db;
 pub mod error;
 pub mod events;
 pub mod forward;
 pub mod incidents;
 pub mod ledger;
-pub mod model;
 pub mod outbox;
 pub mod runners;
 mod schema;
 pub mod telemetry;
+
+pub use stallwatch_vocabulary::{control, model, MetricsSource};
 
 pub use config::{StorageConfig, Synchronous};
 pub use db::Storage;
@@ -32,10 +36,3 @@ pub use error::{StorageError, WriteError};
 pub use events::EventBus;
 pub use incidents::IncidentQuery;
 pub use schema::SCHEMA_VERSION;
-
-/// Something that renders its counters in the Prometheus text format for `GET /metrics`.
-/// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).
-pub trait MetricsSource: Send + Sync {
-    /// Appends `# HELP`/`# TYPE` lines and samples to `out`.
-    fn render_prometheus(&self, out: &mut String);
-}

@@ -12,8 +12,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
+use serde::Serialize;
 use serde_json::json;
-use stallwatch_storage::control::{valid_runner_id, ControlReply, ControlRequest, RunnerSpec};
+use stallwatch_storage::control::{valid_runner_id, ControlRequest, Reply, RunnerSpec};
 use tokio::sync::oneshot;
 
 use crate::error::DashboardError;
@@ -96,10 +97,10 @@ fn check_checkpoint_id(id: &str) -> Result<(), DashboardError> {
 }
 
 /// Sends a request built around a fresh reply channel and answers from the reply.
-async fn ask(
+async fn ask<T: Serialize, E: Into<DashboardError>>(
     ctx: &Shared,
     ok_status: StatusCode,
-    build: impl FnOnce(oneshot::Sender<ControlReply>) -> ControlRequest,
+    build: impl FnOnce(Reply<T, E>) -> ControlRequest,
 ) -> Result<Response, DashboardError> {
     let (tx, rx) = oneshot::channel();
     ctx.app
@@ -109,7 +110,7 @@ async fn ask(
         .map_err(|_| DashboardError::ControlUnavailable)?;
     match rx.await {
         Ok(Ok(body)) => Ok((ok_status, Json(body)).into_response()),
-        Ok(Err(e)) => Err(DashboardError::Control(e)),
+        Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(DashboardError::ControlUnavailable),
     }
 }

@@ -7,8 +7,8 @@
 //!   dispatching an MCP request, open, commit and roll back checkpoints, read runners,
 //!   incidents and traces, and follow the live event stream ([`EventStream`]).
 //!
-//! Request types mirror `stallwatch_storage::control`'s JSON shape without depending on
-//! storage (no SQLite in the app). See `examples/tauri_commands.rs`.
+//! Request types are the server's own, from `stallwatch-vocabulary`, which knows no SQL (no
+//! SQLite in the app). See `examples/tauri_commands.rs`.
 
 mod client;
 mod config;

@@ -1,121 +1,17 @@
 //! The JSON shapes the client sends and reads, as small serde types.
 //!
-//! The request types ([`RunnerSpec`], [`SpawnSpec`], [`AttachSpec`]) mirror
-//! `stallwatch_storage::control` field for field and serialize to the same JSON (a test
-//! checks it), so a Tauri app gets them without pulling storage's SQLite dependency. The
-//! answer types follow DESIGN, Read API JSON and the dashboard's renderers; they ignore
+//! The request types ([`RunnerSpec`], [`SpawnSpec`], [`AttachSpec`]), [`BreakerState`] and
+//! [`valid_runner_id`] are the server's own, from `stallwatch-vocabulary` (no SQLite in
+//! the app); tests pin their JSON shape. The answer types follow DESIGN, Read API JSON and the dashboard's renderers; they ignore
 //! unknown fields so a newer binary can add some.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// Runner ids match `^[a-z0-9][a-z0-9._-]{0,62}$` (DESIGN, Interfaces: Runners).
-pub fn valid_runner_id(id: &str) -> bool {
-    let b = id.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b[1..].iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
-        })
-}
-
-/// Body of `POST /api/v1/runners`: `id`, optional `heartbeat_socket`, and exactly one of
-/// `spawn` and `attach` (DESIGN, Interfaces: Runners).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunnerSpec {
-    /// Runner id, `^[a-z0-9][a-z0-9._-]{0,62}$`.
-    pub id: String,
-    /// UNIX socket answering `PING\n` with `PONG`; for spawned runners stallwatch chooses one
-    /// under `<data_dir>/run/` when absent and passes it as `STALLWATCH_HEARTBEAT_SOCKET`.
-    #[serde(default)]
-    pub heartbeat_socket: Option<PathBuf>,
-    /// Start it as a child of stallwatch.
-    #[serde(default)]
-    pub spawn: Option<SpawnSpec>,
-    /// Watch an existing process.
-    #[serde(default)]
-    pub attach: Option<AttachSpec>,
-}
-
-impl RunnerSpec {
-    /// A runner stallwatch starts with `argv` (no cwd, env or workspace).
-    pub fn spawned(id: impl Into<String>, argv: Vec<String>) -> Self {
-        Self {
-            id: id.into(),
-            heartbeat_socket: None,
-            spawn: Some(SpawnSpec {
-                argv,
-                cwd: None,
-                env: BTreeMap::new(),
-                workspace: None,
-            }),
-            attach: None,
-        }
-    }
-
-    /// A runner someone else started, watched by `pid`; give `start_time_ticks` (see
-    /// [`crate::process_start_time_ticks`]) or it is watched but never signalled.
-    pub fn attached(id: impl Into<String>, pid: u32, start_time_ticks: Option<u64>) -> Self {
-        Self {
-            id: id.into(),
-            heartbeat_socket: None,
-            spawn: None,
-            attach: Some(AttachSpec {
-                pid,
-                start_time_ticks,
-            }),
-        }
-    }
-}
-
-/// A runner stallwatch starts itself (its child, in its own process group).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SpawnSpec {
-    /// Program and arguments; `argv[0]` is looked up in `PATH`.
-    pub argv: Vec<String>,
-    /// Working directory (default: stallwatch's).
-    #[serde(default)]
-    pub cwd: Option<PathBuf>,
-    /// Extra environment; wins over the injected variables.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Workspace root for checkpoints (enables `STALLWATCH_CHECKPOINT_DIR`).
-    #[serde(default)]
-    pub workspace: Option<PathBuf>,
-}
-
-/// A runner started by someone else, watched by pid.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AttachSpec {
-    /// Its pid.
-    pub pid: u32,
-    /// Field 22 of `/proc/PID/stat` (clock ticks since boot). Without it the runner is
-    /// watched but never signalled.
-    #[serde(default)]
-    pub start_time_ticks: Option<u64>,
-}
-
-/// Circuit breaker states (DESIGN, Fusion and breakers), on the wire `CLOSED`, `OPEN`,
-/// `HALF_OPEN`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BreakerState {
-    /// Healthy: requests admitted.
-    #[serde(rename = "CLOSED")]
-    Closed,
-    /// Tripped: requests refused until the cooldown ends.
-    #[serde(rename = "OPEN")]
-    Open,
-    /// Cooldown over; one probe ping decides.
-    #[serde(rename = "HALF_OPEN")]
-    HalfOpen,
-}
+pub use stallwatch_vocabulary::control::{
+    valid_runner_id, AttachSpec, BreakerState, RunnerSpec, SpawnSpec,
+};
 
 /// The answer of `GET /api/v1/runners/{id}/admit`: `{"state","admit","reason",
 /// "retry_after_ms"}` (200 in CLOSED, 503 in OPEN and HALF_OPEN; DESIGN, Control endpoints).
@@ -141,28 +37,10 @@ impl Admission {
     }
 }
 
-/// The answer of `POST /api/v1/checkpoints`: `{"id","path"}`. The tool writes into `path`
-/// (`<workspace>/.workbench/checkpoints/<id>/`), never into the workspace directly.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Checkpoint (transaction) id.
-    pub id: String,
-    /// The staging folder.
-    pub path: PathBuf,
-}
+/// The answer of `POST /api/v1/checkpoints`: `{"id","path"}` (the server's own type).
+pub type Checkpoint = stallwatch_vocabulary::control::CheckpointCreated;
 
-/// The answer of `POST /api/v1/checkpoints/{id}/commit|rollback`: `{"id","state"}` and, for
-/// a commit, the number of files moved into the workspace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckpointOutcome {
-    /// Checkpoint id.
-    pub id: String,
-    /// `committed` or `rolled_back`.
-    pub state: String,
-    /// Files renamed into the workspace (commit only).
-    #[serde(default)]
-    pub files: Option<u64>,
-}
+pub use stallwatch_vocabulary::control::CheckpointOutcome;
 
 /// One recent heartbeat round trip.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -320,34 +198,20 @@ fn u64_from_string_or_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stallwatch_storage::control as storage;
+    use std::collections::BTreeMap;
 
-    fn pairs() -> Vec<(RunnerSpec, storage::RunnerSpec)> {
+    fn pairs() -> Vec<(RunnerSpec, serde_json::Value)> {
         let env: BTreeMap<String, String> = [("A".to_string(), "1".to_string())].into();
         vec![
             (
                 RunnerSpec::attached("r1", 4242, Some(123456)),
-                storage::RunnerSpec {
-                    id: "r1".into(),
-                    heartbeat_socket: None,
-                    spawn: None,
-                    attach: Some(storage::AttachSpec {
-                        pid: 4242,
-                        start_time_ticks: Some(123456),
-                    }),
-                },
+                serde_json::json!({"id": "r1", "heartbeat_socket": null, "spawn": null,
+                    "attach": {"pid": 4242, "start_time_ticks": 123456}}),
             ),
             (
                 RunnerSpec::attached("r2", 7, None),
-                storage::RunnerSpec {
-                    id: "r2".into(),
-                    heartbeat_socket: None,
-                    spawn: None,
-                    attach: Some(storage::AttachSpec {
-                        pid: 7,
-                        start_time_ticks: None,
-                    }),
-                },
+                serde_json::json!({"id": "r2", "heartbeat_socket": null, "spawn": null,
+                    "attach": {"pid": 7, "start_time_ticks": null}}),
             ),
             (
                 RunnerSpec {
@@ -356,57 +220,47 @@ mod tests {
                     spawn: Some(SpawnSpec {
                         argv: vec!["python3".into(), "-m".into(), "tool".into()],
                         cwd: Some("/w".into()),
-                        env: env.clone(),
-                        workspace: Some("/w/ws".into()),
-                    }),
-                    attach: None,
-                },
-                storage::RunnerSpec {
-                    id: "py.runner-1".into(),
-                    heartbeat_socket: Some("/run/x.sock".into()),
-                    spawn: Some(storage::SpawnSpec {
-                        argv: vec!["python3".into(), "-m".into(), "tool".into()],
-                        cwd: Some("/w".into()),
                         env,
                         workspace: Some("/w/ws".into()),
                     }),
                     attach: None,
                 },
+                serde_json::json!({"id": "py.runner-1", "heartbeat_socket": "/run/x.sock",
+                    "spawn": {"argv": ["python3", "-m", "tool"], "cwd": "/w",
+                        "env": {"A": "1"}, "workspace": "/w/ws"},
+                    "attach": null}),
             ),
         ]
     }
 
     #[test]
-    fn runner_specs_serialize_like_storage_control() {
-        for (mine, theirs) in pairs() {
-            let a = serde_json::to_value(&mine).unwrap();
-            let b = serde_json::to_value(&theirs).unwrap();
-            assert_eq!(a, b);
-            // And the server's type reads what the client sends, and vice versa.
-            let back: storage::RunnerSpec = serde_json::from_value(a.clone()).unwrap();
-            assert_eq!(back, theirs);
-            let mine_back: RunnerSpec = serde_json::from_value(b).unwrap();
-            assert_eq!(mine_back, mine);
+    fn runner_specs_serialize_to_the_documented_json() {
+        for (spec, json) in pairs() {
+            assert_eq!(serde_json::to_value(&spec).unwrap(), json);
+            let back: RunnerSpec = serde_json::from_value(json).unwrap();
+            assert_eq!(back, spec);
         }
+        // Absent optional fields read as `None`, like the server accepts them.
+        let short: RunnerSpec = serde_json::from_str(r#"{"id":"r","attach":{"pid":5}}"#).unwrap();
+        assert_eq!(short, RunnerSpec::attached("r", 5, None));
     }
 
     #[test]
     fn runner_spec_refuses_unknown_fields_like_the_server() {
         let j = r#"{"id":"r","attach":{"pid":5},"pidd":1}"#;
         assert!(serde_json::from_str::<RunnerSpec>(j).is_err());
-        assert!(serde_json::from_str::<storage::RunnerSpec>(j).is_err());
     }
 
     #[test]
-    fn breaker_state_matches_storage() {
-        for (mine, theirs) in [
-            (BreakerState::Closed, storage::BreakerState::Closed),
-            (BreakerState::Open, storage::BreakerState::Open),
-            (BreakerState::HalfOpen, storage::BreakerState::HalfOpen),
+    fn breaker_state_uses_the_wire_names() {
+        for (state, wire) in [
+            (BreakerState::Closed, "CLOSED"),
+            (BreakerState::Open, "OPEN"),
+            (BreakerState::HalfOpen, "HALF_OPEN"),
         ] {
             assert_eq!(
-                serde_json::to_value(mine).unwrap(),
-                serde_json::to_value(theirs).unwrap()
+                serde_json::to_value(state).unwrap(),
+                serde_json::json!(wire)
             );
         }
     }
@@ -415,11 +269,9 @@ mod tests {
     fn runner_ids_follow_the_design_pattern() {
         for ok in ["a", "0", "py.runner_1-x", &"a".repeat(63)] {
             assert!(valid_runner_id(ok), "{ok}");
-            assert_eq!(valid_runner_id(ok), storage::valid_runner_id(ok));
         }
         for bad in ["", "A", "-a", ".a", "a/b", "a b", &"a".repeat(64)] {
             assert!(!valid_runner_id(bad), "{bad}");
-            assert_eq!(valid_runner_id(bad), storage::valid_runner_id(bad));
         }
     }
 

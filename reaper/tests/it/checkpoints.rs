@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use stallwatch_reaper::checkpoint::{Checkpoints, HDF5_SIGNATURE};
 use stallwatch_reaper::ReaperStats;
 use stallwatch_storage::checkpoints::CheckpointState;
-use stallwatch_storage::control::{ControlReply, ControlRequest};
+use stallwatch_storage::control::{CheckpointError, ControlRequest, Reply};
 use stallwatch_storage::{EventBus, Storage, StorageConfig};
 use tokio::sync::oneshot;
 
@@ -37,13 +37,14 @@ fn hash_tree(root: &Path) -> BTreeMap<PathBuf, String> {
     out
 }
 
-async fn call(
+/// Sends one checkpoint request; a success is answered as its JSON body.
+async fn call<T: serde::Serialize>(
     h: &Harness,
-    f: impl FnOnce(oneshot::Sender<ControlReply>) -> ControlRequest,
-) -> ControlReply {
+    f: impl FnOnce(Reply<T, CheckpointError>) -> ControlRequest,
+) -> Result<serde_json::Value, CheckpointError> {
     let (tx, rx) = oneshot::channel();
     h.handle.handle(f(tx)).await;
-    rx.await.unwrap()
+    rx.await.unwrap().map(|r| serde_json::to_value(r).unwrap())
 }
 
 async fn create(h: &Harness, ws: &Path) -> (String, PathBuf) {
@@ -152,8 +153,11 @@ async fn commit_validates_then_moves_every_file() {
         })
         .await
         .unwrap_err();
-        assert_eq!(err.status, 422, "{name}: {err}");
-        assert!(err.message.contains(name), "{err}");
+        assert!(
+            matches!(err, CheckpointError::Validation { .. }),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains(name), "{err}");
         assert_eq!(hash_tree(ws.path()), before, "{name}: workspace untouched");
         call(&h, |reply| ControlRequest::RollbackCheckpoint { id, reply })
             .await
@@ -186,7 +190,7 @@ async fn commit_validates_then_moves_every_file() {
     let again = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply })
         .await
         .unwrap_err();
-    assert_eq!(again.status, 409);
+    assert!(matches!(again, CheckpointError::NotOpen(_)), "{again}");
 }
 
 #[tokio::test]
@@ -203,7 +207,7 @@ async fn path_escapes_are_refused_with_a_clear_error() {
     })
     .await
     .unwrap_err();
-    assert_eq!(err.status, 400);
+    assert!(matches!(err, CheckpointError::InvalidWorkspace(_)), "{err}");
     let dotdot = ws.path().join("data/../..");
     let err = call(&h, |reply| ControlRequest::CreateCheckpoint {
         runner_id: "r".into(),
@@ -212,7 +216,7 @@ async fn path_escapes_are_refused_with_a_clear_error() {
     })
     .await
     .unwrap_err();
-    assert_eq!(err.code, "path_escape");
+    assert!(matches!(err, CheckpointError::PathEscape(_)), "{err}");
     // A staged symlink pointing outside.
     let (id, staging) = create(&h, ws.path()).await;
     std::os::unix::fs::symlink(outside.path().join("secret.txt"), staging.join("link.txt"))
@@ -220,9 +224,9 @@ async fn path_escapes_are_refused_with_a_clear_error() {
     let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply })
         .await
         .unwrap_err();
-    assert_eq!(err.code, "path_escape");
+    assert!(matches!(err, CheckpointError::PathEscape(_)), "{err}");
     assert!(
-        err.message.contains("points outside the workspace"),
+        err.to_string().contains("points outside the workspace"),
         "{err}"
     );
     assert!(!ws.path().join("link.txt").exists());
@@ -234,7 +238,7 @@ async fn path_escapes_are_refused_with_a_clear_error() {
     let err = call(&h, |reply| ControlRequest::CommitCheckpoint { id, reply })
         .await
         .unwrap_err();
-    assert_eq!(err.code, "path_escape", "{err}");
+    assert!(matches!(err, CheckpointError::PathEscape(_)), "{err}");
     assert!(!outside.path().join("evil.txt").exists());
 }
 
@@ -256,8 +260,8 @@ async fn a_symlinked_staging_folder_is_never_followed() {
     })
     .await
     .unwrap_err();
-    assert_eq!(err.code, "path_escape", "{err}");
-    assert!(err.message.contains("symlink"), "{err}");
+    assert!(matches!(err, CheckpointError::PathEscape(_)), "{err}");
+    assert!(err.to_string().contains("symlink"), "{err}");
     assert!(outside.path().join("secret.txt").exists());
     assert!(!ws.path().join("secret.txt").exists());
     let cid = id.clone();
@@ -267,7 +271,7 @@ async fn a_symlinked_staging_folder_is_never_followed() {
     })
     .await
     .unwrap_err();
-    assert_eq!(err.code, "path_escape", "{err}");
+    assert!(matches!(err, CheckpointError::PathEscape(_)), "{err}");
     assert!(outside.path().join("secret.txt").exists());
     // `.workbench/checkpoints` replaced by a symlink: the parent check refuses too.
     let (id2, staging2) = create(&h, ws.path()).await;
@@ -283,7 +287,7 @@ async fn a_symlinked_staging_folder_is_never_followed() {
     })
     .await
     .unwrap_err();
-    assert_eq!(err.code, "path_escape", "{err}");
+    assert!(matches!(err, CheckpointError::PathEscape(_)), "{err}");
     assert!(moved.join(&id2).join("other.txt").exists());
     assert!(!ws.path().join("other.txt").exists());
 }
@@ -305,7 +309,10 @@ async fn a_symlinked_workbench_is_refused_on_create() {
         })
         .await
         .unwrap_err();
-        assert_eq!(err.code, "path_escape", "{link}: {err}");
+        assert!(
+            matches!(err, CheckpointError::PathEscape(_)),
+            "{link}: {err}"
+        );
         assert_eq!(
             std::fs::read_dir(outside.path()).unwrap().count(),
             0,
@@ -346,10 +353,7 @@ async fn commit_aborted_after_the_third_rename_is_rolled_forward_on_restart() {
         );
         let v = cps.create("r", ws.path()).await.unwrap();
         storage.shutdown().await;
-        (
-            v["id"].as_str().unwrap().to_string(),
-            PathBuf::from(v["path"].as_str().unwrap()),
-        )
+        (v.id, v.path)
     };
     for i in 0..10 {
         std::fs::write(

@@ -5,9 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stallwatch_reaper::{Reaper, ReaperConfig, ReaperHandle};
-use stallwatch_storage::control::{
-    ControlReply, ControlRequest, RunnerChange, RunnerSpec, SpawnSpec, Trip,
-};
+use stallwatch_storage::control::{ControlRequest, RunnerChange, RunnerSpec, SpawnSpec, Trip};
+pub use stallwatch_storage::control::{RegisterError, RunnerError};
 use stallwatch_storage::model::{EventKind, Incident};
 use stallwatch_storage::{EventBus, Storage, StorageConfig};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -101,14 +100,16 @@ pub fn spawn_spec(id: &str, argv: &[&str]) -> RunnerSpec {
 }
 
 impl Harness {
-    pub async fn register(&self, spec: RunnerSpec) -> ControlReply {
+    /// Registers `spec`; a success is answered as its JSON body.
+    pub async fn register(&self, spec: RunnerSpec) -> Result<serde_json::Value, RegisterError> {
         let (reply, rx) = oneshot::channel();
         self.handle
             .handle(ControlRequest::RegisterRunner { spec, reply })
             .await;
-        rx.await.unwrap()
+        rx.await.unwrap().map(|r| serde_json::to_value(r).unwrap())
     }
-    pub async fn delete(&self, id: &str) -> ControlReply {
+    /// Deletes runner `id`; a success is answered as its JSON body.
+    pub async fn delete(&self, id: &str) -> Result<serde_json::Value, RunnerError> {
         let (reply, rx) = oneshot::channel();
         self.handle
             .handle(ControlRequest::DeleteRunner {
@@ -116,7 +117,7 @@ impl Harness {
                 reply,
             })
             .await;
-        rx.await.unwrap()
+        rx.await.unwrap().map(|r| serde_json::to_value(r).unwrap())
     }
     pub async fn trip(&self, id: &str) {
         self.trips

@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use stallwatch_storage::control::{AttachSpec, ControlError, ControlRequest, RunnerSpec};
+use stallwatch_storage::control::{
+    AttachSpec, CheckpointError, ControlRequest, RegisterError, RunnerSpec,
+};
 use tokio::sync::oneshot;
 
 use crate::common::*;
@@ -12,7 +14,7 @@ async fn create_checkpoint(
     h: &Harness,
     runner: &str,
     ws: &Path,
-) -> Result<serde_json::Value, ControlError> {
+) -> Result<stallwatch_storage::control::CheckpointCreated, CheckpointError> {
     let (reply, rx) = oneshot::channel();
     h.handle
         .handle(ControlRequest::CreateCheckpoint {
@@ -41,11 +43,7 @@ async fn checkpoints_need_a_registered_runner_and_a_real_project_folder() {
     let h = harness(200).await;
     let ws = tempfile::tempdir().unwrap();
     let err = create_checkpoint(&h, "ghost", ws.path()).await.unwrap_err();
-    assert_eq!(
-        (err.status, err.code.as_str()),
-        (404, "runner_not_found"),
-        "{err}"
-    );
+    assert!(matches!(err, CheckpointError::RunnerNotFound(_)), "{err}");
 
     h.register(spawn_spec("cp", &["sleep", "600"]))
         .await
@@ -63,14 +61,13 @@ async fn checkpoints_need_a_registered_runner_and_a_real_project_folder() {
     ];
     for (p, why) in cases {
         let err = create_checkpoint(&h, "cp", &p).await.unwrap_err();
-        assert_eq!(
-            (err.status, err.code.as_str()),
-            (400, "bad_workspace"),
+        assert!(
+            matches!(err, CheckpointError::InvalidWorkspace(_)),
             "{}: {err}",
             p.display()
         );
         if why != "missing" {
-            assert!(err.message.contains(why), "{}: {err}", p.display());
+            assert!(err.to_string().contains(why), "{}: {err}", p.display());
         }
     }
     assert!(!h.dir.path().join(".workbench").exists());
@@ -95,12 +92,8 @@ async fn bad_runner_specs_are_refused_with_invalid_runner() {
         let mut spec = spawn_spec("hb", &["sleep", "600"]);
         spec.heartbeat_socket = Some(sock.clone());
         let err = h.register(spec).await.unwrap_err();
-        assert_eq!(
-            (err.status, err.code.as_str()),
-            (400, "invalid_runner"),
-            "{sock:?}: {err}"
-        );
-        assert!(err.message.contains(why), "{sock:?}: {err}");
+        assert!(matches!(err, RegisterError::Invalid(_)), "{sock:?}: {err}");
+        assert!(err.to_string().contains(why), "{sock:?}: {err}");
     }
     // env keys: non-empty, no '=', no NUL.
     for key in ["", "A=B", "A\0B"] {
@@ -111,30 +104,22 @@ async fn bad_runner_specs_are_refused_with_invalid_runner() {
             .env
             .insert(key.into(), "v".into());
         let err = h.register(spec).await.unwrap_err();
-        assert_eq!(
-            (err.status, err.code.as_str()),
-            (400, "invalid_runner"),
-            "{key:?}: {err}"
-        );
-        assert!(err.message.contains("env key"), "{key:?}: {err}");
+        assert!(matches!(err, RegisterError::Invalid(_)), "{key:?}: {err}");
+        assert!(err.to_string().contains("env key"), "{key:?}: {err}");
     }
     // A missing cwd is named as such, not blamed on the program.
     let mut spec = spawn_spec("nocwd", &["sleep", "600"]);
     spec.spawn.as_mut().unwrap().cwd = Some(tmp.path().join("gone"));
     let err = h.register(spec).await.unwrap_err();
-    assert_eq!(err.code, "invalid_runner", "{err}");
+    assert!(matches!(err, RegisterError::Invalid(_)), "{err}");
     assert!(
-        err.message.contains("cwd") && !err.message.contains("sleep"),
+        err.to_string().contains("cwd") && !err.to_string().contains("sleep"),
         "{err}"
     );
     // init, pid 2 (kthreadd) and stallwatch itself are never runners, with one code.
     for pid in [1, 2, std::process::id()] {
         let err = h.register(attach("att", pid)).await.unwrap_err();
-        assert_eq!(
-            (err.status, err.code.as_str()),
-            (400, "invalid_runner"),
-            "pid {pid}: {err}"
-        );
+        assert!(matches!(err, RegisterError::Invalid(_)), "pid {pid}: {err}");
     }
     // Any kernel thread visible here (PF_KTHREAD) is refused too.
     let kthreads = stallwatch_reaper::platform::all_processes()
@@ -143,7 +128,11 @@ async fn bad_runner_specs_are_refused_with_invalid_runner() {
         .take(3);
     for k in kthreads {
         let err = h.register(attach("kt", k.pid)).await.unwrap_err();
-        assert_eq!(err.code, "invalid_runner", "kernel thread {}: {err}", k.pid);
+        assert!(
+            matches!(err, RegisterError::Invalid(_)),
+            "kernel thread {}: {err}",
+            k.pid
+        );
     }
     // An absolute socket path that does not exist yet is fine.
     let mut spec = spawn_spec("hb", &["sleep", "600"]);

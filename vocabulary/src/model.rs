@@ -6,8 +6,8 @@
 //! protobuf or JSON wire concerns; the collector converts wire types into them in one
 //! `decode` module, and the read API renders them back as OTLP/JSON-shaped output.
 //!
-//! Incidents, runners, actions and checkpoints (the control records) live here too, since
-//! storage is the ground floor every other crate may depend on.
+//! Incidents and their event names live here too: every stage raises or reads them, and
+//! this crate is the one every other crate may depend on (storage persists them).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,0 +1,24 @@
+//! stallwatch's vocabulary: the words every stage shares, and nothing that touches a disk,
+//! a socket or SQL.
+//!
+//! - [`model`]: the records (spans, logs, metric points mirroring the OTLP data model;
+//!   incidents and their event names);
+//! - [`control`]: the messages between stages (observations, trips, runner lifecycle
+//!   notices, control requests with their typed replies and errors, the runner board).
+//! - [`MetricsSource`]: how a stage exposes its counters to `GET /metrics`.
+//!
+//! `storage/` (the only crate that knows SQL) re-exports these modules under their old
+//! paths (`stallwatch_storage::model`, `::control`), so the crate graph is
+//! `vocabulary ← storage ← {collector, watchdog, reaper, dashboards} ← src`. The Rust client
+//! (`stallwatch-client`) depends on this crate alone, which keeps SQLite out of apps.
+//! Nothing here knows an HTTP status: the wire mapping lives in `dashboards/src/error.rs`.
+
+pub mod control;
+pub mod model;
+
+/// Something that renders its counters in the Prometheus text format for `GET /metrics`.
+/// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).
+pub trait MetricsSource: Send + Sync {
+    /// Appends `# HELP`/`# TYPE` lines and samples to `out`.
+    fn render_prometheus(&self, out: &mut String);
+}
