@@ -88,6 +88,14 @@ struct Entry {
     alive: AtomicBool,
 }
 
+impl Entry {
+    /// The instance mark its descendants carry: spawned runners (of this run or re-adopted)
+    /// got `STALLWATCH_RUNNER_INSTANCE=<instance_id>`; an attached process did not.
+    fn mark(&self) -> Option<&str> {
+        (self.spawned || self.stop_at_shutdown).then_some(self.instance_id.as_str())
+    }
+}
+
 struct Inner {
     config: ReaperConfig,
     storage: Storage,
@@ -554,9 +562,12 @@ impl ReaperHandle {
         let id = spec.id.clone();
         let me = std::process::id();
         let kernel_thread = platform::proc_stat(att.pid).is_ok_and(|s| s.is_kernel_thread());
-        if att.pid <= 2 || att.pid == me || kernel_thread {
+        let ancestor = platform::is_own_ancestor(att.pid);
+        if att.pid <= 2 || att.pid == me || kernel_thread || ancestor {
             let why = if att.pid == me {
                 "it is stallwatch itself"
+            } else if ancestor {
+                "it is an ancestor of stallwatch (stopping it would stop stallwatch's own parents and their other children)"
             } else if kernel_thread || att.pid == 2 {
                 "it is a kernel thread"
             } else {
@@ -740,7 +751,7 @@ impl ReaperHandle {
         }
         // Leftover members of its group would outlive it: end them while the leader is
         // still an unreaped child (the group id stays pinned).
-        let leftovers = platform::descendants(entry.pid, &entry.id);
+        let leftovers = platform::descendants(entry.pid, entry.mark());
         let mut report = None;
         if !leftovers.is_empty() {
             let r = terminate::terminate(
@@ -749,6 +760,7 @@ impl ReaperHandle {
                 self.inner.config.grace,
                 Target {
                     runner_id: &entry.id,
+                    mark: entry.mark(),
                     pid: entry.pid,
                     pidfd: st.pidfd.as_ref(),
                     own_child_group: true,
@@ -917,6 +929,7 @@ impl ReaperHandle {
             self.inner.config.grace,
             Target {
                 runner_id: &entry.id,
+                mark: entry.mark(),
                 pid: entry.pid,
                 pidfd: st.pidfd.as_ref(),
                 own_child_group: own_child,
