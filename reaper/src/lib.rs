@@ -8,6 +8,7 @@
 //! Checkpoints, Orphan sweep). Raw process calls live in [`platform`] only.
 
 pub mod checkpoint;
+mod checkpoint_edge;
 pub mod config;
 pub mod error;
 pub mod failpoint;

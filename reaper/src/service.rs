@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Checkpoints;
+use crate::checkpoint_edge;
 use crate::config::{ReaperConfig, RestartPolicy};
 use crate::error::ReaperError;
 use crate::platform::{self, ExitInfo};
@@ -158,6 +159,16 @@ impl Reaper {
             started_unix_nano: now_unix_nano(),
         });
         let handle = ReaperHandle { inner };
+        // Before anything else touches a workspace: finish the commits and rollbacks a crash
+        // interrupted, whether or not their runners live (issue 17 #1).
+        let (recovered, errors) = handle
+            .inner
+            .checkpoints
+            .recover(handle.inner.config.sweep_batch)
+            .await;
+        if !recovered.is_empty() || !errors.is_empty() {
+            tracing::info!(?recovered, ?errors, "checkpoints interrupted by a crash settled");
+        }
         for spec in &config.runners {
             // A process of this id left by a crashed run is settled first, so the sweep
             // and this registration never race over the same id.
@@ -227,21 +238,19 @@ impl ReaperHandle {
                 reply,
             } => {
                 let r = if self.entry(&runner_id).is_none() {
-                    Err(ControlError::new(
-                        404,
-                        "runner_not_found",
-                        format!("no runner {runner_id} is registered"),
-                    ))
+                    Err(crate::checkpoint::CheckpointError::RunnerNotFound(runner_id))
                 } else {
                     self.inner.checkpoints.create(&runner_id, &workspace).await
                 };
-                let _ = reply.send(r);
+                let _ = reply.send(checkpoint_edge::reply(r));
             }
             ControlRequest::CommitCheckpoint { id, reply } => {
-                let _ = reply.send(self.inner.checkpoints.commit(&id).await);
+                let r = self.inner.checkpoints.commit(&id).await;
+                let _ = reply.send(checkpoint_edge::reply(r));
             }
             ControlRequest::RollbackCheckpoint { id, reply } => {
-                let _ = reply.send(self.inner.checkpoints.rollback(&id, "requested").await);
+                let r = self.inner.checkpoints.rollback(&id, "requested").await;
+                let _ = reply.send(checkpoint_edge::reply(r));
             }
             _ => {}
         }
@@ -403,10 +412,13 @@ impl ReaperHandle {
         })?;
         let checkpoint = match &spawn.workspace {
             Some(ws) => {
-                let v = self.inner.checkpoints.create(&id, ws).await?;
-                let cid = v["id"].as_str().unwrap_or_default().to_string();
-                let path = PathBuf::from(v["path"].as_str().unwrap_or_default());
-                Some((path, cid))
+                let c = self
+                    .inner
+                    .checkpoints
+                    .create(&id, ws)
+                    .await
+                    .map_err(checkpoint_edge::control_error)?;
+                Some((c.path, c.id))
             }
             None => None,
         };
