@@ -256,9 +256,12 @@ impl ReaperHandle {
         }
     }
 
-    /// Stops every spawned runner with the termination sequence (shutdown), including
-    /// spawned runners of an earlier run re-adopted by the orphan sweep; attached runners
-    /// are left alone. Answers the reports. No restarts happen afterwards.
+    /// Stops every spawned runner at shutdown, including spawned runners of an earlier run
+    /// re-adopted by the orphan sweep; attached runners are left alone. All are stopped
+    /// together ([`crate::shutdown::stop_all`]: SIGTERM to all, one grace period, SIGKILL
+    /// to survivors), so this takes about one grace period whatever the count (issue 17
+    /// #10). A runner whose lock a DELETE or trip holds finishes its own sequence
+    /// concurrently. Answers the reports. No restarts happen afterwards.
     pub async fn stop_spawned_runners(&self) -> Vec<TerminationReport> {
         self.inner.stopping_all.store(true, Ordering::SeqCst);
         let entries: Vec<Arc<Entry>> = self
@@ -266,14 +269,121 @@ impl ReaperHandle {
             .into_iter()
             .filter(|e| e.stop_at_shutdown)
             .collect();
+        let mut others = tokio::task::JoinSet::new();
+        let mut held = Vec::new();
+        for e in &entries {
+            match e.proc.try_lock() {
+                Ok(g) if g.finished => {}
+                Ok(g) if g.pidfd.is_some() => held.push((e, g)),
+                _ => {
+                    let (h, e) = (self.clone(), e.clone());
+                    others.spawn(async move {
+                        let r = h.stop(&e, "shutdown", None).await;
+                        if let Some(r) = &r {
+                            h.after_stop(&e, r, "shutdown", &[]).await;
+                        }
+                        r
+                    });
+                }
+            }
+        }
+        let owned: Vec<bool> = held
+            .iter()
+            .map(|(e, _)| e.spawned && self.owns(e.pid))
+            .collect();
+        let members: Vec<crate::shutdown::Member<'_>> = held
+            .iter()
+            .zip(&owned)
+            .filter_map(|((e, g), own)| {
+                Some(crate::shutdown::Member {
+                    runner_id: &e.id,
+                    pid: e.pid,
+                    pidfd: g.pidfd.as_ref()?,
+                    mark: e.mark(),
+                    own_child_group: *own,
+                })
+            })
+            .collect();
+        let reports = crate::shutdown::stop_all(
+            &self.inner.storage,
+            &self.inner.stats,
+            self.inner.config.grace,
+            &members,
+            "shutdown",
+        )
+        .await;
+        drop(members);
+        let mut after = tokio::task::JoinSet::new();
         let mut out = Vec::new();
-        for e in entries {
-            if let Some(r) = self.stop(&e, "shutdown", None).await {
-                self.after_stop(&e, &r, "shutdown", &[]).await;
+        for ((e, mut g), r) in held.into_iter().zip(reports) {
+            g.stopping = true;
+            g.finished = true;
+            g.last_report = Some(r.clone());
+            e.alive.store(false, Ordering::SeqCst);
+            if let Ok(mut o) = OWNED_PIDS.lock() {
+                o.remove(&e.pid);
+            }
+            drop(g);
+            let (h, e, r2) = (self.clone(), e.clone(), r.clone());
+            after.spawn(async move {
+                h.wait_readers(&e).await;
+                h.after_stop(&e, &r2, "shutdown", &[]).await;
+            });
+            out.push(r);
+        }
+        while let Some(r) = others.join_next().await {
+            if let Ok(Some(r)) = r {
                 out.push(r);
             }
         }
+        while after.join_next().await.is_some() {}
         out
+    }
+
+    /// Past the shutdown deadline: SIGKILL every spawned runner still registered (its group
+    /// while it is our unreaped child, else through its pidfd) and reap our own, so
+    /// stallwatch never exits with a spawned runner alive (issue 17 #10). Never waits on a
+    /// runner's lock. Answers how many were signalled.
+    pub async fn kill_all_registered(&self) -> usize {
+        let mut n = 0;
+        let mut reap = Vec::new();
+        for e in self.entries().into_iter().filter(|e| e.stop_at_shutdown) {
+            let own = e.spawned && self.owns(e.pid);
+            let Ok(g) = e.proc.try_lock() else {
+                if own {
+                    // Held by a sequence that missed the deadline: the group is still pinned.
+                    let pgid = e.pid;
+                    n += usize::from(
+                        platform::send_signal(platform::SignalTarget::Group { pgid }, platform::Sig::Kill)
+                            .is_ok(),
+                    );
+                    reap.push(e.pid);
+                }
+                continue;
+            };
+            let Some(fd) = g.pidfd.as_ref() else { continue };
+            if g.finished || platform::pidfd_exited(platform::borrow(fd)) {
+                continue;
+            }
+            let target = if own {
+                platform::SignalTarget::Group { pgid: e.pid }
+            } else {
+                platform::SignalTarget::Pidfd {
+                    fd: platform::borrow(fd),
+                    pid: e.pid,
+                }
+            };
+            n += usize::from(platform::send_signal(target, platform::Sig::Kill).is_ok());
+            if own {
+                reap.push(e.pid);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !reap.is_empty() && Instant::now() < deadline {
+            reap.retain(|pid| !matches!(platform::reap_child(*pid), Ok(Some(_))));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        n
     }
 
     /// The termination report of `id`'s last stop, if any (for tests and the DELETE answer).
@@ -373,6 +483,7 @@ impl ReaperHandle {
     /// `POST /api/v1/runners` (and config runners): same id alive → 409, dead → replaced.
     async fn register(&self, spec: RunnerSpec, from_api: bool) -> ControlReply {
         runner::validate_spec(&spec)?;
+        self.check_capacity(&spec.id)?;
         if let Some(old) = self.entry(&spec.id) {
             if old.alive.load(Ordering::SeqCst) {
                 return Err(ControlError::new(
@@ -388,6 +499,30 @@ impl ReaperHandle {
         } else {
             self.attach_runner(spec, None).await
         }
+    }
+
+    /// Refuses a new runner once `[reaper] max_runners` live runners are registered
+    /// (replacing a registered id does not count twice).
+    fn check_capacity(&self, id: &str) -> Result<(), ControlError> {
+        let max = self.inner.config.max_runners;
+        let live = self
+            .inner
+            .runners
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|e| e.id != id && e.alive.load(Ordering::SeqCst))
+                    .count()
+            })
+            .unwrap_or(0);
+        if live >= max {
+            return Err(ControlError::new(
+                429,
+                "too_many_runners",
+                format!("{live} runners are registered; the limit is [reaper] max_runners = {max}"),
+            ));
+        }
+        Ok(())
     }
 
     async fn spawn_runner(&self, spec: RunnerSpec, restarted: bool) -> ControlReply {

@@ -152,7 +152,7 @@ fn leader_exited(t: &Target<'_>) -> bool {
 
 /// Signals every live member of `procs` through a verified pidfd (opened now, or reused
 /// from `fds`). Answers how many were signalled.
-fn signal_each(
+pub(crate) fn signal_each(
     procs: &[ProcRef],
     fds: &mut BTreeMap<u32, OwnedFd>,
     sig: Sig,
@@ -200,7 +200,7 @@ fn signal_each_once(
     n
 }
 
-fn count(stats: &ReaperStats, sig: Sig, n: usize) {
+pub(crate) fn count(stats: &ReaperStats, sig: Sig, n: usize) {
     match sig {
         Sig::Term => stats.sigterm_sent.fetch_add(n as u64, Ordering::Relaxed),
         Sig::Kill => stats.sigkill_sent.fetch_add(n as u64, Ordering::Relaxed),
@@ -208,7 +208,7 @@ fn count(stats: &ReaperStats, sig: Sig, n: usize) {
     };
 }
 
-fn live(procs: &[ProcRef]) -> Vec<ProcRef> {
+pub(crate) fn live(procs: &[ProcRef]) -> Vec<ProcRef> {
     procs
         .iter()
         .filter(|p| platform::alive(p.pid, p.start_time_ticks))

@@ -47,6 +47,12 @@ pub struct StagedFile {
     pub dev: u64,
     /// The validated inode.
     pub ino: u64,
+    /// Its size, bytes, and modification time, ns since the epoch: together with the inode
+    /// they tell the validated file from a new one that reused a freed inode number (a
+    /// rename changes neither).
+    pub size: u64,
+    /// Modification time, ns since the Unix epoch.
+    pub mtime_ns: i64,
 }
 
 /// A fully validated commit plan: nothing has been created or moved yet.
@@ -177,7 +183,14 @@ pub fn prepare(
                     validate_content(&rel, fst.st_size.max(0) as u64, &mut file)?;
                     file.sync_all()
                         .map_err(|e| CheckpointError::io(format!("fsync {}", shown.display()), e))?;
-                    files.push(StagedFile { rel, dev, ino });
+                    let (size, mtime_ns) = paths::size_mtime(&fst);
+                    files.push(StagedFile {
+                        rel,
+                        dev,
+                        ino,
+                        size,
+                        mtime_ns,
+                    });
                 }
                 _ => {
                     return Err(CheckpointError::Validation {
@@ -359,7 +372,9 @@ fn is_validated(dir: &OwnedFd, name: &OsStr, f: &StagedFile) -> bool {
     match paths::kind_at(dir, name) {
         Ok(Some(st)) => {
             let (dev, ino, nlink) = paths::ident(&st);
-            paths::file_type(&st) == FileType::RegularFile && dev == f.dev && ino == f.ino && nlink == 1
+            paths::file_type(&st) == FileType::RegularFile
+                && (dev, ino, nlink) == (f.dev, f.ino, 1)
+                && paths::size_mtime(&st) == (f.size, f.mtime_ns)
         }
         _ => false,
     }

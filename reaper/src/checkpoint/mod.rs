@@ -289,7 +289,12 @@ impl Checkpoints {
             .iter()
             .map(|f| f.rel.as_os_str().as_bytes().to_vec())
             .collect();
-        let inodes: Vec<[u64; 2]> = plan.files.iter().map(|f| [f.dev, f.ino]).collect();
+        // [dev, ino, size, mtime_ns] of each journaled file, in journal order.
+        let inodes: Vec<serde_json::Value> = plan
+            .files
+            .iter()
+            .map(|f| serde_json::json!([f.dev, f.ino, f.size, f.mtime_ns]))
+            .collect();
         let wrote = self
             .storage
             .write_checkpoint_journal(
@@ -402,6 +407,8 @@ impl Checkpoints {
                 rel: path_of(p),
                 dev: i.get(0).and_then(|v| v.as_u64()).unwrap_or(0),
                 ino: i.get(1).and_then(|v| v.as_u64()).unwrap_or(0),
+                size: i.get(2).and_then(|v| v.as_u64()).unwrap_or(0),
+                mtime_ns: i.get(3).and_then(|v| v.as_i64()).unwrap_or(0),
             })
             .collect();
         let n = entries.len();
@@ -424,12 +431,12 @@ impl Checkpoints {
     /// untouched. Rolling back a rolled-back checkpoint answers the same.
     ///
     /// Errors: [`CheckpointError::NotFound`], [`CheckpointError::NotOpen`] (committed, or a
-    /// commit owns it), [`CheckpointError::PathEscape`] (a symlinked staging folder or
+    /// commit or another rollback owns it), [`CheckpointError::PathEscape`] (a symlinked staging folder or
     /// parent: nothing is removed through it), [`CheckpointError::Io`].
     pub async fn rollback(&self, id: &str, reason: &str) -> Result<Settled, CheckpointError> {
         let row = self.row(id).await?;
         match row.state {
-            CheckpointState::Open | CheckpointState::RollingBack => {}
+            CheckpointState::Open => {}
             CheckpointState::RolledBack => {
                 return Ok(Settled {
                     id: id.to_string(),
@@ -444,17 +451,26 @@ impl Checkpoints {
                 })
             }
         }
-        let (ws, cid) = (path_of(&row.workspace), row.id.clone());
         // Look first (read only): a symlinked staging folder is refused before the claim.
-        let (w2, c2) = (ws.clone(), cid.clone());
+        let (w2, c2) = (path_of(&row.workspace), row.id.clone());
         blocking(move || {
             let root = paths::open_root(&w2)?;
             paths::open_staging(&root, &w2, &c2).map(|_| ())
         })
         .await?;
-        if row.state == CheckpointState::Open {
-            self.claim(id, CheckpointState::RollingBack).await?;
-        }
+        self.claim(id, CheckpointState::RollingBack).await?;
+        self.finish_rollback(&row, reason).await
+    }
+
+    /// Removes the staging folder of a `rolling_back` checkpoint this caller owns and
+    /// marks it `rolled_back`.
+    async fn finish_rollback(
+        &self,
+        row: &CheckpointRow,
+        reason: &str,
+    ) -> Result<Settled, CheckpointError> {
+        let id = row.id.as_str();
+        let (ws, cid) = (path_of(&row.workspace), row.id.clone());
         blocking(move || {
             let root = paths::open_root(&ws)?;
             rollback::remove_staging(&root, &ws, &cid)
@@ -476,7 +492,7 @@ impl Checkpoints {
             .fetch_add(1, Ordering::Relaxed);
         self.incident(
             EventKind::CheckpointRolledBack,
-            &row,
+            row,
             format!("checkpoint {id} rolled back: {reason}"),
             detail,
         )
@@ -513,7 +529,7 @@ impl Checkpoints {
                 let r = match row.state {
                     CheckpointState::Committing => self.roll_forward(&row.id).await,
                     CheckpointState::RollingBack => {
-                        self.rollback(&row.id, "interrupted by a restart").await
+                        self.finish_rollback(&row, "interrupted by a restart").await
                     }
                     _ => continue,
                 };

@@ -232,6 +232,17 @@ pub fn ident(st: &rustix::fs::Stat) -> (u64, u64, u64) {
     (st.st_dev as u64, st.st_ino as u64, st.st_nlink as u64)
 }
 
+/// `(size in bytes, modification time in ns since the Unix epoch)` of a `stat`.
+#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+pub fn size_mtime(st: &rustix::fs::Stat) -> (u64, i64) {
+    (
+        st.st_size.max(0) as u64,
+        (st.st_mtime as i64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(st.st_mtime_nsec as i64),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -346,10 +346,7 @@ async fn commit_aborted_after_the_third_rename_is_rolled_forward_on_restart() {
         );
         let v = cps.create("r", ws.path()).await.unwrap();
         storage.shutdown().await;
-        (
-            v["id"].as_str().unwrap().to_string(),
-            PathBuf::from(v["path"].as_str().unwrap()),
-        )
+        (v.id, v.path)
     };
     for i in 0..10 {
         std::fs::write(
