@@ -86,6 +86,15 @@ async fn serve(
     self_traces: Option<crate::selftrace::SelfTraceSink>,
 ) -> Result<()> {
     let mut signals = StopSignals::install()?;
+    // Our own fd shortage must never look like a runner's fault (issue 17 #11).
+    match stallwatch_reaper::platform::raise_nofile_limit() {
+        Ok((old, new)) => tracing::debug!(
+            ?old,
+            ?new,
+            "RLIMIT_NOFILE soft limit raised to the hard limit"
+        ),
+        Err(e) => tracing::warn!("cannot raise RLIMIT_NOFILE: {e}"),
+    }
     let file = &settings.file;
     let shutdown = CancellationToken::new();
     if exit_with_parent {
@@ -314,6 +323,11 @@ async fn serve(
         .is_err()
     {
         tracing::warn!("stopping spawned runners passed its deadline");
+        let n = reaper.kill_all_registered().await;
+        tracing::warn!(
+            signalled = n,
+            "SIGKILL sent to every spawned runner still registered"
+        );
     }
     // 3. Watchdog and reaper.
     wd_token.cancel();

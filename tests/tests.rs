@@ -16,5 +16,6 @@ mod exporters;
 mod forward;
 mod lifecycle;
 mod reaper_fixes;
+mod reaper_safety;
 mod shapes;
 mod spine;

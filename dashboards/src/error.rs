@@ -92,6 +92,7 @@ fn register_wire(e: &RegisterError) -> (StatusCode, &'static str) {
         RegisterError::IdInUse(_) => (StatusCode::CONFLICT, "runner_exists"),
         RegisterError::Gone(_) => (StatusCode::CONFLICT, "runner_gone"),
         RegisterError::SpawnFailed(_) => (StatusCode::BAD_REQUEST, "spawn_failed"),
+        RegisterError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_runners"),
         RegisterError::SocketDir(_) => (StatusCode::INTERNAL_SERVER_ERROR, "socket_dir"),
         RegisterError::Checkpoint(c) => checkpoint_wire(c),
         RegisterError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -113,12 +114,12 @@ fn checkpoint_wire(e: &CheckpointError) -> (StatusCode, &'static str) {
         CheckpointError::PathEscape(_) => (StatusCode::BAD_REQUEST, "path_escape"),
         CheckpointError::NotAFile(_) => (StatusCode::BAD_REQUEST, "invalid_file"),
         CheckpointError::Validation { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_file"),
-        CheckpointError::Conflict(_) => (StatusCode::CONFLICT, "invalid_file"),
+        CheckpointError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
         CheckpointError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         CheckpointError::NotOpen(_) => (StatusCode::CONFLICT, "not_open"),
         CheckpointError::NotCommitting(_) => (StatusCode::CONFLICT, "not_committing"),
         CheckpointError::RunnerNotFound(_) => (StatusCode::NOT_FOUND, "runner_not_found"),
-        CheckpointError::Io(_) => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
+        CheckpointError::Io(_) => (StatusCode::SERVICE_UNAVAILABLE, "io"),
         CheckpointError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
     }
 }

@@ -25,6 +25,8 @@ pub const DEFAULT_TAIL_LINES: usize = 50;
 /// How often zombie children nobody owns are looked for: 500 ms.
 pub const DEFAULT_ZOMBIE_INTERVAL: Duration = Duration::from_millis(500);
 
+/// Default cap on registered runners (issue 17 #10).
+pub const DEFAULT_MAX_RUNNERS: usize = 1024;
 /// Restart policy of spawned runners: on failure, at most `max_restarts` in `window`
 /// (OTP-style intensity limit; DESIGN, Fusion and breakers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +70,9 @@ pub struct ReaperConfig {
     pub tail_lines: usize,
     /// Interval of the unowned-zombie reaper (default [`DEFAULT_ZOMBIE_INTERVAL`]).
     pub zombie_interval: Duration,
+    /// Most live runners registered at once; more are refused with `too_many_runners`
+    /// (default [`DEFAULT_MAX_RUNNERS`]).
+    pub max_runners: usize,
 }
 
 impl ReaperConfig {
@@ -83,6 +88,7 @@ impl ReaperConfig {
             sweep_batch: DEFAULT_SWEEP_BATCH,
             tail_lines: DEFAULT_TAIL_LINES,
             zombie_interval: DEFAULT_ZOMBIE_INTERVAL,
+            max_runners: DEFAULT_MAX_RUNNERS,
         }
     }
 }
@@ -103,6 +109,8 @@ pub struct RawReaperConfig {
     pub sweep_batch: Option<usize>,
     /// Output lines kept per runner (default 50).
     pub tail_lines: Option<usize>,
+    /// Most runners registered at once, count (default 1024).
+    pub max_runners: Option<usize>,
 }
 
 /// Input of the `TryFrom`: the raw table plus what `src/` knows (data folder, `[[runner]]`).
@@ -150,6 +158,12 @@ impl TryFrom<ReaperConfigInput> for ReaperConfig {
                 return Err(ReaperError::Config("reaper.sweep_batch must be > 0".into()));
             }
             c.sweep_batch = b;
+        }
+        if let Some(m) = raw.max_runners {
+            if m == 0 {
+                return Err(ReaperError::Config("reaper.max_runners must be > 0".into()));
+            }
+            c.max_runners = m;
         }
         if let Some(t) = raw.tail_lines {
             c.tail_lines = t.max(1);

@@ -8,12 +8,15 @@
 //! Checkpoints, Orphan sweep). Raw process calls live in [`platform`] only.
 
 pub mod checkpoint;
+mod checkpoint_edge;
 pub mod config;
 pub mod error;
 pub mod failpoint;
+pub mod plan;
 pub mod platform;
 pub mod runner;
 mod service;
+mod shutdown;
 pub mod spans;
 pub mod stats;
 pub mod sweep;

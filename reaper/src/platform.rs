@@ -9,7 +9,7 @@
 //! the callers in `terminate.rs` before they call the funnel; a pidfd target carries that
 //! proof with it, since a pidfd can only ever reach the process it was opened for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -18,11 +18,15 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{Pid, PidfdFlags, Signal};
 use serde::{Deserialize, Serialize};
 
-/// The two signals the reaper sends.
+/// The signals the reaper sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Sig {
     /// SIGTERM: please stop.
     Term,
+    /// SIGCONT, sent right after SIGTERM: a SIGSTOPped runner cannot act on SIGTERM until it
+    /// runs again, so without it a stopped runner would always wait out the grace period
+    /// (issue 11).
+    Cont,
     /// SIGKILL: stop now.
     Kill,
 }
@@ -31,13 +35,15 @@ impl Sig {
     fn raw(self) -> Signal {
         match self {
             Sig::Term => Signal::TERM,
+            Sig::Cont => Signal::CONT,
             Sig::Kill => Signal::KILL,
         }
     }
-    /// `SIGTERM` or `SIGKILL`.
+    /// `SIGTERM`, `SIGCONT` or `SIGKILL`.
     pub fn name(self) -> &'static str {
         match self {
             Sig::Term => "SIGTERM",
+            Sig::Cont => "SIGCONT",
             Sig::Kill => "SIGKILL",
         }
     }
@@ -65,7 +71,8 @@ pub enum SignalTarget<'a> {
 /// Why the funnel refused to send a signal.
 #[derive(Debug, thiserror::Error)]
 pub enum SignalError {
-    /// The target is PID 0/1, stallwatch, its parent, its own group, or a group id <= 1.
+    /// The target is PID 0/1, stallwatch, one of its ancestors, its own group, or a group id
+    /// <= 1.
     #[error("refusing to signal {0}: protected process")]
     Protected(String),
     /// The kernel refused (ESRCH: it is already gone; EPERM: not ours).
@@ -76,7 +83,49 @@ pub enum SignalError {
 fn protected(id: u32) -> bool {
     let me = std::process::id();
     let parent = rustix::process::getppid().map(|p| p.as_raw_pid() as u32);
-    id <= 1 || id == me || Some(id) == parent
+    id <= 1 || id == me || Some(id) == parent || is_own_ancestor(id)
+}
+
+/// stallwatch's ancestors, nearest first (the parent-pid chain read from `/proc`, ending
+/// below pid 1; capped at 4096 links so a corrupt read cannot loop).
+pub fn own_ancestors() -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut cur = std::process::id();
+    while out.len() < 4096 {
+        match proc_stat(cur) {
+            Ok(st) if st.ppid > 1 && st.ppid != cur => {
+                out.push(st.ppid);
+                cur = st.ppid;
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// True when `pid` is stallwatch's parent, grandparent, ... (issue 17 #9: an ancestor is
+/// never attached and never signalled).
+pub fn is_own_ancestor(pid: u32) -> bool {
+    own_ancestors().contains(&pid)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (issue 17 #11: stallwatch's own fd
+/// shortage must not show up as runners failing their heartbeats). Answers `(old, new)`
+/// soft limits; `None` stands for unlimited.
+pub fn raise_nofile_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let cur = getrlimit(Resource::Nofile);
+    if cur.current == cur.maximum {
+        return Ok((cur.current, cur.current));
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: cur.maximum,
+            maximum: cur.maximum,
+        },
+    )?;
+    Ok((cur.current, getrlimit(Resource::Nofile).current))
 }
 
 /// The one function that sends signals. Refuses protected targets (DESIGN, Reaper).
@@ -316,31 +365,103 @@ pub fn environ_has(pid: u32, key: &str, value: &str) -> bool {
     env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
 }
 
-/// Live (non-zombie) processes that descend from `root` by parent links, or carry
-/// `STALLWATCH_RUNNER_ID=<runner_id>` in their environment, excluding `root`.
-pub fn descendants(root: u32, runner_id: &str) -> Vec<ProcStat> {
-    let procs = all_processes();
-    let by_parent: HashMap<u32, Vec<u32>> = procs.iter().fold(HashMap::new(), |mut m, p| {
-        m.entry(p.ppid).or_default().push(p.pid);
-        m
-    });
-    let mut found: HashMap<u32, ()> = HashMap::new();
-    let mut stack = vec![root];
-    while let Some(p) = stack.pop() {
-        for c in by_parent.get(&p).into_iter().flatten() {
-            if found.insert(*c, ()).is_none() {
-                stack.push(*c);
+/// The environment variable that marks every process of one spawned runner instance
+/// (a UUID per spawn, injected next to `STALLWATCH_RUNNER_ID`; issue 17 #8).
+pub const INSTANCE_ENV: &str = "STALLWATCH_RUNNER_INSTANCE";
+
+/// One read of `/proc`: every process with its parent links, so many runners can find
+/// their descendants without scanning `/proc` once each (ordered shutdown of thousands).
+pub struct ProcTable {
+    procs: HashMap<u32, ProcStat>,
+    by_parent: HashMap<u32, Vec<u32>>,
+    /// `STALLWATCH_RUNNER_INSTANCE` of each direct child of stallwatch that has one.
+    child_marks: HashMap<u32, String>,
+    me: u32,
+    ancestors: Vec<u32>,
+}
+
+/// The value of `key` in `/proc/PID/environ`, if set.
+pub fn environ_value(pid: u32, key: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{key}=");
+    env.split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+impl ProcTable {
+    /// Reads `/proc` now.
+    pub fn snapshot() -> Self {
+        let me = std::process::id();
+        let procs: HashMap<u32, ProcStat> =
+            all_processes().into_iter().map(|p| (p.pid, p)).collect();
+        let mut by_parent: HashMap<u32, Vec<u32>> = HashMap::new();
+        for p in procs.values() {
+            by_parent.entry(p.ppid).or_default().push(p.pid);
+        }
+        let child_marks = by_parent
+            .get(&me)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| environ_value(*c, INSTANCE_ENV).map(|m| (*c, m)))
+            .collect();
+        Self {
+            procs,
+            by_parent,
+            child_marks,
+            me,
+            ancestors: own_ancestors(),
+        }
+    }
+
+    fn subtree(&self, root: u32, out: &mut HashSet<u32>) {
+        let mut stack = vec![root];
+        while let Some(p) = stack.pop() {
+            for c in self.by_parent.get(&p).into_iter().flatten() {
+                if *c != root && out.insert(*c) {
+                    stack.push(*c);
+                }
             }
         }
     }
-    let me = std::process::id();
-    procs
-        .into_iter()
-        .filter(|p| p.pid != root && p.pid != me && p.state != 'Z')
-        .filter(|p| {
-            found.contains_key(&p.pid) || environ_has(p.pid, "STALLWATCH_RUNNER_ID", runner_id)
-        })
-        .collect()
+
+    /// The proven descendants of runner `root` (issue 17 #8, #9): live (non-zombie)
+    /// processes found below `root` by parent links. For a spawned runner, `mark` is its
+    /// instance id: then a process counts only if it also carries
+    /// `STALLWATCH_RUNNER_INSTANCE=<mark>`, and the runner's orphans re-parented to
+    /// stallwatch (a child subreaper) are included when they carry the mark. An attached
+    /// runner (`mark = None`) has only its process tree. stallwatch itself and its ancestors
+    /// are never included, whatever the tree says.
+    pub fn descendants(&self, root: u32, mark: Option<&str>) -> Vec<ProcStat> {
+        let mut found = HashSet::new();
+        self.subtree(root, &mut found);
+        if let Some(m) = mark {
+            let orphans: Vec<u32> = self
+                .child_marks
+                .iter()
+                .filter(|(pid, v)| **pid != root && v.as_str() == m)
+                .map(|(pid, _)| *pid)
+                .collect();
+            for o in orphans {
+                found.insert(o);
+                self.subtree(o, &mut found);
+            }
+        }
+        let mut out: Vec<ProcStat> = found
+            .into_iter()
+            .filter(|p| *p != self.me && !self.ancestors.contains(p))
+            .filter_map(|p| self.procs.get(&p).copied())
+            .filter(|p| p.state != 'Z')
+            .filter(|p| mark.is_none_or(|m| environ_has(p.pid, INSTANCE_ENV, m)))
+            .collect();
+        out.sort_by_key(|p| p.pid);
+        out
+    }
+}
+
+/// [`ProcTable::descendants`] on a fresh snapshot.
+pub fn descendants(root: u32, mark: Option<&str>) -> Vec<ProcStat> {
+    ProcTable::snapshot().descendants(root, mark)
 }
 
 /// True when the process recorded as (`pid`, `start_time_ticks`) is still alive (not a

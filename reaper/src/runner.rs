@@ -159,6 +159,8 @@ pub fn runner_env(
         env.insert(k.to_string(), v);
     };
     set("STALLWATCH_RUNNER_ID", id.into());
+    // The per-spawn mark that proves a descendant belongs to this instance (issue 17 #8).
+    set(crate::platform::INSTANCE_ENV, instance_id.into());
     set(
         "STALLWATCH_HEARTBEAT_SOCKET",
         socket.to_string_lossy().into_owned(),

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stallwatch_storage::control::{
-    AttachedRunner, CheckpointError, ControlRequest, RegisterError, Registered, RunnerChange,
-    RunnerDeleted, RunnerError, RunnerSpec, SpawnedRunner, Trip,
+    AttachedRunner, ControlRequest, RegisterError, Registered, RunnerChange, RunnerDeleted,
+    RunnerError, RunnerSpec, SpawnedRunner, Trip,
 };
 use stallwatch_storage::model::{
     now_unix_nano, AnyValue, EventKind, KeyValue, LogBatch, LogRecord, NewIncident, Resource,
@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Checkpoints;
+use crate::checkpoint_edge;
 use crate::config::{ReaperConfig, RestartPolicy};
 use crate::error::ReaperError;
 use crate::platform::{self, ExitInfo};
@@ -87,6 +88,14 @@ struct Entry {
     readers: Mutex<Vec<JoinHandle<()>>>,
     proc: tokio::sync::Mutex<ProcState>,
     alive: AtomicBool,
+}
+
+impl Entry {
+    /// The instance mark its descendants carry: spawned runners (of this run or re-adopted)
+    /// got `STALLWATCH_RUNNER_INSTANCE=<instance_id>`; an attached process did not.
+    fn mark(&self) -> Option<&str> {
+        (self.spawned || self.stop_at_shutdown).then_some(self.instance_id.as_str())
+    }
 }
 
 struct Inner {
@@ -151,6 +160,20 @@ impl Reaper {
             started_unix_nano: now_unix_nano(),
         });
         let handle = ReaperHandle { inner };
+        // Before anything else touches a workspace: finish the commits and rollbacks a crash
+        // interrupted, whether or not their runners live (issue 17 #1).
+        let (recovered, errors) = handle
+            .inner
+            .checkpoints
+            .recover(handle.inner.config.sweep_batch)
+            .await;
+        if !recovered.is_empty() || !errors.is_empty() {
+            tracing::info!(
+                ?recovered,
+                ?errors,
+                "checkpoints interrupted by a crash settled"
+            );
+        }
         for spec in &config.runners {
             // A process of this id left by a crashed run is settled first, so the sweep
             // and this registration never race over the same id.
@@ -220,27 +243,32 @@ impl ReaperHandle {
                 reply,
             } => {
                 let r = if self.entry(&runner_id).is_none() {
-                    Err(CheckpointError::RunnerNotFound(format!(
-                        "no runner {runner_id} is registered"
-                    )))
+                    Err(crate::checkpoint::CheckpointError::RunnerNotFound(
+                        runner_id,
+                    ))
                 } else {
                     self.inner.checkpoints.create(&runner_id, &workspace).await
                 };
-                let _ = reply.send(r);
+                let _ = reply.send(checkpoint_edge::reply(r));
             }
             ControlRequest::CommitCheckpoint { id, reply } => {
-                let _ = reply.send(self.inner.checkpoints.commit(&id).await);
+                let r = self.inner.checkpoints.commit(&id).await;
+                let _ = reply.send(checkpoint_edge::reply(r));
             }
             ControlRequest::RollbackCheckpoint { id, reply } => {
-                let _ = reply.send(self.inner.checkpoints.rollback(&id, "requested").await);
+                let r = self.inner.checkpoints.rollback(&id, "requested").await;
+                let _ = reply.send(checkpoint_edge::reply(r));
             }
             _ => {}
         }
     }
 
-    /// Stops every spawned runner with the termination sequence (shutdown), including
-    /// spawned runners of an earlier run re-adopted by the orphan sweep; attached runners
-    /// are left alone. Answers the reports. No restarts happen afterwards.
+    /// Stops every spawned runner at shutdown, including spawned runners of an earlier run
+    /// re-adopted by the orphan sweep; attached runners are left alone. All are stopped
+    /// together ([`crate::shutdown::stop_all`]: SIGTERM to all, one grace period, SIGKILL
+    /// to survivors), so this takes about one grace period whatever the count (issue 17
+    /// #10). A runner whose lock a DELETE or trip holds finishes its own sequence
+    /// concurrently. Answers the reports. No restarts happen afterwards.
     pub async fn stop_spawned_runners(&self) -> Vec<TerminationReport> {
         self.inner.stopping_all.store(true, Ordering::SeqCst);
         let entries: Vec<Arc<Entry>> = self
@@ -248,14 +276,124 @@ impl ReaperHandle {
             .into_iter()
             .filter(|e| e.stop_at_shutdown)
             .collect();
+        let mut others = tokio::task::JoinSet::new();
+        let mut held = Vec::new();
+        for e in &entries {
+            match e.proc.try_lock() {
+                Ok(g) if g.finished => {}
+                Ok(g) if g.pidfd.is_some() => held.push((e, g)),
+                _ => {
+                    let (h, e) = (self.clone(), e.clone());
+                    others.spawn(async move {
+                        let r = h.stop(&e, "shutdown", None).await;
+                        if let Some(r) = &r {
+                            h.after_stop(&e, r, "shutdown", &[]).await;
+                        }
+                        r
+                    });
+                }
+            }
+        }
+        let owned: Vec<bool> = held
+            .iter()
+            .map(|(e, _)| e.spawned && self.owns(e.pid))
+            .collect();
+        let members: Vec<crate::shutdown::Member<'_>> = held
+            .iter()
+            .zip(&owned)
+            .filter_map(|((e, g), own)| {
+                Some(crate::shutdown::Member {
+                    runner_id: &e.id,
+                    pid: e.pid,
+                    pidfd: g.pidfd.as_ref()?,
+                    mark: e.mark(),
+                    own_child_group: *own,
+                })
+            })
+            .collect();
+        let reports = crate::shutdown::stop_all(
+            &self.inner.storage,
+            &self.inner.stats,
+            self.inner.config.grace,
+            &members,
+            "shutdown",
+        )
+        .await;
+        drop(members);
+        let mut after = tokio::task::JoinSet::new();
         let mut out = Vec::new();
-        for e in entries {
-            if let Some(r) = self.stop(&e, "shutdown", None).await {
-                self.after_stop(&e, &r, "shutdown", &[]).await;
+        for ((e, mut g), r) in held.into_iter().zip(reports) {
+            g.stopping = true;
+            g.finished = true;
+            g.last_report = Some(r.clone());
+            e.alive.store(false, Ordering::SeqCst);
+            if let Ok(mut o) = OWNED_PIDS.lock() {
+                o.remove(&e.pid);
+            }
+            drop(g);
+            let (h, e, r2) = (self.clone(), e.clone(), r.clone());
+            after.spawn(async move {
+                h.wait_readers(&e).await;
+                h.after_stop(&e, &r2, "shutdown", &[]).await;
+            });
+            out.push(r);
+        }
+        while let Some(r) = others.join_next().await {
+            if let Ok(Some(r)) = r {
                 out.push(r);
             }
         }
+        while after.join_next().await.is_some() {}
         out
+    }
+
+    /// Past the shutdown deadline: SIGKILL every spawned runner still registered (its group
+    /// while it is our unreaped child, else through its pidfd) and reap our own, so
+    /// stallwatch never exits with a spawned runner alive (issue 17 #10). Never waits on a
+    /// runner's lock. Answers how many were signalled.
+    pub async fn kill_all_registered(&self) -> usize {
+        let mut n = 0;
+        let mut reap = Vec::new();
+        for e in self.entries().into_iter().filter(|e| e.stop_at_shutdown) {
+            let own = e.spawned && self.owns(e.pid);
+            let Ok(g) = e.proc.try_lock() else {
+                if own {
+                    // Held by a sequence that missed the deadline: the group is still pinned.
+                    let pgid = e.pid;
+                    n += usize::from(
+                        platform::send_signal(
+                            platform::SignalTarget::Group { pgid },
+                            platform::Sig::Kill,
+                        )
+                        .is_ok(),
+                    );
+                    reap.push(e.pid);
+                }
+                continue;
+            };
+            let Some(fd) = g.pidfd.as_ref() else { continue };
+            if g.finished || platform::pidfd_exited(platform::borrow(fd)) {
+                continue;
+            }
+            let target = if own {
+                platform::SignalTarget::Group { pgid: e.pid }
+            } else {
+                platform::SignalTarget::Pidfd {
+                    fd: platform::borrow(fd),
+                    pid: e.pid,
+                }
+            };
+            n += usize::from(platform::send_signal(target, platform::Sig::Kill).is_ok());
+            if own {
+                reap.push(e.pid);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !reap.is_empty() && Instant::now() < deadline {
+            reap.retain(|pid| !matches!(platform::reap_child(*pid), Ok(Some(_))));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        n
     }
 
     /// The termination report of `id`'s last stop, if any (for tests and the DELETE answer).
@@ -359,6 +497,7 @@ impl ReaperHandle {
         from_api: bool,
     ) -> Result<Registered, RegisterError> {
         runner::validate_spec(&spec)?;
+        self.check_capacity(&spec.id)?;
         if let Some(old) = self.entry(&spec.id) {
             if old.alive.load(Ordering::SeqCst) {
                 return Err(RegisterError::IdInUse(spec.id.clone()));
@@ -374,6 +513,28 @@ impl ReaperHandle {
                 .await
                 .map(Registered::Attached)
         }
+    }
+
+    /// Refuses a new runner once `[reaper] max_runners` live runners are registered
+    /// (replacing a registered id does not count twice).
+    fn check_capacity(&self, id: &str) -> Result<(), RegisterError> {
+        let max = self.inner.config.max_runners;
+        let live = self
+            .inner
+            .runners
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|e| e.id != id && e.alive.load(Ordering::SeqCst))
+                    .count()
+            })
+            .unwrap_or(0);
+        if live >= max {
+            return Err(RegisterError::TooMany(format!(
+                "{live} runners are registered; the limit is [reaper] max_runners = {max}"
+            )));
+        }
+        Ok(())
     }
 
     async fn spawn_runner(
@@ -397,7 +558,13 @@ impl ReaperHandle {
             ))
         })?;
         let checkpoint = match &spawn.workspace {
-            Some(ws) => Some(self.inner.checkpoints.create(&id, ws).await?),
+            Some(ws) => Some(
+                self.inner
+                    .checkpoints
+                    .create(&id, ws)
+                    .await
+                    .map_err(|e| RegisterError::Checkpoint(e.into()))?,
+            ),
             None => None,
         };
         let instance_id = uuid::Uuid::new_v4().to_string();
@@ -533,7 +700,7 @@ impl ReaperHandle {
             instance_id,
             heartbeat_socket: sock.path,
             socket_fallback: sock.fallback_reason,
-            checkpoint,
+            checkpoint: checkpoint.map(Into::into),
         })
     }
 
@@ -550,9 +717,12 @@ impl ReaperHandle {
         let id = spec.id.clone();
         let me = std::process::id();
         let kernel_thread = platform::proc_stat(att.pid).is_ok_and(|s| s.is_kernel_thread());
-        if att.pid <= 2 || att.pid == me || kernel_thread {
+        let ancestor = platform::is_own_ancestor(att.pid);
+        if att.pid <= 2 || att.pid == me || kernel_thread || ancestor {
             let why = if att.pid == me {
                 "it is stallwatch itself"
+            } else if ancestor {
+                "it is an ancestor of stallwatch (stopping it would stop stallwatch's own parents and their other children)"
             } else if kernel_thread || att.pid == 2 {
                 "it is a kernel thread"
             } else {
@@ -732,7 +902,7 @@ impl ReaperHandle {
         }
         // Leftover members of its group would outlive it: end them while the leader is
         // still an unreaped child (the group id stays pinned).
-        let leftovers = platform::descendants(entry.pid, &entry.id);
+        let leftovers = platform::descendants(entry.pid, entry.mark());
         let mut report = None;
         if !leftovers.is_empty() {
             let r = terminate::terminate(
@@ -741,6 +911,7 @@ impl ReaperHandle {
                 self.inner.config.grace,
                 Target {
                     runner_id: &entry.id,
+                    mark: entry.mark(),
                     pid: entry.pid,
                     pidfd: st.pidfd.as_ref(),
                     own_child_group: true,
@@ -909,6 +1080,7 @@ impl ReaperHandle {
             self.inner.config.grace,
             Target {
                 runner_id: &entry.id,
+                mark: entry.mark(),
                 pid: entry.pid,
                 pidfd: st.pidfd.as_ref(),
                 own_child_group: own_child,

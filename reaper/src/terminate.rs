@@ -30,8 +30,11 @@ const AFTER_KILL: Duration = Duration::from_secs(5);
 
 /// The process to stop.
 pub struct Target<'a> {
-    /// Runner id (its descendants carry `STALLWATCH_RUNNER_ID=<id>`).
+    /// Runner id.
     pub runner_id: &'a str,
+    /// The instance mark of a spawned runner (`STALLWATCH_RUNNER_INSTANCE`, carried by its
+    /// descendants); `None` for an attached runner, whose descendants are its process tree.
+    pub mark: Option<&'a str>,
     /// Leader pid.
     pub pid: u32,
     /// The pidfd held since spawn or attach; `None` when there is no proof of identity.
@@ -149,7 +152,20 @@ fn leader_exited(t: &Target<'_>) -> bool {
 
 /// Signals every live member of `procs` through a verified pidfd (opened now, or reused
 /// from `fds`). Answers how many were signalled.
-fn signal_each(
+pub(crate) fn signal_each(
+    procs: &[ProcRef],
+    fds: &mut BTreeMap<u32, OwnedFd>,
+    sig: Sig,
+    stats: &ReaperStats,
+) -> usize {
+    let n = signal_each_once(procs, fds, sig, stats);
+    if sig == Sig::Term {
+        signal_each_once(procs, fds, Sig::Cont, stats);
+    }
+    n
+}
+
+fn signal_each_once(
     procs: &[ProcRef],
     fds: &mut BTreeMap<u32, OwnedFd>,
     sig: Sig,
@@ -180,14 +196,19 @@ fn signal_each(
             Err(e) => tracing::debug!(pid = p.pid, "{} not sent: {e}", sig.name()),
         }
     }
-    match sig {
-        Sig::Term => stats.sigterm_sent.fetch_add(n as u64, Ordering::Relaxed),
-        Sig::Kill => stats.sigkill_sent.fetch_add(n as u64, Ordering::Relaxed),
-    };
+    count(stats, sig, n);
     n
 }
 
-fn live(procs: &[ProcRef]) -> Vec<ProcRef> {
+pub(crate) fn count(stats: &ReaperStats, sig: Sig, n: usize) {
+    match sig {
+        Sig::Term => stats.sigterm_sent.fetch_add(n as u64, Ordering::Relaxed),
+        Sig::Kill => stats.sigkill_sent.fetch_add(n as u64, Ordering::Relaxed),
+        Sig::Cont => 0,
+    };
+}
+
+pub(crate) fn live(procs: &[ProcRef]) -> Vec<ProcRef> {
     procs
         .iter()
         .filter(|p| platform::alive(p.pid, p.start_time_ticks))
@@ -257,7 +278,7 @@ pub async fn terminate(
 
     // 1. Record descendants before the first signal.
     let own_group = if t.own_child_group { Some(t.pid) } else { None };
-    let recorded: Vec<ProcRef> = platform::descendants(t.pid, t.runner_id)
+    let recorded: Vec<ProcRef> = platform::descendants(t.pid, t.mark)
         .into_iter()
         .map(|p| ProcRef {
             pid: p.pid,
@@ -280,12 +301,14 @@ pub async fn terminate(
     let group_gone = |g: &[ProcRef]| live(g).is_empty();
     let send_group = |sig: Sig, fds: &mut BTreeMap<u32, OwnedFd>| -> serde_json::Value {
         if let Some(pgid) = own_group {
-            match platform::send_signal(SignalTarget::Group { pgid }, sig) {
+            let sent = platform::send_signal(SignalTarget::Group { pgid }, sig);
+            if sig == Sig::Term {
+                // A SIGSTOPped group acts on SIGTERM only once it runs again (issue 11).
+                let _ = platform::send_signal(SignalTarget::Group { pgid }, Sig::Cont);
+            }
+            match sent {
                 Ok(()) => {
-                    match sig {
-                        Sig::Term => stats.sigterm_sent.fetch_add(1, Ordering::Relaxed),
-                        Sig::Kill => stats.sigkill_sent.fetch_add(1, Ordering::Relaxed),
-                    };
+                    count(stats, sig, 1);
                     serde_json::json!({"target": "group", "pgid": pgid})
                 }
                 Err(e) => {
@@ -295,17 +318,16 @@ pub async fn terminate(
         } else {
             let mut n = 0;
             if let Some(fd) = t.pidfd {
-                if !platform::pidfd_exited(fd.as_fd())
-                    && platform::send_signal(
-                        SignalTarget::Pidfd {
-                            fd: fd.as_fd(),
-                            pid: t.pid,
-                        },
-                        sig,
-                    )
-                    .is_ok()
+                let leader = SignalTarget::Pidfd {
+                    fd: fd.as_fd(),
+                    pid: t.pid,
+                };
+                if !platform::pidfd_exited(fd.as_fd()) && platform::send_signal(leader, sig).is_ok()
                 {
                     n += 1;
+                    if sig == Sig::Term {
+                        let _ = platform::send_signal(leader, Sig::Cont);
+                    }
                 }
             }
             n += signal_each(&group, fds, sig, stats);

@@ -4,6 +4,8 @@
 
 #[path = "it/checkpoints.rs"]
 mod checkpoints;
+#[path = "it/commit_fd.rs"]
+mod commit_fd;
 #[path = "it/common.rs"]
 mod common;
 #[path = "it/runners.rs"]

@@ -1,5 +1,14 @@
 //! The checkpoint table and the commit intent journal.
 //!
+//! Each checkpoint has one owner at a time, a state machine kept in this table (issue 17 #2):
+//! `open → committing → committed` and `open → rolling_back → rolled_back`. A request
+//! claims the checkpoint by moving it out of `open` in one transaction
+//! ([`Storage::claim_checkpoint`]); a second request sees the new state and is refused
+//! without touching a file. A commit that fails validation goes back to `open`
+//! ([`Storage::reopen_checkpoint`]). Its point of no return is the journal
+//! ([`Storage::write_checkpoint_journal`]): a `committing` checkpoint without a journal had
+//! changed nothing and is reopened after a crash; one with a journal is rolled forward.
+//!
 //! A checkpoint is a staging folder `{workspace}/.workbench/checkpoints/{id}/` that a tool
 //! writes into (DESIGN, Checkpoints). Committing one first writes, in one `synchronous=FULL`
 //! transaction, the list of files it will rename (the intent journal) and the state
@@ -36,8 +45,8 @@ CREATE TABLE checkpoint_journal (
 );
 ";
 
-/// Where a checkpoint stands. `Open` and `Committing` are *active* (the orphan sweep and
-/// the automatic rollback on a trip look at them).
+/// Where a checkpoint stands. `Open`, `Committing` and `RollingBack` are *active* (the
+/// orphan sweep, the start-up recovery and the automatic rollback on a trip look at them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckpointState {
@@ -47,6 +56,8 @@ pub enum CheckpointState {
     Committing,
     /// Every file was renamed into the workspace.
     Committed,
+    /// A rollback owns it: the staging folder is being removed.
+    RollingBack,
     /// The staging folder was removed; the workspace is unchanged.
     RolledBack,
 }
@@ -58,6 +69,7 @@ impl CheckpointState {
             CheckpointState::Open => "open",
             CheckpointState::Committing => "committing",
             CheckpointState::Committed => "committed",
+            CheckpointState::RollingBack => "rolling_back",
             CheckpointState::RolledBack => "rolled_back",
         }
     }
@@ -67,6 +79,7 @@ impl CheckpointState {
             "open" => CheckpointState::Open,
             "committing" => CheckpointState::Committing,
             "committed" => CheckpointState::Committed,
+            "rolling_back" => CheckpointState::RollingBack,
             _ => CheckpointState::RolledBack,
         }
     }
@@ -216,7 +229,99 @@ impl Storage {
         .await
     }
 
-    /// Active checkpoints (`open`, `committing`) with id greater than `after_id`, optionally
+    /// Moves checkpoint `id` from `from` to `to` in one transaction: the claim that makes a
+    /// request the checkpoint's only owner. Answers `Ok(Ok(()))` when it moved,
+    /// `Ok(Err(Some(state)))` when it stood elsewhere (nothing written), `Ok(Err(None))`
+    /// when there is no such checkpoint.
+    pub async fn claim_checkpoint(
+        &self,
+        id: String,
+        from: CheckpointState,
+        to: CheckpointState,
+        at_unix_nano: u64,
+    ) -> Result<Result<(), Option<CheckpointState>>, StorageError> {
+        self.control(move |tx| {
+            let cur: Option<String> = tx
+                .query_row("SELECT state FROM checkpoints WHERE id = ?1", [&id], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            match cur.map(|s| CheckpointState::parse(&s)) {
+                None => return Ok(Err(None)),
+                Some(s) if s != from => return Ok(Err(Some(s))),
+                Some(_) => {}
+            }
+            tx.execute(
+                "UPDATE checkpoints SET state = ?2, updated_unix_nano = ?3 WHERE id = ?1",
+                params![id, to.as_str(), at_unix_nano as i64],
+            )?;
+            Ok(Ok(()))
+        })
+        .await
+    }
+
+    /// Writes the intent journal of a `committing` checkpoint that has none yet (`rel_paths`
+    /// in order) and stores `detail` (the commit plan: inode of each entry, ...), in one
+    /// `synchronous=FULL` transaction: the commit's point of no return. Answers false (and
+    /// writes nothing) when it is not `committing` or already has a journal.
+    pub async fn write_checkpoint_journal(
+        &self,
+        id: String,
+        rel_paths: Vec<Vec<u8>>,
+        detail: serde_json::Value,
+        at_unix_nano: u64,
+    ) -> Result<bool, StorageError> {
+        self.control(move |tx| {
+            let has: i64 = tx.query_row(
+                "SELECT COUNT(*) FROM checkpoint_journal WHERE checkpoint_id = ?1",
+                [&id],
+                |r| r.get(0),
+            )?;
+            let n = tx.execute(
+                "UPDATE checkpoints SET detail = ?2, updated_unix_nano = ?3
+                 WHERE id = ?1 AND state = 'committing'",
+                params![id, detail.to_string(), at_unix_nano as i64],
+            )?;
+            if n == 0 || has > 0 {
+                return Ok(false);
+            }
+            let mut st = tx.prepare_cached(
+                "INSERT INTO checkpoint_journal (checkpoint_id, seq, rel_path) VALUES (?1, ?2, ?3)",
+            )?;
+            for (seq, p) in rel_paths.iter().enumerate() {
+                st.execute(params![id, seq as i64, p])?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Gives a `committing` checkpoint back to `open`, dropping its journal and plan: its
+    /// commit failed validation or was undone, so the workspace is as it was. Answers false
+    /// when it was not `committing`.
+    pub async fn reopen_checkpoint(
+        &self,
+        id: String,
+        at_unix_nano: u64,
+    ) -> Result<bool, StorageError> {
+        self.control(move |tx| {
+            let n = tx.execute(
+                "UPDATE checkpoints SET state = 'open', detail = '{}', updated_unix_nano = ?2
+                 WHERE id = ?1 AND state = 'committing'",
+                params![id, at_unix_nano as i64],
+            )?;
+            if n > 0 {
+                tx.execute(
+                    "DELETE FROM checkpoint_journal WHERE checkpoint_id = ?1",
+                    [&id],
+                )?;
+            }
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    /// Active checkpoints (`open`, `committing`, `rolling_back`) with id greater than `after_id`, optionally
     /// of one runner, by id, at most `limit` (capped at 1000).
     pub async fn active_checkpoints(
         &self,
@@ -228,7 +333,7 @@ impl Storage {
         self.read(move |c| {
             let mut st = c.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM checkpoints
-                 WHERE state IN ('open', 'committing') AND (?1 IS NULL OR runner_id = ?1)
+                 WHERE state IN ('open', 'committing', 'rolling_back') AND (?1 IS NULL OR runner_id = ?1)
                    AND id > ?2 ORDER BY id LIMIT ?3"
             ))?;
             let rows = st.query_map(params![runner_id, after_id, limit], row_to_checkpoint)?;
@@ -299,5 +404,69 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    #[tokio::test]
+    async fn one_owner_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(StorageConfig::new(dir.path().join("db"))).unwrap();
+        s.create_checkpoint(CheckpointRow {
+            id: "t2".into(),
+            runner_id: "r".into(),
+            workspace: b"/w".to_vec(),
+            staging: b"/w/.workbench/checkpoints/t2".to_vec(),
+            state: CheckpointState::Open,
+            detail: serde_json::json!({}),
+            created_unix_nano: 1,
+            updated_unix_nano: 1,
+        })
+        .await
+        .unwrap();
+        use CheckpointState::*;
+        assert_eq!(
+            s.claim_checkpoint("t2".into(), Open, Committing, 2)
+                .await
+                .unwrap(),
+            Ok(())
+        );
+        // The rollback that comes second sees the commit's claim and writes nothing.
+        assert_eq!(
+            s.claim_checkpoint("t2".into(), Open, RollingBack, 3)
+                .await
+                .unwrap(),
+            Err(Some(Committing))
+        );
+        assert_eq!(
+            s.claim_checkpoint("nope".into(), Open, RollingBack, 3)
+                .await
+                .unwrap(),
+            Err(None)
+        );
+        let paths = vec![b"a".to_vec()];
+        assert!(s
+            .write_checkpoint_journal("t2".into(), paths.clone(), serde_json::json!({"x": 1}), 4)
+            .await
+            .unwrap());
+        assert!(
+            !s.write_checkpoint_journal("t2".into(), paths.clone(), serde_json::json!({}), 5)
+                .await
+                .unwrap(),
+            "one journal per commit"
+        );
+        assert!(s.reopen_checkpoint("t2".into(), 6).await.unwrap());
+        assert!(s.checkpoint_journal("t2".into()).await.unwrap().is_empty());
+        let row = s.checkpoint("t2".into()).await.unwrap().unwrap();
+        assert_eq!(row.state, Open);
+        assert_eq!(
+            s.claim_checkpoint("t2".into(), Open, RollingBack, 7)
+                .await
+                .unwrap(),
+            Ok(())
+        );
+        assert_eq!(
+            s.active_checkpoints(None, String::new(), 10).await.unwrap()[0].state,
+            RollingBack
+        );
+        assert_eq!(CheckpointState::parse("rolling_back"), RollingBack);
     }
 }

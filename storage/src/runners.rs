@@ -307,6 +307,33 @@ impl Storage {
         .await
     }
 
+    /// Appends many ledger records in one transaction (the ordered shutdown of thousands of
+    /// runners writes each phase once, not once per runner). Records already present (same
+    /// idempotency key) are skipped. Answers how many were written.
+    pub async fn record_actions(&self, actions: Vec<ActionRecord>) -> Result<usize, StorageError> {
+        self.control(move |tx| {
+            let mut st = tx.prepare_cached(
+                "INSERT INTO runner_actions (runner_id, termination_id, step, phase, pid, detail, idempotency_key, at_unix_nano)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(idempotency_key) DO NOTHING",
+            )?;
+            let mut n = 0;
+            for a in &actions {
+                n += st.execute(params![
+                    a.runner_id,
+                    a.termination_id,
+                    a.step,
+                    a.phase,
+                    a.pid.map(i64::from),
+                    a.detail.to_string(),
+                    a.idempotency_key(),
+                    a.at_unix_nano as i64,
+                ])?;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
     /// The last `limit` actions of a runner (capped at 1000), oldest first.
     pub async fn runner_actions(
         &self,

@@ -258,6 +258,10 @@ pub enum RegisterError {
     /// The program could not be started (`execve` failed); the message names it.
     #[error("{0}")]
     SpawnFailed(String),
+    /// `[reaper] max_runners` live runners are registered already (the message names the
+    /// limit).
+    #[error("{0}")]
+    TooMany(String),
     /// The heartbeat socket folder could not be prepared under the data folder.
     #[error("{0}")]
     SocketDir(String),
@@ -299,9 +303,10 @@ pub enum CheckpointError {
         /// What is wrong with it.
         why: String,
     },
-    /// A staged file would replace a folder of the workspace.
-    #[error("{} is a folder in the workspace", .0.display())]
-    Conflict(PathBuf),
+    /// The workspace changed under the commit (a folder appeared at a destination, ...):
+    /// the commit was undone from its journal and the checkpoint is open again.
+    #[error("{0}")]
+    Conflict(String),
     /// No checkpoint with this id.
     #[error("{0}")]
     NotFound(String),
@@ -314,7 +319,7 @@ pub enum CheckpointError {
     /// The runner the checkpoint would belong to is not registered.
     #[error("{0}")]
     RunnerNotFound(String),
-    /// A file system call failed (the message names the path).
+    /// A file system call failed (the message names the path); transient, worth a retry.
     #[error("{0}")]
     Io(String),
     /// Something inside stallwatch failed (a journal write, a worker thread); see its log.

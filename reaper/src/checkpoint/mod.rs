@@ -1,0 +1,614 @@
+//! Checkpoints: a staging folder per transaction, validated and atomically committed into
+//! the workspace, or rolled back leaving the workspace byte-for-byte as it was
+//! (`docs/design.md`, Checkpoints; issue 17 #1–#7).
+//!
+//! A tool writes into `{workspace}/.workbench/checkpoints/{id}/`, never into the project
+//! folder. One request owns a checkpoint at a time: it claims it in the journal
+//! (`open → committing` or `open → rolling_back`, [`stallwatch_storage::checkpoints`]) and a
+//! second request is refused with [`CheckpointError::NotOpen`] without touching a file.
+//! Commit = claim, validate every file through descriptors and check every destination
+//! without creating anything ([`commit::prepare`]), write the intent journal with each
+//! file's inode (`synchronous=FULL`, the point of no return), then move the files
+//! ([`commit::apply`]). A conflict during the moves undoes them and reopens the checkpoint.
+//! On start, before anything else touches a workspace, [`Checkpoints::recover`] rolls every
+//! journaled commit forward and reopens one that had not reached its journal, whether or not
+//! its runner lives. Rollback = claim, delete the staging folder by descriptor.
+//!
+//! The module is split along its seams: [`paths`] (path safety), [`validate`] (content
+//! rules), [`commit`] (descriptor-based moves and the journal's inodes), [`rollback`]
+//! (removal without following links). Errors are [`CheckpointError`]; the HTTP mapping
+//! lives at the edge. The filesystem work is plain blocking code on tokio's blocking pool.
+
+pub mod commit;
+pub mod paths;
+pub mod rollback;
+pub mod validate;
+
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+use stallwatch_storage::checkpoints::{CheckpointRow, CheckpointState};
+use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
+use stallwatch_storage::{EventBus, Storage};
+
+use crate::stats::ReaperStats;
+pub use commit::StagedFile;
+pub use paths::{check_relative, check_workspace, staging_dir, STAGING_ROOT};
+pub use validate::{csv_width_mismatch, has_hdf5_signature, HDF5_SIGNATURE};
+
+/// Why a checkpoint operation was refused or failed. No HTTP here: the edge maps each
+/// variant (bad input → 400/422, state → 404/409, transient → 503).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// No checkpoint with that id.
+    #[error("no checkpoint {id}")]
+    NotFound {
+        /// The id asked for.
+        id: String,
+    },
+    /// The checkpoint is not `open`: finished, or owned by another request (`committing`,
+    /// `rolling_back`).
+    #[error("checkpoint {id} is {state}")]
+    NotOpen {
+        /// The id.
+        id: String,
+        /// Where it stands (`committing`, `rolling_back`, `committed`, `rolled_back`).
+        state: &'static str,
+    },
+    /// The workspace changed under the commit (a folder appeared at a destination, ...);
+    /// the commit was undone and the checkpoint is open again.
+    #[error("{why}")]
+    Conflict {
+        /// What happened.
+        why: String,
+    },
+    /// A path would leave the workspace: `..`, absolute, or through a symlink.
+    #[error("{why}")]
+    PathEscape {
+        /// The offending path.
+        path: PathBuf,
+        /// The rule it broke.
+        why: String,
+    },
+    /// The workspace root is unusable (relative, missing, not a folder, `/`, inside the
+    /// data folder, no access).
+    #[error("{why}")]
+    InvalidWorkspace {
+        /// Why.
+        why: String,
+    },
+    /// A staged entry breaks a content or kind rule; nothing was moved.
+    #[error("{}: {why}", path.display())]
+    Validation {
+        /// The entry, relative to the staging folder.
+        path: PathBuf,
+        /// The rule.
+        why: String,
+    },
+    /// The runner named for a new checkpoint is not registered.
+    #[error("no runner {0} is registered")]
+    RunnerNotFound(String),
+    /// A transient fault (I/O, storage, a worker thread); worth retrying.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl CheckpointError {
+    /// A transient I/O fault while doing `what`.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            what: what.into(),
+            source,
+        }
+    }
+    fn storage(e: impl std::fmt::Display) -> Self {
+        Self::io("checkpoint journal", std::io::Error::other(e.to_string()))
+    }
+}
+
+/// The answer of [`Checkpoints::create`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Created {
+    /// Transaction id.
+    pub id: String,
+    /// The staging folder (absolute).
+    pub path: PathBuf,
+}
+
+/// The answer of a commit, rollback or roll-forward.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Settled {
+    /// Transaction id.
+    pub id: String,
+    /// `committed` or `rolled_back`.
+    pub state: &'static str,
+    /// Files now in the workspace (commits only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<usize>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, CheckpointError> + Send + 'static,
+) -> Result<T, CheckpointError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        CheckpointError::io("checkpoint worker", std::io::Error::other(e.to_string()))
+    })?
+}
+
+fn path_of(bytes: &[u8]) -> PathBuf {
+    PathBuf::from(std::ffi::OsString::from_vec(bytes.to_vec()))
+}
+
+/// The checkpoint operations with their journal and incidents.
+#[derive(Clone)]
+pub struct Checkpoints {
+    storage: Storage,
+    events: EventBus,
+    stats: Arc<ReaperStats>,
+    /// stallwatch's data folder (canonical): no workspace may lie inside it.
+    data_dir: Option<PathBuf>,
+}
+
+impl Checkpoints {
+    /// Builds the manager.
+    pub fn new(storage: Storage, events: EventBus, stats: Arc<ReaperStats>) -> Self {
+        Self {
+            storage,
+            events,
+            stats,
+            data_dir: None,
+        }
+    }
+
+    /// Refuses workspaces inside stallwatch's data folder `dir` (its database, sockets and
+    /// token live there). A folder that cannot be resolved is kept as given.
+    pub fn with_data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+        self
+    }
+
+    /// Creates the staging folder of a new transaction for `runner_id` under `workspace`.
+    ///
+    /// Errors: [`CheckpointError::InvalidWorkspace`] (also inside the data folder),
+    /// [`CheckpointError::PathEscape`], [`CheckpointError::Io`].
+    pub async fn create(
+        &self,
+        runner_id: &str,
+        workspace: &Path,
+    ) -> Result<Created, CheckpointError> {
+        let ws = check_workspace(workspace)?;
+        if let Some(data) = &self.data_dir {
+            if ws.starts_with(data) {
+                return Err(CheckpointError::InvalidWorkspace {
+                    why: format!(
+                        "workspace {} is inside stallwatch's data folder {}",
+                        workspace.display(),
+                        data.display()
+                    ),
+                });
+            }
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let staging = staging_dir(&ws, &id);
+        let (w2, id2) = (ws.clone(), id.clone());
+        blocking(move || {
+            let root = paths::open_root(&w2)?;
+            paths::create_staging(&root, &w2, &id2).map(|_| ())
+        })
+        .await?;
+        let now = now_unix_nano();
+        self.storage
+            .create_checkpoint(CheckpointRow {
+                id: id.clone(),
+                runner_id: runner_id.to_string(),
+                workspace: ws.as_os_str().as_bytes().to_vec(),
+                staging: staging.as_os_str().as_bytes().to_vec(),
+                state: CheckpointState::Open,
+                detail: serde_json::json!({}),
+                created_unix_nano: now,
+                updated_unix_nano: now,
+            })
+            .await
+            .map_err(CheckpointError::storage)?;
+        Ok(Created { id, path: staging })
+    }
+
+    async fn row(&self, id: &str) -> Result<CheckpointRow, CheckpointError> {
+        self.storage
+            .checkpoint(id.to_string())
+            .await
+            .map_err(CheckpointError::storage)?
+            .ok_or_else(|| CheckpointError::NotFound { id: id.to_string() })
+    }
+
+    async fn claim(&self, id: &str, to: CheckpointState) -> Result<(), CheckpointError> {
+        match self
+            .storage
+            .claim_checkpoint(id.to_string(), CheckpointState::Open, to, now_unix_nano())
+            .await
+            .map_err(CheckpointError::storage)?
+        {
+            Ok(()) => Ok(()),
+            Err(None) => Err(CheckpointError::NotFound { id: id.to_string() }),
+            Err(Some(s)) => Err(CheckpointError::NotOpen {
+                id: id.to_string(),
+                state: s.as_str(),
+            }),
+        }
+    }
+
+    async fn reopen(&self, id: &str) {
+        if let Err(e) = self
+            .storage
+            .reopen_checkpoint(id.to_string(), now_unix_nano())
+            .await
+        {
+            tracing::error!(
+                checkpoint = id,
+                "reopening after a refused commit failed: {e}"
+            );
+        }
+    }
+
+    /// Claims, validates, journals and moves every staged file into the workspace.
+    ///
+    /// Errors: [`CheckpointError::NotFound`], [`CheckpointError::NotOpen`] (another request
+    /// owns it, or it is finished); after a refusal that moved nothing (the checkpoint is
+    /// open again): [`CheckpointError::Validation`], [`CheckpointError::PathEscape`],
+    /// [`CheckpointError::Conflict`]; [`CheckpointError::Io`].
+    pub async fn commit(&self, id: &str) -> Result<Settled, CheckpointError> {
+        let row = self.row(id).await?;
+        self.claim(id, CheckpointState::Committing).await?;
+        let (ws, cid) = (path_of(&row.workspace), row.id.clone());
+        let staging_path = path_of(&row.staging);
+        let prepared = blocking(move || {
+            let root = paths::open_root(&ws)?;
+            let staging = paths::open_staging(&root, &ws, &cid)?.ok_or_else(|| {
+                CheckpointError::Conflict {
+                    why: format!("staging folder {} is missing", staging_path.display()),
+                }
+            })?;
+            let plan = commit::prepare(&root, &ws, staging, &staging_path)?;
+            Ok((root, ws, plan))
+        })
+        .await;
+        let (root, ws, plan) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                self.reopen(id).await;
+                return Err(e);
+            }
+        };
+        let journal: Vec<Vec<u8>> = plan
+            .files
+            .iter()
+            .map(|f| f.rel.as_os_str().as_bytes().to_vec())
+            .collect();
+        // [dev, ino, size, mtime_ns] of each journaled file, in journal order.
+        let inodes: Vec<serde_json::Value> = plan
+            .files
+            .iter()
+            .map(|f| serde_json::json!([f.dev, f.ino, f.size, f.mtime_ns]))
+            .collect();
+        let wrote = self
+            .storage
+            .write_checkpoint_journal(
+                id.to_string(),
+                journal,
+                serde_json::json!({"inodes": inodes}),
+                now_unix_nano(),
+            )
+            .await;
+        match wrote {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(CheckpointError::NotOpen {
+                    id: id.to_string(),
+                    state: "committing",
+                })
+            }
+            Err(e) => {
+                self.reopen(id).await;
+                return Err(CheckpointError::storage(e));
+            }
+        }
+        let n = plan.files.len();
+        let (w2, cid) = (ws.clone(), row.id.clone());
+        let applied = blocking(move || {
+            let r = commit::apply(&root, &w2, &plan);
+            if r.is_ok() {
+                rollback::remove_staging(&root, &w2, &cid)?;
+            }
+            r
+        })
+        .await;
+        match applied {
+            Ok(_) => self.finish_commit(&row, n, Vec::new()).await,
+            Err(e @ (CheckpointError::Conflict { .. } | CheckpointError::Validation { .. })) => {
+                // Undone completely: the workspace is as it was.
+                self.reopen(id).await;
+                Err(e)
+            }
+            // Left `committing` with its journal: rolled forward at the next start.
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn finish_commit(
+        &self,
+        row: &CheckpointRow,
+        n: usize,
+        skipped: Vec<String>,
+    ) -> Result<Settled, CheckpointError> {
+        let detail = serde_json::json!({"files": n, "skipped": skipped});
+        self.storage
+            .finish_checkpoint(
+                row.id.clone(),
+                vec![CheckpointState::Committing],
+                CheckpointState::Committed,
+                detail.clone(),
+                now_unix_nano(),
+            )
+            .await
+            .map_err(CheckpointError::storage)?;
+        self.stats
+            .checkpoints_committed
+            .fetch_add(1, Ordering::Relaxed);
+        self.incident(
+            EventKind::CheckpointCommitted,
+            row,
+            format!("checkpoint {} committed ({n} files)", row.id),
+            detail,
+        )
+        .await;
+        Ok(Settled {
+            id: row.id.clone(),
+            state: "committed",
+            files: Some(n),
+        })
+    }
+
+    /// Settles a `committing` checkpoint after a crash: with a journal it is rolled
+    /// forward; without one (its commit had changed nothing) it is reopened.
+    ///
+    /// Errors: [`CheckpointError::NotOpen`] when it is not `committing`,
+    /// [`CheckpointError::PathEscape`], [`CheckpointError::Io`].
+    pub async fn roll_forward(&self, id: &str) -> Result<Settled, CheckpointError> {
+        let row = self.row(id).await?;
+        if row.state != CheckpointState::Committing {
+            return Err(CheckpointError::NotOpen {
+                id: id.to_string(),
+                state: row.state.as_str(),
+            });
+        }
+        let journal = self
+            .storage
+            .checkpoint_journal(id.to_string())
+            .await
+            .map_err(CheckpointError::storage)?;
+        let inodes = row.detail.get("inodes").and_then(|v| v.as_array()).cloned();
+        let Some(inodes) = inodes else {
+            self.reopen(id).await;
+            return Ok(Settled {
+                id: id.to_string(),
+                state: "open",
+                files: None,
+            });
+        };
+        let entries: Vec<StagedFile> = journal
+            .iter()
+            .zip(inodes.iter())
+            .map(|(p, i)| StagedFile {
+                rel: path_of(p),
+                dev: i.get(0).and_then(|v| v.as_u64()).unwrap_or(0),
+                ino: i.get(1).and_then(|v| v.as_u64()).unwrap_or(0),
+                size: i.get(2).and_then(|v| v.as_u64()).unwrap_or(0),
+                mtime_ns: i.get(3).and_then(|v| v.as_i64()).unwrap_or(0),
+            })
+            .collect();
+        let n = entries.len();
+        let (ws, cid, sp) = (
+            path_of(&row.workspace),
+            row.id.clone(),
+            path_of(&row.staging),
+        );
+        let (_, skipped) = blocking(move || {
+            let root = paths::open_root(&ws)?;
+            let staging = paths::open_staging(&root, &ws, &cid)?;
+            let r = commit::roll_forward(&root, &ws, staging.as_ref(), &sp, &entries)?;
+            rollback::remove_staging(&root, &ws, &cid)?;
+            Ok(r)
+        })
+        .await?;
+        if !skipped.is_empty() {
+            tracing::warn!(checkpoint = id, ?skipped, "roll-forward skipped entries");
+        }
+        self.finish_commit(&row, n - skipped.len().min(n), skipped)
+            .await
+    }
+
+    /// Claims an `open` checkpoint and removes its staging folder; the workspace is
+    /// untouched. Rolling back a rolled-back checkpoint answers the same.
+    ///
+    /// Errors: [`CheckpointError::NotFound`], [`CheckpointError::NotOpen`] (committed, or a
+    /// commit or another rollback owns it), [`CheckpointError::PathEscape`] (a symlinked staging folder or
+    /// parent: nothing is removed through it), [`CheckpointError::Io`].
+    pub async fn rollback(&self, id: &str, reason: &str) -> Result<Settled, CheckpointError> {
+        let row = self.row(id).await?;
+        match row.state {
+            CheckpointState::Open => {}
+            CheckpointState::RolledBack => {
+                return Ok(Settled {
+                    id: id.to_string(),
+                    state: "rolled_back",
+                    files: None,
+                })
+            }
+            s => {
+                return Err(CheckpointError::NotOpen {
+                    id: id.to_string(),
+                    state: s.as_str(),
+                })
+            }
+        }
+        // Look first (read only): a symlinked staging folder is refused before the claim.
+        let (w2, c2) = (path_of(&row.workspace), row.id.clone());
+        blocking(move || {
+            let root = paths::open_root(&w2)?;
+            paths::open_staging(&root, &w2, &c2).map(|_| ())
+        })
+        .await?;
+        self.claim(id, CheckpointState::RollingBack).await?;
+        self.finish_rollback(&row, reason).await
+    }
+
+    /// Removes the staging folder of a `rolling_back` checkpoint this caller owns and
+    /// marks it `rolled_back`.
+    async fn finish_rollback(
+        &self,
+        row: &CheckpointRow,
+        reason: &str,
+    ) -> Result<Settled, CheckpointError> {
+        let id = row.id.as_str();
+        let (ws, cid) = (path_of(&row.workspace), row.id.clone());
+        blocking(move || {
+            let root = paths::open_root(&ws)?;
+            rollback::remove_staging(&root, &ws, &cid)
+        })
+        .await?;
+        let detail = serde_json::json!({"reason": reason});
+        self.storage
+            .finish_checkpoint(
+                id.to_string(),
+                vec![CheckpointState::RollingBack],
+                CheckpointState::RolledBack,
+                detail.clone(),
+                now_unix_nano(),
+            )
+            .await
+            .map_err(CheckpointError::storage)?;
+        self.stats
+            .checkpoints_rolled_back
+            .fetch_add(1, Ordering::Relaxed);
+        self.incident(
+            EventKind::CheckpointRolledBack,
+            row,
+            format!("checkpoint {id} rolled back: {reason}"),
+            detail,
+        )
+        .await;
+        Ok(Settled {
+            id: id.to_string(),
+            state: "rolled_back",
+            files: None,
+        })
+    }
+
+    /// Start-up recovery, run before any runner is registered or swept (issue 17 #1):
+    /// every `committing` checkpoint is rolled forward from its journal (or reopened when
+    /// it had not reached it) and every `rolling_back` one finished, whether or not its
+    /// runner lives. Answers the ids settled and the errors met.
+    pub async fn recover(&self, batch: usize) -> (Vec<String>, Vec<String>) {
+        let (mut done, mut errors) = (Vec::new(), Vec::new());
+        let mut after = String::new();
+        loop {
+            let rows = match self
+                .storage
+                .active_checkpoints(None, after.clone(), batch)
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.push(format!("listing checkpoints: {e}"));
+                    break;
+                }
+            };
+            let Some(last) = rows.last() else { break };
+            after = last.id.clone();
+            for row in rows {
+                let r = match row.state {
+                    CheckpointState::Committing => self.roll_forward(&row.id).await,
+                    CheckpointState::RollingBack => {
+                        self.finish_rollback(&row, "interrupted by a restart").await
+                    }
+                    _ => continue,
+                };
+                match r {
+                    Ok(_) => done.push(row.id),
+                    Err(e) => errors.push(format!("checkpoint {}: {e}", row.id)),
+                }
+            }
+        }
+        (done, errors)
+    }
+
+    /// Settles every active checkpoint of `runner_id` (or of every runner): `open` ones are
+    /// rolled back, `committing` ones rolled forward. Answers the ids handled and the
+    /// errors met (the loop goes on after an error).
+    pub async fn settle_runner(
+        &self,
+        runner_id: Option<&str>,
+        reason: &str,
+        batch: usize,
+    ) -> (Vec<String>, Vec<String>) {
+        let (mut done, mut errors) = (Vec::new(), Vec::new());
+        let mut after = String::new();
+        loop {
+            let rows = match self
+                .storage
+                .active_checkpoints(runner_id.map(str::to_string), after.clone(), batch)
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    errors.push(format!("listing checkpoints: {e}"));
+                    break;
+                }
+            };
+            let Some(last) = rows.last() else { break };
+            after = last.id.clone();
+            for row in rows {
+                let r = match row.state {
+                    CheckpointState::Committing => self.roll_forward(&row.id).await,
+                    _ => self.rollback(&row.id, reason).await,
+                };
+                match r {
+                    Ok(_) => done.push(row.id),
+                    Err(e) => errors.push(format!("checkpoint {}: {e}", row.id)),
+                }
+            }
+        }
+        (done, errors)
+    }
+
+    async fn incident(
+        &self,
+        kind: EventKind,
+        row: &CheckpointRow,
+        reason: String,
+        evidence: serde_json::Value,
+    ) {
+        let inc = NewIncident {
+            kind,
+            runner_id: Some(row.runner_id.clone()),
+            tool_name: None,
+            trace_id: None,
+            span_id: None,
+            reason,
+            evidence: serde_json::json!({"checkpoint_id": row.id, "detail": evidence}),
+            idempotency_key: format!("{}:{}", kind.as_str(), row.id),
+            at_unix_nano: now_unix_nano(),
+        };
+        if let Err(e) = self.events.publish(inc).await {
+            tracing::warn!(checkpoint = %row.id, "incident not recorded: {e}");
+        }
+    }
+}

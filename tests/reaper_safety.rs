@@ -1,0 +1,410 @@
+//! Issue 17 end to end on the real binary: the user's files stay whole, and the reaper
+//! touches only what it can prove is the runner. Real SQLite file, real child processes,
+//! real files; kill -9 of stallwatch where a crash is the point.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::chain::{post_json, process_alive, spawn_runner};
+use crate::support::*;
+
+/// A process started by the test itself (not by stallwatch), killed on drop.
+struct Own(Child);
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn own(argv: &[&str], env: &[(&str, &str)]) -> Own {
+    let mut c = Command::new(argv[0]);
+    c.args(&argv[1..]).stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    Own(c.spawn().unwrap())
+}
+
+fn start_time(pid: u64) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    rest.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+fn children(pid: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
+            continue;
+        };
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let rest = &s[s.rfind(')').unwrap() + 2..];
+            if rest.split_whitespace().nth(1) == Some(&pid.to_string()) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn delete(server: &Server, id: &str) -> (u16, serde_json::Value) {
+    let r = http_client()
+        .delete(server.api(&format!("/api/v1/runners/{id}")))
+        .bearer_auth(server.token())
+        .send()
+        .unwrap();
+    let st = r.status().as_u16();
+    (st, r.json().unwrap_or(serde_json::Value::Null))
+}
+
+fn config() -> String {
+    "[reaper]\ngrace_ms = 500\nmax_restarts = 0\n".into()
+}
+
+/// #8: two stallwatch instances, each with a runner `py-tools` that has a child, and an
+/// unrelated process carrying `STALLWATCH_RUNNER_ID=py-tools`: a DELETE in one instance
+/// ends its runner and that runner's child, and touches nothing else.
+#[test]
+fn a_delete_in_one_instance_touches_nothing_of_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start_with(ServerOpts::new(&dir.path().join("a")).config(&config()));
+    let b = Server::start_with(ServerOpts::new(&dir.path().join("b")).config(&config()));
+    let argv = ["sh", "-c", "sleep 600 & wait"];
+    let ra = spawn_runner(&a, "py-tools", &argv, None, &[]);
+    let rb = spawn_runner(&b, "py-tools", &argv, None, &[]);
+    let (pa, pb) = (ra["pid"].as_u64().unwrap(), rb["pid"].as_u64().unwrap());
+    let bystander = own(&["sleep", "600"], &[("STALLWATCH_RUNNER_ID", "py-tools")]);
+    wait_until!(Duration::from_secs(10), "both runners have their child", {
+        children(pa).len() == 1 && children(pb).len() == 1
+    });
+    let (ca, cb) = (children(pa)[0], children(pb)[0]);
+    let (st, body) = delete(&a, "py-tools");
+    assert_eq!(st, 200, "{body}");
+    wait_until!(Duration::from_secs(10), "a's runner and child end", {
+        !process_alive(pa) && !process_alive(ca)
+    });
+    assert!(process_alive(pb), "b's runner untouched");
+    assert!(process_alive(cb), "b's runner's child untouched");
+    assert!(
+        process_alive(bystander.0.id() as u64),
+        "a process merely carrying the runner's name is untouched"
+    );
+    let (st, v) = b.get_json("/api/v1/runners/py-tools");
+    assert_eq!(st, 200, "{v}");
+}
+
+/// #9: attaching stallwatch's own parent is refused with a clear error; DELETE of an
+/// attached sibling ends that sibling and its child only, never its other siblings nor
+/// stallwatch's own spawned runner.
+#[test]
+fn attached_runners_are_stopped_alone_and_ancestors_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&config()));
+    let me = std::process::id() as u64;
+    let (st, body) = post_json(
+        &server,
+        "/api/v1/runners",
+        &serde_json::json!({"id": "parent", "attach": {"pid": me, "start_time_ticks": start_time(me)}}),
+    );
+    assert_eq!(st, 400, "{body}");
+    assert!(
+        body.to_string().contains("ancestor of stallwatch"),
+        "a clear reason: {body}"
+    );
+    let spawned = spawn_runner(&server, "own", &["sleep", "600"], None, &[]);
+    let own_pid = spawned["pid"].as_u64().unwrap();
+    let sib = own(&["sh", "-c", "sleep 600 & wait"], &[]);
+    let other = own(&["sleep", "600"], &[]);
+    let sp = sib.0.id() as u64;
+    wait_until!(Duration::from_secs(10), "the sibling's child", {
+        children(sp).len() == 1
+    });
+    let sib_child = children(sp)[0];
+    let (st, body) = post_json(
+        &server,
+        "/api/v1/runners",
+        &serde_json::json!({"id": "sib", "attach": {"pid": sp, "start_time_ticks": start_time(sp)}}),
+    );
+    assert!(st == 200 || st == 201, "{body}");
+    let (st, body) = delete(&server, "sib");
+    assert_eq!(st, 200, "{body}");
+    wait_until!(Duration::from_secs(10), "the sibling's child ends", {
+        !process_alive(sib_child)
+    });
+    // The attached sibling is our test's child: it is a zombie until we reap it.
+    let _ = sib.0.id();
+    assert!(
+        process_alive(other.0.id() as u64),
+        "another sibling untouched"
+    );
+    assert!(
+        process_alive(own_pid),
+        "stallwatch's spawned runner untouched"
+    );
+    assert!(process_alive(me), "the parent is never signalled");
+}
+
+/// #10: ordered shutdown with many runners takes about one grace period and leaves none
+/// alive; registering more than `[reaper] max_runners` is refused with a clear error.
+#[test]
+fn shutdown_with_many_runners_leaves_none_alive() {
+    let n: usize = std::env::var("STALLWATCH_TEST_MANY_RUNNERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = format!("[reaper]\ngrace_ms = 1000\nmax_restarts = 0\nmax_runners = {n}\n");
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&cfg));
+    let started = Instant::now();
+    let pids: Vec<u64> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..8)
+            .map(|w| {
+                let server = &server;
+                s.spawn(move || {
+                    (0..n)
+                        .filter(|i| i % 8 == w)
+                        .map(|i| {
+                            let r = spawn_runner(
+                                server,
+                                &format!("r{i}"),
+                                &["sleep", "600"],
+                                None,
+                                &[],
+                            );
+                            r["pid"].as_u64().unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    eprintln!("registered {n} runners in {:?}", started.elapsed());
+    let (st, body) = post_json(
+        &server,
+        "/api/v1/runners",
+        &serde_json::json!({"id": "one-too-many", "spawn": {"argv": ["sleep", "600"]}}),
+    );
+    assert_eq!(st, 429, "{body}");
+    assert!(body.to_string().contains("max_runners"), "{body}");
+    assert_eq!(pids.iter().filter(|p| process_alive(**p)).count(), n);
+    let t = Instant::now();
+    server.stop();
+    let took = t.elapsed();
+    let alive = pids.iter().filter(|p| process_alive(**p)).count();
+    eprintln!("shutdown with {n} runners took {took:?}; {alive} alive after");
+    assert_eq!(alive, 0, "no runner outlives stallwatch");
+}
+
+fn stage_files(staging: &Path, n: usize) {
+    for i in 0..n {
+        let d = staging.join(format!("d{}", i % 10));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.json")), format!("{{\"i\": {i}}}")).unwrap();
+    }
+}
+
+fn count_files(root: &Path) -> usize {
+    (0..10)
+        .map(|d| {
+            std::fs::read_dir(root.join(format!("d{d}")))
+                .map(|r| r.count())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+fn checkpoint(server: &Server, runner: &str, ws: &Path) -> (String, PathBuf) {
+    let (st, v) = post_json(
+        server,
+        "/api/v1/checkpoints",
+        &serde_json::json!({"runner_id": runner, "workspace": ws}),
+    );
+    assert_eq!(st, 201, "{v}");
+    (
+        v["id"].as_str().unwrap().to_string(),
+        PathBuf::from(v["path"].as_str().unwrap()),
+    )
+}
+
+/// #2: a commit racing a rollback of the same checkpoint: exactly one wins, the other is
+/// answered 409, and the workspace holds all of the files or none.
+#[test]
+fn commit_racing_rollback_is_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&config()));
+    spawn_runner(&server, "tools", &["sleep", "600"], None, &[]);
+    for round in 0..3 {
+        let ws = dir.path().join(format!("ws{round}"));
+        std::fs::create_dir_all(&ws).unwrap();
+        let (id, staging) = checkpoint(&server, "tools", &ws);
+        stage_files(&staging, 1000);
+        let (c, r) = std::thread::scope(|s| {
+            let c = s.spawn(|| {
+                post_json(
+                    &server,
+                    &format!("/api/v1/checkpoints/{id}/commit"),
+                    &serde_json::json!({}),
+                )
+            });
+            let r = s.spawn(|| {
+                post_json(
+                    &server,
+                    &format!("/api/v1/checkpoints/{id}/rollback"),
+                    &serde_json::json!({}),
+                )
+            });
+            (c.join().unwrap(), r.join().unwrap())
+        });
+        let landed = count_files(&ws);
+        assert!(
+            (c.0 == 200 && r.0 == 409 && landed == 1000)
+                || (r.0 == 200 && c.0 == 409 && landed == 0),
+            "round {round}: commit {c:?}, rollback {r:?}, {landed} files landed"
+        );
+    }
+}
+
+/// #1: kill -9 during a 1,000-file commit while the runner lives on: the next start settles
+/// the commit before anything else (rolled forward if it had reached its journal), so the
+/// workspace holds all of the files or none, and the checkpoint is never left `committing`.
+#[test]
+fn kill9_during_a_commit_is_settled_on_start_while_the_runner_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    for (round, delay_ms) in [30u64, 120, 400].into_iter().enumerate() {
+        let server = Server::start_with(ServerOpts::new(&data).config(&config()));
+        let ws = dir.path().join(format!("ws{round}"));
+        std::fs::create_dir_all(&ws).unwrap();
+        let reg = spawn_runner(
+            &server,
+            &format!("t{round}"),
+            &["sleep", "600"],
+            Some(&ws),
+            &[],
+        );
+        let pid = reg["pid"].as_u64().unwrap();
+        let id = reg["checkpoint"]["id"].as_str().unwrap().to_string();
+        let staging = PathBuf::from(reg["checkpoint"]["path"].as_str().unwrap());
+        stage_files(&staging, 1000);
+        let url = server.api(&format!("/api/v1/checkpoints/{id}/commit"));
+        let token = server.token();
+        std::thread::spawn(move || {
+            let _ = http_client()
+                .post(url)
+                .bearer_auth(token)
+                .json(&serde_json::json!({}))
+                .send();
+        });
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        server.crash();
+        assert!(process_alive(pid), "the runner survives the crash");
+        let server = Server::start_with(ServerOpts::new(&data).config(&config()));
+        let (st, page) = server.get_json("/api/v1/checkpoints?limit=100");
+        assert_eq!(st, 200, "{page}");
+        let state = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id.as_str())
+            .map(|c| c["state"].as_str().unwrap_or_default().to_string());
+        assert_ne!(
+            state.as_deref(),
+            Some("committing"),
+            "round {round}: settled on start"
+        );
+        let landed = count_files(&ws);
+        assert!(
+            landed == 0 || landed == 1000,
+            "round {round} (kill after {delay_ms} ms): {landed} of 1000 files in place"
+        );
+        if landed == 0 {
+            assert_eq!(
+                state.as_deref(),
+                Some("open"),
+                "round {round}: nothing moved, still open"
+            );
+        }
+        server.stop();
+    }
+}
+
+/// #3–#7 and #15 over HTTP: staged symlinks and hard links are refused (400/422), a
+/// symlinked workspace folder creates nothing outside, and bad checkpoint paths answer 400,
+/// never 500.
+#[test]
+fn bad_checkpoint_input_is_refused_with_a_clear_4xx() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&config()));
+    spawn_runner(&server, "tools", &["sleep", "600"], None, &[]);
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "s").unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for (ws, why) in [
+        (serde_json::json!("relative/ws"), "relative"),
+        (serde_json::json!(""), "empty"),
+        (serde_json::json!("/"), "the root"),
+        (serde_json::json!(file), "a file"),
+        (serde_json::json!(dir.path().join("missing")), "missing"),
+        (serde_json::json!(dir.path().join("d")), "the data folder"),
+    ] {
+        let (st, body) = post_json(
+            &server,
+            "/api/v1/checkpoints",
+            &serde_json::json!({"runner_id": "tools", "workspace": ws}),
+        );
+        assert_eq!(st, 400, "{why}: {body}");
+    }
+    let commit = |id: &str| {
+        post_json(
+            &server,
+            &format!("/api/v1/checkpoints/{id}/commit"),
+            &serde_json::json!({}),
+        )
+    };
+    // A relative symlink, harmless where it sits, would point outside from its new place.
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let (id, staging) = checkpoint(&server, "tools", &ws);
+    std::fs::create_dir_all(staging.join("sub")).unwrap();
+    std::os::unix::fs::symlink("../../../a", staging.join("sub/link")).unwrap();
+    let (st, body) = commit(&id);
+    assert_eq!(st, 400, "{body}");
+    assert!(!ws.join("sub").exists());
+    // A hard link to an outside file.
+    let (id, staging) = checkpoint(&server, "tools", &ws);
+    if std::fs::hard_link(outside.join("secret.txt"), staging.join("h.txt")).is_ok() {
+        let (st, body) = commit(&id);
+        assert_eq!(st, 422, "{body}");
+        assert!(body.to_string().contains("hard link"), "{body}");
+        assert!(!ws.join("h.txt").exists());
+    }
+    // A symlinked folder already in the workspace: nothing is created outside.
+    std::os::unix::fs::symlink(&outside, ws.join("out")).unwrap();
+    let (id, staging) = checkpoint(&server, "tools", &ws);
+    std::fs::create_dir_all(staging.join("out/sub/deep")).unwrap();
+    std::fs::write(staging.join("out/sub/deep/x.txt"), "x").unwrap();
+    let (st, body) = commit(&id);
+    assert_eq!(st, 400, "{body}");
+    let names: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("secret.txt")],
+        "nothing created outside"
+    );
+    // Unknown checkpoint: 404, not 500.
+    let (st, body) = commit("0123456789abcdef");
+    assert_eq!(st, 404, "{body}");
+}
