@@ -349,20 +349,25 @@ def setup(
         if _current is not None and not _current._closed:
             return _current
         otlp_protocol("traces")  # a bad protocol fails before anything starts
-        on_start = on_start_processor(
-            refresh_interval_s=refresh_interval_s, export_timeout_s=export_timeout_s
-        )
         stuck_after_s = heartbeat_timeout_s()
+        watched: list[OnStartSpanProcessor] = []
 
         def health() -> Optional[str]:
-            return "export_stuck" if on_start.export_stuck_s() > stuck_after_s else None
+            stuck = bool(watched) and watched[0].export_stuck_s() > stuck_after_s
+            return "export_stuck" if stuck else None
 
+        # The heartbeat first: it is what stallwatch waits for after a (re)start, and a
+        # bad socket path raises before anything global is installed.
+        server = serve_heartbeat(health=health) if heartbeat else None
         try:
-            # Before anything global, so that a bad socket path raises first.
-            server = serve_heartbeat(health=health) if heartbeat else None
+            on_start = on_start_processor(
+                refresh_interval_s=refresh_interval_s, export_timeout_s=export_timeout_s
+            )
         except BaseException:
-            on_start.shutdown()
+            if server is not None:
+                server.close()
             raise
+        watched.append(on_start)
         if not faulthandler.is_enabled():
             try:
                 faulthandler.enable(file=sys.stderr, all_threads=True)
