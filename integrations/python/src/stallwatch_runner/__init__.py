@@ -56,4 +56,4 @@ __all__ = [
     "tool_span",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
