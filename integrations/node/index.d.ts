@@ -1,4 +1,4 @@
-// Types for @stallwatch/runner (CommonJS). See integrations/README.md.
+// Types for @stallwatch/runner (CommonJS entry; index.d.mts re-exports them for ESM). See README.md.
 import type { Attributes, Context, Span as ApiSpan } from '@opentelemetry/api';
 import type { Resource } from '@opentelemetry/resources';
 import type { ReadableSpan, Span, SpanExporter, SpanProcessor } from '@opentelemetry/sdk-trace-base';
@@ -63,6 +63,57 @@ export declare const DEFAULT_EXPORT_TIMEOUT_MS: number;
 /** 'stallwatch.runner.id' */
 export declare const RUNNER_ID_ATTR: string;
 
+/** 'STALLWATCH_STACKS_FILE' */
+export declare const STACKS_FILE_ENV: string;
+/** stallwatch's heartbeat timeout in ms: $STALLWATCH_HEARTBEAT_TIMEOUT_MS or 5000. */
+export declare function heartbeatTimeoutMs(): number;
+
+/**
+ * The kit's agent: a worker thread that serves the heartbeat socket and exports tool-span
+ * snapshots, so both go on while the main thread runs a synchronous tool. Answers PONG,
+ * BYE (after goodbye()), ERR export_stuck or ERR event_loop_blocked.
+ */
+export declare class Agent {
+  constructor(options?: {
+    socketPath?: string | null;
+    refreshIntervalMs?: number;
+    exportTimeoutMillis?: number;
+    heartbeatTimeoutMs?: number;
+  });
+  /** The heartbeat socket path, or null. */
+  readonly path: string | null;
+  /** Resolves with the agent once the socket listens (null without a socket). */
+  readonly ready: Promise<Agent | null>;
+  /** Answer BYE from now on (deliberate exit). */
+  goodbye(): void;
+  /** Resolves once no snapshot export is in flight (at most timeoutMs, default 3000). */
+  flush(timeoutMs?: number): Promise<void>;
+  stop(): void;
+}
+
+/** SpanProcessor that hands tool spans to the Agent synchronously in onStart. */
+export declare class WatchSpanProcessor implements SpanProcessor {
+  constructor(agent: Agent, options?: { refreshIntervalMs?: number });
+  onStart(span: Span, parentContext: Context): void;
+  onEnd(span: ReadableSpan): void;
+  forceFlush(): Promise<void>;
+  shutdown(): Promise<void>;
+}
+
+/** Write the stacks-file header and turn on process.report for SIGUSR2; returns the report path or null. */
+export declare function installStacksHook(file?: string): string | null;
+
+export interface AttachOptions {
+  /** Milliseconds between refreshes of a running tool span (default 5000). */
+  refreshIntervalMs?: number;
+  /** Per-request timeout of the snapshot exporter in ms (default 2000). */
+  exportTimeoutMillis?: number;
+  /** Serve $STALLWATCH_HEARTBEAT_SOCKET when set (default true). */
+  heartbeat?: boolean;
+  /** Install the crash hooks (default true). */
+  crashHooks?: boolean;
+}
+
 export interface SetupOptions {
   /** Overrides OTEL_SERVICE_NAME. */
   serviceName?: string;
@@ -76,16 +127,22 @@ export interface SetupOptions {
   crashHooks?: boolean;
   /** Register the provider globally with a context manager (default true). */
   register?: boolean;
+  /** Attach to this SDK 1.x provider (it must have addSpanProcessor); for SDK 2.x use attach(). */
+  tracerProvider?: { addSpanProcessor(processor: SpanProcessor): void; resource?: Resource };
 }
 
 export interface Runner {
-  tracerProvider: NodeTracerProvider;
-  resource: Resource;
-  onStart: OnStartSpanProcessor;
+  /** The provider setup() created; null after attach() (the app owns its provider). */
+  tracerProvider: NodeTracerProvider | null;
+  resource: Resource | null;
+  /** The kit's processor: add it to your own provider/NodeSDK after attach(). */
+  spanProcessor: WatchSpanProcessor;
+  /** Same object as spanProcessor (older name). */
+  onStart: WatchSpanProcessor;
   /** Set once heartbeatReady resolves. */
-  heartbeat: HeartbeatServer | null;
-  /** Resolves with the heartbeat server (null when none); rejects if it cannot listen. */
-  heartbeatReady: Promise<HeartbeatServer | null>;
+  heartbeat: Agent | null;
+  /** Resolves with the agent serving the heartbeat (null when none); rejects if it cannot listen. */
+  heartbeatReady: Promise<Agent | null>;
   runnerId: string | null;
   closed: boolean;
   shutdown(): Promise<void>;
@@ -96,6 +153,8 @@ export declare function buildResource(serviceName?: string): Resource;
 export declare function checkpointDir(): string | null;
 /** Wire the SDK to stallwatch; a second call returns the first Runner. */
 export declare function setup(options?: SetupOptions): Runner;
+/** Start the agent only; add runner.spanProcessor to your provider or NodeSDK. */
+export declare function attach(options?: AttachOptions): Runner;
 /** Run fn inside a tool span `execute_tool {name}`; sync or async. */
 export declare function withToolSpan<T>(
   name: string,

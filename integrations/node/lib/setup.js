@@ -1,26 +1,28 @@
 'use strict';
 /**
  * One-call setup that points a Node runner's OpenTelemetry SDK at stallwatch, from the
- * environment stallwatch gives spawned runners (DESIGN.md, "Interfaces: Runners"):
+ * environment stallwatch gives spawned runners (docs/design.md, "Interfaces: Runners"):
  * OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES (with
- * stallwatch.runner.id), STALLWATCH_RUNNER_ID, STALLWATCH_HEARTBEAT_SOCKET.
+ * stallwatch.runner.id), STALLWATCH_RUNNER_ID, STALLWATCH_HEARTBEAT_SOCKET,
+ * STALLWATCH_STACKS_FILE. Two ways: `setup()` creates a NodeTracerProvider (batch
+ * processor + OTLP proto exporter + the kit's processor); `attach()` creates only the
+ * kit's agent and processor, for an app that builds its own provider or NodeSDK.
  */
+const fs = require('node:fs');
+const path = require('node:path');
 const { trace, SpanStatusCode } = require('@opentelemetry/api');
-const { OTLPTraceExporter } = require('@opentelemetry/exporter-trace-otlp-proto');
-const { defaultResource, detectResources, envDetector, resourceFromAttributes } = require('@opentelemetry/resources');
-const { BatchSpanProcessor } = require('@opentelemetry/sdk-trace-base');
-const { NodeTracerProvider } = require('@opentelemetry/sdk-trace-node');
 
 const { installCrashHooks } = require('./crash');
-const { serveHeartbeat } = require('./heartbeat');
-const { DEFAULT_REFRESH_INTERVAL_MS, OnStartSpanProcessor } = require('./onstart');
+const { HEARTBEAT_SOCKET_ENV } = require('./heartbeat');
+const { DEFAULT_REFRESH_INTERVAL_MS } = require('./onstart');
+const { Agent, DEFAULT_EXPORT_TIMEOUT_MS, WatchSpanProcessor } = require('./watch');
 
-/** Default per-request timeout (ms) of the on-start snapshot exporter. */
-const DEFAULT_EXPORT_TIMEOUT_MS = 2000;
 /** Resource attribute that ties spans to a runner. */
 const RUNNER_ID_ATTR = 'stallwatch.runner.id';
 /** Instrumentation scope name of spans made by this kit. */
 const TRACER_NAME = '@stallwatch/runner';
+/** Environment variable naming the stall-forensics file (docs/design.md, "Stall forensics"). */
+const STACKS_FILE_ENV = 'STALLWATCH_STACKS_FILE';
 
 /**
  * The runner's resource: SDK defaults + OTEL_RESOURCE_ATTRIBUTES + OTEL_SERVICE_NAME
@@ -28,7 +30,8 @@ const TRACER_NAME = '@stallwatch/runner';
  * STALLWATCH_RUNNER_ID when the resource attributes lack it.
  */
 function buildResource(serviceName) {
-  let resource = defaultResource().merge(detectResources({ detectors: [envDetector] }));
+  const { defaultResource, detectResources, envDetector, resourceFromAttributes } = require('@opentelemetry/resources');
+  const resource = defaultResource().merge(detectResources({ detectors: [envDetector] }));
   const extra = { 'process.pid': process.pid };
   if (serviceName) extra['service.name'] = serviceName;
   const runnerId = process.env.STALLWATCH_RUNNER_ID;
@@ -41,13 +44,82 @@ function checkpointDir() {
   return process.env.STALLWATCH_CHECKPOINT_DIR || null;
 }
 
+let stacksInstalled = null;
+
+/**
+ * Stall-forensics hook: when `file` (default $STALLWATCH_STACKS_FILE) is set, write the
+ * header line `stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=node report=<abs>`
+ * to it and turn on `process.report` for SIGUSR2, writing the diagnostic report (JSON,
+ * with the JavaScript stack, native stack, libuv handles) to `<file>.report.json`.
+ * Returns the report path, or null. Node runs the report from the main event loop: a
+ * runner whose loop is free (e.g. awaiting a promise that never resolves) is reported at
+ * once; a synchronous busy loop is reported only when it returns.
+ */
+function installStacksHook(file = process.env[STACKS_FILE_ENV]) {
+  if (!file) return null;
+  if (stacksInstalled) return stacksInstalled;
+  const report = path.resolve(`${file}.report.json`);
+  fs.appendFileSync(file, `stallwatch-stacks v1 pid=${process.pid} signal=SIGUSR2 runtime=node report=${report}\n`);
+  process.report.directory = path.dirname(report);
+  process.report.filename = path.basename(report);
+  process.report.signal = 'SIGUSR2';
+  process.report.reportOnSignal = true;
+  stacksInstalled = report;
+  return report;
+}
+
 let current = null;
+
+function makeRunner({ tracerProvider, resource, agent, processor, owns }) {
+  const runner = {
+    tracerProvider,
+    resource,
+    spanProcessor: processor,
+    onStart: processor,
+    heartbeat: null,
+    heartbeatReady: agent.ready.then((a) => (runner.heartbeat = a)),
+    runnerId: resource && resource.attributes[RUNNER_ID_ATTR] !== undefined ? String(resource.attributes[RUNNER_ID_ATTR]) : (process.env.STALLWATCH_RUNNER_ID || null),
+    closed: false,
+    async shutdown() {
+      if (runner.closed) return;
+      runner.closed = true;
+      // Goodbye first: the heartbeat answers BYE (not silence) while exit work runs.
+      agent.goodbye();
+      try {
+        if (owns) await tracerProvider.shutdown();
+        else await processor.shutdown();
+      } finally {
+        agent.stop();
+      }
+    },
+  };
+  runner.heartbeatReady.catch((err) => {
+    process.stderr.write(`stallwatch: heartbeat not served: ${err.message}\n`);
+  });
+  return runner;
+}
+
+function startAgent({ heartbeat, refreshIntervalMs, exportTimeoutMillis, crashHooks }) {
+  const socketPath = heartbeat ? process.env[HEARTBEAT_SOCKET_ENV] || null : null;
+  // First, so that a bad socket path throws before anything global is installed.
+  const agent = new Agent({ socketPath, refreshIntervalMs, exportTimeoutMillis });
+  if (crashHooks) installCrashHooks();
+  try {
+    installStacksHook();
+  } catch (err) {
+    process.stderr.write(`stallwatch: stacks file not usable: ${err.message}\n`);
+  }
+  return { agent, processor: new WatchSpanProcessor(agent, { refreshIntervalMs }) };
+}
 
 /**
  * Wire the SDK to stallwatch; returns the Runner (a second call returns the first one).
  * Options: serviceName, refreshIntervalMs (5000), exportTimeoutMillis (2000),
  * heartbeat (true: serve $STALLWATCH_HEARTBEAT_SOCKET when set; a bad path throws),
- * crashHooks (true), register (true: global provider + context manager).
+ * crashHooks (true), register (true: global provider + context manager),
+ * tracerProvider (attach to this SDK 1.x provider, which has addSpanProcessor; SDK 2.x
+ * providers take processors only when built: use attach() and pass
+ * runner.spanProcessor in `spanProcessors`).
  */
 function setup({
   serviceName,
@@ -56,41 +128,50 @@ function setup({
   heartbeat = true,
   crashHooks = true,
   register = true,
+  tracerProvider,
 } = {}) {
   if (current && !current.closed) return current;
-  // First, so that a bad socket path throws before anything global is installed.
-  const hb = heartbeat ? serveHeartbeat() : null;
-  if (crashHooks) installCrashHooks();
+  if (tracerProvider !== undefined && typeof tracerProvider.addSpanProcessor !== 'function') {
+    throw new TypeError(
+      'tracerProvider has no addSpanProcessor (OpenTelemetry JS SDK 2.x): use sw.attach() and pass ' +
+        'runner.spanProcessor in the spanProcessors option of your NodeTracerProvider or NodeSDK',
+    );
+  }
+  const { agent, processor } = startAgent({ heartbeat, refreshIntervalMs, exportTimeoutMillis, crashHooks });
+  if (tracerProvider !== undefined) {
+    tracerProvider.addSpanProcessor(processor);
+    current = makeRunner({ tracerProvider, resource: tracerProvider.resource, agent, processor, owns: false });
+    return current;
+  }
+  const { OTLPTraceExporter } = require('@opentelemetry/exporter-trace-otlp-proto');
+  const { BatchSpanProcessor } = require('@opentelemetry/sdk-trace-base');
+  const { NodeTracerProvider } = require('@opentelemetry/sdk-trace-node');
   const resource = buildResource(serviceName);
-  const onStart = new OnStartSpanProcessor(new OTLPTraceExporter({ timeoutMillis: exportTimeoutMillis }), {
-    refreshIntervalMs,
-  });
-  const tracerProvider = new NodeTracerProvider({
+  const provider = new NodeTracerProvider({
     resource,
-    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter()), onStart],
+    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter()), processor],
   });
-  if (register) tracerProvider.register();
-  const runner = {
-    tracerProvider,
-    resource,
-    onStart,
-    heartbeat: null,
-    heartbeatReady: hb ? hb.then((server) => (runner.heartbeat = server)) : Promise.resolve(null),
-    runnerId: resource.attributes[RUNNER_ID_ATTR] ?? null,
-    closed: false,
-    async shutdown() {
-      if (runner.closed) return;
-      runner.closed = true;
-      const server = await runner.heartbeatReady.catch(() => null);
-      if (server) await server.close();
-      await tracerProvider.shutdown();
-    },
-  };
-  runner.heartbeatReady.catch((err) => {
-    process.stderr.write(`stallwatch: heartbeat not served: ${err.message}\n`);
-  });
-  current = runner;
-  return runner;
+  if (register) provider.register();
+  current = makeRunner({ tracerProvider: provider, resource, agent, processor, owns: true });
+  return current;
+}
+
+/**
+ * For an app that builds its own provider or NodeSDK: starts the heartbeat agent and
+ * returns a Runner whose `spanProcessor` you add to `spanProcessors`; your exporters,
+ * resource and sampler stay yours. `tracerProvider` is null. Same options as setup()
+ * except serviceName/register/tracerProvider.
+ */
+function attach({
+  refreshIntervalMs = DEFAULT_REFRESH_INTERVAL_MS,
+  exportTimeoutMillis = DEFAULT_EXPORT_TIMEOUT_MS,
+  heartbeat = true,
+  crashHooks = true,
+} = {}) {
+  if (current && !current.closed) return current;
+  const { agent, processor } = startAgent({ heartbeat, refreshIntervalMs, exportTimeoutMillis, crashHooks });
+  current = makeRunner({ tracerProvider: null, resource: null, agent, processor, owns: false });
+  return current;
 }
 
 /**
@@ -127,4 +208,14 @@ function withToolSpan(name, fn, { attributes = {}, slaMs } = {}) {
   });
 }
 
-module.exports = { DEFAULT_EXPORT_TIMEOUT_MS, RUNNER_ID_ATTR, buildResource, checkpointDir, setup, withToolSpan };
+module.exports = {
+  DEFAULT_EXPORT_TIMEOUT_MS,
+  RUNNER_ID_ATTR,
+  STACKS_FILE_ENV,
+  attach,
+  buildResource,
+  checkpointDir,
+  installStacksHook,
+  setup,
+  withToolSpan,
+};

@@ -41,13 +41,22 @@ function kvs(list) {
   return out;
 }
 
-/** Start a receiver on 127.0.0.1:0; resolves { endpoint, spans, named(name), close() }. */
-function startReceiver() {
+/**
+ * Start a receiver on 127.0.0.1:0; resolves { endpoint, spans, named(name), failed, close() }.
+ * `failFirst`: answer the first N requests with 400 (a fault the exporter does not retry).
+ */
+function startReceiver({ failFirst = 0 } = {}) {
   const spans = [];
+  const stats = { failed: 0 };
   const server = http.createServer((req, res) => {
     const chunks = [];
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {
+      if (stats.failed < failFirst) {
+        stats.failed += 1;
+        res.writeHead(400).end('failing on purpose');
+        return;
+      }
       if (req.url !== '/v1/traces' || !String(req.headers['content-type']).startsWith('application/x-protobuf')) {
         res.writeHead(400).end('bad request');
         return;
@@ -78,6 +87,7 @@ function startReceiver() {
       resolve({
         endpoint: `http://127.0.0.1:${port}`,
         spans,
+        stats,
         named: (name) => spans.filter((s) => s.name === name),
         close: () => new Promise((r) => server.close(() => r())),
       });
@@ -137,7 +147,7 @@ function spawnNode(code, env = {}) {
   const child = spawn(process.execPath, ['-e', code], {
     cwd: path.join(__dirname, '..'),
     env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['pipe', 'pipe', 'pipe'],
   });
   child.lines = [];
   child.stderrText = '';

@@ -88,8 +88,11 @@ test('a running tool span is refreshed; the ended span follows', async (t) => {
   // End the tool: shutdown flushes the BatchSpanProcessor; the ended copy has a real end time.
   child.kill('SIGUSR1');
   await child.waitLine('done');
+  // The kit's own ended copy (sent at once) and the batch processor's: one span, one end
+  // (stallwatch stores the two copies once).
   const ended = rcv.named(TOOL).filter((r) => r.end !== 0n);
-  assert.equal(ended.length, 1);
+  assert.ok(ended.length >= 1 && ended.length <= 2, `ended copies: ${ended.length}`);
+  assert.equal(new Set(ended.map((r) => `${r.span_id}/${r.end}`)).size, 1);
   assert.equal(ended[0].span_id, recs[0].span_id);
   assert.ok(ended[0].end > ended[0].start);
 });
@@ -166,7 +169,10 @@ for (const kind of ['closed-port', 'silent-listener']) {
     });
     const elapsed = Number((await child.waitLine('elapsed ')).split(' ')[1]);
     assert.ok(elapsed < 1.5, `20 tool spans took ${elapsed}s`);
-    assert.equal(await ping(path.join(dir, 'hb.sock')), 'PONG\n');
+    // The heartbeat is served by the kit's worker thread, which may start after the tools ran.
+    const sock = path.join(dir, 'hb.sock');
+    const answer = await waitUntil(() => ping(sock).catch(() => null), 'the heartbeat socket to listen');
+    assert.equal(answer, 'PONG\n');
   });
 }
 

@@ -48,9 +48,14 @@ def _any_value(v: AnyValue):
 class Receiver:
     """An OTLP/HTTP ``/v1/traces`` receiver on 127.0.0.1:0 that records decoded spans."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_first: int = 0) -> None:
         self.spans: List[Dict] = []
         self.requests = 0
+        #: Headers of every request, in order (lower-case names).
+        self.headers: List[Dict[str, str]] = []
+        #: Requests answered 400 on purpose (the first ``fail_first`` ones).
+        self.failed = 0
+        self._fail_first = fail_first
         self._lock = threading.Lock()
         receiver = self
 
@@ -60,6 +65,13 @@ class Receiver:
                 ok = self.path == "/v1/traces" and self.headers.get(
                     "Content-Type", ""
                 ).startswith("application/x-protobuf")
+                with receiver._lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
+                    fail = receiver.failed < receiver._fail_first
+                    if fail:
+                        receiver.failed += 1
+                if fail:
+                    ok = False
                 if ok:
                     receiver._record(body)
                     payload = ExportTraceServiceResponse().SerializeToString()
@@ -155,6 +167,7 @@ class Child:
         full_env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [python_exe(), "-c", textwrap.dedent(code)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=full_env,

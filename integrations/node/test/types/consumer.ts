@@ -7,7 +7,10 @@ const n: number = sw.withToolSpan('t', (span) => {
   return 3;
 }, { slaMs: 10, attributes: { 'mcp.session.id': 's' } });
 const p: Promise<string> = sw.withToolSpan('t', async () => 'x');
-void runner.heartbeatReady.then((h: sw.HeartbeatServer | null) => (h ? h.close() : undefined));
+void runner.heartbeatReady.then((h: sw.Agent | null) => (h ? h.flush() : undefined));
+const attached: sw.Runner = sw.attach({ refreshIntervalMs: 100 });
+const proc: sw.WatchSpanProcessor = attached.spanProcessor;
+const report: string | null = sw.installStacksHook('/tmp/x');
 const hb = new sw.HeartbeatServer('/tmp/x.sock');
 const started: Promise<sw.HeartbeatServer> = hb.start();
 const maybe: Promise<sw.HeartbeatServer> | null = sw.serveHeartbeat();
@@ -16,4 +19,4 @@ const dir: string | null = sw.checkpointDir();
 const id: string | null = runner.runnerId;
 const tool: boolean = sw.isToolSpan({ 'gen_ai.operation.name': 'execute_tool' });
 const err: sw.HeartbeatError = new sw.SocketPathTooLongError('x');
-export { n, p, started, maybe, dir, id, tool, err };
+export { n, p, started, maybe, dir, id, tool, err, proc, report };

@@ -2,18 +2,25 @@
 
 ``setup()`` wires the OpenTelemetry SDK to stallwatch from the environment stallwatch
 gives spawned runners, serves the PING/PONG heartbeat socket from its own thread and
-exports running tool spans at once (end time 0) and while they run. See
-``integrations/README.md``.
+exports running tool spans at once (end time 0) and while they run. See the
+package README.
 """
 
 from .bootstrap import (
     InteractiveBackendWarning,
     Runner,
+    attach,
     build_resource,
     check_mpl_backend,
     checkpoint_dir,
+    heartbeat_timeout_s,
+    install_stacks_hook,
     mpl_backend_is_interactive,
+    on_start_processor,
+    otlp_protocol,
     setup,
+    snapshot_timeout_s,
+    span_exporter,
 )
 from .heartbeat import (
     HeartbeatError,
@@ -30,9 +37,16 @@ __all__ = [
     "InteractiveBackendWarning",
     "OnStartSpanProcessor",
     "Runner",
+    "attach",
     "SocketPathTooLongError",
     "build_resource",
     "check_mpl_backend",
+    "heartbeat_timeout_s",
+    "install_stacks_hook",
+    "on_start_processor",
+    "otlp_protocol",
+    "snapshot_timeout_s",
+    "span_exporter",
     "checkpoint_dir",
     "is_tool_span",
     "mpl_backend_is_interactive",
@@ -42,4 +56,4 @@ __all__ = [
     "tool_span",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

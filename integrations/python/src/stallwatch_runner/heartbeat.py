@@ -1,10 +1,20 @@
 """Heartbeat server: answers stallwatch's ``PING`` with ``PONG`` on a UNIX socket.
 
 stallwatch tells a stuck runner from a busy one by pinging a UNIX domain socket that
-the runner serves from a thread of its own, never the main thread (DESIGN.md,
+the runner serves from a thread of its own, never the main thread (``docs/design.md``,
 "Heartbeat" and "Heartbeat details"). Protocol: the client connects and writes
-``PING\\n``; the server reads at most 64 bytes up to ``\\n``, answers ``PONG\\n`` and
-closes. Anything else is closed without a ``PONG``.
+``PING\\n``; the server reads at most 64 bytes up to ``\\n``, answers one line and
+closes. Anything else is closed without an answer. The answers:
+
+- ``PONG``: the runner vouches for itself: its serving thread is alive and no tool span
+  has been waiting to be exported for longer than the heartbeat timeout (the ``health``
+  callback below says so; stallwatch's open-span ledger therefore knows every tool call
+  that has run longer than that).
+- ``ERR <reason>`` (e.g. ``ERR export_stuck``): the runner knows it is unhealthy; any
+  answer but ``PONG`` counts as a lost heartbeat (label ``bad_answer``).
+- ``BYE``: the runner is exiting deliberately (:meth:`HeartbeatServer.goodbye`);
+  stallwatch marks it ``stopping`` and waits for its exit instead of tripping it
+  (``docs/design.md``, "Runner lifecycle").
 
 A thread that only waits in ``accept``/``recv`` keeps answering while the main thread
 sleeps, waits on a lock or does I/O (all of which release the GIL). A native call that
@@ -19,6 +29,7 @@ import socket
 import stat
 import threading
 from pathlib import Path
+from typing import Callable, Optional
 
 #: Environment variable that carries the socket path (set by stallwatch for spawned runners).
 HEARTBEAT_SOCKET_ENV = "STALLWATCH_HEARTBEAT_SOCKET"
@@ -35,6 +46,11 @@ CLIENT_READ_TIMEOUT_S = 1.0
 
 _PING = b"PING"
 _PONG = b"PONG\n"
+_BYE = b"BYE\n"
+
+#: A health check: returns None when healthy, else a short reason (``export_stuck``)
+#: that the server answers as ``ERR <reason>``.
+HealthCheck = Callable[[], Optional[str]]
 
 
 class HeartbeatError(RuntimeError):
@@ -73,6 +89,10 @@ def _remove_stale(path: Path) -> None:
 class HeartbeatServer:
     """A UNIX socket server on a daemon thread that answers ``PING\\n`` with ``PONG\\n``.
 
+    ``health`` (optional) is called for every ping from the serving thread; when it
+    returns a reason the answer is ``ERR <reason>\\n`` instead of ``PONG``. After
+    :meth:`goodbye` every ping is answered ``BYE\\n``.
+
     ``path`` is the socket path (str or Path); its parent folder is created (mode 0700)
     and a stale socket file left by an earlier process is unlinked first. Raises
     :class:`SocketPathTooLongError` when the path is over 107 bytes and
@@ -81,8 +101,10 @@ class HeartbeatServer:
     which also removes the socket file.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], health: Optional[HealthCheck] = None) -> None:
         self.path = Path(path)
+        self._health = health
+        self._bye = threading.Event()
         _check_path(self.path)
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -149,8 +171,35 @@ class HeartbeatServer:
             data += chunk
         line, newline, _ = data.partition(b"\n")
         if newline and line.rstrip(b"\r") == _PING:
-            conn.sendall(_PONG)
-            self.pongs += 1
+            conn.sendall(self._reply())
+
+    def _reply(self) -> bytes:
+        if self._bye.is_set():
+            return _BYE
+        reason = None
+        if self._health is not None:
+            try:
+                reason = self._health()
+            except Exception:  # a broken check must not stop the heartbeat
+                reason = "health_check_failed"
+        if reason:
+            return b"ERR " + reason.encode("ascii", "replace")[:48] + b"\n"
+        self.pongs += 1
+        return _PONG
+
+    def goodbye(self) -> None:
+        """Answer ``BYE`` from now on (the runner is exiting on purpose); keeps serving.
+
+        The socket stays until :meth:`close` or the end of the process, so stallwatch
+        hears the goodbye instead of finding the socket gone (``docs/design.md``,
+        "Runner lifecycle": a deliberate goodbye makes the runner ``stopping``).
+        """
+        self._bye.set()
+
+    @property
+    def saying_goodbye(self) -> bool:
+        """True once :meth:`goodbye` was called."""
+        return self._bye.is_set()
 
     @property
     def running(self) -> bool:
@@ -180,7 +229,9 @@ class HeartbeatServer:
         self.close()
 
 
-def serve_heartbeat(path: str | os.PathLike[str] | None = None) -> HeartbeatServer | None:
+def serve_heartbeat(
+    path: str | os.PathLike[str] | None = None, health: Optional[HealthCheck] = None
+) -> HeartbeatServer | None:
     """Start a :class:`HeartbeatServer` on ``path`` (default: ``$STALLWATCH_HEARTBEAT_SOCKET``).
 
     Returns the running server, or ``None`` when no path is given and the variable is
@@ -191,4 +242,4 @@ def serve_heartbeat(path: str | os.PathLike[str] | None = None) -> HeartbeatServ
         if not env:
             return None
         path = env
-    return HeartbeatServer(path).start()
+    return HeartbeatServer(path, health).start()

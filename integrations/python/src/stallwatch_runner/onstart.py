@@ -2,18 +2,25 @@
 
 OpenTelemetry SDKs export a span only when it ends, so a tool that hangs is never seen.
 stallwatch's open-span ledger accepts a *snapshot of the running span exported with
-``end_time_unix_nano = 0``* (DESIGN.md, "Open spans", wire shape 1). This processor
+``end_time_unix_nano = 0``* (``docs/design.md``, "Open spans", wire shape 1). This processor
 sends that snapshot as soon as a tool span starts and again every ``refresh_interval_s``
 while it runs, so stallwatch can tell a long tool (fresh) from a dead one (stale).
 
 Rules that keep the watched tool safe:
 - ``on_start``/``on_end`` only touch a dict and put into a bounded queue (no I/O, no
   waiting); a full queue drops the record.
-- Exports run on one daemon thread with a short per-request timeout; a failed or
-  slow export is dropped, never retried in the tool's thread.
+- Exports run on one daemon thread with a short per-request timeout; nothing is ever
+  retried in the tool's thread.
+- A tool span whose *first* snapshot failed is retried at once from the export thread
+  (50 ms, doubling to 1 s), not only at the next refresh, so a transient fault does not
+  delay the watchdog by a refresh interval (``docs/design.md``, "Open spans").
+- :meth:`OnStartSpanProcessor.export_stuck_s` says how long the oldest tool span has
+  been waiting for its first successful export; the heartbeat answers
+  ``ERR export_stuck`` instead of ``PONG`` when that passes the heartbeat timeout, so a
+  runner whose exporter hangs is not vouched for.
 
 A tool span is one whose attribute ``gen_ai.operation.name == "execute_tool"`` or
-``mcp.method.name == "tools/call"`` (DESIGN.md, "Tool spans"). A span that gains those
+``mcp.method.name == "tools/call"`` (``docs/design.md``, "Tool spans"). A span that gains those
 attributes after start is picked up at the next refresh.
 """
 
@@ -23,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -39,6 +46,11 @@ DEFAULT_EXPORT_TIMEOUT_S = 2.0
 MAX_QUEUED_STARTS = 1024
 #: Most running spans tracked (tool spans plus candidates that may become tool spans).
 MAX_TRACKED_SPANS = 4096
+
+#: First retry delay in seconds of a failed first snapshot (doubles up to the cap).
+FIRST_RETRY_DELAY_S = 0.05
+#: Longest delay in seconds between retries of a failed first snapshot.
+MAX_RETRY_DELAY_S = 1.0
 
 #: Name of the export thread; exporter log records from it are filtered (see below).
 THREAD_NAME = "stallwatch-onstart"
@@ -76,7 +88,7 @@ def is_tool_span(attributes: Any) -> bool:
     if not attributes:
         return False
     try:
-        return attributes.get(_OP_KEY) == _OP_TOOL or attributes.get(_MCP_KEY) == _MCP_TOOL
+        return bool(attributes.get(_OP_KEY) == _OP_TOOL or attributes.get(_MCP_KEY) == _MCP_TOOL)
     except Exception:  # pragma: no cover - defensive against odd mappings
         return False
 
@@ -133,8 +145,12 @@ class OnStartSpanProcessor(SpanProcessor):
             raise ValueError(f"refresh_interval_s must be > 0, got {refresh_interval_s!r}")
         self._exporter = exporter
         self._interval = float(refresh_interval_s)
-        self._starts: "queue.Queue[Optional[Span]]" = queue.Queue(maxsize=MAX_QUEUED_STARTS)
+        self._starts: "queue.Queue[Optional[Union[Span, ReadableSpan]]]" = queue.Queue(maxsize=MAX_QUEUED_STARTS)
         self._tools: Dict[int, Span] = {}
+        # span id -> monotonic time its start was queued, until a snapshot of it is exported.
+        self._unacked: Dict[int, float] = {}
+        self._retry_delay = FIRST_RETRY_DELAY_S
+        self._retry_at: Optional[float] = None
         self._candidates: Dict[int, Span] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -159,6 +175,7 @@ class OnStartSpanProcessor(SpanProcessor):
                         self.dropped += 1
                         return
                     self._tools[key] = span
+                    self._unacked[key] = time.monotonic()
                 try:
                     self._starts.put_nowait(span)
                 except queue.Full:
@@ -178,10 +195,14 @@ class OnStartSpanProcessor(SpanProcessor):
         short tool against its SLA. stallwatch stores the two ended copies once.
         """
         try:
-            key = span.get_span_context().span_id
+            ctx = span.get_span_context()
+            if ctx is None:
+                return
+            key = ctx.span_id
             with self._lock:
                 was_tool = self._tools.pop(key, None) is not None
                 self._candidates.pop(key, None)
+                self._unacked.pop(key, None)
             if (was_tool or is_tool_span(span.attributes)) and not self._stopped.is_set():
                 try:
                     self._starts.put_nowait(span)
@@ -195,8 +216,9 @@ class OnStartSpanProcessor(SpanProcessor):
     def _run(self) -> None:
         next_refresh = time.monotonic() + self._interval
         while not self._stopped.is_set():
-            timeout = max(0.0, next_refresh - time.monotonic())
-            batch = []
+            wake = next_refresh if self._retry_at is None else min(next_refresh, self._retry_at)
+            timeout = max(0.0, wake - time.monotonic())
+            batch: List[Union[Span, ReadableSpan]] = []
             try:
                 item = self._starts.get(timeout=timeout)
                 if item is None:
@@ -212,25 +234,43 @@ class OnStartSpanProcessor(SpanProcessor):
                 pass
             if batch:
                 self._export(batch)
-            if time.monotonic() >= next_refresh:
+            now = time.monotonic()
+            if now >= next_refresh:
                 self._export(self._running_tools())
                 next_refresh = time.monotonic() + self._interval
+            elif self._retry_at is not None and now >= self._retry_at:
+                self._export(self._unacked_tools())
 
-    def _running_tools(self) -> list:
+    def _running_tools(self) -> List[Union[Span, ReadableSpan]]:
         with self._lock:
             for key, span in list(self._candidates.items()):
                 if is_tool_span(span.attributes):
                     del self._candidates[key]
                     self._tools[key] = span
+                    self._unacked.setdefault(key, time.monotonic())
             return list(self._tools.values())
 
-    def _export(self, spans: list) -> None:
+    def _unacked_tools(self) -> List[Union[Span, ReadableSpan]]:
+        with self._lock:
+            return [self._tools[k] for k in self._unacked if k in self._tools]
+
+    def export_stuck_s(self, now: Optional[float] = None) -> float:
+        """Seconds the oldest running tool span has waited for its first successful
+        export (monotonic clock), or 0.0 when every running tool span is known to the
+        receiver. Safe to call from any thread.
+        """
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            oldest = min(self._unacked.values(), default=None)
+        return 0.0 if oldest is None else max(0.0, now - oldest)
+
+    def _export(self, spans: Sequence[Union[Span, ReadableSpan]]) -> None:
         # Ended spans go out as they are; running ones as snapshots with end time 0.
-        snaps = [
-            s
-            for s in (span if span.end_time else snapshot(span) for span in spans)
-            if s is not None
-        ]
+        snaps: List[ReadableSpan] = []
+        for span in spans:
+            snap = span if span.end_time else (snapshot(span) if isinstance(span, Span) else None)
+            if snap is not None:
+                snaps.append(snap)
         if not snaps:
             return
         error = ""
@@ -239,10 +279,27 @@ class OnStartSpanProcessor(SpanProcessor):
             ok = getattr(result, "name", "") == "SUCCESS"
         except Exception as err:
             ok, error = False, f": {err}"
+        keys = [
+            ctx.span_id
+            for ctx in (s.get_span_context() for s in snaps if s.end_time is None)
+            if ctx is not None
+        ]
         if ok:
             self.exported += len(snaps)
+            with self._lock:
+                for key in keys:
+                    self._unacked.pop(key, None)
+                pending = bool(self._unacked)
+            if not pending:
+                self._retry_at = None
+                self._retry_delay = FIRST_RETRY_DELAY_S
             return
         self.dropped += len(snaps)
+        with self._lock:
+            pending = any(k in self._unacked for k in keys) or bool(self._unacked)
+        if pending:
+            self._retry_at = time.monotonic() + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, MAX_RETRY_DELAY_S)
         if not self._warned:
             self._warned = True
             _logger.warning(

@@ -1,7 +1,7 @@
 """``tool_span``: a context manager that opens a span stallwatch treats as a tool execution.
 
 The span carries the semantic-convention attributes that mark a tool call
-(``gen_ai.operation.name = "execute_tool"``, ``gen_ai.tool.name``; DESIGN.md, "Tool
+(``gen_ai.operation.name = "execute_tool"``, ``gen_ai.tool.name``; ``docs/design.md``, "Tool
 spans") and is named ``execute_tool {name}`` as the GenAI conventions suggest.
 """
 
