@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use stallwatch_storage::control::{Observation, ObservedData};
-use stallwatch_storage::{Storage, WriteError};
+use stallwatch_storage::{Storage, Transient, WriteError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::CollectorConfig;
@@ -23,6 +23,9 @@ use crate::stats::{IngestStats, RefuseReason};
 
 /// `Retry-After` when the in-flight budget or the write queue is full, seconds.
 pub(crate) const BUSY_RETRY_AFTER_S: u64 = 1;
+/// `Retry-After` when storage is busy (another process holds the lock), has an I/O error
+/// or lost its file, seconds.
+pub(crate) const STORAGE_BUSY_RETRY_AFTER_S: u64 = 2;
 /// `Retry-After` when the disk (or `max_db_bytes`) is full, seconds.
 pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
 /// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
@@ -121,6 +124,17 @@ pub(crate) fn refusal_for_write(e: WriteError) -> Refusal {
             retry_after_s: BUSY_RETRY_AFTER_S,
             message: format!("{e}, retry later"),
             reason: RefuseReason::ShuttingDown,
+        },
+        WriteError::Unavailable { kind, .. } => Refusal::Busy {
+            retry_after_s: STORAGE_BUSY_RETRY_AFTER_S,
+            message: format!("{e}, retry later"),
+            reason: match kind {
+                Transient::Busy => RefuseReason::StorageBusy,
+                Transient::Locked => RefuseReason::StorageLocked,
+                Transient::Io => RefuseReason::StorageIo,
+                Transient::Full => RefuseReason::StorageFull,
+                Transient::Gone => RefuseReason::StorageGone,
+            },
         },
         WriteError::Failed(m) => Refusal::Internal(format!("storage commit failed: {m}")),
     }
@@ -461,6 +475,15 @@ mod tests {
             (WriteError::Full("disk".into()), 503, Some("10"), 14),
             (WriteError::Closed, 503, Some("1"), 14),
             (WriteError::Failed("boom".into()), 500, None, 13),
+            (
+                WriteError::Unavailable {
+                    kind: Transient::Busy,
+                    detail: "database is locked".into(),
+                },
+                503,
+                Some("2"),
+                14,
+            ),
         ];
         for (err, http, retry_after, grpc) in cases {
             let r = refusal_for_write(err);

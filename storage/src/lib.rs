@@ -18,6 +18,7 @@ mod db;
 pub mod error;
 pub mod events;
 pub mod forward;
+mod held;
 pub mod incidents;
 pub mod ledger;
 pub mod model;
@@ -28,8 +29,9 @@ pub mod telemetry;
 
 pub use config::{StorageConfig, Synchronous};
 pub use db::Storage;
-pub use error::{StorageError, WriteError};
+pub use error::{StorageError, Transient, WriteError};
 pub use events::EventBus;
+pub use held::{Held, MAX_HELD_RECORDS};
 pub use incidents::IncidentQuery;
 pub use schema::SCHEMA_VERSION;
 
