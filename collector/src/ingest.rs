@@ -235,6 +235,7 @@ pub(crate) struct Inner {
     pub(crate) max_request_bytes: usize,
     pub(crate) limits: Limits,
     pub(crate) body_idle_timeout: std::time::Duration,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl IngestState {
@@ -262,8 +263,35 @@ impl IngestState {
                     max_nesting_depth: config.max_nesting_depth,
                 },
                 body_idle_timeout: config.body_idle_timeout,
+                allowed_hosts: config.allowed_hosts.clone(),
             }),
         })
+    }
+
+    /// The `Host` (HTTP/1.1) or `:authority` (HTTP/2) of a request when it is refused by
+    /// the shared rule ([`stallwatch_storage::hosts::host_allowed`]); `None` when allowed.
+    /// A request with neither is refused (as `""`).
+    pub(crate) fn foreign_host(
+        &self,
+        uri: &http::Uri,
+        headers: &http::HeaderMap,
+    ) -> Option<String> {
+        let host = uri
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                headers
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        if stallwatch_storage::hosts::host_allowed(&host, &self.inner.allowed_hosts) {
+            return None;
+        }
+        self.inner.stats.refuse_request(RefuseReason::ForbiddenHost);
+        tracing::warn!(host = %host, "refused an OTLP request for a foreign Host (DNS rebinding guard)");
+        Some(host)
     }
 
     /// The ingest counters (a [`stallwatch_storage::MetricsSource`]).

@@ -19,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod forward;
 mod held;
+pub mod hosts;
 pub mod incidents;
 pub mod ledger;
 pub mod model;
