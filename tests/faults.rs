@@ -567,3 +567,40 @@ fn forwarder_honours_retry_after_as_http_date() {
         "retried {gap:?} after a Retry-After HTTP-date 2-3 s ahead"
     );
 }
+
+/// Regression (issue 11, "HTTP/1.1 sent to the gRPC port"): an `http/protobuf` exporter
+/// pointed at the gRPC port got a raw HTTP/2 SETTINGS frame. Now it gets a readable 415
+/// naming the OTLP/HTTP address; real gRPC on the same port still works.
+#[test]
+fn http1_on_the_grpc_port_names_the_otlp_http_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let r = http_client()
+        .post(format!("http://{}/v1/traces", server.grpc))
+        .header("content-type", "application/x-protobuf")
+        .body(Vec::new())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let text = r.text().unwrap();
+    assert!(
+        text.contains("OTLP/gRPC port")
+            && text.contains(&format!("http://{}/v1/traces", server.http)),
+        "{text}"
+    );
+    let script = format!(
+        "import grpc\nfrom opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as t, trace_service_pb2_grpc as g\n\
+         g.TraceServiceStub(grpc.insecure_channel('{}')).Export(t.ExportTraceServiceRequest(), timeout=10)\nprint('OK')\n",
+        server.grpc
+    );
+    let out = Command::new(python())
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "OK",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
