@@ -289,6 +289,55 @@ impl Storage {
     }
 }
 
+/// The runner row upsert, inside a control transaction.
+pub(crate) fn upsert_runner_tx(tx: &Transaction<'_>, row: &RunnerRow) -> Result<(), StorageError> {
+    tx.execute(
+        &format!(
+            "INSERT OR REPLACE INTO runners ({RUNNER_COLUMNS})
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        ),
+        params![
+            row.id,
+            if row.spawned { "spawned" } else { "attached" },
+            row.spec.to_string(),
+            row.pid.map(i64::from),
+            row.start_time_ticks.map(|t| t as i64),
+            row.boot_id,
+            row.pgid.map(i64::from),
+            row.instance_id,
+            row.heartbeat_socket,
+            row.state.as_str(),
+            row.detail.to_string(),
+            row.registered_unix_nano as i64,
+            row.updated_unix_nano as i64,
+        ],
+    )?;
+    Ok(())
+}
+
+/// The action ledger insert, inside a control transaction; false when its idempotency key
+/// was already recorded.
+pub(crate) fn insert_action_tx(
+    tx: &Transaction<'_>,
+    action: &ActionRecord,
+) -> Result<bool, StorageError> {
+    let n = tx.execute(
+        "INSERT INTO runner_actions (runner_id, termination_id, step, phase, pid, detail, idempotency_key, at_unix_nano)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(idempotency_key) DO NOTHING",
+        params![
+            action.runner_id,
+            action.termination_id,
+            action.step,
+            action.phase,
+            action.pid.map(i64::from),
+            action.detail.to_string(),
+            action.idempotency_key(),
+            action.at_unix_nano as i64,
+        ],
+    )?;
+    Ok(n > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,53 +394,4 @@ mod tests {
         assert!(upd.is_err(), "ledger must refuse updates");
         assert_eq!(s.runner_actions("a".into(), 10).await.unwrap().len(), 1);
     }
-}
-
-/// The runner row upsert, inside a control transaction.
-pub(crate) fn upsert_runner_tx(tx: &Transaction<'_>, row: &RunnerRow) -> Result<(), StorageError> {
-    tx.execute(
-        &format!(
-            "INSERT OR REPLACE INTO runners ({RUNNER_COLUMNS})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
-        ),
-        params![
-            row.id,
-            if row.spawned { "spawned" } else { "attached" },
-            row.spec.to_string(),
-            row.pid.map(i64::from),
-            row.start_time_ticks.map(|t| t as i64),
-            row.boot_id,
-            row.pgid.map(i64::from),
-            row.instance_id,
-            row.heartbeat_socket,
-            row.state.as_str(),
-            row.detail.to_string(),
-            row.registered_unix_nano as i64,
-            row.updated_unix_nano as i64,
-        ],
-    )?;
-    Ok(())
-}
-
-/// The action ledger insert, inside a control transaction; false when its idempotency key
-/// was already recorded.
-pub(crate) fn insert_action_tx(
-    tx: &Transaction<'_>,
-    action: &ActionRecord,
-) -> Result<bool, StorageError> {
-    let n = tx.execute(
-        "INSERT INTO runner_actions (runner_id, termination_id, step, phase, pid, detail, idempotency_key, at_unix_nano)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(idempotency_key) DO NOTHING",
-        params![
-            action.runner_id,
-            action.termination_id,
-            action.step,
-            action.phase,
-            action.pid.map(i64::from),
-            action.detail.to_string(),
-            action.idempotency_key(),
-            action.at_unix_nano as i64,
-        ],
-    )?;
-    Ok(n > 0)
 }

@@ -490,9 +490,8 @@ impl Writer {
         let r = self
             .conn
             .execute_batch("BEGIN IMMEDIATE; ROLLBACK")
-            .map_err(|e| {
+            .inspect_err(|_| {
                 let _ = self.conn.execute_batch("ROLLBACK");
-                e
             });
         match r {
             Ok(()) => self.set_degraded(None),
