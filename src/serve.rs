@@ -165,8 +165,18 @@ async fn serve(
     .context("invalid [reaper] section or [[runner]]")?;
     let reaper_token = CancellationToken::new();
 
+    // Dashboard config first: its `allowed_hosts` is the one Host rule of every listener.
+    let raw_dash: stallwatch_dashboards::RawDashboardConfig =
+        config::section("dashboard", &file.dashboard)?;
+    let raw_alerts: stallwatch_dashboards::RawAlertsConfig =
+        config::section("alerts", &file.alerts)?;
+    let mut dash_config = DashboardConfig::try_from((raw_dash, raw_alerts))
+        .context("invalid [dashboard] or [alerts] section")?;
+    dash_config.listen = settings.dashboard_listen;
+
     // Collector: binds now so port 0 resolves before the reaper injects the endpoint.
-    let collector_config = collector_config(&settings)?;
+    let mut collector_config = collector_config(&settings)?;
+    collector_config.allowed_hosts = dash_config.allowed_hosts.clone();
     let collector = Collector::bind(collector_config, storage.clone(), obs_tx)
         .await
         .context("cannot bind the OTLP listeners")?;
@@ -201,13 +211,6 @@ async fn serve(
     });
 
     // Dashboard.
-    let raw_dash: stallwatch_dashboards::RawDashboardConfig =
-        config::section("dashboard", &file.dashboard)?;
-    let raw_alerts: stallwatch_dashboards::RawAlertsConfig =
-        config::section("alerts", &file.alerts)?;
-    let mut dash_config = DashboardConfig::try_from((raw_dash, raw_alerts))
-        .context("invalid [dashboard] or [alerts] section")?;
-    dash_config.listen = settings.dashboard_listen;
     let listener = tokio::net::TcpListener::bind(settings.dashboard_listen)
         .await
         .with_context(|| format!("cannot listen on {} (dashboard)", settings.dashboard_listen))?;

@@ -29,13 +29,15 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default longest wait for the next piece of a request body: 30 s. A client that stalls
 /// longer gets a 400 / `INVALID_ARGUMENT` and releases its share of `max_inflight_bytes`.
 pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default CORS allow-list: the Tauri web-view origins and any `http://localhost` port
-/// (issue 2, Collector; DESIGN, Security). `null` (file:// pages) is deliberately absent.
-pub const DEFAULT_CORS_ALLOWED_ORIGINS: [&str; 4] = [
+/// Default CORS allow-list: the Tauri web-view origins and any `http://localhost` or
+/// `http://127.0.0.1` port (dev servers use both; issue 2, Collector; docs/design.md,
+/// Security). `null` (file:// pages) is deliberately absent.
+pub const DEFAULT_CORS_ALLOWED_ORIGINS: [&str; 5] = [
     "tauri://localhost",
     "http://tauri.localhost",
     "https://tauri.localhost",
     "http://localhost:*",
+    "http://127.0.0.1:*",
 ];
 
 /// The collector's validated configuration.
@@ -71,6 +73,11 @@ pub struct CollectorConfig {
     /// Longest wait for the next piece of a request body, so stalled uploads cannot pin
     /// the in-flight budget. Default [`DEFAULT_BODY_IDLE_TIMEOUT`].
     pub body_idle_timeout: Duration,
+    /// Host names (lowercase, no port) accepted in `Host` / `:authority` besides loopback
+    /// names; anything else gets HTTP 421 / gRPC `PERMISSION_DENIED` (DNS rebinding).
+    /// `src/` fills it from `[dashboard] allowed_hosts`, the one place every listener's
+    /// rule is configured (`stallwatch_storage::hosts`). Default empty.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for CollectorConfig {
@@ -88,6 +95,7 @@ impl Default for CollectorConfig {
             ingest_token: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
+            allowed_hosts: Vec::new(),
         }
     }
 }

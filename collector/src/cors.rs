@@ -148,6 +148,8 @@ mod tests {
             "http://localhost:5173",
             "http://localhost",
             "HTTP://LocalHost:8080",
+            "http://127.0.0.1:5173",
+            "http://127.0.0.1",
         ] {
             assert!(p.allows(ok), "{ok} should be allowed");
         }
@@ -167,6 +169,9 @@ mod tests {
             "http://localhost:",
             "http://localhost:5173/path",
             "tauri://localhost:1",
+            "http://127.0.0.2:5173",
+            "https://127.0.0.1:5173",
+            "http://127.0.0.1.evil.example",
             "",
         ] {
             assert!(!p.allows(bad), "{bad} should be refused");

@@ -45,12 +45,34 @@ const FRAME_HEADER: usize = 5;
 #[derive(Clone)]
 pub(crate) struct GrpcService {
     state: IngestState,
+    /// The OTLP/HTTP address, named in the answer to an HTTP/1.1 request.
+    http_addr: std::net::SocketAddr,
 }
 
 impl GrpcService {
-    pub(crate) fn new(state: IngestState) -> Self {
-        Self { state }
+    pub(crate) fn new(state: IngestState, http_addr: std::net::SocketAddr) -> Self {
+        Self { state, http_addr }
     }
+}
+
+/// HTTP 415 for an HTTP/1.x request on the gRPC port, in plain text, naming the OTLP/HTTP
+/// address (OTLP specification, "OTLP/HTTP": that is where `http/protobuf` and `http/json`
+/// exporters belong).
+fn http1_answer(state: &IngestState, http_addr: std::net::SocketAddr) -> Response<Body> {
+    state
+        .inner
+        .stats
+        .refuse_request(RefuseReason::UnsupportedMediaType);
+    let text = format!(
+        "this is the OTLP/gRPC port (HTTP/2 only); send OTLP/HTTP (http/protobuf, http/json) to http://{http_addr}/v1/traces, /v1/logs or /v1/metrics\n"
+    );
+    let mut resp = Response::new(Body::new(http_body_util::Full::new(Bytes::from(text))));
+    *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
 }
 
 impl tower::Service<Request<Body>> for GrpcService {
@@ -64,6 +86,10 @@ impl tower::Service<Request<Body>> for GrpcService {
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let state = self.state.clone();
+        if req.version() < http::Version::HTTP_2 {
+            let resp = http1_answer(&state, self.http_addr);
+            return Box::pin(async move { Ok(resp) });
+        }
         Box::pin(async move { Ok(handle(state, req).await) })
     }
 }
@@ -140,6 +166,11 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
             )));
         }
     };
+    if let Some(host) = state.foreign_host(req.uri(), req.headers()) {
+        return status_response(Status::permission_denied(format!(
+            ":authority {host:?} is not a loopback name nor in [dashboard] allowed_hosts (DNS rebinding guard)"
+        )));
+    }
     let headers = req.headers();
     if !state.authorized(
         headers

@@ -34,7 +34,33 @@ pub fn http_app(state: IngestState) -> Router {
         .route("/v1/metrics", any(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), cors))
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .with_state(state)
+}
+
+/// 421 Misdirected Request for a `Host` that is neither loopback nor configured (DNS
+/// rebinding: a page on another site posting spans that could trip a runner), before CORS
+/// and before the body is read.
+async fn check_host(
+    State(s): State<IngestState>,
+    req: Request,
+    next: middleware::Next,
+) -> Response {
+    match s.foreign_host(req.uri(), req.headers()) {
+        None => next.run(req).await,
+        Some(host) => {
+            let format = media_format(req.headers()).unwrap_or(Format::Json);
+            status_response(
+                StatusCode::MISDIRECTED_REQUEST,
+                format,
+                7,
+                &format!(
+                    "Host {host:?} is not a loopback name nor in [dashboard] allowed_hosts (DNS rebinding guard)"
+                ),
+                None,
+            )
+        }
+    }
 }
 
 async fn traces(State(s): State<IngestState>, req: Request) -> Response {
@@ -299,10 +325,23 @@ async fn cors(State(s): State<IngestState>, req: Request, next: Next) -> Respons
             header::ACCESS_CONTROL_MAX_AGE,
             HeaderValue::from(PREFLIGHT_MAX_AGE_S),
         );
+        // Private Network Access (WICG "Private Network Access", CORS-preflight section): a
+        // public page's preflight to a loopback address asks for this; only allowed origins
+        // get the yes.
+        let pna = req
+            .headers()
+            .get("access-control-request-private-network")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        if pna {
+            h.insert(
+                "access-control-allow-private-network",
+                HeaderValue::from_static("true"),
+            );
+        }
         h.append(
             header::VARY,
             HeaderValue::from_static(
-                "Access-Control-Request-Method, Access-Control-Request-Headers",
+                "Access-Control-Request-Method, Access-Control-Request-Headers, Access-Control-Request-Private-Network",
             ),
         );
         r

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use stallwatch_storage::control::{Observation, ObservedData};
-use stallwatch_storage::{Storage, WriteError};
+use stallwatch_storage::{Storage, Transient, WriteError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::CollectorConfig;
@@ -23,6 +23,9 @@ use crate::stats::{IngestStats, RefuseReason};
 
 /// `Retry-After` when the in-flight budget or the write queue is full, seconds.
 pub(crate) const BUSY_RETRY_AFTER_S: u64 = 1;
+/// `Retry-After` when storage is busy (another process holds the lock), has an I/O error
+/// or lost its file, seconds.
+pub(crate) const STORAGE_BUSY_RETRY_AFTER_S: u64 = 2;
 /// `Retry-After` when the disk (or `max_db_bytes`) is full, seconds.
 pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
 /// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
@@ -121,6 +124,17 @@ pub(crate) fn refusal_for_write(e: WriteError) -> Refusal {
             retry_after_s: BUSY_RETRY_AFTER_S,
             message: format!("{e}, retry later"),
             reason: RefuseReason::ShuttingDown,
+        },
+        WriteError::Unavailable { kind, .. } => Refusal::Busy {
+            retry_after_s: STORAGE_BUSY_RETRY_AFTER_S,
+            message: format!("{e}, retry later"),
+            reason: match kind {
+                Transient::Busy => RefuseReason::StorageBusy,
+                Transient::Locked => RefuseReason::StorageLocked,
+                Transient::Io => RefuseReason::StorageIo,
+                Transient::Full => RefuseReason::StorageFull,
+                Transient::Gone => RefuseReason::StorageGone,
+            },
         },
         WriteError::Failed(m) => Refusal::Internal(format!("storage commit failed: {m}")),
     }
@@ -221,6 +235,7 @@ pub(crate) struct Inner {
     pub(crate) max_request_bytes: usize,
     pub(crate) limits: Limits,
     pub(crate) body_idle_timeout: std::time::Duration,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl IngestState {
@@ -248,8 +263,35 @@ impl IngestState {
                     max_nesting_depth: config.max_nesting_depth,
                 },
                 body_idle_timeout: config.body_idle_timeout,
+                allowed_hosts: config.allowed_hosts.clone(),
             }),
         })
+    }
+
+    /// The `Host` (HTTP/1.1) or `:authority` (HTTP/2) of a request when it is refused by
+    /// the shared rule ([`stallwatch_storage::hosts::host_allowed`]); `None` when allowed.
+    /// A request with neither is refused (as `""`).
+    pub(crate) fn foreign_host(
+        &self,
+        uri: &http::Uri,
+        headers: &http::HeaderMap,
+    ) -> Option<String> {
+        let host = uri
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                headers
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        if stallwatch_storage::hosts::host_allowed(&host, &self.inner.allowed_hosts) {
+            return None;
+        }
+        self.inner.stats.refuse_request(RefuseReason::ForbiddenHost);
+        tracing::warn!(host = %host, "refused an OTLP request for a foreign Host (DNS rebinding guard)");
+        Some(host)
     }
 
     /// The ingest counters (a [`stallwatch_storage::MetricsSource`]).
@@ -461,6 +503,15 @@ mod tests {
             (WriteError::Full("disk".into()), 503, Some("10"), 14),
             (WriteError::Closed, 503, Some("1"), 14),
             (WriteError::Failed("boom".into()), 500, None, 13),
+            (
+                WriteError::Unavailable {
+                    kind: Transient::Busy,
+                    detail: "database is locked".into(),
+                },
+                503,
+                Some("2"),
+                14,
+            ),
         ];
         for (err, http, retry_after, grpc) in cases {
             let r = refusal_for_write(err);

@@ -104,11 +104,15 @@ impl Collector {
     /// Errors: [`CollectorError::Serve`] when a server fails while serving.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), CollectorError> {
         let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
-        let grpc = tonic::transport::Server::builder().serve_with_incoming_shutdown(
-            GrpcService::new(self.state.clone()),
-            incoming,
-            shutdown.clone().cancelled_owned(),
-        );
+        // HTTP/1.1 is accepted only to answer it with a readable 4xx naming the OTLP/HTTP
+        // address (a common exporter misconfiguration got a raw HTTP/2 SETTINGS frame).
+        let grpc = tonic::transport::Server::builder()
+            .accept_http1(true)
+            .serve_with_incoming_shutdown(
+                GrpcService::new(self.state.clone(), self.http_addr),
+                incoming,
+                shutdown.clone().cancelled_owned(),
+            );
         let listener = self.http.tap_io(|tcp| {
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");

@@ -35,11 +35,25 @@ pub enum RefuseReason {
     Internal,
     /// A record with an empty or all-zero id (partial success).
     InvalidId,
+    /// Another process held the SQLite write lock (HTTP 503 / `UNAVAILABLE`).
+    StorageBusy,
+    /// `SQLITE_LOCKED` (HTTP 503 / `UNAVAILABLE`).
+    StorageLocked,
+    /// An I/O error that may pass (HTTP 503 / `UNAVAILABLE`).
+    StorageIo,
+    /// The database file was deleted or replaced while running (HTTP 503 / `UNAVAILABLE`).
+    StorageGone,
+    /// A `Host` / `:authority` that is not a loopback name nor a configured host (HTTP 421 /
+    /// `PERMISSION_DENIED`): DNS rebinding.
+    ForbiddenHost,
 }
+
+/// Number of [`RefuseReason`] values.
+const REASONS: usize = RefuseReason::ALL.len();
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 13] = [
+    pub const ALL: [RefuseReason; 18] = [
         RefuseReason::BadRequest,
         RefuseReason::TooLarge,
         RefuseReason::UnsupportedMediaType,
@@ -53,6 +67,11 @@ impl RefuseReason {
         RefuseReason::ShuttingDown,
         RefuseReason::Internal,
         RefuseReason::InvalidId,
+        RefuseReason::StorageBusy,
+        RefuseReason::StorageLocked,
+        RefuseReason::StorageIo,
+        RefuseReason::StorageGone,
+        RefuseReason::ForbiddenHost,
     ];
 
     /// The label value.
@@ -71,6 +90,11 @@ impl RefuseReason {
             RefuseReason::ShuttingDown => "shutting_down",
             RefuseReason::Internal => "internal",
             RefuseReason::InvalidId => "invalid_id",
+            RefuseReason::StorageBusy => "storage_busy",
+            RefuseReason::StorageLocked => "storage_locked",
+            RefuseReason::StorageIo => "storage_io",
+            RefuseReason::StorageGone => "storage_gone",
+            RefuseReason::ForbiddenHost => "forbidden_host",
         }
     }
 
@@ -89,8 +113,8 @@ pub struct IngestStats {
     spans: AtomicU64,
     log_records: AtomicU64,
     metric_points: AtomicU64,
-    refused_requests: [AtomicU64; 13],
-    refused_records: [AtomicU64; 13],
+    refused_requests: [AtomicU64; REASONS],
+    refused_records: [AtomicU64; REASONS],
     inflight_bytes: AtomicU64,
 }
 

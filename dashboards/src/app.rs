@@ -83,34 +83,9 @@ async fn count_requests(State(ctx): State<Shared>, req: Request, next: Next) -> 
     resp
 }
 
-/// True for a `Host` header naming a loopback host or one of `allowed` (any port).
-pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
-    let host = host.trim().to_ascii_lowercase();
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        match rest.split_once(']') {
-            Some((inner, port)) if port.is_empty() || port.starts_with(':') => {
-                return inner == "::1"
-                    || allowed.iter().any(|a| a.trim_matches(['[', ']']) == inner);
-            }
-            _ => return false,
-        }
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            Some(_) => return false,
-            None => host.as_str(),
-        }
-    };
-    if name == "localhost" || name.ends_with(".localhost") {
-        return true;
-    }
-    if let Ok(ip) = name.parse::<std::net::Ipv4Addr>() {
-        if ip.is_loopback() {
-            return true;
-        }
-    }
-    allowed.iter().any(|a| a == name)
-}
+/// True for a `Host` header naming a loopback host or one of `allowed` (any port): the one
+/// rule every listener shares.
+pub use stallwatch_storage::hosts::host_allowed;
 
 async fn check_host(
     State(config): State<Arc<DashboardConfig>>,

@@ -48,7 +48,9 @@ pub struct RawDashboardConfig {
 pub struct RawWebhookConfig {
     /// Receiver URL, `http://` or `https://`.
     pub url: String,
-    /// HMAC-SHA256 key for `X-Stallwatch-Signature`.
+    /// HMAC-SHA256 key: `whsec_<base64>` (the Standard Webhooks secret format: the key is the
+    /// decoded base64) or any other string (the key is its raw bytes); signs
+    /// `webhook-signature` and the compatibility `X-Stallwatch-Signature`.
     pub secret: String,
     /// Event names to send (DESIGN "One event vocabulary"); empty or absent: all.
     #[serde(default)]

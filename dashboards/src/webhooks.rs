@@ -4,10 +4,19 @@
 //! reads incidents from storage after its durable cursor, so nothing is lost when it falls
 //! behind or restarts. For each incident, every webhook whose `events` list wants it gets a
 //! delivery in the SQLite outbox (enqueued together with the cursor move, `synchronous=FULL`).
-//! Due deliveries are POSTed with `X-Stallwatch-Signature: sha256=<hex HMAC-SHA256 of the
-//! body>`, `Idempotency-Key` (the same on every attempt) and `Content-Type:
-//! application/json`; every attempt is recorded; failures retry after 1 s doubling to a
-//! 300 s cap (DESIGN, One event vocabulary), across restarts, until `max_attempts`.
+//! Due deliveries are POSTed signed as Standard Webhooks specifies (standardwebhooks.com,
+//! "Signature scheme"): `webhook-id` (the idempotency key, the same on every attempt),
+//! `webhook-timestamp` (Unix seconds, fresh on every attempt) and `webhook-signature:
+//! v1,<base64 HMAC-SHA256 over "{id}.{timestamp}.{body}">`, so a captured delivery cannot be
+//! replayed past the receiver's tolerance window. The key is the base64 after `whsec_` when
+//! the configured secret has that prefix (the spec's secret format), else the secret's raw
+//! bytes. `X-Stallwatch-Signature: sha256=<hex HMAC of the body>` stays for compatibility,
+//! with `Idempotency-Key` and `Content-Type: application/json`. Every attempt is recorded;
+//! a 2xx delivers; a 4xx other than 408/409/425/429 is final; anything else retries after
+//! 1 s doubling to a 300 s cap with ±20 % jitter, or after the receiver's `Retry-After`
+//! (seconds or HTTP-date, capped at `retry_max`), across restarts, until `max_attempts`
+//! (docs/design.md, One event vocabulary). Each receiver has its own worker, so a hanging
+//! one never delays a healthy one.
 //!
 //! [`EventBus`]: stallwatch_storage::EventBus
 
@@ -86,6 +95,54 @@ impl WebhookStats {
     }
 }
 
+/// Standard Webhooks message id header.
+pub const WEBHOOK_ID_HEADER: &str = "webhook-id";
+/// Standard Webhooks timestamp header (Unix seconds).
+pub const WEBHOOK_TIMESTAMP_HEADER: &str = "webhook-timestamp";
+/// Standard Webhooks signature header (`v1,<base64>`).
+pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
+
+/// The HMAC key of a configured secret: the base64 after `whsec_` (Standard Webhooks secret
+/// format), else the secret's own bytes (a plain secret, also when the base64 is invalid).
+pub fn signing_key(secret: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    if let Some(b64) = secret.strip_prefix("whsec_") {
+        if let Ok(k) = base64::engine::general_purpose::STANDARD.decode(b64) {
+            return k;
+        }
+    }
+    secret.as_bytes().to_vec()
+}
+
+/// `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">` (Standard Webhooks).
+pub fn sign_standard(secret: &str, id: &str, timestamp_s: u64, body: &[u8]) -> String {
+    use base64::Engine as _;
+    let mut mac = match Hmac::<Sha256>::new_from_slice(&signing_key(secret)) {
+        Ok(m) => m,
+        Err(_) => return String::new(),
+    };
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp_s.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// A receiver's `Retry-After` (delta seconds, or an HTTP-date, RFC 9110 section 10.2.3) as
+/// a wait from `now`; `None` when absent or unreadable.
+pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(s) = v.parse::<u64>() {
+        return Some(Duration::from_secs(s));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
 /// `sha256=<lowercase hex HMAC-SHA256 of body keyed with secret>`.
 pub fn sign(secret: &str, body: &[u8]) -> String {
     // HMAC accepts keys of any length; the error arm cannot happen.
@@ -113,20 +170,43 @@ pub fn backoff(attempts_made: u32, initial: Duration, max: Duration) -> Duration
 
 /// What follows an attempt that answered `status` (or failed in transport when `None`),
 /// given the attempts made including this one; pure, `now` in ns since the Unix epoch.
+///
+/// 2xx → delivered; a 4xx other than 408, 409, 425, 429 → given up (the receiver refuses
+/// the message itself); else retry after the receiver's `retry_after` when it sent one
+/// (capped at `retry_max`), otherwise after [`backoff`] scaled by `jitter` in `[0, 1)` to
+/// 80–120 % (so receivers that failed together are not retried together).
 pub fn outcome(
     status: Option<u16>,
     attempts_made: u32,
     webhook: &WebhookConfig,
     now_unix_nano: u64,
+    retry_after: Option<Duration>,
+    jitter: f64,
 ) -> AttemptOutcome {
     if matches!(status, Some(200..=299)) {
         return AttemptOutcome::Delivered;
     }
+    if matches!(status, Some(400..=499)) && !matches!(status, Some(408 | 409 | 425 | 429)) {
+        return AttemptOutcome::GiveUp;
+    }
     if attempts_made >= webhook.max_attempts {
         return AttemptOutcome::GiveUp;
     }
-    let wait = backoff(attempts_made, webhook.retry_initial, webhook.retry_max);
+    let wait = match retry_after {
+        Some(w) => w.min(webhook.retry_max),
+        None => backoff(attempts_made, webhook.retry_initial, webhook.retry_max)
+            .mul_f64(0.8 + 0.4 * jitter.clamp(0.0, 1.0)),
+    };
     AttemptOutcome::RetryAt(now_unix_nano.saturating_add(wait.as_nanos() as u64))
+}
+
+/// A number in `[0, 1)` that differs per delivery and attempt (randomly seeded per process).
+fn jitter_for(delivery: i64, attempts: u32) -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(delivery);
+    h.write_u32(attempts);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The webhook body: what happened, to which runner, tool, trace and span, why, the
@@ -195,20 +275,39 @@ pub fn start_webhooks(
             storage,
             client,
         };
+        let worker = Arc::new(worker);
+        // One worker per receiver: a hanging receiver only delays its own deliveries.
+        let mut wakers = Vec::new();
+        let mut tasks = Vec::new();
+        for hook in worker.config.webhooks.iter().cloned() {
+            let wake = Arc::new(tokio::sync::Notify::new());
+            wakers.push(wake.clone());
+            let w = worker.clone();
+            let stop = shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                w.receiver_loop(hook, wake, stop).await
+            }));
+        }
         let mut rx = events.subscribe();
         loop {
-            let wait = match worker.round(&shutdown).await {
-                Ok(w) => w,
+            let wait = match worker.catch_up().await {
+                Ok(()) => MAX_IDLE,
                 Err(e) => {
                     tracing::warn!("webhook outbox round failed: {e}");
                     Duration::from_secs(1)
                 }
             };
+            for w in &wakers {
+                w.notify_one();
+            }
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => break,
                 _ = rx.recv() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+        for t in tasks {
+            let _ = t.await;
         }
     })
 }
@@ -220,11 +319,41 @@ struct Worker {
 }
 
 impl Worker {
-    /// One pass: enqueue new incidents, send due deliveries; answers how long to sleep.
-    async fn round(&self, shutdown: &CancellationToken) -> Result<Duration, DashboardError> {
-        self.catch_up().await?;
+    /// The worker of one receiver: send its due deliveries, sleep until its next due time
+    /// or a wake-up (new deliveries enqueued), until `shutdown`.
+    async fn receiver_loop(
+        &self,
+        hook: WebhookConfig,
+        wake: Arc<tokio::sync::Notify>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let wait = match self.receiver_round(&hook, &shutdown).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(url = %hook.url, "webhook round failed: {e}");
+                    Duration::from_secs(1)
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One pass for one receiver; answers how long to sleep.
+    async fn receiver_round(
+        &self,
+        hook: &WebhookConfig,
+        shutdown: &CancellationToken,
+    ) -> Result<Duration, DashboardError> {
         let now = now_unix_nano();
-        let due = self.storage.due_deliveries(now, 64).await?;
+        let due = self
+            .storage
+            .due_deliveries_for(hook.url.clone(), now, 64)
+            .await?;
         let full_page = due.len() == 64;
         futures::stream::iter(due)
             .for_each_concurrent(CONCURRENCY, |d| async move {
@@ -240,11 +369,13 @@ impl Worker {
             return Ok(Duration::ZERO);
         }
         let now = now_unix_nano();
-        Ok(match self.storage.next_delivery_due().await? {
-            Some(t) => Duration::from_nanos(t.saturating_sub(now)).min(MAX_IDLE),
-            None => MAX_IDLE,
-        }
-        .max(Duration::from_millis(5)))
+        Ok(
+            match self.storage.next_delivery_due_for(hook.url.clone()).await? {
+                Some(t) => Duration::from_nanos(t.saturating_sub(now)).min(MAX_IDLE),
+                None => MAX_IDLE,
+            }
+            .max(Duration::from_millis(5)),
+        )
     }
 
     /// Enqueues deliveries for every incident after the cursor.
@@ -307,28 +438,53 @@ impl Worker {
         };
         let at = now_unix_nano();
         let started = Instant::now();
+        let timestamp_s = at / 1_000_000_000;
         let sent = self
             .client
             .post(&hook.url)
             .timeout(hook.timeout)
             .header(http::header::CONTENT_TYPE, "application/json")
+            .header(WEBHOOK_ID_HEADER, &d.idempotency_key)
+            .header(WEBHOOK_TIMESTAMP_HEADER, timestamp_s.to_string())
+            .header(
+                WEBHOOK_SIGNATURE_HEADER,
+                sign_standard(
+                    &hook.secret,
+                    &d.idempotency_key,
+                    timestamp_s,
+                    d.body.as_bytes(),
+                ),
+            )
             .header(SIGNATURE_HEADER, sign(&hook.secret, d.body.as_bytes()))
             .header(IDEMPOTENCY_HEADER, &d.idempotency_key)
             .header("X-Stallwatch-Event", &d.event)
             .body(d.body.clone())
             .send()
             .await;
+        let mut retry_after = None;
         let (status, error) = match sent {
             Ok(resp) if resp.status().is_success() => (Some(resp.status().as_u16()), None),
             Ok(resp) => {
                 let s = resp.status();
+                retry_after = resp
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
                 (Some(s.as_u16()), Some(format!("receiver answered {s}")))
             }
             Err(e) => (None, Some(transport_error(&e))),
         };
         let duration_ms = started.elapsed().as_millis() as u64;
         let attempts_made = d.attempts.saturating_add(1);
-        let next = outcome(status, attempts_made, hook, now_unix_nano());
+        let next = outcome(
+            status,
+            attempts_made,
+            hook,
+            now_unix_nano(),
+            retry_after,
+            jitter_for(d.id, attempts_made),
+        );
         let counter = match next {
             AttemptOutcome::Delivered => &STATS.delivered,
             AttemptOutcome::RetryAt(_) => &STATS.retry,
@@ -415,16 +571,72 @@ mod tests {
     #[test]
     fn outcome_table() {
         let h = hook();
-        assert_eq!(outcome(Some(204), 1, &h, 0), AttemptOutcome::Delivered);
+        let o = |status, attempts, now, ra| outcome(status, attempts, &h, now, ra, 0.5);
+        assert_eq!(o(Some(204), 1, 0, None), AttemptOutcome::Delivered);
         assert_eq!(
-            outcome(Some(500), 1, &h, 10),
+            o(Some(500), 1, 10, None),
             AttemptOutcome::RetryAt(10 + 1_000_000_000)
         );
+        assert_eq!(o(None, 3, 0, None), AttemptOutcome::RetryAt(4_000_000_000));
+        assert_eq!(o(Some(302), 5, 0, None), AttemptOutcome::GiveUp);
+        // A 4xx is final, except the four that mean "later".
+        for final_status in [400, 401, 403, 404, 410, 413, 422] {
+            assert_eq!(o(Some(final_status), 1, 0, None), AttemptOutcome::GiveUp);
+        }
+        for later in [408, 409, 425, 429] {
+            assert!(matches!(
+                o(Some(later), 1, 0, None),
+                AttemptOutcome::RetryAt(_)
+            ));
+        }
+        // Retry-After wins over the back-off, capped at retry_max.
+        let ra = Some(Duration::from_secs(42));
         assert_eq!(
-            outcome(None, 3, &h, 0),
-            AttemptOutcome::RetryAt(4_000_000_000)
+            o(Some(503), 1, 0, ra),
+            AttemptOutcome::RetryAt(42_000_000_000)
         );
-        assert_eq!(outcome(Some(302), 5, &h, 0), AttemptOutcome::GiveUp);
+        let ra = Some(Duration::from_secs(4000));
+        assert_eq!(
+            o(Some(429), 1, 0, ra),
+            AttemptOutcome::RetryAt(300_000_000_000)
+        );
+        // Jitter keeps the back-off within 80..=120 %.
+        assert_eq!(
+            outcome(Some(500), 2, &h, 0, None, 0.0),
+            AttemptOutcome::RetryAt(1_600_000_000)
+        );
+        assert_eq!(
+            outcome(Some(500), 2, &h, 0, None, 1.0),
+            AttemptOutcome::RetryAt(2_400_000_000)
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_signature_matches_the_reference_vector() {
+        // The test vector of the Standard Webhooks reference libraries.
+        let sig = sign_standard(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+        assert_eq!(signing_key("plain"), b"plain".to_vec());
+    }
+
+    #[test]
+    fn retry_after_seconds_and_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
     }
 
     #[test]

@@ -477,3 +477,16 @@ window.addEventListener("DOMContentLoaded", async () => {
   connectLive();
   route();
 });
+
+// ---------- degraded storage banner (GET /readyz `degraded`) ----------
+async function pollDegraded() {
+  const el = document.getElementById("degraded");
+  try {
+    const r = await (await fetch("/readyz", { headers: { accept: "application/json" } })).json();
+    const d = r.degraded;
+    el.hidden = !d;
+    el.textContent = d ? `storage degraded (${d.condition}): telemetry is refused with 503 until it passes; runners are still watched. ${d.detail}` : "";
+  } catch (_) { /* the live badge already says the server is away */ }
+}
+pollDegraded();
+setInterval(pollDegraded, 5000);

@@ -178,16 +178,64 @@ pub fn runner_env(
         set("OTEL_EXPORTER_OTLP_HEADERS", h.clone());
     }
     set("OTEL_SERVICE_NAME", id.into());
-    set(
-        "OTEL_RESOURCE_ATTRIBUTES",
-        format!("stallwatch.runner.id={id},service.instance.id={instance_id}"),
-    );
     set("MPLBACKEND", "Agg".into());
     set("PYTHONUNBUFFERED", "1".into());
     for (k, v) in &spawn.env {
+        if k.starts_with("OTEL_EXPORTER_OTLP_") && k != "OTEL_EXPORTER_OTLP_TIMEOUT" {
+            tracing::warn!(
+                runner = id,
+                key = %k,
+                "runner env overrides stallwatch's OTLP export setting on purpose; its spans may not reach the watchdog"
+            );
+        }
         env.insert(k.clone(), v.clone());
     }
+    // Merged, never replaced: the runner's own resource attributes are kept, ours are
+    // always present (spans are tied to the runner by `stallwatch.runner.id`).
+    let theirs = spawn
+        .env
+        .get("OTEL_RESOURCE_ATTRIBUTES")
+        .map(String::as_str)
+        .unwrap_or("");
+    env.insert(
+        "OTEL_RESOURCE_ATTRIBUTES".into(),
+        merge_resource_attributes(theirs, id, instance_id),
+    );
     env
+}
+
+/// Inherited variables that would override the injected OTLP endpoint (the OpenTelemetry
+/// SDK environment specification: a signal-specific `OTEL_EXPORTER_OTLP_{TRACES,LOGS,
+/// METRICS}_*` beats the generic one) or send the sidecar's own headers: removed from a
+/// spawned runner's environment unless `env` sets them (then the runner's value is used).
+pub const SCRUBBED_OTLP_VARIABLES: [&str; 10] = [
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+];
+
+/// `theirs` (`k=v,k=v`, W3C Baggage-like as in the SDK environment specification) with
+/// `stallwatch.runner.id` and `service.instance.id` set to ours (theirs for those two keys
+/// is dropped; every other key is kept in order).
+pub fn merge_resource_attributes(theirs: &str, id: &str, instance_id: &str) -> String {
+    let mut out = vec![
+        format!("stallwatch.runner.id={id}"),
+        format!("service.instance.id={instance_id}"),
+    ];
+    for pair in theirs.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let key = pair.split_once('=').map(|(k, _)| k.trim()).unwrap_or(pair);
+        if key != "stallwatch.runner.id" && key != "service.instance.id" {
+            out.push(pair.to_string());
+        }
+    }
+    out.join(",")
 }
 
 /// A freshly spawned runner process.
@@ -212,6 +260,11 @@ pub fn spawn_process(
     env: &BTreeMap<String, String>,
 ) -> std::io::Result<SpawnedProcess> {
     let mut cmd = Command::new(&spawn.argv[0]);
+    for k in SCRUBBED_OTLP_VARIABLES {
+        if !env.contains_key(k) {
+            cmd.env_remove(k);
+        }
+    }
     cmd.args(&spawn.argv[1..])
         .envs(env)
         .stdin(Stdio::null())
@@ -314,5 +367,25 @@ mod tests {
             "stallwatch.runner.id=r1,service.instance.id=u"
         );
         assert!(!env.contains_key("STALLWATCH_CHECKPOINT_DIR"));
+    }
+
+    #[test]
+    fn own_resource_attributes_are_merged_with_ours() {
+        let cfg = ReaperConfig::new("/d");
+        let mut spec = SpawnSpec {
+            argv: vec!["x".into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            workspace: None,
+        };
+        spec.env.insert(
+            "OTEL_RESOURCE_ATTRIBUTES".into(),
+            "team=lab, stallwatch.runner.id=spoof,deployment.environment=dev".into(),
+        );
+        let env = runner_env(&cfg, "r1", &spec, Path::new("/s"), None, "u");
+        assert_eq!(
+            env["OTEL_RESOURCE_ATTRIBUTES"],
+            "stallwatch.runner.id=r1,service.instance.id=u,team=lab,deployment.environment=dev"
+        );
     }
 }

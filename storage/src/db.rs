@@ -13,6 +13,9 @@ use crate::error::StorageError;
 use crate::schema;
 use crate::telemetry::TelemetryWriter;
 
+/// How long [`Storage::shutdown`] keeps retrying held control records.
+pub const SHUTDOWN_HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Read connections kept open for the read API.
 const READ_POOL: usize = 4;
 
@@ -25,9 +28,10 @@ pub struct Storage {
 
 pub(crate) struct Inner {
     pub(crate) config: StorageConfig,
-    control: Mutex<Connection>,
+    pub(crate) control: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
     pub(crate) telemetry: TelemetryWriter,
+    pub(crate) held: crate::held::HeldQueue,
 }
 
 /// Opens a connection with the pragmas every stallwatch connection uses.
@@ -53,12 +57,15 @@ impl Storage {
     /// telemetry writer thread.
     ///
     /// Errors: [`StorageError::Open`] when the file cannot be opened,
-    /// [`StorageError::SchemaTooNew`] when a newer stallwatch wrote it.
+    /// [`StorageError::SchemaTooNew`] when a newer stallwatch wrote it,
+    /// [`StorageError::SchemaForeign`] when something else did (`user_version` negative, or
+    /// 0 with tables in the file).
     pub fn open(config: StorageConfig) -> Result<Self, StorageError> {
         let rw = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let mut control = open_connection(&config, rw)?;
+        schema::check(&control)?;
         // auto_vacuum and page_size must be set before the first table exists; WAL is
         // persistent. 16 KiB pages: telemetry payloads are ~200 KB blobs per export request,
         // and 4 KiB pages cost 4x the WAL frames and checkpoint writes (telemetry/ bench).
@@ -83,6 +90,7 @@ impl Storage {
                 control: Mutex::new(control),
                 readers: Mutex::new(readers),
                 telemetry,
+                held: Default::default(),
             }),
         })
     }
@@ -179,9 +187,13 @@ impl Storage {
         .await
     }
 
-    /// Ordered stop: the telemetry writer commits what is queued, then stops. Control and
-    /// read calls keep working until the last handle is dropped.
+    /// Ordered stop: control records held in memory are written (retried for up to
+    /// [`SHUTDOWN_HELD_WAIT`], then logged one by one), the telemetry writer commits what is
+    /// queued, then stops. Control and read calls keep working until the last handle is
+    /// dropped.
     pub async fn shutdown(&self) {
+        self.flush_held_until(std::time::Instant::now() + SHUTDOWN_HELD_WAIT)
+            .await;
         self.inner.telemetry.shutdown().await;
     }
 }

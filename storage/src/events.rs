@@ -4,7 +4,10 @@
 //! `synchronous=FULL` insert (idempotent by key), then a `tokio::sync::broadcast` that the
 //! dashboard's SSE stream and the webhook outbox follow. On a full disk the incident is
 //! still broadcast and held in memory, then written once space returns, so the watchdog and
-//! reaper act anyway (DESIGN, Durability levels).
+//! reaper act anyway (docs/design.md, Durability levels). The same holds for every
+//! transient condition (another process holding the lock, an I/O error, the file deleted):
+//! the incident joins the storage's ordered queue of held control records (`held.rs`),
+//! behind any action or runner row held before it.
 
 use std::sync::{Arc, Mutex};
 
@@ -48,6 +51,15 @@ impl EventBus {
     /// retried by [`EventBus::flush_pending`]; other errors are returned.
     pub async fn publish(&self, incident: NewIncident) -> Result<Option<Incident>, StorageError> {
         self.flush_pending().await;
+        log_incident(&incident);
+        if self.storage.holding() {
+            // Records are held (or the file is locked): queue behind them, act now.
+            self.storage
+                .hold(crate::held::Held::Incident(incident.clone()));
+            let held = crate::held::held_incident(incident);
+            let _ = self.tx.send(held.clone());
+            return Ok(Some(held));
+        }
         match self.storage.record_incident(incident.clone()).await {
             Ok(Some(recorded)) => {
                 let _ = self.tx.send(recorded.clone());
@@ -60,6 +72,14 @@ impl EventBus {
                     p.push(incident.clone());
                 }
                 let held = Incident { id: 0, incident };
+                let _ = self.tx.send(held.clone());
+                Ok(Some(held))
+            }
+            Err(e) if e.transient().is_some() => {
+                tracing::error!(kind = %incident.kind, reason = %incident.reason, "incident held in memory: {e}");
+                self.storage
+                    .hold(crate::held::Held::Incident(incident.clone()));
+                let held = crate::held::held_incident(incident);
                 let _ = self.tx.send(held.clone());
                 Ok(Some(held))
             }
@@ -88,5 +108,38 @@ impl EventBus {
     /// Number of incidents held in memory awaiting disk space.
     pub fn pending_len(&self) -> usize {
         self.pending.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
+
+/// The one log line of every incident (operators read logs first): WARN for trips, kills,
+/// crashes, orphans, rollbacks and a full disk; INFO for the rest. key=value fields name the
+/// runner, the event and the reason.
+fn log_incident(i: &NewIncident) {
+    use crate::model::EventKind as K;
+    let runner = i.runner_id.as_deref().unwrap_or("-");
+    let tool = i.tool_name.as_deref().unwrap_or("-");
+    match i.kind {
+        K::VerdictSuspect
+        | K::BreakerOpened
+        | K::RunnerCrashed
+        | K::RunnerTerminated
+        | K::RunnerOrphaned
+        | K::CheckpointRolledBack
+        | K::StorageFull => tracing::warn!(
+            target: "stallwatch::incident",
+            event = %i.kind,
+            runner,
+            tool,
+            reason = %i.reason,
+            "incident"
+        ),
+        _ => tracing::info!(
+            target: "stallwatch::incident",
+            event = %i.kind,
+            runner,
+            tool,
+            reason = %i.reason,
+            "incident"
+        ),
     }
 }

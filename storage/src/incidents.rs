@@ -67,31 +67,8 @@ impl Storage {
         &self,
         incident: NewIncident,
     ) -> Result<Option<Incident>, StorageError> {
-        self.control(move |tx| {
-            let n = tx.execute(
-                "INSERT INTO incidents (kind, runner_id, tool_name, trace_id, span_id, reason, evidence, idempotency_key, at_unix_nano)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(idempotency_key) DO NOTHING",
-                params![
-                    incident.kind.as_str(),
-                    incident.runner_id,
-                    incident.tool_name,
-                    incident.trace_id.map(|t| t.0.to_vec()),
-                    incident.span_id.map(|s| s.0.to_vec()),
-                    incident.reason,
-                    incident.evidence.to_string(),
-                    incident.idempotency_key,
-                    incident.at_unix_nano as i64,
-                ],
-            )?;
-            if n == 0 {
-                return Ok(None);
-            }
-            Ok(Some(Incident {
-                id: tx.last_insert_rowid(),
-                incident,
-            }))
-        })
-        .await
+        self.control(move |tx| insert_incident_tx(tx, incident))
+            .await
     }
 
     /// Incidents with id greater than `after_id`, oldest first (SSE `Last-Event-ID` replay,
@@ -143,4 +120,34 @@ impl Storage {
         })
         .await
     }
+}
+
+/// The incident insert, inside a control transaction; `None` when its idempotency key was
+/// already recorded.
+pub(crate) fn insert_incident_tx(
+    tx: &rusqlite::Transaction<'_>,
+    incident: NewIncident,
+) -> Result<Option<Incident>, StorageError> {
+    let n = tx.execute(
+        "INSERT INTO incidents (kind, runner_id, tool_name, trace_id, span_id, reason, evidence, idempotency_key, at_unix_nano)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT(idempotency_key) DO NOTHING",
+        params![
+            incident.kind.as_str(),
+            incident.runner_id,
+            incident.tool_name,
+            incident.trace_id.map(|t| t.0.to_vec()),
+            incident.span_id.map(|s| s.0.to_vec()),
+            incident.reason,
+            incident.evidence.to_string(),
+            incident.idempotency_key,
+            incident.at_unix_nano as i64,
+        ],
+    )?;
+    if n == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Incident {
+        id: tx.last_insert_rowid(),
+        incident,
+    }))
 }

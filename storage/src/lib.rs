@@ -21,6 +21,8 @@ mod db;
 pub mod error;
 pub mod events;
 pub mod forward;
+mod held;
+pub mod hosts;
 pub mod incidents;
 pub mod ledger;
 pub mod outbox;
@@ -32,7 +34,8 @@ pub use stallwatch_vocabulary::{control, model, MetricsSource};
 
 pub use config::{StorageConfig, Synchronous};
 pub use db::Storage;
-pub use error::{StorageError, WriteError};
+pub use error::{StorageError, Transient, WriteError};
 pub use events::EventBus;
+pub use held::{Held, MAX_HELD_RECORDS};
 pub use incidents::IncidentQuery;
 pub use schema::SCHEMA_VERSION;

@@ -263,6 +263,41 @@ impl Storage {
         .await
     }
 
+    /// Pending deliveries of one webhook `url` due at `now_unix_nano`, soonest first (each
+    /// receiver has its own worker, so a hanging one never delays another).
+    pub async fn due_deliveries_for(
+        &self,
+        url: String,
+        now_unix_nano: u64,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StorageError> {
+        let limit = limit.clamp(1, 1000) as i64;
+        self.read(move |c| {
+            let mut st = c.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM webhook_deliveries
+                 WHERE state = 'pending' AND webhook = ?1 AND next_attempt_unix_nano <= ?2
+                 ORDER BY next_attempt_unix_nano, id LIMIT ?3"
+            ))?;
+            let rows = st.query_map(params![url, now_unix_nano as i64, limit], row_to_delivery)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// When the earliest pending delivery of webhook `url` is due, ns since the Unix epoch.
+    pub async fn next_delivery_due_for(&self, url: String) -> Result<Option<u64>, StorageError> {
+        self.read(move |c| {
+            let v: Option<i64> = c.query_row(
+                "SELECT MIN(next_attempt_unix_nano) FROM webhook_deliveries
+                 WHERE state = 'pending' AND webhook = ?1",
+                [url],
+                |r| r.get(0),
+            )?;
+            Ok(v.map(|v| v.max(0) as u64))
+        })
+        .await
+    }
+
     /// When the earliest pending delivery is due, ns since the Unix epoch; `None` when
     /// nothing is pending.
     pub async fn next_delivery_due(&self) -> Result<Option<u64>, StorageError> {

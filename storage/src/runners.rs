@@ -9,7 +9,7 @@
 //! `synchronous=FULL` through [`Storage::control`]; `runner_actions` refuses UPDATE and
 //! DELETE with triggers.
 
-use rusqlite::{params, OptionalExtension, Row};
+use rusqlite::{params, OptionalExtension, Row, Transaction};
 use serde::{Deserialize, Serialize};
 
 use crate::db::Storage;
@@ -207,31 +207,9 @@ fn row_to_action(r: &Row<'_>) -> rusqlite::Result<ActionRecord> {
 impl Storage {
     /// Inserts or replaces the row of `row.id` (a registration or a restart).
     pub async fn upsert_runner(&self, row: RunnerRow) -> Result<(), StorageError> {
-        self.control(move |tx| {
-            tx.execute(
-                &format!(
-                    "INSERT OR REPLACE INTO runners ({RUNNER_COLUMNS})
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
-                ),
-                params![
-                    row.id,
-                    if row.spawned { "spawned" } else { "attached" },
-                    row.spec.to_string(),
-                    row.pid.map(i64::from),
-                    row.start_time_ticks.map(|t| t as i64),
-                    row.boot_id,
-                    row.pgid.map(i64::from),
-                    row.instance_id,
-                    row.heartbeat_socket,
-                    row.state.as_str(),
-                    row.detail.to_string(),
-                    row.registered_unix_nano as i64,
-                    row.updated_unix_nano as i64,
-                ],
-            )?;
-            Ok(())
-        })
-        .await
+        self.control_or_hold(crate::held::Held::Runner(row))
+            .await
+            .map(|_| ())
     }
 
     /// Sets a runner's state and detail. Answers false when no row has that id.
@@ -287,24 +265,8 @@ impl Storage {
     /// Appends a step to the action ledger. Answers false when its idempotency key
     /// (`{termination_id}:{step}:{phase}`) was already recorded (nothing written).
     pub async fn record_action(&self, action: ActionRecord) -> Result<bool, StorageError> {
-        self.control(move |tx| {
-            let n = tx.execute(
-                "INSERT INTO runner_actions (runner_id, termination_id, step, phase, pid, detail, idempotency_key, at_unix_nano)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(idempotency_key) DO NOTHING",
-                params![
-                    action.runner_id,
-                    action.termination_id,
-                    action.step,
-                    action.phase,
-                    action.pid.map(i64::from),
-                    action.detail.to_string(),
-                    action.idempotency_key(),
-                    action.at_unix_nano as i64,
-                ],
-            )?;
-            Ok(n > 0)
-        })
-        .await
+        self.control_or_hold(crate::held::Held::Action(action))
+            .await
     }
 
     /// Appends many ledger records in one transaction (the ordered shutdown of thousands of
@@ -352,6 +314,55 @@ impl Storage {
         })
         .await
     }
+}
+
+/// The runner row upsert, inside a control transaction.
+pub(crate) fn upsert_runner_tx(tx: &Transaction<'_>, row: &RunnerRow) -> Result<(), StorageError> {
+    tx.execute(
+        &format!(
+            "INSERT OR REPLACE INTO runners ({RUNNER_COLUMNS})
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        ),
+        params![
+            row.id,
+            if row.spawned { "spawned" } else { "attached" },
+            row.spec.to_string(),
+            row.pid.map(i64::from),
+            row.start_time_ticks.map(|t| t as i64),
+            row.boot_id,
+            row.pgid.map(i64::from),
+            row.instance_id,
+            row.heartbeat_socket,
+            row.state.as_str(),
+            row.detail.to_string(),
+            row.registered_unix_nano as i64,
+            row.updated_unix_nano as i64,
+        ],
+    )?;
+    Ok(())
+}
+
+/// The action ledger insert, inside a control transaction; false when its idempotency key
+/// was already recorded.
+pub(crate) fn insert_action_tx(
+    tx: &Transaction<'_>,
+    action: &ActionRecord,
+) -> Result<bool, StorageError> {
+    let n = tx.execute(
+        "INSERT INTO runner_actions (runner_id, termination_id, step, phase, pid, detail, idempotency_key, at_unix_nano)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(idempotency_key) DO NOTHING",
+        params![
+            action.runner_id,
+            action.termination_id,
+            action.step,
+            action.phase,
+            action.pid.map(i64::from),
+            action.detail.to_string(),
+            action.idempotency_key(),
+            action.at_unix_nano as i64,
+        ],
+    )?;
+    Ok(n > 0)
 }
 
 #[cfg(test)]

@@ -25,13 +25,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Brings the database to [`SCHEMA_VERSION`].
 pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StorageError> {
-    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if found > SCHEMA_VERSION {
-        return Err(StorageError::SchemaTooNew {
-            found,
-            supported: SCHEMA_VERSION,
-        });
-    }
+    let found = check(conn)?;
     for (i, parts) in MIGRATIONS.iter().enumerate().skip(found.max(0) as usize) {
         let tx = conn.transaction()?;
         for ddl in parts.iter() {
@@ -41,4 +35,33 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StorageError> {
         tx.commit()?;
     }
     Ok(())
+}
+
+/// Reads `PRAGMA user_version` and refuses a file this binary must not touch; called before
+/// any pragma that would change the file (WAL mode), and again by [`migrate`].
+pub(crate) fn check(conn: &Connection) -> Result<i64, StorageError> {
+    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(StorageError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    // A negative version, or version 0 on a file that already holds tables, was written by
+    // something else: migrating it would fail half-way with a raw SQL error.
+    let foreign = found < 0
+        || (found == 0
+            && conn.query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )? > 0);
+    if foreign {
+        return Err(StorageError::SchemaForeign {
+            path: conn.path().unwrap_or_default().into(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(found)
 }

@@ -187,8 +187,7 @@ impl Exporter {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
         let bytes = resp.bytes().await.unwrap_or_default();
         match status {
             200..=299 => {
@@ -363,5 +362,36 @@ mod tests {
                 ..
             }
         ));
+    }
+}
+
+/// A `Retry-After` value as a wait from `now`: delta seconds or an HTTP-date (RFC 9110
+/// section 10.2.3; a date in the past is no wait); `None` when unreadable.
+pub(crate) fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(s) = v.parse::<u64>() {
+        return Some(Duration::from_secs(s));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod retry_after_tests {
+    use super::*;
+
+    #[test]
+    fn seconds_and_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(retry_after(" 3 ", now), Some(Duration::from_secs(3)));
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:05 GMT", now),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("later", now), None);
     }
 }

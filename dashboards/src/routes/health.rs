@@ -15,7 +15,13 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// `GET /readyz` → 200 `{"ready":true}` or 503 `{"ready":false}`.
+/// `GET /readyz` → 200 `{"ready":true,"degraded":null,"held_records":0}` or 503
+/// `{"ready":false,...}`.
+///
+/// `degraded` is `{"condition": "busy"|"locked"|"io"|"full"|"gone", "detail": "..."}` while
+/// storage is in a transient condition: stallwatch still watches and stops runners (so it
+/// stays ready, 200) but refuses telemetry with 503 / `UNAVAILABLE`; `held_records` counts
+/// control records waiting in memory for storage (docs/design.md, Durability levels).
 pub(crate) async fn readyz(State(ctx): State<Shared>) -> Response {
     let ready = *ctx.app.ready.borrow();
     let status = if ready {
@@ -23,7 +29,19 @@ pub(crate) async fn readyz(State(ctx): State<Shared>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, Json(json!({"ready": ready}))).into_response()
+    let degraded = ctx
+        .app
+        .storage
+        .degraded()
+        .borrow()
+        .as_ref()
+        .map(|d| json!({"condition": d.kind.as_str(), "detail": d.detail}));
+    let held = ctx.app.storage.held_len();
+    (
+        status,
+        Json(json!({"ready": ready, "degraded": degraded, "held_records": held})),
+    )
+        .into_response()
 }
 
 /// `GET /metrics` → `text/plain; version=0.0.4`.

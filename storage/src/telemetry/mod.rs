@@ -39,6 +39,7 @@ use crate::model::{
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
 pub(crate) use schema::SCHEMA;
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
+pub use writer::Degraded;
 pub(crate) use writer::TelemetryWriter;
 
 /// Search page size when [`TraceQuery::limit`] is 0.
@@ -262,6 +263,14 @@ impl Storage {
     /// incident (DESIGN, One event vocabulary).
     pub fn storage_full(&self) -> tokio::sync::watch::Receiver<Option<String>> {
         self.inner.telemetry.full.clone()
+    }
+
+    /// `Some` while the telemetry writer is in a transient condition (lock held by another
+    /// process, I/O error, full disk, file deleted) and refuses with a retryable error;
+    /// `None` once a commit (or the idle probe, every second) succeeds again. The source of
+    /// `/readyz`'s `degraded` and the dashboard's banner.
+    pub fn degraded(&self) -> tokio::sync::watch::Receiver<Option<Degraded>> {
+        self.inner.telemetry.degraded.clone()
     }
 
     /// Runs one retention pass now on the writer thread (by age, then by size down to ~90%

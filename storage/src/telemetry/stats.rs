@@ -24,6 +24,40 @@ pub enum RefusedReason {
     StorageFull,
     /// Storage was shutting down.
     Closed,
+    /// Another connection held the write lock past the busy timeout (`SQLITE_BUSY`).
+    StorageBusy,
+    /// `SQLITE_LOCKED`.
+    StorageLocked,
+    /// An I/O error that may pass (`SQLITE_IOERR`, `SQLITE_CANTOPEN`).
+    StorageIo,
+    /// The database file was deleted or replaced while running.
+    StorageGone,
+}
+
+impl RefusedReason {
+    /// Every reason, in label order.
+    pub const ALL: [RefusedReason; 7] = [
+        RefusedReason::QueueFull,
+        RefusedReason::StorageFull,
+        RefusedReason::Closed,
+        RefusedReason::StorageBusy,
+        RefusedReason::StorageLocked,
+        RefusedReason::StorageIo,
+        RefusedReason::StorageGone,
+    ];
+}
+
+impl From<crate::error::Transient> for RefusedReason {
+    fn from(t: crate::error::Transient) -> Self {
+        use crate::error::Transient as T;
+        match t {
+            T::Busy => RefusedReason::StorageBusy,
+            T::Locked => RefusedReason::StorageLocked,
+            T::Io => RefusedReason::StorageIo,
+            T::Full => RefusedReason::StorageFull,
+            T::Gone => RefusedReason::StorageGone,
+        }
+    }
 }
 
 impl RefusedReason {
@@ -33,6 +67,10 @@ impl RefusedReason {
             RefusedReason::QueueFull => "queue_full",
             RefusedReason::StorageFull => "storage_full",
             RefusedReason::Closed => "closed",
+            RefusedReason::StorageBusy => "storage_busy",
+            RefusedReason::StorageLocked => "storage_locked",
+            RefusedReason::StorageIo => "storage_io",
+            RefusedReason::StorageGone => "storage_gone",
         }
     }
 }
@@ -47,7 +85,7 @@ pub struct TelemetryStats {
     pub(crate) points_committed: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) commit_failures: AtomicU64,
-    pub(crate) refused: [AtomicU64; 3],
+    pub(crate) refused: [AtomicU64; 7],
     pub(crate) queue_depth: AtomicUsize,
     pub(crate) commit_buckets: [AtomicU64; COMMIT_BUCKETS_SECONDS.len()],
     pub(crate) commit_seconds_sum_ns: AtomicU64,
@@ -162,11 +200,7 @@ impl MetricsSource for TelemetryStats {
             "# HELP {name} Telemetry export requests refused, by reason."
         );
         let _ = writeln!(out, "# TYPE {name} counter");
-        for r in [
-            RefusedReason::QueueFull,
-            RefusedReason::StorageFull,
-            RefusedReason::Closed,
-        ] {
+        for r in RefusedReason::ALL {
             let _ = writeln!(
                 out,
                 "{name}{{reason=\"{}\"}} {}",

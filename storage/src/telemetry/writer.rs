@@ -29,7 +29,7 @@ use super::traceidx::{
 use super::RetentionReport;
 use crate::config::{StorageConfig, CONTROL_RESERVE_BYTES};
 use crate::db::open_connection;
-use crate::error::{is_full_error, StorageError, WriteError};
+use crate::error::{transient_kind, StorageError, Transient, WriteError};
 use crate::model::now_unix_nano;
 
 /// Most requests committed in one transaction.
@@ -42,6 +42,23 @@ const SIZE_TARGET_PERCENT: u64 = 90;
 const SIZE_RETENTION_MIN_GAP: Duration = Duration::from_secs(1);
 /// Writer connection page cache: 32 MiB.
 const WRITER_CACHE_KIB: i64 = 32 * 1024;
+/// While degraded and idle, how often the writer probes whether storage is back.
+const DEGRADED_PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// A transient storage condition the writer is in: the source of `/readyz`'s `degraded`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Degraded {
+    /// Which condition.
+    pub kind: Transient,
+    /// What SQLite (or the file check) said.
+    pub detail: String,
+}
+
+/// The database file's identity (device, inode), to notice it being deleted or replaced.
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
 
 /// A request prepared on the caller's side.
 #[derive(Debug)]
@@ -84,6 +101,7 @@ pub(crate) struct TelemetryWriter {
     checkpointer: Mutex<Checkpointer>,
     pub(crate) stats: Arc<TelemetryStats>,
     pub(crate) full: watch::Receiver<Option<String>>,
+    pub(crate) degraded: watch::Receiver<Option<Degraded>>,
 }
 
 impl TelemetryWriter {
@@ -116,6 +134,8 @@ impl TelemetryWriter {
         let (tx, rx) = mpsc::sync_channel(capacity);
         let stats = Arc::new(TelemetryStats::default());
         let (full_tx, full_rx) = watch::channel(None);
+        let (degraded_tx, degraded_rx) = watch::channel(None);
+        let identity = file_identity(&config.path);
         let checkpointer = Checkpointer::start(config)?;
         let mut writer = Writer {
             ckpt: checkpointer.shared.clone(),
@@ -124,6 +144,9 @@ impl TelemetryWriter {
             deferred: VecDeque::new(),
             stats: stats.clone(),
             full_tx,
+            degraded_tx,
+            db_path: config.path.clone(),
+            identity,
             budget_bytes,
             page_size,
             used_bytes: 0,
@@ -156,6 +179,7 @@ impl TelemetryWriter {
             checkpointer: Mutex::new(checkpointer),
             stats,
             full: full_rx,
+            degraded: degraded_rx,
         })
     }
 
@@ -255,6 +279,10 @@ pub(super) struct Writer {
     deferred: VecDeque<Msg>,
     pub(super) stats: Arc<TelemetryStats>,
     full_tx: watch::Sender<Option<String>>,
+    degraded_tx: watch::Sender<Option<Degraded>>,
+    db_path: std::path::PathBuf,
+    /// (device, inode) of the database file when opened; `None` if it could not be read.
+    identity: Option<(u64, u64)>,
     pub(super) budget_bytes: u64,
     page_size: u64,
     pub(super) used_bytes: u64,
@@ -282,11 +310,19 @@ impl Writer {
             let msg = match self.deferred.pop_front() {
                 Some(m) => m,
                 None => {
-                    let wait = self
+                    let mut wait = self
                         .next_retention
                         .saturating_duration_since(Instant::now());
+                    let degraded = self.degraded_tx.borrow().is_some();
+                    if degraded {
+                        wait = wait.min(DEGRADED_PROBE_EVERY);
+                    }
                     match self.rx.recv_timeout(wait) {
                         Ok(m) => m,
+                        Err(RecvTimeoutError::Timeout) if degraded => {
+                            self.probe();
+                            continue;
+                        }
                         Err(RecvTimeoutError::Timeout) => {
                             self.next_retention = Instant::now() + self.retention_interval;
                             self.last_size_retention = Some(Instant::now());
@@ -373,6 +409,17 @@ impl Writer {
     }
 
     pub(super) fn set_full(&mut self, reason: Option<String>) {
+        match &reason {
+            Some(r) => self.set_degraded(Some(Degraded {
+                kind: Transient::Full,
+                detail: r.clone(),
+            })),
+            None => {
+                if self.degraded_tx.borrow().as_ref().map(|d| d.kind) == Some(Transient::Full) {
+                    self.set_degraded(None);
+                }
+            }
+        }
         self.full_tx.send_if_modified(|cur| {
             if *cur == reason {
                 false
@@ -386,6 +433,77 @@ impl Writer {
                 true
             }
         });
+    }
+
+    /// Publishes the writer's condition (`None` = healthy); logs each change once.
+    fn set_degraded(&mut self, to: Option<Degraded>) {
+        self.degraded_tx.send_if_modified(|cur| {
+            if cur.as_ref().map(|d| d.kind) == to.as_ref().map(|d| d.kind) {
+                return false;
+            }
+            match &to {
+                Some(d) if d.kind == Transient::Gone => tracing::error!(
+                    condition = d.kind.as_str(),
+                    detail = %d.detail,
+                    "storage gone: telemetry is refused with 503 / UNAVAILABLE; restart stallwatch on a data folder that exists"
+                ),
+                Some(d) => tracing::warn!(
+                    condition = d.kind.as_str(),
+                    detail = %d.detail,
+                    "storage degraded: telemetry is refused with 503 / UNAVAILABLE until it passes"
+                ),
+                None => tracing::info!("storage recovered: telemetry is accepted again"),
+            }
+            *cur = to;
+            true
+        });
+    }
+
+    /// `Some` when the database file is no longer the one opened (deleted, or replaced).
+    fn moved_away(&self) -> Option<Degraded> {
+        let now = file_identity(&self.db_path);
+        if self.identity.is_some() && now == self.identity {
+            return None;
+        }
+        let detail = match now {
+            None => format!("database file {} was deleted while running; acknowledging into the unlinked file would lose the data", self.db_path.display()),
+            Some(_) => format!("database file {} was replaced while running", self.db_path.display()),
+        };
+        Some(Degraded {
+            kind: Transient::Gone,
+            detail,
+        })
+    }
+
+    /// While degraded and idle: checks whether storage is back (an empty write transaction)
+    /// so `/readyz` recovers even when no exporter is retrying.
+    fn probe(&mut self) {
+        if let Some(gone) = self.moved_away() {
+            tracing::error!(detail = %gone.detail, "storage gone");
+            self.set_degraded(Some(gone));
+            return;
+        }
+        if self.full_tx.borrow().is_some() {
+            // Full episodes end through a successful commit or retention.
+            return;
+        }
+        let r = self
+            .conn
+            .execute_batch("BEGIN IMMEDIATE; ROLLBACK")
+            .inspect_err(|_| {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            });
+        match r {
+            Ok(()) => self.set_degraded(None),
+            Err(e) => {
+                if let Some(kind) = transient_kind(&e) {
+                    self.set_degraded(Some(Degraded {
+                        kind,
+                        detail: e.to_string(),
+                    }));
+                }
+            }
+        }
     }
 
     fn schedule_size_retention(&mut self) {
@@ -418,6 +536,10 @@ impl Writer {
     }
 
     fn commit_group(&mut self, reqs: Vec<WriteRequest>) {
+        if let Some(gone) = self.moved_away() {
+            self.refuse_unavailable(reqs, gone);
+            return;
+        }
         if self.used_bytes >= self.budget_bytes {
             let _ = self.refresh_used();
             if self.used_bytes >= self.budget_bytes {
@@ -472,8 +594,26 @@ impl Writer {
                 self.stats
                     .points_committed
                     .fetch_add(c.points, Ordering::Relaxed);
+                // Checked again before acknowledging: a commit into a file unlinked meanwhile
+                // is not durable, so the exporter must retry (against the next instance).
+                if let Some(gone) = self.moved_away() {
+                    tracing::error!(detail = %gone.detail, "storage gone; not acknowledging");
+                    self.stats
+                        .count_refused(RefusedReason::StorageGone, replies.len() as u64);
+                    for r in replies {
+                        let _ = r.send(Err(WriteError::Unavailable {
+                            kind: gone.kind,
+                            detail: gone.detail.clone(),
+                        }));
+                    }
+                    self.set_degraded(Some(gone));
+                    return;
+                }
                 for r in replies {
                     let _ = r.send(Ok(()));
+                }
+                if self.degraded_tx.borrow().is_some() && self.full_tx.borrow().is_none() {
+                    self.set_degraded(None);
                 }
                 if self.l0_batches >= MERGE_BATCHES {
                     if let Err(e) = self.merge_l0() {
@@ -497,25 +637,58 @@ impl Writer {
                     tracing::error!(error = %e, "cannot reload the unmerged trace map");
                 }
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
-                let err = if is_full_error(&e) {
-                    let reason = format!("disk full or size cap reached: {e}");
-                    self.set_full(Some(reason.clone()));
-                    self.schedule_size_retention();
-                    self.stats
-                        .count_refused(RefusedReason::StorageFull, replies.len() as u64);
-                    WriteError::Full(reason)
-                } else {
-                    tracing::error!(error = %e, "telemetry commit failed");
-                    WriteError::Failed(e.to_string())
+                let err = match transient_kind(&e) {
+                    Some(Transient::Full) => {
+                        let reason = format!("disk full or size cap reached: {e}");
+                        self.set_full(Some(reason.clone()));
+                        self.schedule_size_retention();
+                        self.stats
+                            .count_refused(RefusedReason::StorageFull, replies.len() as u64);
+                        WriteError::Full(reason)
+                    }
+                    Some(kind) => {
+                        let degraded = Degraded {
+                            kind,
+                            detail: e.to_string(),
+                        };
+                        self.stats
+                            .count_refused(RefusedReason::from(kind), replies.len() as u64);
+                        self.set_degraded(Some(degraded));
+                        WriteError::Unavailable {
+                            kind,
+                            detail: e.to_string(),
+                        }
+                    }
+                    None => {
+                        tracing::error!(error = %e, "telemetry commit failed");
+                        WriteError::Failed(e.to_string())
+                    }
                 };
                 for r in replies {
                     let _ = r.send(Err(match &err {
                         WriteError::Full(s) => WriteError::Full(s.clone()),
+                        WriteError::Unavailable { kind, detail } => WriteError::Unavailable {
+                            kind: *kind,
+                            detail: detail.clone(),
+                        },
                         other => WriteError::Failed(other.to_string()),
                     }));
                 }
             }
         }
+    }
+
+    /// Answers every request of a group with a transient refusal, counted by its reason.
+    fn refuse_unavailable(&mut self, reqs: Vec<WriteRequest>, why: Degraded) {
+        self.stats
+            .count_refused(RefusedReason::from(why.kind), reqs.len() as u64);
+        for r in reqs {
+            let _ = r.reply.send(Err(WriteError::Unavailable {
+                kind: why.kind,
+                detail: why.detail.clone(),
+            }));
+        }
+        self.set_degraded(Some(why));
     }
 
     fn write_all(&mut self, preps: Vec<Prepared>) -> Result<Committed, rusqlite::Error> {

@@ -1,0 +1,38 @@
+//! The one `Host` rule every listener applies (OTLP/HTTP, OTLP/gRPC `:authority`, the
+//! dashboard): a loopback name, or one of the configured `[dashboard] allowed_hosts`.
+//!
+//! Why: a web page on any site can rebind its DNS name to 127.0.0.1 and post to a loopback
+//! port; the browser then sends the page's own name as `Host`. Refusing names that are not
+//! loopback (any port) closes that door (docs/design.md, Security; the same check the
+//! dashboard has always done). Lives here, the ground floor, so collector and dashboards
+//! share one definition without depending on each other.
+
+/// True for a `Host` / `:authority` naming a loopback host (`localhost`, `*.localhost`,
+/// `127.0.0.0/8`, `[::1]`) or one of `allowed` (lowercase names, any port).
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inner, port)) if port.is_empty() || port.starts_with(':') => {
+                return inner == "::1"
+                    || allowed.iter().any(|a| a.trim_matches(['[', ']']) == inner);
+            }
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host.as_str(),
+        }
+    };
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    if let Ok(ip) = name.parse::<std::net::Ipv4Addr>() {
+        if ip.is_loopback() {
+            return true;
+        }
+    }
+    allowed.iter().any(|a| a == name)
+}
