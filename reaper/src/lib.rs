@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod ends;
 pub mod error;
 pub mod failpoint;
 pub mod platform;

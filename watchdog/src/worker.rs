@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stallwatch_storage::control::{
-    BreakerState, Observation, ObservedData, RunnerBoard, RunnerChange, RunnerStatus, Trip,
-    WorstSpan,
+    BreakerState, Observation, ObservedData, RunnerBoard, RunnerChange, RunnerLifecycle,
+    RunnerStatus, Trip, WorstSpan,
 };
 use stallwatch_storage::ledger::LedgerWrite;
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
@@ -134,10 +134,30 @@ struct Runner {
     published: Option<BoardCode>,
     /// When this runner next needs evaluating (its earliest deadline).
     next_eval: Instant,
+    /// Where it is in its life (board and API `lifecycle`).
+    lifecycle: RunnerLifecycle,
+    /// Since when it is *stopping* (said goodbye, or its termination began): never tripped
+    /// for the missing heartbeat, tripped only past `stopping_timeout`.
+    stopping_since: Option<Instant>,
 }
 
 /// What a board line shows, compared cheaply to decide whether to republish.
-type BoardCode = (BreakerState, Verdict, u8, Option<SpanKey>, bool);
+type BoardCode = (
+    BreakerState,
+    Verdict,
+    u8,
+    Option<SpanKey>,
+    bool,
+    RunnerLifecycle,
+);
+
+/// A gap this long between two evaluations means the watchdog task itself was starved
+/// (or the whole process stopped): its missing pings are stallwatch's fault, so every
+/// heartbeat deadline restarts (issue 17 #11). Evaluations normally run at least every
+/// [`MAX_IDLE`].
+const STARVED_GAP: Duration = Duration::from_millis(2500);
+/// At most one `sidecar.degraded` incident per this period.
+const DEGRADED_INCIDENT_EVERY: Duration = Duration::from_secs(10);
 
 /// Pings due within this margin are sent together, so 1000 runners cost a few wake-ups
 /// per interval rather than one per runner. Only pings move; trip deadlines stay exact.
@@ -187,6 +207,12 @@ impl Runner {
             incarnation: 0,
             published: None,
             next_eval: now,
+            lifecycle: if configured {
+                RunnerLifecycle::Starting
+            } else {
+                RunnerLifecycle::Running
+            },
+            stopping_since: None,
         }
     }
 
@@ -203,10 +229,14 @@ impl Runner {
             hb,
             self.worst.as_ref().map(|w| w.key),
             self.dead,
+            self.lifecycle,
         )
     }
 
     fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
+        if self.dead {
+            return "not_running".to_string();
+        }
         if let Some(p) = &self.socket_problem {
             return p.as_str().to_string();
         }
@@ -240,6 +270,10 @@ struct Worker {
     /// Evaluate every runner (not only those due) at the next wake.
     full_pending: bool,
     last_full: Instant,
+    /// When `evaluate` last ran (to notice our own task being starved).
+    last_eval: Instant,
+    /// When the last `sidecar.degraded` incident was raised.
+    degraded_at: Option<Instant>,
 }
 
 impl Watchdog {
@@ -302,6 +336,8 @@ impl Watchdog {
                 next_wake: Instant::now(),
                 full_pending: true,
                 last_full: Instant::now(),
+                last_eval: Instant::now(),
+                degraded_at: None,
             };
             w.stats
                 .ledger_open_spans
@@ -371,7 +407,10 @@ impl Worker {
         records.clear();
         match &obs.data {
             ObservedData::Spans(b) => shapes::from_traces(b, &mut records),
-            ObservedData::Logs(b) => shapes::from_logs(b, &mut records),
+            ObservedData::Logs(b) => {
+                let stats = &self.stats;
+                shapes::from_logs(b, &mut records, &mut |r| stats.skipped(r))
+            }
         }
         if !records.is_empty() {
             let age = Instant::now().saturating_duration_since(obs.received);
@@ -427,6 +466,12 @@ impl Worker {
                     r.dead = false;
                     r.incarnation += 1;
                     r.restarted_since_trip = true;
+                    r.stopping_since = None;
+                    r.lifecycle = if configured {
+                        RunnerLifecycle::Starting
+                    } else {
+                        RunnerLifecycle::Running
+                    };
                     if r.breaker.state() == BreakerState::Closed {
                         r.fused = HEALTHY;
                     }
@@ -455,7 +500,38 @@ impl Worker {
                     }
                 } else if let Some(r) = self.runners.get_mut(&id) {
                     r.dead = true;
+                    r.stopping_since = None;
+                    r.worst = None;
+                    if r.lifecycle != RunnerLifecycle::GaveUp {
+                        r.lifecycle = RunnerLifecycle::Exited;
+                    }
                 }
+                // its process is gone: none of its spans can still be running, and the
+                // reaper has written the ends it could (the ledger learns of every end)
+                for k in self.ledger.runner_spans_before(&id, now) {
+                    self.ledger.close(k);
+                }
+                self.ledger_changed();
+            }
+            RunnerChange::Lifecycle { id, lifecycle } => {
+                if let Some(r) = self.runners.get_mut(&id) {
+                    r.lifecycle = lifecycle;
+                    match lifecycle {
+                        RunnerLifecycle::Stopping => {
+                            r.stopping_since.get_or_insert(now);
+                        }
+                        _ => r.stopping_since = None,
+                    }
+                }
+            }
+            RunnerChange::SpansEnded { id, spans } => {
+                for (trace_id, span_id) in spans {
+                    self.ledger.close(SpanKey { trace_id, span_id });
+                }
+                if let Some(r) = self.runners.get_mut(&id) {
+                    r.worst = None;
+                }
+                self.ledger_changed();
             }
         }
         self.stats
@@ -463,6 +539,60 @@ impl Worker {
             .store(self.runners.len() as u64, Ordering::Relaxed);
         self.publish_board(now, true);
         self.want_full();
+    }
+
+    /// The ledger changed outside an observation: count it and write it out now, so
+    /// `/api/v1/open-spans` follows within one persister round trip.
+    fn ledger_changed(&mut self) {
+        self.stats
+            .ledger_open_spans
+            .store(self.ledger.len() as u64, Ordering::Relaxed);
+        if self.ledger.dirty_len() > 0 {
+            if let Ok(permit) = self.persist.try_reserve() {
+                permit.send(self.ledger.take_writes(&self.clock));
+            }
+        }
+    }
+
+    /// Raises `sidecar.degraded` (at most once per [`DEGRADED_INCIDENT_EVERY`]): stallwatch's
+    /// own trouble hid a heartbeat; no runner is blamed (issue 17 #11).
+    async fn degraded(&mut self, now: Instant, runner: Option<&str>, why: String) {
+        tracing::error!(runner = runner.unwrap_or("-"), "stallwatch degraded: {why}");
+        if self
+            .degraded_at
+            .is_some_and(|t| now.saturating_duration_since(t) < DEGRADED_INCIDENT_EVERY)
+        {
+            return;
+        }
+        self.degraded_at = Some(now);
+        self.stats.sidecar_degraded.fetch_add(1, Ordering::Relaxed);
+        let at = now_unix_nano();
+        self.emit(Effect::Incident(NewIncident {
+            kind: EventKind::SidecarDegraded,
+            runner_id: None,
+            tool_name: None,
+            trace_id: None,
+            span_id: None,
+            reason: format!("stallwatch itself is degraded: {why}; heartbeats count as unknown, no runner is tripped for them"),
+            evidence: json!({"runner": runner, "why": why}),
+            idempotency_key: format!("sidecar.degraded/{at}"),
+            at_unix_nano: at,
+        }))
+        .await;
+    }
+
+    /// A runner said goodbye (or removed its socket with no tool span open): it becomes
+    /// *stopping*; its missing heartbeat never trips it (`docs/design.md`, Runner lifecycle).
+    fn begin_stopping(&mut self, id: &str, now: Instant) {
+        if let Some(r) = self.runners.get_mut(id) {
+            if r.stopping_since.is_none() && !r.dead {
+                tracing::info!(runner = %id, "runner said goodbye: stopping");
+                r.stopping_since = Some(now);
+                r.lifecycle = RunnerLifecycle::Stopping;
+                r.next_eval = now;
+                self.next_wake = self.next_wake.min(now);
+            }
+        }
     }
 
     async fn command(&mut self, cmd: Command) {
@@ -527,6 +657,30 @@ impl Worker {
             None => {
                 if d.incarnation == r.incarnation {
                     r.hb.ping_finished(d.sent, now, &d.result, now_unix_nano() / 1_000_000);
+                    let had_pong = r.hb.last_pong().is_some();
+                    match &d.result {
+                        Ok(_) if r.lifecycle == RunnerLifecycle::Starting => {
+                            r.lifecycle = RunnerLifecycle::Running;
+                        }
+                        Err(HeartbeatFailure::Goodbye) => self.begin_stopping(&d.runner, now),
+                        Err(HeartbeatFailure::SocketMissing)
+                            if had_pong && self.ledger.runner_tool_spans(&d.runner).is_empty() =>
+                        {
+                            // the kits remove the socket first at exit
+                            self.begin_stopping(&d.runner, now)
+                        }
+                        Err(HeartbeatFailure::OwnFault(e)) => {
+                            let why = format!("heartbeat of runner {} not sent: {e}", d.runner);
+                            self.degraded(now, Some(&d.runner), why).await;
+                        }
+                        _ => {}
+                    }
+                    let Some(r) = self.runners.get_mut(&d.runner) else {
+                        return;
+                    };
+                    r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
+                    self.next_wake = self.next_wake.min(r.next_eval);
+                    return;
                 } else {
                     // a ping of a previous incarnation: only release its in-flight slot
                     r.hb.ping_finished(d.sent, now, &Err(HeartbeatFailure::Timeout), 0);
@@ -546,6 +700,11 @@ impl Worker {
                     Some(Transition::Closed) => {
                         r.hb.restart(r.hb.configured(), now);
                         r.hb.pong_at(now);
+                        if r.lifecycle == RunnerLifecycle::Detached
+                            || r.lifecycle == RunnerLifecycle::Starting
+                        {
+                            r.lifecycle = RunnerLifecycle::Running;
+                        }
                         self.after_close(&d.runner, now, "probe answered PONG")
                             .await;
                     }
@@ -674,6 +833,20 @@ impl Worker {
     /// wake-up: the earliest runner deadline, never later than a tick when a full pass is
     /// pending and never later than the board interval.
     async fn evaluate(&mut self, now: Instant) {
+        let gap = now.saturating_duration_since(self.last_eval);
+        self.last_eval = now;
+        if gap > STARVED_GAP {
+            // our own task did not run: the pings it should have sent were never sent
+            for r in self.runners.values_mut() {
+                r.hb.own_fault(now);
+            }
+            self.full_pending = true;
+            let why = format!(
+                "the watchdog task did not run for {} ms (stallwatch starved or stopped)",
+                gap.as_millis()
+            );
+            self.degraded(now, None, why).await;
+        }
         let full = self.full_pending && now >= self.last_full + self.cfg.tick;
         if full {
             self.full_pending = false;
@@ -694,7 +867,10 @@ impl Worker {
                 }
                 let mut next = now + MAX_IDLE;
                 let state = r.breaker.state();
-                let pinging = state == BreakerState::Closed && !r.dead && r.hb.configured();
+                let pinging = state == BreakerState::Closed
+                    && !r.dead
+                    && r.stopping_since.is_none()
+                    && r.hb.configured();
                 if pinging && r.hb.due(now + PING_SLACK, self.max_in_flight) {
                     r.hb.ping_started(now, cfg.heartbeat_interval);
                     pings.push(id.clone());
@@ -720,16 +896,23 @@ impl Worker {
                 if r.breaker.state() == BreakerState::Closed && !r.dead {
                     let worst = ledger.worst_for(id, now, cfg.staleness);
                     let hb = r.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
-                    let f = fuse(
-                        hb,
-                        worst.as_ref().map(|w| SpanFacts {
-                            elapsed: w.elapsed,
-                            sla: w.sla,
-                            stale: w.stale,
-                        }),
-                        now,
-                        cfg.suspect_cap,
-                    );
+                    let f = match r.stopping_since {
+                        Some(since) => {
+                            let limit = since + cfg.stopping_timeout;
+                            next = next.min(limit + Duration::from_millis(1));
+                            stopping_verdict(now, limit)
+                        }
+                        None => fuse(
+                            hb,
+                            worst.as_ref().map(|w| SpanFacts {
+                                elapsed: w.elapsed,
+                                sla: w.sla,
+                                stale: w.stale,
+                            }),
+                            now,
+                            cfg.suspect_cap,
+                        ),
+                    };
                     let prev = r.fused;
                     r.fused = f;
                     r.worst = worst;
@@ -879,6 +1062,11 @@ impl Worker {
         };
         let f = r.fused;
         let reason = match (&r.worst, f.cause) {
+            (_, Cause::StoppingTimeout) => format!(
+                "{}: runner {id} said goodbye but did not exit within stopping_timeout_ms ({} ms)",
+                f.verdict.as_str(),
+                self.cfg.stopping_timeout.as_millis()
+            ),
             (Some(w), Cause::OverSla) => format!(
                 "{}: tool span {} of runner {id} ran {} ms, over its SLA of {} ms",
                 f.verdict.as_str(),
@@ -996,6 +1184,7 @@ impl Worker {
                     id: id.clone(),
                     pid: r.pid,
                     spawned: r.spawned,
+                    lifecycle: r.lifecycle,
                     breaker: r.breaker.state(),
                     verdict,
                     reason,
@@ -1014,6 +1203,24 @@ impl Worker {
             );
         }
         self.board.send_replace(Arc::new(map));
+    }
+}
+
+/// The verdict of a *stopping* runner at `now`: healthy until `limit`, then `unresponsive`
+/// with cause `stopping_timeout` (a goodbye that never became an exit).
+fn stopping_verdict(now: Instant, limit: Instant) -> Fused {
+    if now > limit {
+        Fused {
+            verdict: Verdict::Unresponsive,
+            trip: true,
+            cause: Cause::StoppingTimeout,
+            trips_at: None,
+        }
+    } else {
+        Fused {
+            trips_at: Some(limit),
+            ..HEALTHY
+        }
     }
 }
 
