@@ -1,6 +1,8 @@
-"""Logfire wired to a non-Logfire backend so that its pending spans reach it (issue 12 #11):
-`send_to_logfire=False` plus an OTLP span exporter in `additional_span_processors`. The
-span stays open until GO_FILE exists.
+"""Logfire wired to a non-Logfire backend so that its pending spans reach it (issue 12 #11),
+exactly as README shows: `send_to_logfire=False`, `AdvancedOptions(pending_spans=True)`,
+and an OTLP span exporter in `additional_span_processors`, wrapped in Logfire's
+`RemovePendingSpansExporter` (Logfire 5.4 gives pending spans only to exporters of the
+types it knows). The span stays open until GO_FILE exists.
 
 Usage: logfire_pending.py ENDPOINT RUNNER_ID GO_FILE
 """
@@ -10,6 +12,7 @@ import sys
 import time
 
 import logfire
+from logfire._internal.exporters.remove_pending import RemovePendingSpansExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
@@ -19,8 +22,11 @@ logfire.configure(
     send_to_logfire=False,
     service_name="logfire-runner",
     console=False,
+    advanced=logfire.AdvancedOptions(pending_spans=True),
     additional_span_processors=[
-        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"))
+        SimpleSpanProcessor(
+            RemovePendingSpansExporter(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces"))
+        )
     ],
 )
 with logfire.span("tool {name}", name="fit_model", **{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "fit_model"}):
