@@ -779,3 +779,64 @@ fn logfire_wired_as_the_readme_says_sends_its_pending_spans() {
     let py = side_python("STALLWATCH_TEST_LOGFIRE_PYTHON", ".venv-logfire");
     assert_library_open_span(&py, "logfire_pending.py", "lf");
 }
+
+/// Issue 12 #2 and #3 in Chromium: on the Now page (loaded once, live over SSE) the crashed
+/// runner's tool span stops being drawn as running within 1 s of `runner.crashed`, and its
+/// card shows the `exited` lifecycle.
+#[test]
+fn now_page_in_chromium_drops_a_crashed_runner_s_span_within_a_second() {
+    use crate::browser::{find_binary, Driver, PAGE_WAIT};
+    find_binary(
+        "STALLWATCH_CHROMIUM",
+        &["/usr/bin/chromium", "/usr/bin/chromium-browser"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&chain_config("")));
+    let go = dir.path().join("go");
+    let py = python();
+    spawn_runner(
+        &server,
+        "crashy",
+        &[
+            py.to_str().unwrap(),
+            &runners_script("ends.py"),
+            "crash",
+            go.to_str().unwrap(),
+        ],
+        None,
+        &[],
+    );
+    let mut open: Vec<serde_json::Value>;
+    wait_until!(Duration::from_secs(30), "the open tool span", {
+        open = open_spans_of(&server, "crashy");
+        !open.is_empty()
+    });
+    let span_id = open[0]["span_id"].as_str().unwrap().to_string();
+    let profile = tempfile::tempdir().unwrap();
+    let d = Driver::start(profile.path());
+    d.goto(&server.api("/#/"));
+    let row = format!("document.querySelector('tr.open-span[data-span-id=\"{span_id}\"]')");
+    d.wait_for(
+        "the running tool span on the Now page",
+        PAGE_WAIT,
+        &format!("return {row} !== null"),
+    );
+    d.wait_for(
+        "the running lifecycle on the runner card",
+        PAGE_WAIT,
+        "const c = document.querySelector('.runner[data-runner-id=\"crashy\"]'); return c && c.dataset.lifecycle === 'running'",
+    );
+    std::fs::write(&go, b"").unwrap();
+    wait_incident(&server, "crashy", "runner.crashed", Duration::from_secs(20));
+    d.wait_for(
+        "the crashed runner's span to leave the Now page within 1 s",
+        Duration::from_secs(1),
+        &format!("return {row} === null"),
+    );
+    d.wait_for(
+        "the exited lifecycle on the runner card",
+        Duration::from_secs(5),
+        "const c = document.querySelector('.runner[data-runner-id=\"crashy\"]'); return c && c.dataset.lifecycle === 'exited' && c.innerText.includes('exited')",
+    );
+}

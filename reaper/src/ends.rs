@@ -130,10 +130,14 @@ pub async fn close_runner_spans(
     if keys.is_empty() {
         return (0, Vec::new());
     }
-    events.push(EndEvent {
-        name: "runner.exit".into(),
-        at_unix_nano,
-    });
+    if events.is_empty() {
+        // an end nobody signalled: the exit itself is the event (a stop by stallwatch
+        // already carries its SIGTERM / SIGKILL / rollback events)
+        events.push(EndEvent {
+            name: "runner.exit".into(),
+            at_unix_nano,
+        });
+    }
     let attrs = exit.map(|x| ExitAttrs {
         code: x.code,
         signal: x.signal,

@@ -11,7 +11,6 @@
 //! The watchdog never sends a signal and never touches a workspace file.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -24,89 +23,32 @@ use stallwatch_storage::control::{
 use stallwatch_storage::ledger::LedgerWrite;
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::{Admission, Breaker, Transition};
+use crate::breaker::{Breaker, Transition};
 use crate::clock::MonoClock;
 use crate::config::WatchdogConfig;
+use crate::effects::{run_effects, run_persister, Effect, EFFECTS_CAPACITY, PERSIST_CAPACITY};
 use crate::error::WatchdogError;
-use crate::fusion::{fuse, Cause, Fused, SpanFacts, Verdict};
-use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState, HeartbeatTracker};
+use crate::fusion::{Cause, Verdict};
+use crate::handle::Command;
+pub use crate::handle::WatchdogHandle;
+use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState};
 use crate::ledger::{Applied, Ledger, WorstView};
+use crate::runner::{
+    heartbeat_socket_usable, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY, HEALTHY,
+    MAX_IDLE, STARVED_GAP,
+};
 use crate::shapes::{self, Record, SpanKey};
 use crate::stats::WatchdogStats;
 
-/// Bound of the effects queue (incidents and trips waiting to be recorded).
-const EFFECTS_CAPACITY: usize = 4096;
-/// Bound of the ledger persistence queue, in batches.
-const PERSIST_CAPACITY: usize = 16;
-/// Most ledger rows written in one control transaction.
-const PERSIST_CHUNK: usize = 1024;
-/// Most unwritten ledger rows kept for retry while storage fails.
-const PERSIST_CARRY_MAX: usize = 1_000_000;
 /// Bound of the handle's command queue.
 const COMMAND_CAPACITY: usize = 64;
 
 /// The watchdog: see the module docs. Start it with [`Watchdog::start`].
 pub struct Watchdog;
-
-/// A cheap, cloneable handle to a running watchdog.
-#[derive(Clone)]
-pub struct WatchdogHandle {
-    board: watch::Receiver<RunnerBoard>,
-    breakers: Arc<RwLock<HashMap<String, Breaker>>>,
-    commands: mpsc::Sender<Command>,
-    stats: Arc<WatchdogStats>,
-}
-
-enum Command {
-    Reset {
-        id: String,
-        reply: oneshot::Sender<Result<(), WatchdogError>>,
-    },
-}
-
-impl WatchdogHandle {
-    /// The runner board (breaker, heartbeat, verdict, worst span per runner), republished
-    /// on every change and at least every `board_interval`.
-    pub fn board(&self) -> watch::Receiver<RunnerBoard> {
-        self.board.clone()
-    }
-
-    /// The admission answer for `runner_id` now (`GET /api/v1/runners/{id}/admit`: 200 when
-    /// `admit`, 503 with `Retry-After` otherwise); `None` for an unknown runner (404).
-    pub fn admit(&self, runner_id: &str) -> Option<Admission> {
-        let map = self.breakers.read().ok()?;
-        map.get(runner_id).map(|b| b.admission(Instant::now()))
-    }
-
-    /// Manual breaker reset (`POST /api/v1/runners/{id}/breaker/reset`): → CLOSED with a
-    /// `breaker.closed` incident, heartbeat grace restarted. Errors:
-    /// [`WatchdogError::UnknownRunner`], [`WatchdogError::Stopped`].
-    pub async fn reset_breaker(&self, runner_id: &str) -> Result<(), WatchdogError> {
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Reset {
-                id: runner_id.to_string(),
-                reply,
-            })
-            .await
-            .map_err(|_| WatchdogError::Stopped)?;
-        rx.await.map_err(|_| WatchdogError::Stopped)?
-    }
-
-    /// The counters (a [`stallwatch_storage::MetricsSource`]).
-    pub fn stats(&self) -> Arc<WatchdogStats> {
-        self.stats.clone()
-    }
-}
-
-enum Effect {
-    Incident(NewIncident),
-    IncidentThenTrip(NewIncident, Trip),
-}
 
 struct PingDone {
     runner: String,
@@ -114,140 +56,6 @@ struct PingDone {
     sent: Instant,
     probe: Option<u64>,
     result: Result<Duration, HeartbeatFailure>,
-}
-
-struct Runner {
-    pid: Option<u32>,
-    spawned: bool,
-    socket: Option<PathBuf>,
-    /// A socket path stallwatch can never connect to (over 107 bytes): named, and the
-    /// heartbeat counts as not configured rather than lost.
-    socket_problem: Option<HeartbeatFailure>,
-    hb: HeartbeatTracker,
-    breaker: Breaker,
-    fused: Fused,
-    worst: Option<WorstView>,
-    dead: bool,
-    restarted_since_trip: bool,
-    tripped_at: Option<Instant>,
-    incarnation: u64,
-    published: Option<BoardCode>,
-    /// When this runner next needs evaluating (its earliest deadline).
-    next_eval: Instant,
-    /// Where it is in its life (board and API `lifecycle`).
-    lifecycle: RunnerLifecycle,
-    /// Since when it is *stopping* (said goodbye, or its termination began): never tripped
-    /// for the missing heartbeat, tripped only past `stopping_timeout`.
-    stopping_since: Option<Instant>,
-}
-
-/// What a board line shows, compared cheaply to decide whether to republish.
-type BoardCode = (
-    BreakerState,
-    Verdict,
-    u8,
-    Option<SpanKey>,
-    bool,
-    RunnerLifecycle,
-);
-
-/// A gap this long between two evaluations means the watchdog task itself was starved
-/// (or the whole process stopped): its missing pings are stallwatch's fault, so every
-/// heartbeat deadline restarts (issue 17 #11). Evaluations normally run at least every
-/// [`MAX_IDLE`].
-const STARVED_GAP: Duration = Duration::from_millis(2500);
-/// At most one `sidecar.degraded` incident per this period.
-const DEGRADED_INCIDENT_EVERY: Duration = Duration::from_secs(10);
-
-/// Pings due within this margin are sent together, so 1000 runners cost a few wake-ups
-/// per interval rather than one per runner. Only pings move; trip deadlines stay exact.
-const PING_SLACK: Duration = Duration::from_millis(20);
-/// Longest a runner goes without evaluation, whatever its deadlines.
-const MAX_IDLE: Duration = Duration::from_secs(1);
-
-enum Action {
-    HalfOpen(u64),
-    Reopened,
-    Suspect(HeartbeatState),
-    Trip,
-}
-
-const HEALTHY: Fused = Fused {
-    verdict: Verdict::Healthy,
-    trip: false,
-    cause: Cause::None,
-    trips_at: None,
-};
-
-impl Runner {
-    fn new(
-        id: String,
-        pid: Option<u32>,
-        socket: Option<PathBuf>,
-        spawned: bool,
-        now: Instant,
-    ) -> Self {
-        let socket_problem = socket.as_deref().and_then(|p| check_path(p).err());
-        if let Some(p) = &socket_problem {
-            tracing::warn!(runner = %id, "heartbeat socket unusable: {p}");
-        }
-        let configured = socket.is_some() && socket_problem.is_none();
-        Self {
-            pid,
-            spawned,
-            socket,
-            socket_problem,
-            hb: HeartbeatTracker::new(configured, now),
-            breaker: Breaker::new(),
-            fused: HEALTHY,
-            worst: None,
-            dead: false,
-            restarted_since_trip: false,
-            tripped_at: None,
-            incarnation: 0,
-            published: None,
-            next_eval: now,
-            lifecycle: if configured {
-                RunnerLifecycle::Starting
-            } else {
-                RunnerLifecycle::Running
-            },
-            stopping_since: None,
-        }
-    }
-
-    fn board_code(&self, now: Instant, cfg: &WatchdogConfig) -> BoardCode {
-        let hb = if self.socket_problem.is_some() {
-            30
-        } else {
-            self.hb
-                .label_code(now, cfg.heartbeat_timeout, cfg.startup_grace)
-        };
-        (
-            self.breaker.state(),
-            self.fused.verdict,
-            hb,
-            self.worst.as_ref().map(|w| w.key),
-            self.dead,
-            self.lifecycle,
-        )
-    }
-
-    fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
-        if self.dead {
-            return "not_running".to_string();
-        }
-        if let Some(p) = &self.socket_problem {
-            return p.as_str().to_string();
-        }
-        if let Some(f) = self.hb.current_failure() {
-            return f.as_str().to_string();
-        }
-        self.hb
-            .state(now, cfg.heartbeat_timeout, cfg.startup_grace)
-            .as_str()
-            .to_string()
-    }
 }
 
 struct Worker {
@@ -865,80 +673,19 @@ impl Worker {
                     next_wake = next_wake.min(r.next_eval);
                     continue;
                 }
-                let mut next = now + MAX_IDLE;
-                let state = r.breaker.state();
-                let pinging = state == BreakerState::Closed
-                    && !r.dead
-                    && r.stopping_since.is_none()
-                    && r.hb.configured();
-                if pinging && r.hb.due(now + PING_SLACK, self.max_in_flight) {
-                    r.hb.ping_started(now, cfg.heartbeat_interval);
+                let view = || LedgerView {
+                    worst: ledger.worst_for(id, now, cfg.staleness),
+                    next_crossing: ledger.next_crossing(id, now, cfg.staleness),
+                };
+                let st = r.step(now, cfg, self.max_in_flight, &view);
+                if st.ping {
                     pings.push(id.clone());
                 }
-                if pinging && r.hb.in_flight() < self.max_in_flight {
-                    next = next.min(r.hb.next_ping());
+                if let Some(v) = st.entered {
+                    stats.verdict(v);
                 }
-                // a dead attached runner is not probed until re-registered
-                let can_probe = !r.dead || r.spawned;
-                match r
-                    .breaker
-                    .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)
-                {
-                    Some(Transition::HalfOpen { probe }) => {
-                        actions.push((id.clone(), Action::HalfOpen(probe)));
-                    }
-                    Some(Transition::Opened) => actions.push((id.clone(), Action::Reopened)),
-                    _ => {}
-                }
-                if let Some(d) = r.breaker.next_deadline() {
-                    next = next.min(d);
-                }
-                if r.breaker.state() == BreakerState::Closed && !r.dead {
-                    let worst = ledger.worst_for(id, now, cfg.staleness);
-                    let hb = r.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
-                    let f = match r.stopping_since {
-                        Some(since) => {
-                            let limit = since + cfg.stopping_timeout;
-                            next = next.min(limit + Duration::from_millis(1));
-                            stopping_verdict(now, limit)
-                        }
-                        None => fuse(
-                            hb,
-                            worst.as_ref().map(|w| SpanFacts {
-                                elapsed: w.elapsed,
-                                sla: w.sla,
-                                stale: w.stale,
-                            }),
-                            now,
-                            cfg.suspect_cap,
-                        ),
-                    };
-                    let prev = r.fused;
-                    r.fused = f;
-                    r.worst = worst;
-                    if f.verdict != prev.verdict || f.cause != prev.cause {
-                        stats.verdict(f.verdict);
-                        if f.verdict == Verdict::Suspect {
-                            actions.push((id.clone(), Action::Suspect(hb)));
-                        }
-                    }
-                    if f.trip {
-                        actions.push((id.clone(), Action::Trip));
-                    }
-                    // thresholds are strict (">"): wake just after them
-                    let after = |t: Instant| t + Duration::from_millis(1);
-                    if let Some(d) = r.hb.lost_deadline(cfg.heartbeat_timeout, cfg.startup_grace) {
-                        if d >= now {
-                            next = next.min(after(d));
-                        }
-                    }
-                    if let Some(c) = ledger.next_crossing(id, now, cfg.staleness) {
-                        next = next.min(after(c));
-                    }
-                    if let Some(t) = f.trips_at {
-                        next = next.min(t);
-                    }
-                }
+                actions.extend(st.actions.into_iter().map(|a| (id.clone(), a)));
+                let next = st.next;
                 r.next_eval = next.max(now + Duration::from_millis(1));
                 next_wake = next_wake.min(r.next_eval);
                 changed |= r.published != Some(r.board_code(now, cfg));
@@ -1206,28 +953,6 @@ impl Worker {
     }
 }
 
-/// The verdict of a *stopping* runner at `now`: healthy until `limit`, then `unresponsive`
-/// with cause `stopping_timeout` (a goodbye that never became an exit).
-fn stopping_verdict(now: Instant, limit: Instant) -> Fused {
-    if now > limit {
-        Fused {
-            verdict: Verdict::Unresponsive,
-            trip: true,
-            cause: Cause::StoppingTimeout,
-            trips_at: None,
-        }
-    } else {
-        Fused {
-            trips_at: Some(limit),
-            ..HEALTHY
-        }
-    }
-}
-
-fn heartbeat_socket_usable(p: &Option<PathBuf>) -> bool {
-    p.as_deref().is_some_and(|p| check_path(p).is_ok())
-}
-
 fn incident(
     kind: EventKind,
     runner: &str,
@@ -1246,81 +971,5 @@ fn incident(
         evidence,
         idempotency_key,
         at_unix_nano: now_unix_nano(),
-    }
-}
-
-/// Records incidents in order; a trip is sent only after its incident is recorded (or
-/// failed to record: the watchdog acts anyway, DESIGN Durability levels).
-async fn run_effects(
-    events: EventBus,
-    trips: mpsc::Sender<Trip>,
-    mut rx: mpsc::Receiver<Effect>,
-    stats: Arc<WatchdogStats>,
-) {
-    while let Some(e) = rx.recv().await {
-        let (inc, trip) = match e {
-            Effect::Incident(i) => (i, None),
-            Effect::IncidentThenTrip(i, t) => (i, Some(t)),
-        };
-        let kind = inc.kind;
-        let id = match events.publish(inc).await {
-            Ok(Some(recorded)) => (recorded.id != 0).then_some(recorded.id),
-            Ok(None) => None,
-            Err(e) => {
-                stats.incident_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%kind, "incident not recorded: {e}");
-                None
-            }
-        };
-        if let Some(mut t) = trip {
-            t.incident_id = id;
-            if trips.send(t).await.is_err() {
-                tracing::warn!("trip not delivered: the reaper's channel is closed");
-            }
-        }
-    }
-}
-
-/// Writes ledger batches, merging whatever queued up meanwhile; each transaction carries
-/// at most [`PERSIST_CHUNK`] rows so an incident waiting for the same control connection
-/// never waits long. A failed chunk is kept and retried with the next batch (at most
-/// [`PERSIST_CARRY_MAX`] rows are kept; beyond that the oldest are dropped and counted).
-async fn run_persister(
-    storage: Storage,
-    mut rx: mpsc::Receiver<Vec<LedgerWrite>>,
-    stats: Arc<WatchdogStats>,
-) {
-    let mut pending: Vec<LedgerWrite> = Vec::new();
-    while let Some(batch) = rx.recv().await {
-        pending.extend(batch);
-        while let Ok(more) = rx.try_recv() {
-            pending.extend(more);
-        }
-        let mut failed: Vec<LedgerWrite> = Vec::new();
-        let mut rest = std::mem::take(&mut pending).into_iter().peekable();
-        while rest.peek().is_some() {
-            let chunk: Arc<Vec<LedgerWrite>> =
-                Arc::new(rest.by_ref().take(PERSIST_CHUNK).collect());
-            let n = chunk.len() as u64;
-            match storage.ledger_apply(chunk.clone()).await {
-                Ok(()) => {
-                    stats.ledger_rows_written.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(
-                        "open-span ledger chunk of {n} rows not written (kept for retry): {e}"
-                    );
-                    failed.extend(Arc::try_unwrap(chunk).unwrap_or_else(|a| (*a).clone()));
-                }
-            }
-        }
-        if failed.len() > PERSIST_CARRY_MAX {
-            let drop_n = failed.len() - PERSIST_CARRY_MAX;
-            failed.drain(..drop_n);
-            stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!("open-span ledger: dropped {drop_n} unwritten rows (storage failing)");
-        }
-        pending = failed;
     }
 }
