@@ -2,7 +2,7 @@
 //!
 //! It starts `stallwatch serve` as a child (this same binary) with a throw-away data folder,
 //! port 0 everywhere and scaled-down timings, creates a throw-away workspace and hashes every
-//! file in it, then registers five real Python runners built on the runner kit
+//! file in it, then registers six real Python runners built on the runner kit
 //! (`integrations/python`): one healthy, and four that hang inside a tool span in the ways
 //! real MCP runners do (two threads deadlocked, a read with no timeout, a GUI event loop, a
 //! half-written CSV in the checkpoint folder). It follows the incident stream
@@ -54,8 +54,10 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 const HEALTHY: &str = "py-ok";
 /// Id of the runner that writes half a CSV into its checkpoint.
 const CSV: &str = "py-csv";
-/// The five runners: (id, mode of stalled.py, what it does).
-const RUNNERS: [(&str, &str, &str); 5] = [
+/// Id of the runner that ignores SIGTERM, so the SIGKILL after the grace is visible.
+const NO_TERM: &str = "py-noterm";
+/// The six runners: (id, mode of stalled.py, what it does).
+const RUNNERS: [(&str, &str, &str); 6] = [
     (
         HEALTHY,
         "healthy",
@@ -80,6 +82,11 @@ const RUNNERS: [(&str, &str, &str); 5] = [
         CSV,
         "half_csv",
         "half a CSV written into its checkpoint, then hangs",
+    ),
+    (
+        NO_TERM,
+        "ignore_term",
+        "ignores SIGTERM: its handler never runs while a C call holds the main thread",
     ),
 ];
 
@@ -279,7 +286,7 @@ impl Demo {
                 bail!("cannot read the control token: {e}");
             }
         }
-        println!("stallwatch demo: five Python runners on the runner kit, tool SLA {sla_ms} ms, heartbeat {HEARTBEAT_INTERVAL_MS}/{HEARTBEAT_TIMEOUT_MS} ms, grace {GRACE_MS} ms");
+        println!("stallwatch demo: six Python runners on the runner kit, tool SLA {sla_ms} ms, heartbeat {HEARTBEAT_INTERVAL_MS}/{HEARTBEAT_TIMEOUT_MS} ms, grace {GRACE_MS} ms");
         println!("python:     {}", python.display());
         println!("dashboard:  {}", demo.dashboard_url());
         println!("data dir:   {}", data.display());

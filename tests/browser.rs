@@ -26,9 +26,9 @@ use crate::support::*;
 /// view and the Now page while the span is still within it (the chain tests use 2000 ms).
 const BROWSER_SLA_MS: u64 = 20_000;
 /// Deadline of each wait on the page (Chromium on a loaded CI box is slow).
-const PAGE_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const PAGE_WAIT: Duration = Duration::from_secs(60);
 
-fn find_binary(env: &str, candidates: &[&str]) -> PathBuf {
+pub(crate) fn find_binary(env: &str, candidates: &[&str]) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {
         let p = PathBuf::from(p);
         assert!(p.exists(), "{env}={} does not exist", p.display());
@@ -79,7 +79,7 @@ fn base64_decode(s: &str) -> Vec<u8> {
 
 /// A chromedriver child and one browser session. Dropping it (also on panic) ends the
 /// session (closing Chromium) and kills chromedriver.
-struct Driver {
+pub(crate) struct Driver {
     child: Child,
     base: String,
     session: String,
@@ -102,7 +102,7 @@ impl Drop for Driver {
 }
 
 impl Driver {
-    fn start(profile: &Path) -> Driver {
+    pub(crate) fn start(profile: &Path) -> Driver {
         let chromedriver = find_binary(
             "STALLWATCH_CHROMEDRIVER",
             &["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"],
@@ -185,11 +185,11 @@ impl Driver {
         v["value"].clone()
     }
 
-    fn goto(&self, url: &str) {
+    pub(crate) fn goto(&self, url: &str) {
         self.cmd(reqwest::Method::POST, "/url", Some(json!({ "url": url })));
     }
 
-    fn js(&self, script: &str) -> Value {
+    pub(crate) fn js(&self, script: &str) -> Value {
         self.cmd(
             reqwest::Method::POST,
             "/execute/sync",
@@ -199,7 +199,7 @@ impl Driver {
 
     /// Polls `script` until it returns a truthy value; panics with `what` and the page's
     /// text after `timeout`.
-    fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
+    pub(crate) fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
             let v = self.js(script);

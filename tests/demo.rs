@@ -1,4 +1,4 @@
-//! `stallwatch demo` end to end: the real binary starts its own sidecar and five real
+//! `stallwatch demo` end to end: the real binary starts its own sidecar and six real
 //! Python runners on the kit, and must report every stalled runner tripped, SIGTERMed and
 //! (for the half-written CSV) rolled back, the healthy one untouched, the workspace
 //! byte-for-byte as before, and clean up after itself.
@@ -107,6 +107,17 @@ fn demo_trips_the_four_stalled_runners_and_leaves_the_workspace_unchanged() {
             .unwrap_or_else(|| panic!("no summary line for {id}; {ctx}"));
         assert!(summary.contains("ended by SIG"), "{summary}");
     }
+    // Issue 12 #15: the runner whose SIGTERM handler never runs is ended by the SIGKILL
+    // after the grace period, and the demo shows it.
+    let noterm = lines
+        .iter()
+        .position(|l| l.contains(" py-noterm ") && l.contains("runner.terminated"))
+        .unwrap_or_else(|| panic!("no runner.terminated line for py-noterm; {ctx}"));
+    assert!(
+        lines[noterm + 1].contains("SIGTERM at ") && lines[noterm + 1].contains("SIGKILL at "),
+        "no visible escalation: {}; {ctx}",
+        lines[noterm + 1]
+    );
     assert!(
         lines.iter().any(|l| l.contains(" py-csv ")
             && l.contains("staged half a CSV")
@@ -140,7 +151,7 @@ fn demo_trips_the_four_stalled_runners_and_leaves_the_workspace_unchanged() {
     );
     assert!(
         out.contains(
-            "breakers:   py-ok CLOSED, py-deadlock OPEN, py-read OPEN, py-gui OPEN, py-csv OPEN"
+            "breakers:   py-ok CLOSED, py-deadlock OPEN, py-read OPEN, py-gui OPEN, py-csv OPEN, py-noterm OPEN"
         ),
         "{ctx}"
     );

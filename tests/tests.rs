@@ -16,6 +16,7 @@ mod exporters;
 mod faults;
 mod forward;
 mod lifecycle;
+mod openspans;
 mod reaper_fixes;
 mod reaper_safety;
 mod shapes;

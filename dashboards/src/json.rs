@@ -73,6 +73,7 @@ pub fn inferred_span(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64) -
         span: &sp,
         state: SpanState::Inferred,
         stored: None,
+        parent_state: None,
     })
     .unwrap_or(Value::Null)
 }
@@ -133,6 +134,7 @@ pub fn runner(r: &RunnerStatus) -> Value {
         "id": r.id,
         "pid": r.pid,
         "spawned": r.spawned,
+        "lifecycle": r.lifecycle.as_str(),
         "breaker": r.breaker.as_str(),
         "verdict": r.verdict,
         "reason": r.reason,

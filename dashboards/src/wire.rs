@@ -183,6 +183,9 @@ pub(crate) struct SpanJ<'a> {
     pub(crate) span: &'a Span,
     pub(crate) state: SpanState,
     pub(crate) stored: Option<&'a StoredSpan>,
+    /// In a whole-trace answer: where the span's parent stands (see [`ParentState`]);
+    /// `None` elsewhere (the key is then left out).
+    pub(crate) parent_state: Option<ParentState>,
 }
 
 impl<'a> SpanJ<'a> {
@@ -192,8 +195,38 @@ impl<'a> SpanJ<'a> {
             span: &s.span,
             state: s.state,
             stored: Some(s),
+            parent_state: None,
         }
     }
+}
+
+/// Where a span's parent stands in a trace answer (`parent_state`; issue 12 #8):
+/// `root` (no parent), `present` (the parent is stored), `inferred` (never received, but an
+/// open child says it is running: drawn as "in progress (inferred)"), `missing` (never
+/// received and no child says it is open: a remote parent of a distributed trace, drawn
+/// as "parent not received", never made up as running).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ParentState {
+    Root,
+    Present,
+    Inferred,
+    Missing,
+}
+
+impl ParentState {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ParentState::Root => "root",
+            ParentState::Present => "present",
+            ParentState::Inferred => "inferred",
+            ParentState::Missing => "missing",
+        }
+    }
+}
+
+/// True for a Logfire `pending_span` twin (`logfire.span_type = "pending_span"`).
+fn is_pending_twin(s: &Span) -> bool {
+    attr(&s.attributes, "logfire.span_type").and_then(AnyValue::as_str) == Some("pending_span")
 }
 
 /// The span record of a parent that never arrived: it starts with its earliest child.
@@ -210,7 +243,7 @@ pub(crate) fn inferred(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64)
 impl Serialize for SpanJ<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let sp = self.span;
-        let mut m = s.serialize_map(Some(29))?;
+        let mut m = s.serialize_map(Some(30))?;
         m.serialize_entry("trace_id", &Hex(&sp.trace_id.0))?;
         m.serialize_entry("span_id", &Hex(&sp.span_id.0))?;
         m.serialize_entry(
@@ -229,6 +262,9 @@ impl Serialize for SpanJ<'_> {
         m.serialize_entry("duration_ms", &d.map(|d| d as f64 / 1e6))?;
         m.serialize_entry("clock_skewed", &sp.clock_skewed())?;
         m.serialize_entry("state", state_name(self.state))?;
+        if let Some(ps) = self.parent_state {
+            m.serialize_entry("parent_state", ps.as_str())?;
+        }
         m.serialize_entry(
             "tool_name",
             &attr(&sp.attributes, "gen_ai.tool.name").and_then(AnyValue::as_str),
@@ -293,32 +329,74 @@ impl Serialize for LogJ<'_> {
     }
 }
 
-/// `{"trace_id","spans","logs"}`: parents named by a span but never stored come first, as
-/// `inferred` spans, then the stored spans in storage order (by start time).
+/// `{"trace_id","spans","logs","span_count"}`: parents named by an open span but never
+/// stored come first, as `inferred` spans, then the stored spans in storage order (by start
+/// time), each with its `parent_state`. A parent that no open child names is *missing*
+/// (a remote parent), never made up as running. A Logfire `pending_span` twin whose real
+/// span is stored is evidence for the open-span ledger only: kept in storage, not drawn
+/// and not counted in `span_count` (issue 12 #5).
 pub(crate) struct TraceJ<'a> {
     view: &'a TraceView,
     inferred: Vec<Span>,
+    /// Per stored span: drawn or not, and its parent's state.
+    shown: Vec<Option<ParentState>>,
 }
 
 impl<'a> TraceJ<'a> {
-    /// Prepares a trace view, finding its inferred parents.
+    /// Prepares a trace view, finding its inferred and missing parents and its twins.
     pub(crate) fn new(view: &'a TraceView) -> Self {
-        let present: std::collections::HashSet<SpanId> =
-            view.spans.iter().map(|s| s.span.span_id).collect();
-        let mut missing: std::collections::BTreeMap<SpanId, u64> = Default::default();
-        for s in &view.spans {
+        let present: std::collections::HashSet<SpanId> = view
+            .spans
+            .iter()
+            .filter(|s| !is_pending_twin(&s.span))
+            .map(|s| s.span.span_id)
+            .collect();
+        // parent id → (earliest child start, some child is open)
+        let mut missing: std::collections::BTreeMap<SpanId, (u64, bool)> = Default::default();
+        let mut hidden = vec![false; view.spans.len()];
+        for (i, s) in view.spans.iter().enumerate() {
+            let twin = is_pending_twin(&s.span);
             if let Some(p) = s.span.parent_span_id {
+                if twin && present.contains(&p) {
+                    hidden[i] = true; // the real span is known
+                    continue;
+                }
                 if !present.contains(&p) {
-                    let e = missing.entry(p).or_insert(u64::MAX);
-                    *e = (*e).min(s.span.start_time_unix_nano);
+                    let e = missing.entry(p).or_insert((u64::MAX, false));
+                    e.0 = e.0.min(s.span.start_time_unix_nano);
+                    // a twin says its parent (the real span) is running
+                    e.1 |= s.state == SpanState::Open || twin;
                 }
             }
         }
+        let shown = view
+            .spans
+            .iter()
+            .zip(&hidden)
+            .map(|(s, h)| {
+                (!h).then(|| match s.span.parent_span_id {
+                    None => ParentState::Root,
+                    Some(p) if present.contains(&p) => ParentState::Present,
+                    Some(p) if missing.get(&p).is_some_and(|m| m.1) => ParentState::Inferred,
+                    Some(_) => ParentState::Missing,
+                })
+            })
+            .collect();
         let inferred = missing
             .into_iter()
-            .map(|(id, start)| inferred(view.trace_id, id, start))
+            .filter(|(_, (_, open))| *open)
+            .map(|(id, (start, _))| inferred(view.trace_id, id, start))
             .collect();
-        Self { view, inferred }
+        Self {
+            view,
+            inferred,
+            shown,
+        }
+    }
+
+    /// Spans drawn: the stored ones minus hidden twins (inferred parents not counted).
+    pub(crate) fn span_count(&self) -> usize {
+        self.shown.iter().filter(|s| s.is_some()).count()
     }
 }
 
@@ -334,10 +412,16 @@ impl Serialize for TraceJ<'_> {
                         span: sp,
                         state: SpanState::Inferred,
                         stored: None,
+                        parent_state: Some(ParentState::Root),
                     })?;
                 }
-                for sp in &t.view.spans {
-                    q.serialize_element(&SpanJ::stored(sp))?;
+                for (sp, shown) in t.view.spans.iter().zip(&t.shown) {
+                    if let Some(ps) = shown {
+                        q.serialize_element(&SpanJ {
+                            parent_state: Some(*ps),
+                            ..SpanJ::stored(sp)
+                        })?;
+                    }
                 }
                 q.end()
             }
@@ -352,8 +436,9 @@ impl Serialize for TraceJ<'_> {
                 q.end()
             }
         }
-        let mut m = s.serialize_map(Some(3))?;
+        let mut m = s.serialize_map(Some(4))?;
         m.serialize_entry("trace_id", &Hex(&self.view.trace_id.0))?;
+        m.serialize_entry("span_count", &self.span_count())?;
         m.serialize_entry("spans", &Spans(self))?;
         m.serialize_entry("logs", &Logs(&self.view.logs))?;
         m.end()

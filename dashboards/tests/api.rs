@@ -76,8 +76,27 @@ async fn trace_view_shows_open_and_inferred_spans() {
     assert_eq!(state_of(&a, OPEN).as_deref(), Some("open"));
     assert_eq!(state_of(&a, TOOL).as_deref(), Some("ended"));
     assert_eq!(a["logs"][0]["span_id"], TOOL);
+    // an open child makes its unreceived parent "in progress (inferred)"
+    assert_eq!(
+        a["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["span_id"] == OPEN)
+            .map(|s| s["parent_state"].clone()),
+        Some(Value::from("present"))
+    );
+    // Issue 12 #8: a parent that only an ENDED child names is a remote parent, "parent
+    // not received": no made-up running span, and the child says so.
     let (_, b) = h.get_json(&format!("/api/v1/traces/{TRACE_B}")).await;
-    assert_eq!(state_of(&b, MISSING_PARENT).as_deref(), Some("inferred"));
+    assert_eq!(state_of(&b, MISSING_PARENT), None, "{b:#}");
+    let orphan = b["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["span_id"] == ORPHAN)
+        .unwrap();
+    assert_eq!(orphan["parent_state"], "missing", "{orphan:#}");
     h.stop().await;
 }
 

@@ -88,7 +88,7 @@ function errorBox(e) { return h("div", { class: "error-box" }, String(e.message 
 // ---------- live: one EventSource ----------
 const EVENTS = ["verdict.suspect", "breaker.opened", "breaker.half_open", "breaker.closed", "runner.started",
   "runner.exited", "runner.crashed", "runner.terminated", "runner.restarted", "runner.orphaned",
-  "checkpoint.committed", "checkpoint.rolled_back", "storage.full"];
+  "checkpoint.committed", "checkpoint.rolled_back", "storage.full", "sidecar.degraded"];
 function connectLive() {
   const live = document.getElementById("live");
   const url = `/api/v1/events?board=1&last_event_id=${state.lastIncidentId}`;
@@ -123,20 +123,25 @@ function sparkline(samples) {
   return h("div", {}, svg("svg", { class: "spark", viewBox: `0 0 ${w} ${hgt}`, preserveAspectRatio: "none" }, svg("polyline", { points: pts })),
     h("div", { class: "muted" }, `heartbeat RTT: last ${(last / 1000).toFixed(2)} ms, max ${(ymax / 1000).toFixed(2)} ms`));
 }
+// lifecycle (docs/design.md, Runner lifecycle) → badge class
+const LIFECYCLE_CLASS = { starting: "warn", running: "ok", stopping: "warn", exited: "unset", restarting: "warn", gave_up: "bad", detached: "warn" };
 function runnerCard(r) {
   const w = r.worst_span;
-  return h("div", { class: "panel card runner", dataset: { runnerId: r.id } },
-    h("h3", {}, h("a", { href: `#/runner/${r.id}` }, r.id), badge(r.breaker), badge(r.verdict, r.verdict === "healthy" ? "ok" : "warn")),
+  const lc = r.lifecycle || "running";
+  const alive = ["starting", "running", "stopping", "detached"].includes(lc);
+  return h("div", { class: "panel card runner", dataset: { runnerId: r.id, lifecycle: lc } },
+    h("h3", {}, h("a", { href: `#/runner/${r.id}` }, r.id), h("span", { class: `badge lifecycle b-${LIFECYCLE_CLASS[lc] || "unset"}` }, lc.replace("_", " ")),
+      badge(r.breaker), alive ? badge(r.verdict, r.verdict === "healthy" ? "ok" : "warn") : null),
     h("dl", { class: "kv" },
-      h("dt", {}, "pid"), h("dd", {}, r.pid ?? "—", r.spawned ? " (spawned)" : " (attached)"),
-      h("dt", {}, "heartbeat"), h("dd", {}, r.heartbeat),
+      h("dt", {}, alive ? "pid" : "last pid"), h("dd", {}, r.pid ?? "—", r.spawned ? " (spawned)" : " (attached)"),
+      h("dt", {}, "heartbeat"), h("dd", {}, alive ? r.heartbeat : "— (not running)"),
       r.reason ? [h("dt", {}, "reason"), h("dd", {}, r.reason)] : null,
       r.retry_after_ms ? [h("dt", {}, "retry after"), h("dd", {}, fmtDur(r.retry_after_ms))] : null),
     sparkline(r.heartbeat_rtt_us),
     w ? h("div", {},
       h("div", {}, "worst open tool span: ", h("a", { href: `#/span/${w.trace_id}/${w.span_id}` }, w.tool_name),
         w.stale ? [" ", badge("stale", "warn")] : null, h("span", { class: "muted" }, ` ${fmtDur(w.elapsed_ms)} of ${fmtDur(w.sla_ms)}`)),
-      progressBar(w.progress)) : h("div", { class: "muted" }, "no open tool span"));
+      progressBar(w.progress)) : h("div", { class: "muted" }, alive ? "no open tool span" : "not running"));
 }
 function openSpansTable(items) {
   if (!items.length) return h("div", { class: "empty" }, "no open spans");

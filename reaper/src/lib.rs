@@ -10,6 +10,7 @@
 pub mod checkpoint;
 mod checkpoint_edge;
 pub mod config;
+pub mod ends;
 pub mod error;
 pub mod failpoint;
 pub mod plan;

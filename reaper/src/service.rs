@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use stallwatch_storage::control::{
     AttachedRunner, ControlRequest, RegisterError, Registered, RunnerChange, RunnerDeleted,
-    RunnerError, RunnerSpec, SpawnedRunner, Trip,
+    RunnerError, RunnerLifecycle, RunnerSpec, SpawnedRunner, Trip,
 };
 use stallwatch_storage::model::{
     now_unix_nano, AnyValue, EventKind, KeyValue, LogBatch, LogRecord, NewIncident, Resource,
@@ -33,10 +33,11 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::Checkpoints;
 use crate::checkpoint_edge;
 use crate::config::{ReaperConfig, RestartPolicy};
+use crate::ends::EndCause;
 use crate::error::ReaperError;
 use crate::platform::{self, ExitInfo};
 use crate::runner::{self, OutputTail};
-use crate::spans::{self, EndEvent};
+use crate::spans::EndEvent;
 use crate::stats::ReaperStats;
 use crate::terminate::{self, Resume, Target, TerminationReport};
 
@@ -460,7 +461,7 @@ impl ReaperHandle {
             .is_some_and(|e| Some(e.instance_id.as_str()) == instance_id)
     }
 
-    async fn notify(&self, change: RunnerChange) {
+    pub(crate) async fn notify(&self, change: RunnerChange) {
         if self.inner.changes.send(change).await.is_err() {
             tracing::debug!("runner change not delivered: receiver gone");
         }
@@ -870,6 +871,9 @@ impl ReaperHandle {
             drop(st);
             let id = entry.id.clone();
             let now = now_unix_nano();
+            let why = format!("attached runner {id} exited");
+            h.end_runner_spans(&id, EndCause::Exited, &why, None, now, Vec::new(), &[])
+                .await;
             let _ = h
                 .inner
                 .storage
@@ -896,6 +900,7 @@ impl ReaperHandle {
     }
 
     async fn on_spawned_exit(&self, entry: Arc<Entry>) {
+        let exit_at = now_unix_nano();
         let mut st = entry.proc.lock().await;
         if st.finished || st.stopping {
             return;
@@ -961,6 +966,9 @@ impl ReaperHandle {
         } else {
             format!("runner {id} exited with {}: {last}", exit.describe())
         };
+        let cause = EndCause::of_exit(&exit);
+        self.end_runner_spans(&id, cause, &reason, Some(&exit), exit_at, Vec::new(), &[])
+            .await;
         self.incident(
             kind,
             &id,
@@ -1008,6 +1016,9 @@ impl ReaperHandle {
             .map(|mut m| allow_restart(m.entry(id.clone()).or_default(), Instant::now(), policy))
             .unwrap_or(false);
         if !allowed {
+            if policy.max_restarts > 0 {
+                self.lifecycle(&id, RunnerLifecycle::GaveUp).await;
+            }
             let _ = self
                 .inner
                 .storage
@@ -1045,6 +1056,7 @@ impl ReaperHandle {
             .stats
             .runners_restarted
             .fetch_add(1, Ordering::Relaxed);
+        self.lifecycle(&id, RunnerLifecycle::Restarting).await;
         if let Err(e) = self.spawn_runner(entry.spec.clone(), true).await {
             tracing::error!(runner = %id, "restart failed: {e}");
         }
@@ -1063,6 +1075,7 @@ impl ReaperHandle {
             return None;
         }
         st.stopping = true;
+        self.lifecycle(&entry.id, RunnerLifecycle::Stopping).await;
         let _ = self
             .inner
             .storage
@@ -1145,20 +1158,17 @@ impl ReaperHandle {
                 at_unix_nano: rollback_at,
             });
         }
-        let closed = spans::close_spans(
-            &self.inner.storage,
-            &id,
-            open_spans,
-            "timeout",
-            &format!("runner {id} stopped by stallwatch ({cause})"),
-            report.sigterm_unix_nano,
-            &events,
-        )
-        .await;
-        self.inner
-            .stats
-            .spans_closed
-            .fetch_add(closed as u64, Ordering::Relaxed);
+        let end_cause = if cause == "delete" {
+            EndCause::Killed
+        } else {
+            EndCause::Timeout
+        };
+        let why = format!("runner {id} stopped by stallwatch ({cause})");
+        let exit = report.exit.as_ref();
+        let at = report.sigterm_unix_nano;
+        let closed = self
+            .end_runner_spans(&id, end_cause, &why, exit, at, events, open_spans)
+            .await;
         if !open_spans.is_empty() {
             let _ = self
                 .inner
@@ -1210,6 +1220,11 @@ impl ReaperHandle {
                 format!("runner.terminated:{id}:{}", report.termination_id),
             )
             .await;
+        }
+        if report.ended_by == "not_signalled" && cause != "delete" {
+            // still running, never signalled: watched on, its breaker recovers as usual
+            self.lifecycle(&id, RunnerLifecycle::Detached).await;
+            return;
         }
         self.notify(RunnerChange::Gone {
             id,

@@ -4,7 +4,9 @@
 //! stallwatch writes the span's end itself: a copy of the span with end time = the kill
 //! time, status ERROR, `error.type` = `timeout` or `orphaned`, and span events for SIGTERM,
 //! SIGKILL (if sent) and rollback. The original span is read back from storage; when it is
-//! not there, a minimal span is built from what the reaper knows.
+//! not there, a minimal span is built from what the reaper knows. Every other end of a
+//! runner (it exited, crashed, was killed from outside) closes its spans the same way, with
+//! the exit code or signal as attributes (`ends.rs`; issue 12 #1).
 
 use std::sync::Arc;
 
@@ -67,6 +69,67 @@ pub fn ended_copy(
     span
 }
 
+/// How the runner's process ended, as attributes of the span ends written for it
+/// (issue 12 #1): `process.exit.code` (OpenTelemetry semantic conventions, process
+/// registry) and `stallwatch.exit.signal` (the signal name, e.g. `SIGKILL`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExitAttrs {
+    /// Exit code, when it exited normally.
+    pub code: Option<i32>,
+    /// Signal number, when a signal ended it.
+    pub signal: Option<i32>,
+}
+
+/// The conventional name of signal `n` (`SIGKILL`), or `SIG<n>` for one without a name here.
+pub fn signal_name(n: i32) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => return format!("SIG{n}"),
+    };
+    name.to_string()
+}
+
+/// Adds the exit attributes to `span` (and to its exit event, when it has one named
+/// `runner.exit`).
+pub fn mark_exit(span: &mut Span, exit: ExitAttrs) {
+    let mut attrs = Vec::new();
+    if let Some(c) = exit.code {
+        attrs.push(KeyValue::new(
+            "process.exit.code",
+            AnyValue::Int(i64::from(c)),
+        ));
+    }
+    if let Some(n) = exit.signal {
+        attrs.push(KeyValue::new(
+            "stallwatch.exit.signal",
+            AnyValue::String(signal_name(n)),
+        ));
+    }
+    span.attributes
+        .retain(|kv| kv.key != "process.exit.code" && kv.key != "stallwatch.exit.signal");
+    span.attributes.extend(attrs.iter().cloned());
+    for e in span.events.iter_mut().filter(|e| e.name == "runner.exit") {
+        e.attributes.extend(attrs.iter().cloned());
+    }
+}
+
 /// Reads each span, writes its ended copy. Answers how many were written; failures are
 /// logged and skipped (the telemetry writer may refuse under back-pressure).
 pub async fn close_spans(
@@ -78,7 +141,35 @@ pub async fn close_spans(
     end_unix_nano: u64,
     events: &[EndEvent],
 ) -> usize {
+    close_spans_with(
+        storage,
+        runner_id,
+        spans,
+        error_type,
+        reason,
+        end_unix_nano,
+        events,
+        None,
+    )
+    .await
+    .0
+}
+
+/// [`close_spans`] with the process's exit attributes. Answers how many ends were written
+/// and every key whose end is now stored (written here, or already ended on its own).
+#[allow(clippy::too_many_arguments)]
+pub async fn close_spans_with(
+    storage: &Storage,
+    runner_id: &str,
+    spans: &[(TraceId, SpanId)],
+    error_type: &str,
+    reason: &str,
+    end_unix_nano: u64,
+    events: &[EndEvent],
+    exit: Option<ExitAttrs>,
+) -> (usize, Vec<(TraceId, SpanId)>) {
     let mut written = 0;
+    let mut ended = Vec::new();
     for (t, s) in spans {
         let stored = storage.span(*t, *s).await.ok().flatten();
         let (resource, scope, original) = match stored {
@@ -99,9 +190,13 @@ pub async fn close_spans(
             ),
         };
         if original.as_ref().is_some_and(Span::is_ended) {
+            ended.push((*t, *s));
             continue; // it ended on its own after all
         }
-        let span = ended_copy(*t, *s, original, error_type, reason, end_unix_nano, events);
+        let mut span = ended_copy(*t, *s, original, error_type, reason, end_unix_nano, events);
+        if let Some(x) = exit {
+            mark_exit(&mut span, x);
+        }
         let batch = TraceBatch {
             resource_spans: vec![ResourceSpans {
                 resource,
@@ -112,13 +207,16 @@ pub async fn close_spans(
             }],
         };
         match storage.write_traces(Arc::new(batch)).await {
-            Ok(()) => written += 1,
+            Ok(()) => {
+                written += 1;
+                ended.push((*t, *s));
+            }
             Err(e) => {
                 tracing::warn!(runner = runner_id, trace = %t, span = %s, "span end not written: {e}")
             }
         }
     }
-    written
+    (written, ended)
 }
 
 #[cfg(test)]

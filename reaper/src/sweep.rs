@@ -298,6 +298,12 @@ async fn orphan(h: &ReaperHandle, row: &RunnerRow, reason: &str, rep: &mut Sweep
         if let Err(e) = h.storage().ledger_apply(std::sync::Arc::new(removes)).await {
             rep.errors.push(format!("open-span ledger of {id}: {e}"));
         }
+        // the watchdog reloaded these at start: it must learn of their ends too
+        h.notify(stallwatch_storage::control::RunnerChange::SpansEnded {
+            id: id.clone(),
+            spans: spans.clone(),
+        })
+        .await;
     }
     rep.spans_closed += closed;
     let evidence = serde_json::json!({

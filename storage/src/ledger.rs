@@ -235,6 +235,26 @@ impl Storage {
         .await
     }
 
+    /// (trace id, span id) of every span the durable ledger holds as `open` (not inferred)
+    /// for `runner_id`, in key order: the spans whose end the reaper writes when the runner
+    /// ends, whatever ended it (issue 12 #1). Uses the `open_spans_runner` index.
+    pub async fn ledger_runner_open(
+        &self,
+        runner_id: String,
+    ) -> Result<Vec<(TraceId, SpanId)>, StorageError> {
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT trace_id, span_id FROM open_spans
+                 WHERE runner_id = ?1 AND state = 'open' ORDER BY trace_id, span_id",
+            )?;
+            let rows = st.query_map(params![runner_id], |r| {
+                Ok((blob_trace(r.get(0)?)?, blob_span(r.get(1)?, 1)?))
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
     /// Open and inferred spans for the dashboard, oldest first (by first arrival).
     pub async fn open_spans(&self) -> Result<Vec<OpenSpanRow>, StorageError> {
         let rows = self.ledger_load().await?;

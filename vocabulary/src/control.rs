@@ -168,6 +168,85 @@ pub enum RunnerChange {
         /// True when it was removed for good (`DELETE`), false when it may come back.
         removed: bool,
     },
+    /// The reaper moved the runner to a lifecycle state only it knows: `stopping` (its
+    /// termination began), `detached` (tripped but never signalled), `restarting`,
+    /// `gave_up` (`docs/design.md`, Runner lifecycle).
+    Lifecycle {
+        /// Runner id.
+        id: String,
+        /// The new state.
+        lifecycle: RunnerLifecycle,
+    },
+    /// Span ends that stallwatch wrote itself (a runner stopped, crashed, exited or found
+    /// orphaned): the ledger closes them at once, whoever wrote them, so no page shows a
+    /// span running after its end is stored.
+    SpansEnded {
+        /// Runner id the spans belonged to.
+        id: String,
+        /// (trace id, span id) of each span whose end is now stored.
+        spans: Vec<(TraceId, SpanId)>,
+    },
+}
+
+/// Where a runner is in its life, on the board and in `/api/v1/runners` as `lifecycle`
+/// (`docs/design.md`, Runner lifecycle).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunnerLifecycle {
+    /// Registered; its first PONG is not in yet.
+    Starting,
+    /// Alive and watched (first PONG seen, or it has no heartbeat socket).
+    #[default]
+    Running,
+    /// Exiting: it said goodbye on its heartbeat socket, or stallwatch is terminating it.
+    /// Never tripped for the missing heartbeat; waits up to `[watchdog] stopping_timeout_ms`.
+    Stopping,
+    /// Its process is gone (exited, crashed, killed, or stopped by stallwatch).
+    Exited,
+    /// Gone and about to be started again under the restart policy.
+    Restarting,
+    /// Gone, and the restart policy's intensity limit refused another restart.
+    GaveUp,
+    /// Tripped but never signalled (attached without a start time): still running, not
+    /// under stallwatch's control; its breaker recovers through HALF_OPEN as usual.
+    Detached,
+}
+
+impl RunnerLifecycle {
+    /// Every state, in the order above.
+    pub const ALL: [RunnerLifecycle; 7] = [
+        RunnerLifecycle::Starting,
+        RunnerLifecycle::Running,
+        RunnerLifecycle::Stopping,
+        RunnerLifecycle::Exited,
+        RunnerLifecycle::Restarting,
+        RunnerLifecycle::GaveUp,
+        RunnerLifecycle::Detached,
+    ];
+
+    /// `starting`, `running`, `stopping`, `exited`, `restarting`, `gave_up`, `detached`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RunnerLifecycle::Starting => "starting",
+            RunnerLifecycle::Running => "running",
+            RunnerLifecycle::Stopping => "stopping",
+            RunnerLifecycle::Exited => "exited",
+            RunnerLifecycle::Restarting => "restarting",
+            RunnerLifecycle::GaveUp => "gave_up",
+            RunnerLifecycle::Detached => "detached",
+        }
+    }
+
+    /// True when the runner's process is (believed) alive.
+    pub fn is_alive(&self) -> bool {
+        matches!(
+            self,
+            RunnerLifecycle::Starting
+                | RunnerLifecycle::Running
+                | RunnerLifecycle::Stopping
+                | RunnerLifecycle::Detached
+        )
+    }
 }
 
 /// Circuit breaker states (DESIGN, Fusion and breakers).
@@ -204,6 +283,10 @@ pub struct RunnerStatus {
     pub pid: Option<u32>,
     /// Spawned by stallwatch or attached.
     pub spawned: bool,
+    /// Where the runner is in its life (`starting`, `running`, `stopping`, `exited`,
+    /// `restarting`, `gave_up`, `detached`).
+    #[serde(default)]
+    pub lifecycle: RunnerLifecycle,
     /// Breaker state.
     pub breaker: BreakerState,
     /// Current verdict: `healthy`, `suspect`, `tool_overrun`, `unresponsive`, `stalled`, ...

@@ -550,11 +550,15 @@ pub enum EventKind {
     /// `storage.full`
     #[serde(rename = "storage.full")]
     StorageFull,
+    /// `sidecar.degraded`: stallwatch's own trouble (out of file descriptors, its watchdog
+    /// task starved) made a heartbeat unknowable; no runner was blamed (issue 17 #11).
+    #[serde(rename = "sidecar.degraded")]
+    SidecarDegraded,
 }
 
 impl EventKind {
     /// Every event name, in vocabulary order.
-    pub const ALL: [EventKind; 13] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::VerdictSuspect,
         EventKind::BreakerOpened,
         EventKind::BreakerHalfOpen,
@@ -568,6 +572,7 @@ impl EventKind {
         EventKind::CheckpointCommitted,
         EventKind::CheckpointRolledBack,
         EventKind::StorageFull,
+        EventKind::SidecarDegraded,
     ];
 
     /// The wire name, e.g. `breaker.opened`.
@@ -586,6 +591,7 @@ impl EventKind {
             EventKind::CheckpointCommitted => "checkpoint.committed",
             EventKind::CheckpointRolledBack => "checkpoint.rolled_back",
             EventKind::StorageFull => "storage.full",
+            EventKind::SidecarDegraded => "sidecar.degraded",
         }
     }
 

@@ -39,6 +39,16 @@ pub const DEFAULT_SUSPECT_CAP: Duration = Duration::from_millis(30_000);
 pub const DEFAULT_TICK: Duration = Duration::from_millis(50);
 /// Default period at which the runner board is republished when nothing changed: 1000 ms.
 pub const DEFAULT_BOARD_INTERVAL: Duration = Duration::from_millis(1000);
+/// Default limit for a runner that said goodbye (`BYE` on its heartbeat socket, or removed
+/// its socket while no tool span was open) to exit: 30000 ms. While *stopping* it is never
+/// tripped for the missing heartbeat; past this limit it is tripped as `unresponsive`
+/// (`docs/design.md`, Runner lifecycle).
+pub const DEFAULT_STOPPING_TIMEOUT: Duration = Duration::from_millis(30_000);
+/// Default back-dating window: an open span's age counts from its own
+/// `start_time_unix_nano` when that lies at most 10000 ms before its arrival (and not in the
+/// future), else from its arrival (`docs/design.md`, Fusion and breakers: exporters on this
+/// machine share stallwatch's wall clock).
+pub const DEFAULT_MAX_BACKDATE: Duration = Duration::from_millis(10_000);
 /// Tool-name globs of the rendering / I/O class capped at [`DEFAULT_CLASS_CAP`].
 pub const DEFAULT_CLASS_GLOBS: &[&str] = &[
     "*render*",
@@ -74,6 +84,12 @@ pub struct RawWatchdogConfig {
     pub tick_ms: Option<u64>,
     /// Board republish period, ms (default [`DEFAULT_BOARD_INTERVAL`]).
     pub board_interval_ms: Option<u64>,
+    /// Limit for a runner that said goodbye to exit, ms (default
+    /// [`DEFAULT_STOPPING_TIMEOUT`]).
+    pub stopping_timeout_ms: Option<u64>,
+    /// Back-dating window of a span's own start time, ms (default [`DEFAULT_MAX_BACKDATE`];
+    /// 0 counts every span from its arrival).
+    pub max_backdate_ms: Option<u64>,
     /// Default tool SLA, ms (default [`DEFAULT_SLA`]).
     pub default_sla_ms: Option<u64>,
     /// Floor of `stallwatch.sla_ms` overrides, ms (default [`DEFAULT_MIN_SLA`]).
@@ -248,6 +264,10 @@ pub struct WatchdogConfig {
     pub tick: Duration,
     /// Board republish period when nothing changed ([`DEFAULT_BOARD_INTERVAL`]).
     pub board_interval: Duration,
+    /// Limit for a *stopping* runner to exit ([`DEFAULT_STOPPING_TIMEOUT`]).
+    pub stopping_timeout: Duration,
+    /// Back-dating window of a span's own start time ([`DEFAULT_MAX_BACKDATE`]).
+    pub max_backdate: Duration,
     tool_set: GlobSet,
 }
 
@@ -271,6 +291,7 @@ impl WatchdogConfig {
             ("watchdog.tick_ms", self.tick),
             ("watchdog.default_sla_ms", self.sla.default_sla),
             ("watchdog.board_interval_ms", self.board_interval),
+            ("watchdog.stopping_timeout_ms", self.stopping_timeout),
         ];
         for (key, d) in positive {
             if d.is_zero() {
@@ -316,6 +337,8 @@ impl Default for WatchdogConfig {
             tool_name_patterns: Vec::new(),
             tick: DEFAULT_TICK,
             board_interval: DEFAULT_BOARD_INTERVAL,
+            stopping_timeout: DEFAULT_STOPPING_TIMEOUT,
+            max_backdate: DEFAULT_MAX_BACKDATE,
             tool_set: GlobSet::empty(),
         }
     }
@@ -357,6 +380,8 @@ impl TryFrom<RawWatchdogConfig> for WatchdogConfig {
             tool_name_patterns: Vec::new(),
             tick: ms(raw.tick_ms, DEFAULT_TICK),
             board_interval: ms(raw.board_interval_ms, DEFAULT_BOARD_INTERVAL),
+            stopping_timeout: ms(raw.stopping_timeout_ms, DEFAULT_STOPPING_TIMEOUT),
+            max_backdate: ms(raw.max_backdate_ms, DEFAULT_MAX_BACKDATE),
             tool_set: GlobSet::empty(),
         }
         .with_tool_name_patterns(raw.tool_name_patterns)?;

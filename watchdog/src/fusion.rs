@@ -12,6 +12,13 @@
 //! | not configured | over SLA | `tool_overrun` | yes |
 //! | not configured | stale | `stalled` | yes |
 //! | not configured | none, or within SLA and fresh | `healthy` | no |
+//! | unknown (stallwatch's own fault) | over SLA | `tool_overrun` | yes |
+//! | unknown | stale | `suspect` | no |
+//! | unknown | none, or within SLA and fresh | `unknown` | no |
+//!
+//! *Unknown* is issue 17 #11: when the ping failed for a reason that is stallwatch's own
+//! (`EMFILE`/`ENFILE` on connect, the watchdog task starved), the heartbeat says nothing
+//! about the runner and never trips it; only the span's own SLA still can.
 //!
 //! "Over SLA" is elapsed > SLA (strictly); "stale" is decided by the ledger (refreshed at
 //! least once, then silent past `staleness_ms`). Over SLA wins over stale.
@@ -36,20 +43,24 @@ pub enum Verdict {
     Stalled,
     /// A lost heartbeat stayed *suspect* for min(SLA, suspect cap).
     SuspectTimeout,
+    /// stallwatch itself could not judge the runner (its own fault): never trips.
+    Unknown,
 }
 
 impl Verdict {
     /// Every verdict, for counters.
-    pub const ALL: [Verdict; 6] = [
+    pub const ALL: [Verdict; 7] = [
         Verdict::Healthy,
         Verdict::Suspect,
         Verdict::ToolOverrun,
         Verdict::Unresponsive,
         Verdict::Stalled,
         Verdict::SuspectTimeout,
+        Verdict::Unknown,
     ];
 
-    /// `healthy`, `suspect`, `tool_overrun`, `unresponsive`, `stalled`, `suspect_timeout`.
+    /// `healthy`, `suspect`, `tool_overrun`, `unresponsive`, `stalled`, `suspect_timeout`,
+    /// `unknown`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Verdict::Healthy => "healthy",
@@ -58,6 +69,7 @@ impl Verdict {
             Verdict::Unresponsive => "unresponsive",
             Verdict::Stalled => "stalled",
             Verdict::SuspectTimeout => "suspect_timeout",
+            Verdict::Unknown => "unknown",
         }
     }
 
@@ -91,6 +103,10 @@ pub enum Cause {
     LostHeartbeat,
     /// The heartbeat is lost and no tool span is open.
     LostNoSpan,
+    /// stallwatch's own trouble (fd exhaustion, task starved) hides the heartbeat.
+    SidecarFault,
+    /// A runner that said goodbye did not exit within `stopping_timeout_ms`.
+    StoppingTimeout,
 }
 
 impl Cause {
@@ -102,6 +118,8 @@ impl Cause {
             Cause::StaleSpan => "stale_span",
             Cause::LostHeartbeat => "lost_heartbeat",
             Cause::LostNoSpan => "lost_no_span",
+            Cause::SidecarFault => "sidecar_fault",
+            Cause::StoppingTimeout => "stopping_timeout",
         }
     }
 }
@@ -148,6 +166,11 @@ pub fn fuse(
             (Some(true), _) => fused(Verdict::ToolOverrun, true, Cause::OverSla),
             (Some(false), Some(true)) => fused(Verdict::Stalled, true, Cause::StaleSpan),
             _ => fused(Verdict::Healthy, false, Cause::None),
+        },
+        HeartbeatState::Unknown => match (over, stale) {
+            (Some(true), _) => fused(Verdict::ToolOverrun, true, Cause::OverSla),
+            (Some(false), Some(true)) => fused(Verdict::Suspect, false, Cause::StaleSpan),
+            _ => fused(Verdict::Unknown, false, Cause::SidecarFault),
         },
         HeartbeatState::Lost { since } => match worst {
             None => fused(Verdict::Unresponsive, true, Cause::LostNoSpan),

@@ -46,21 +46,32 @@ pub enum HeartbeatFailure {
     /// Any other I/O error (permission denied, not a socket, ...).
     #[error("heartbeat i/o error: {0}")]
     Io(String),
+    /// The runner answered `BYE`: it is exiting deliberately (its goodbye). Not a lost
+    /// heartbeat: the runner becomes `stopping` (`docs/design.md`, Runner lifecycle).
+    #[error("the runner said goodbye (BYE): it is exiting")]
+    Goodbye,
+    /// The ping failed for a reason that is stallwatch's own (`EMFILE`/`ENFILE`/`ENOBUFS`/
+    /// `ENOMEM` creating or connecting the socket): it says nothing about the runner, so the
+    /// heartbeat is *unknown*, never lost (issue 17 #11).
+    #[error("stallwatch itself could not ping: {0}")]
+    OwnFault(String),
 }
 
 impl HeartbeatFailure {
     /// Every failure name, for counters.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 8] = [
         "path_too_long",
         "socket_missing",
         "connection_refused",
         "bad_answer",
         "timeout",
         "io_error",
+        "goodbye",
+        "sidecar_fault",
     ];
 
     /// The failure's name: `path_too_long`, `socket_missing`, `connection_refused`,
-    /// `bad_answer`, `timeout` or `io_error`.
+    /// `bad_answer`, `timeout`, `io_error`, `goodbye` or `sidecar_fault`.
     pub fn as_str(&self) -> &'static str {
         match self {
             HeartbeatFailure::PathTooLong { .. } => "path_too_long",
@@ -69,7 +80,14 @@ impl HeartbeatFailure {
             HeartbeatFailure::BadAnswer(_) => "bad_answer",
             HeartbeatFailure::Timeout => "timeout",
             HeartbeatFailure::Io(_) => "io_error",
+            HeartbeatFailure::Goodbye => "goodbye",
+            HeartbeatFailure::OwnFault(_) => "sidecar_fault",
         }
+    }
+
+    /// True when the failure is stallwatch's own, not the runner's.
+    pub fn is_own_fault(&self) -> bool {
+        matches!(self, HeartbeatFailure::OwnFault(_))
     }
 
     /// Index into [`HeartbeatFailure::NAMES`].
@@ -81,6 +99,8 @@ impl HeartbeatFailure {
             HeartbeatFailure::BadAnswer(_) => 3,
             HeartbeatFailure::Timeout => 4,
             HeartbeatFailure::Io(_) => 5,
+            HeartbeatFailure::Goodbye => 6,
+            HeartbeatFailure::OwnFault(_) => 7,
         }
     }
 }
@@ -94,8 +114,24 @@ pub fn check_path(path: &Path) -> Result<(), HeartbeatFailure> {
     Ok(())
 }
 
+/// Maps an I/O error of our own socket calls: resource exhaustion inside stallwatch
+/// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) is [`HeartbeatFailure::OwnFault`], anything
+/// else `other(e)`.
+fn own_or(
+    e: std::io::Error,
+    other: impl FnOnce(std::io::Error) -> HeartbeatFailure,
+) -> HeartbeatFailure {
+    use rustix::io::Errno;
+    match Errno::from_io_error(&e) {
+        Some(Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM) => {
+            HeartbeatFailure::OwnFault(e.to_string())
+        }
+        _ => other(e),
+    }
+}
+
 /// One ping: connect to `path`, write `PING\n`, read at most 64 bytes up to `\n`, accept
-/// exactly `PONG`. Answers the round-trip time, or the named failure; the whole exchange is
+/// exactly `PONG` (`BYE` is the runner's goodbye, [`HeartbeatFailure::Goodbye`]). Answers the round-trip time, or the named failure; the whole exchange is
 /// bounded by `timeout`.
 pub async fn ping(path: &Path, timeout: Duration) -> Result<Duration, HeartbeatFailure> {
     check_path(path)?;
@@ -108,13 +144,13 @@ pub async fn ping(path: &Path, timeout: Duration) -> Result<Duration, HeartbeatF
 }
 
 async fn exchange(path: &Path) -> Result<(), HeartbeatFailure> {
-    let mut stream = UnixStream::connect(path)
-        .await
-        .map_err(|e| match e.kind() {
+    let mut stream = UnixStream::connect(path).await.map_err(|e| {
+        own_or(e, |e| match e.kind() {
             ErrorKind::NotFound => HeartbeatFailure::SocketMissing,
             ErrorKind::ConnectionRefused => HeartbeatFailure::ConnectionRefused,
             _ => HeartbeatFailure::Io(e.to_string()),
-        })?;
+        })
+    })?;
     stream
         .write_all(b"PING\n")
         .await
@@ -141,6 +177,8 @@ async fn exchange(path: &Path) -> Result<(), HeartbeatFailure> {
     let line = buf[..n].split(|b| *b == b'\n').next().unwrap_or_default();
     if line == b"PONG" {
         Ok(())
+    } else if line == b"BYE" {
+        Err(HeartbeatFailure::Goodbye)
     } else {
         Err(HeartbeatFailure::BadAnswer(lossy(line)))
     }
@@ -166,6 +204,9 @@ pub enum HeartbeatState {
         /// When the heartbeat became lost.
         since: Instant,
     },
+    /// The latest ping failed for a reason that is stallwatch's own (fd exhaustion, our
+    /// task starved): nothing is known about the runner, and nothing trips on it.
+    Unknown,
 }
 
 impl HeartbeatState {
@@ -176,6 +217,7 @@ impl HeartbeatState {
             HeartbeatState::Starting => "starting",
             HeartbeatState::Ok => "ok",
             HeartbeatState::Lost { .. } => "lost",
+            HeartbeatState::Unknown => "unknown",
         }
     }
 }
@@ -188,6 +230,9 @@ pub struct HeartbeatTracker {
     last_pong: Option<Instant>,
     last_failure: Option<HeartbeatFailure>,
     last_result_ok: bool,
+    /// Latest instant at which stallwatch itself could not judge the runner (an own-fault
+    /// ping, or the watchdog task starved): the lost deadline never runs from before it.
+    own_fault_at: Option<Instant>,
     next_ping: Instant,
     in_flight: u32,
     rtt: VecDeque<(u64, u64)>,
@@ -202,6 +247,7 @@ impl HeartbeatTracker {
             last_pong: None,
             last_failure: None,
             last_result_ok: false,
+            own_fault_at: None,
             next_ping: now,
             in_flight: 0,
             rtt: VecDeque::new(),
@@ -226,24 +272,29 @@ impl HeartbeatTracker {
         if !self.configured {
             return HeartbeatState::NotConfigured;
         }
-        match self.last_pong {
-            Some(p) => {
-                let deadline = p + timeout;
-                if now > deadline {
-                    HeartbeatState::Lost { since: deadline }
-                } else {
-                    HeartbeatState::Ok
-                }
-            }
-            None => {
-                let deadline = self.registered_at + grace;
-                if now > deadline {
-                    HeartbeatState::Lost { since: deadline }
-                } else {
-                    HeartbeatState::Starting
-                }
-            }
+        if self
+            .current_failure()
+            .is_some_and(HeartbeatFailure::is_own_fault)
+        {
+            return HeartbeatState::Unknown;
         }
+        let Some(deadline) = self.lost_deadline(timeout, grace) else {
+            return HeartbeatState::NotConfigured;
+        };
+        if now > deadline {
+            HeartbeatState::Lost { since: deadline }
+        } else if self.last_pong.is_some() {
+            HeartbeatState::Ok
+        } else {
+            HeartbeatState::Starting
+        }
+    }
+
+    /// Marks `now` as an instant at which stallwatch itself could not judge the runner (its
+    /// own task was starved, or its own socket call failed): the lost deadline restarts
+    /// from here, so our trouble is never counted as the runner's.
+    pub fn own_fault(&mut self, now: Instant) {
+        self.own_fault_at = Some(self.own_fault_at.map_or(now, |t| t.max(now)));
     }
 
     /// When the heartbeat will count as lost if no PONG arrives first (`None` when not
@@ -252,9 +303,13 @@ impl HeartbeatTracker {
         if !self.configured {
             return None;
         }
-        Some(match self.last_pong {
+        let base = match self.last_pong {
             Some(p) => p + timeout,
             None => self.registered_at + grace,
+        };
+        Some(match self.own_fault_at {
+            Some(f) => base.max(f + timeout),
+            None => base,
         })
     }
 
@@ -279,6 +334,7 @@ impl HeartbeatTracker {
             HeartbeatState::Starting => 1,
             HeartbeatState::Ok => 2,
             HeartbeatState::Lost { .. } => 3,
+            HeartbeatState::Unknown => 4,
         }
     }
 
@@ -330,6 +386,9 @@ impl HeartbeatTracker {
                 }
             }
             Err(f) => {
+                if f.is_own_fault() {
+                    self.own_fault(now);
+                }
                 self.last_result_ok = false;
                 self.last_failure = Some(f.clone());
             }

@@ -228,6 +228,19 @@ impl Ledger {
                     e.persisted_last_seen = now.max(e.last_seen);
                     persist = true;
                 }
+                if was_inferred {
+                    // first seen as a parent; its own start time is now known
+                    let (t, u) = backdated_start(
+                        rec.start_unix_nano,
+                        now,
+                        now_unix_nano,
+                        config.max_backdate,
+                    );
+                    if t < e.first_seen {
+                        e.first_seen = t;
+                        e.first_seen_unix_nano = u;
+                    }
+                }
                 e.inferred = false;
                 e.last_seen = e.last_seen.max(now);
                 e.last_seen_unix_nano = e.last_seen_unix_nano.max(now_unix_nano);
@@ -252,7 +265,15 @@ impl Ledger {
             None => {
                 self.entries.insert(
                     rec.key,
-                    new_entry(rec, runner.clone(), tool, sla, now, now_unix_nano),
+                    new_entry(
+                        rec,
+                        runner.clone(),
+                        tool,
+                        sla,
+                        now,
+                        now_unix_nano,
+                        config.max_backdate,
+                    ),
                 );
                 self.index(rec.key, &runner);
                 persist = true;
@@ -498,6 +519,30 @@ impl Ledger {
     }
 }
 
+/// When a span that arrived at `now` (`now_unix_nano` on stallwatch's wall clock) started,
+/// on the monotonic clock and the wall clock: its own `start_unix_nano` when plausible (not
+/// in the future, at most `max_backdate` before its arrival), else its arrival. Exporters on
+/// this machine share stallwatch's wall clock, so a first export that arrives late does not
+/// delay a trip by the delay (`docs/design.md`, Fusion and breakers; issue 12 #13).
+pub fn backdated_start(
+    start_unix_nano: u64,
+    now: Instant,
+    now_unix_nano: u64,
+    max_backdate: Duration,
+) -> (Instant, u64) {
+    if start_unix_nano == 0 || start_unix_nano > now_unix_nano {
+        return (now, now_unix_nano);
+    }
+    let back = Duration::from_nanos(now_unix_nano - start_unix_nano);
+    if back > max_backdate {
+        return (now, now_unix_nano);
+    }
+    match now.checked_sub(back) {
+        Some(t) => (t, start_unix_nano),
+        None => (now, now_unix_nano),
+    }
+}
+
 fn new_entry(
     rec: &OpenRecord,
     runner: Option<String>,
@@ -505,7 +550,10 @@ fn new_entry(
     sla: Option<Duration>,
     now: Instant,
     now_unix_nano: u64,
+    max_backdate: Duration,
 ) -> Entry {
+    let (first_seen, first_seen_unix_nano) =
+        backdated_start(rec.start_unix_nano, now, now_unix_nano, max_backdate);
     Entry {
         key: rec.key,
         parent: rec.parent,
@@ -517,10 +565,10 @@ fn new_entry(
         sla_override_ms: rec.sla_override_ms,
         sla,
         inferred: false,
-        first_seen: now,
+        first_seen,
         last_seen: now,
         refreshes: 0,
-        first_seen_unix_nano: now_unix_nano,
+        first_seen_unix_nano,
         last_seen_unix_nano: now_unix_nano,
         persisted_last_seen: now,
     }
@@ -576,8 +624,35 @@ mod tests {
             runner_attr: Some("r1".into()),
             pid: None,
             service: "svc".into(),
+            start_unix_nano: 0,
             shape: Shape::Snapshot,
         })
+    }
+
+    /// Issue 12 #13: age counts from the span's own start when plausible, else arrival.
+    #[test]
+    fn start_time_backdates_within_the_window_only() {
+        let t0 = Instant::now() + Duration::from_secs(100);
+        let arr = 1_000_000_000_000u64;
+        let w = Duration::from_secs(10);
+        let s3 = arr - 3_000_000_000;
+        assert_eq!(
+            backdated_start(s3, t0, arr, w),
+            (t0 - Duration::from_secs(3), s3)
+        );
+        // future, too old, unknown: arrival
+        assert_eq!(backdated_start(arr + 1, t0, arr, w), (t0, arr));
+        assert_eq!(backdated_start(arr - 11_000_000_000, t0, arr, w), (t0, arr));
+        assert_eq!(backdated_start(0, t0, arr, w), (t0, arr));
+        let cfg = WatchdogConfig::default();
+        let mut l = Ledger::new();
+        let Record::Open(mut r) = open(2, None, true) else {
+            unreachable!()
+        };
+        r.start_unix_nano = s3;
+        l.apply(&Record::Open(r), t0, arr, &cfg, &|_| None);
+        let w = l.worst_for("r1", t0, cfg.staleness).unwrap();
+        assert_eq!(w.elapsed, Duration::from_secs(3));
     }
 
     #[test]

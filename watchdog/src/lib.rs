@@ -6,15 +6,19 @@
 //! as an incident and then sent to the reaper as a [`stallwatch_storage::control::Trip`];
 //! the watchdog itself never sends a signal and never touches a workspace file. The pure
 //! cores ([`ledger`], [`sla`], [`fusion`], [`breaker`], the heartbeat tracker) take `now`
-//! and do no I/O; [`worker`] only moves messages around them.
+//! and do no I/O, and so does each runner's `step` (`runner.rs`); [`worker`] only moves
+//! messages around them.
 
 pub mod breaker;
 pub mod clock;
 pub mod config;
+mod effects;
 pub mod error;
 pub mod fusion;
+mod handle;
 pub mod heartbeat;
 pub mod ledger;
+mod runner;
 pub mod shapes;
 pub mod sla;
 pub mod stats;

@@ -6,7 +6,10 @@
 //!    `json/v1`, whose string body is the span as OTLP/JSON `TracesData` (parsed minimally:
 //!    ids, name, attributes, times; ids as hex, base64 accepted too);
 //! 3. a Logfire twin span with `logfire.span_type = "pending_span"` whose parent is the
-//!    real, still running span.
+//!    real, still running span;
+//! 4. an OTLP log record with `partial.event` = `heartbeat` | `stop` and
+//!    `partial.body.type` = `json/v1`, body as in shape 2 (PyPI `partial-span-processor`
+//!    0.0.9, the only published partial-span package; issue 12 #7).
 //!
 //! Any other span with an end time is an [`Record::Ended`]: it closes its ledger entry.
 //! This module only reads; the ledger decides what the records mean.
@@ -35,6 +38,8 @@ pub enum Shape {
     LogHeartbeat,
     /// Shape 3: a Logfire `pending_span` twin.
     PendingTwin,
+    /// Shape 4: a `partial.event = heartbeat` log record (`partial-span-processor`).
+    PartialEvent,
 }
 
 /// What the ledger needs to know about a running span.
@@ -59,8 +64,59 @@ pub struct OpenRecord {
     pub pid: Option<u32>,
     /// Resource `service.name`.
     pub service: String,
+    /// The span's own `start_time_unix_nano` (0 when unknown): the ledger counts its age
+    /// from it when plausible (`[watchdog] max_backdate_ms`).
+    pub start_unix_nano: u64,
     /// The wire shape.
     pub shape: Shape,
+}
+
+/// Why a log record that looked like an open-span record was skipped, counted in
+/// `/metrics` as `stallwatch_ledger_records_skipped_total{reason}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// `span.state` present but `log.body.type` is not `json/v1`.
+    BodyType,
+    /// The body is not a string, or not JSON.
+    BodyNotJson,
+    /// The JSON body has no `resourceSpans` array.
+    NoSpans,
+    /// A span in the body has a trace or span id that is neither hex (up to the full
+    /// length, left-padded) nor base64 of the right length.
+    BadId,
+    /// A span in the body has an all-zero trace or span id.
+    ZeroId,
+    /// An unknown `span.state` value.
+    UnknownState,
+}
+
+impl SkipReason {
+    /// Every reason, for counters.
+    pub const ALL: [SkipReason; 6] = [
+        SkipReason::BodyType,
+        SkipReason::BodyNotJson,
+        SkipReason::NoSpans,
+        SkipReason::BadId,
+        SkipReason::ZeroId,
+        SkipReason::UnknownState,
+    ];
+
+    /// `body_type`, `body_not_json`, `no_spans`, `bad_id`, `zero_id`, `unknown_state`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SkipReason::BodyType => "body_type",
+            SkipReason::BodyNotJson => "body_not_json",
+            SkipReason::NoSpans => "no_spans",
+            SkipReason::BadId => "bad_id",
+            SkipReason::ZeroId => "zero_id",
+            SkipReason::UnknownState => "unknown_state",
+        }
+    }
+
+    /// Index into [`SkipReason::ALL`].
+    pub fn index(&self) -> usize {
+        SkipReason::ALL.iter().position(|r| r == self).unwrap_or(0)
+    }
 }
 
 /// One ledger-relevant fact read from an export.
@@ -145,6 +201,8 @@ pub fn from_traces(batch: &TraceBatch, out: &mut Vec<Record>) {
                     runner_attr,
                     pid,
                     service,
+                    // a twin starts with its real span (Logfire copies the start time)
+                    start_unix_nano: span.start_time_unix_nano,
                     shape,
                 }));
             }
@@ -152,39 +210,63 @@ pub fn from_traces(batch: &TraceBatch, out: &mut Vec<Record>) {
     }
 }
 
-/// Appends the records of a log export to `out` (shape 2). Log records without the
-/// `span.state` / `log.body.type = json/v1` pair, or whose body does not parse, are skipped.
-pub fn from_logs(batch: &LogBatch, out: &mut Vec<Record>) {
+/// Appends the records of a log export to `out` (shape 2). Log records without
+/// `span.state` are ordinary logs and ignored; a record with `span.state` that cannot be
+/// read (wrong `log.body.type`, a body that is not JSON, bad ids) is skipped and counted by
+/// reason with `skipped(reason)`, so nothing is dropped silently.
+pub fn from_logs(batch: &LogBatch, out: &mut Vec<Record>, skipped: &mut dyn FnMut(SkipReason)) {
     for rl in &batch.resource_logs {
         for sl in &rl.scope_logs {
             for rec in &sl.log_records {
-                let ended = match attr(&rec.attributes, "span.state").and_then(AnyValue::as_str) {
-                    Some("heartbeat") => false,
-                    Some("ended") => true,
-                    _ => continue,
+                let str_attr = |k| attr(&rec.attributes, k).and_then(AnyValue::as_str);
+                // shape 2 (`span.state`) or shape 4 (`partial.event`)
+                let (state, body_type, shape) = match str_attr("span.state") {
+                    Some(s) => (s, str_attr("log.body.type"), Shape::LogHeartbeat),
+                    None => match str_attr("partial.event") {
+                        Some(s) => (s, str_attr("partial.body.type"), Shape::PartialEvent),
+                        None => continue,
+                    },
                 };
-                if attr(&rec.attributes, "log.body.type").and_then(AnyValue::as_str)
-                    != Some("json/v1")
-                {
+                let ended = match (shape, state) {
+                    (_, "heartbeat") => false,
+                    (Shape::LogHeartbeat, "ended") | (Shape::PartialEvent, "stop") => true,
+                    _ => {
+                        skipped(SkipReason::UnknownState);
+                        continue;
+                    }
+                };
+                if body_type != Some("json/v1") {
+                    skipped(SkipReason::BodyType);
                     continue;
                 }
-                let Some(body) = rec.body.as_str() else {
+                let Some(json) = rec
+                    .body
+                    .as_str()
+                    .and_then(|b| serde_json::from_str::<Value>(b).ok())
+                else {
+                    skipped(SkipReason::BodyNotJson);
                     continue;
                 };
-                let Ok(json) = serde_json::from_str::<Value>(body) else {
-                    continue;
-                };
-                traces_json(&json, ended, &rl.resource, out);
+                traces_json(&json, ended, shape, &rl.resource, out, skipped);
             }
         }
     }
 }
 
 /// Decodes an OTLP/JSON id: hex of the right length, else standard base64 (protobuf's
-/// JSON mapping of `bytes`).
+/// JSON mapping of `bytes`). Hex shorter than the full length is left-padded with zeros:
+/// python-contrib's `PartialSpanProcessor` writes ids with `hex(id)[2:]`, which drops
+/// leading zeros (issue 12 #6), and an odd or short all-hex string is never valid base64
+/// of the right length anyway.
 fn json_id<const N: usize>(v: Option<&Value>) -> Option<[u8; N]> {
     let s = v?.as_str()?;
     let mut out = [0u8; N];
+    if !s.is_empty() && s.len() < 2 * N && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let padded = format!("{s:0>width$}", width = 2 * N);
+        if let Ok(()) = decode_hex(&padded, &mut out) {
+            return Some(out);
+        }
+    }
     if s.len() == 2 * N {
         if let Ok(()) = decode_hex(s, &mut out) {
             return Some(out);
@@ -225,9 +307,25 @@ fn json_value_int(v: Option<&Value>) -> Option<i64> {
     i.as_i64().or_else(|| i.as_str()?.trim().parse().ok())
 }
 
-fn traces_json(json: &Value, ended: bool, log_resource: &Resource, out: &mut Vec<Record>) {
+fn json_u64(v: Option<&Value>) -> u64 {
+    match v {
+        Some(Value::String(s)) => s.trim().parse().unwrap_or(0),
+        Some(v) => v.as_u64().unwrap_or(0),
+        None => 0,
+    }
+}
+
+fn traces_json(
+    json: &Value,
+    ended: bool,
+    shape: Shape,
+    log_resource: &Resource,
+    out: &mut Vec<Record>,
+    skipped: &mut dyn FnMut(SkipReason),
+) {
     let (log_runner, log_pid, log_service) = resource_binding(log_resource);
     let Some(rss) = json.get("resourceSpans").and_then(Value::as_array) else {
+        skipped(SkipReason::NoSpans);
         return;
     };
     for rs in rss {
@@ -251,6 +349,7 @@ fn traces_json(json: &Value, ended: bool, log_resource: &Resource, out: &mut Vec
                     json_id::<16>(sp.get("traceId")),
                     json_id::<8>(sp.get("spanId")),
                 ) else {
+                    skipped(SkipReason::BadId);
                     continue;
                 };
                 let key = SpanKey {
@@ -258,6 +357,7 @@ fn traces_json(json: &Value, ended: bool, log_resource: &Resource, out: &mut Vec
                     span_id: SpanId(s),
                 };
                 if key.trace_id.is_zero() || key.span_id.is_zero() {
+                    skipped(SkipReason::ZeroId);
                     continue;
                 }
                 if ended {
@@ -284,7 +384,8 @@ fn traces_json(json: &Value, ended: bool, log_resource: &Resource, out: &mut Vec
                     runner_attr: runner_attr.clone(),
                     pid,
                     service: service.clone(),
-                    shape: Shape::LogHeartbeat,
+                    start_unix_nano: json_u64(sp.get("startTimeUnixNano")),
+                    shape,
                 }));
             }
         }
@@ -327,7 +428,10 @@ mod tests {
                            {"key":"stallwatch.sla_ms","value":{"intValue":"2500"}}]},
             {"traceId":"AQIDBAUGBwgJCgsMDQ4PEA==","spanId":"ERITFBUWFxg=","name":"b64"}]}]}]}"#;
         let mut out = Vec::new();
-        from_logs(&log_batch("heartbeat", body), &mut out);
+        let mut skips = Vec::new();
+        from_logs(&log_batch("heartbeat", body), &mut out, &mut |r| {
+            skips.push(r)
+        });
         assert_eq!(out.len(), 2);
         let Record::Open(a) = &out[0] else { panic!() };
         assert!(a.semconv_tool);
@@ -337,10 +441,70 @@ mod tests {
         let Record::Open(b) = &out[1] else { panic!() };
         assert_eq!(a.key, b.key);
         let mut out = Vec::new();
-        from_logs(&log_batch("ended", body), &mut out);
+        from_logs(&log_batch("ended", body), &mut out, &mut |r| skips.push(r));
         assert!(matches!(out[0], Record::Ended(_)));
+        assert!(skips.is_empty());
         let mut out = Vec::new();
-        from_logs(&log_batch("heartbeat", "not json"), &mut out);
+        from_logs(&log_batch("heartbeat", "not json"), &mut out, &mut |r| {
+            skips.push(r)
+        });
         assert!(out.is_empty());
+        assert_eq!(skips, [SkipReason::BodyNotJson]);
+    }
+
+    /// Shape 4: `partial.event` heartbeat | stop with `partial.body.type` (the published
+    /// `partial-span-processor` package).
+    #[test]
+    fn partial_event_shape_opens_and_stops() {
+        let body = r#"{"resourceSpans":[{"scopeSpans":[{"spans":[
+            {"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"1112131415161718","name":"tool"}]}]}]}"#;
+        let batch = |event: &str, ty: &str| {
+            let mut b = log_batch("x", body);
+            b.resource_logs[0].scope_logs[0].log_records[0].attributes = vec![
+                KeyValue::new("partial.event", AnyValue::String(event.into())),
+                KeyValue::new("partial.body.type", AnyValue::String(ty.into())),
+            ];
+            b
+        };
+        let mut out = Vec::new();
+        let mut skips = Vec::new();
+        from_logs(&batch("heartbeat", "json/v1"), &mut out, &mut |r| {
+            skips.push(r)
+        });
+        let Record::Open(a) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(a.shape, Shape::PartialEvent);
+        from_logs(&batch("stop", "json/v1"), &mut out, &mut |r| skips.push(r));
+        assert!(matches!(out[1], Record::Ended(_)));
+        from_logs(&batch("ended", "json/v1"), &mut out, &mut |r| skips.push(r));
+        from_logs(&batch("heartbeat", "xml"), &mut out, &mut |r| skips.push(r));
+        assert_eq!(out.len(), 2);
+        assert_eq!(skips, [SkipReason::UnknownState, SkipReason::BodyType]);
+    }
+
+    /// python-contrib's `hex(id)[2:]` drops leading zeros: ids are left-padded, the child
+    /// keeps its parent, and a non-hex id is skipped and counted (issue 12 #6).
+    #[test]
+    fn short_hex_ids_are_left_padded() {
+        let body = r#"{"resourceSpans":[{"scopeSpans":[{"spans":[
+            {"traceId":"abc","spanId":"1f","parentSpanId":"0e0f","name":"tool","startTimeUnixNano":"1700000000000000000"},
+            {"traceId":"xyz","spanId":"1f","name":"bad"},
+            {"traceId":"0","spanId":"1f","name":"zero"}]}]}]}"#;
+        let mut out = Vec::new();
+        let mut skips = Vec::new();
+        from_logs(&log_batch("heartbeat", body), &mut out, &mut |r| {
+            skips.push(r)
+        });
+        assert_eq!(out.len(), 1);
+        let Record::Open(a) = &out[0] else { panic!() };
+        assert_eq!(a.key.trace_id.to_hex(), format!("{:0>32}", "abc"));
+        assert_eq!(a.key.span_id.to_hex(), "000000000000001f");
+        assert_eq!(
+            a.parent.map(|p| p.to_hex()).as_deref(),
+            Some("0000000000000e0f")
+        );
+        assert_eq!(a.start_unix_nano, 1_700_000_000_000_000_000);
+        assert_eq!(skips, [SkipReason::BadId, SkipReason::ZeroId]);
     }
 }

@@ -9,6 +9,7 @@ use stallwatch_storage::MetricsSource;
 
 use crate::fusion::Verdict;
 use crate::heartbeat::HeartbeatFailure;
+use crate::shapes::SkipReason;
 
 /// Counters of one watchdog. All monotonic except the gauges (`ledger_open_spans`,
 /// `runners`).
@@ -19,11 +20,11 @@ pub struct WatchdogStats {
     /// PONGs received.
     pub heartbeats_ok: AtomicU64,
     /// Failed pings by [`HeartbeatFailure::NAMES`] index.
-    pub heartbeats_failed: [AtomicU64; 6],
+    pub heartbeats_failed: [AtomicU64; 8],
     /// Breaker trips (CLOSED → OPEN).
     pub trips: AtomicU64,
     /// Verdict changes by [`Verdict::ALL`] index (counted when a runner enters it).
-    pub verdicts: [AtomicU64; 6],
+    pub verdicts: [AtomicU64; 7],
     /// Observations (export requests) read.
     pub observations: AtomicU64,
     /// Ledger records applied (open, refresh, end).
@@ -38,12 +39,21 @@ pub struct WatchdogStats {
     pub ledger_open_spans: AtomicU64,
     /// Gauge: registered runners.
     pub runners: AtomicU64,
+    /// Open-span log records the ledger could not read, by [`SkipReason::ALL`] index.
+    pub ledger_skipped: [AtomicU64; 6],
+    /// `sidecar.degraded` episodes (stallwatch's own trouble hid a heartbeat).
+    pub sidecar_degraded: AtomicU64,
 }
 
 impl WatchdogStats {
     /// Counts one failed ping.
     pub fn heartbeat_failed(&self, f: &HeartbeatFailure) {
         self.heartbeats_failed[f.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one skipped open-span record.
+    pub fn skipped(&self, r: SkipReason) {
+        self.ledger_skipped[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a runner entering `v`.
@@ -138,6 +148,25 @@ impl MetricsSource for WatchdogStats {
             "stallwatch_watchdog_incident_errors_total",
             "Incidents that could not be recorded.",
             g(&self.incident_errors),
+        );
+        let name = "stallwatch_ledger_records_skipped_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Open-span records (span.state log records) the ledger skipped, by reason.\n# TYPE {name} counter"
+        );
+        for r in SkipReason::ALL {
+            let _ = writeln!(
+                out,
+                "{name}{{reason=\"{}\"}} {}",
+                r.as_str(),
+                g(&self.ledger_skipped[r.index()])
+            );
+        }
+        counter(
+            out,
+            "stallwatch_watchdog_sidecar_degraded_total",
+            "Episodes in which stallwatch's own trouble (fd exhaustion, a starved task) hid a heartbeat.",
+            g(&self.sidecar_degraded),
         );
         gauge(
             out,

@@ -11,102 +11,44 @@
 //! The watchdog never sends a signal and never touches a workspace file.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stallwatch_storage::control::{
-    BreakerState, Observation, ObservedData, RunnerBoard, RunnerChange, RunnerStatus, Trip,
-    WorstSpan,
+    BreakerState, Observation, ObservedData, RunnerBoard, RunnerChange, RunnerLifecycle,
+    RunnerStatus, Trip, WorstSpan,
 };
 use stallwatch_storage::ledger::LedgerWrite;
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::{Admission, Breaker, Transition};
+use crate::breaker::{Breaker, Transition};
 use crate::clock::MonoClock;
 use crate::config::WatchdogConfig;
+use crate::effects::{run_effects, run_persister, Effect, EFFECTS_CAPACITY, PERSIST_CAPACITY};
 use crate::error::WatchdogError;
-use crate::fusion::{fuse, Cause, Fused, SpanFacts, Verdict};
-use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState, HeartbeatTracker};
+use crate::fusion::{Cause, Verdict};
+use crate::handle::Command;
+pub use crate::handle::WatchdogHandle;
+use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState};
 use crate::ledger::{Applied, Ledger, WorstView};
+use crate::runner::{
+    heartbeat_socket_usable, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY, HEALTHY,
+    MAX_IDLE, STARVED_GAP,
+};
 use crate::shapes::{self, Record, SpanKey};
 use crate::stats::WatchdogStats;
 
-/// Bound of the effects queue (incidents and trips waiting to be recorded).
-const EFFECTS_CAPACITY: usize = 4096;
-/// Bound of the ledger persistence queue, in batches.
-const PERSIST_CAPACITY: usize = 16;
-/// Most ledger rows written in one control transaction.
-const PERSIST_CHUNK: usize = 1024;
-/// Most unwritten ledger rows kept for retry while storage fails.
-const PERSIST_CARRY_MAX: usize = 1_000_000;
 /// Bound of the handle's command queue.
 const COMMAND_CAPACITY: usize = 64;
 
 /// The watchdog: see the module docs. Start it with [`Watchdog::start`].
 pub struct Watchdog;
-
-/// A cheap, cloneable handle to a running watchdog.
-#[derive(Clone)]
-pub struct WatchdogHandle {
-    board: watch::Receiver<RunnerBoard>,
-    breakers: Arc<RwLock<HashMap<String, Breaker>>>,
-    commands: mpsc::Sender<Command>,
-    stats: Arc<WatchdogStats>,
-}
-
-enum Command {
-    Reset {
-        id: String,
-        reply: oneshot::Sender<Result<(), WatchdogError>>,
-    },
-}
-
-impl WatchdogHandle {
-    /// The runner board (breaker, heartbeat, verdict, worst span per runner), republished
-    /// on every change and at least every `board_interval`.
-    pub fn board(&self) -> watch::Receiver<RunnerBoard> {
-        self.board.clone()
-    }
-
-    /// The admission answer for `runner_id` now (`GET /api/v1/runners/{id}/admit`: 200 when
-    /// `admit`, 503 with `Retry-After` otherwise); `None` for an unknown runner (404).
-    pub fn admit(&self, runner_id: &str) -> Option<Admission> {
-        let map = self.breakers.read().ok()?;
-        map.get(runner_id).map(|b| b.admission(Instant::now()))
-    }
-
-    /// Manual breaker reset (`POST /api/v1/runners/{id}/breaker/reset`): → CLOSED with a
-    /// `breaker.closed` incident, heartbeat grace restarted. Errors:
-    /// [`WatchdogError::UnknownRunner`], [`WatchdogError::Stopped`].
-    pub async fn reset_breaker(&self, runner_id: &str) -> Result<(), WatchdogError> {
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Reset {
-                id: runner_id.to_string(),
-                reply,
-            })
-            .await
-            .map_err(|_| WatchdogError::Stopped)?;
-        rx.await.map_err(|_| WatchdogError::Stopped)?
-    }
-
-    /// The counters (a [`stallwatch_storage::MetricsSource`]).
-    pub fn stats(&self) -> Arc<WatchdogStats> {
-        self.stats.clone()
-    }
-}
-
-enum Effect {
-    Incident(NewIncident),
-    IncidentThenTrip(NewIncident, Trip),
-}
 
 struct PingDone {
     runner: String,
@@ -114,110 +56,6 @@ struct PingDone {
     sent: Instant,
     probe: Option<u64>,
     result: Result<Duration, HeartbeatFailure>,
-}
-
-struct Runner {
-    pid: Option<u32>,
-    spawned: bool,
-    socket: Option<PathBuf>,
-    /// A socket path stallwatch can never connect to (over 107 bytes): named, and the
-    /// heartbeat counts as not configured rather than lost.
-    socket_problem: Option<HeartbeatFailure>,
-    hb: HeartbeatTracker,
-    breaker: Breaker,
-    fused: Fused,
-    worst: Option<WorstView>,
-    dead: bool,
-    restarted_since_trip: bool,
-    tripped_at: Option<Instant>,
-    incarnation: u64,
-    published: Option<BoardCode>,
-    /// When this runner next needs evaluating (its earliest deadline).
-    next_eval: Instant,
-}
-
-/// What a board line shows, compared cheaply to decide whether to republish.
-type BoardCode = (BreakerState, Verdict, u8, Option<SpanKey>, bool);
-
-/// Pings due within this margin are sent together, so 1000 runners cost a few wake-ups
-/// per interval rather than one per runner. Only pings move; trip deadlines stay exact.
-const PING_SLACK: Duration = Duration::from_millis(20);
-/// Longest a runner goes without evaluation, whatever its deadlines.
-const MAX_IDLE: Duration = Duration::from_secs(1);
-
-enum Action {
-    HalfOpen(u64),
-    Reopened,
-    Suspect(HeartbeatState),
-    Trip,
-}
-
-const HEALTHY: Fused = Fused {
-    verdict: Verdict::Healthy,
-    trip: false,
-    cause: Cause::None,
-    trips_at: None,
-};
-
-impl Runner {
-    fn new(
-        id: String,
-        pid: Option<u32>,
-        socket: Option<PathBuf>,
-        spawned: bool,
-        now: Instant,
-    ) -> Self {
-        let socket_problem = socket.as_deref().and_then(|p| check_path(p).err());
-        if let Some(p) = &socket_problem {
-            tracing::warn!(runner = %id, "heartbeat socket unusable: {p}");
-        }
-        let configured = socket.is_some() && socket_problem.is_none();
-        Self {
-            pid,
-            spawned,
-            socket,
-            socket_problem,
-            hb: HeartbeatTracker::new(configured, now),
-            breaker: Breaker::new(),
-            fused: HEALTHY,
-            worst: None,
-            dead: false,
-            restarted_since_trip: false,
-            tripped_at: None,
-            incarnation: 0,
-            published: None,
-            next_eval: now,
-        }
-    }
-
-    fn board_code(&self, now: Instant, cfg: &WatchdogConfig) -> BoardCode {
-        let hb = if self.socket_problem.is_some() {
-            30
-        } else {
-            self.hb
-                .label_code(now, cfg.heartbeat_timeout, cfg.startup_grace)
-        };
-        (
-            self.breaker.state(),
-            self.fused.verdict,
-            hb,
-            self.worst.as_ref().map(|w| w.key),
-            self.dead,
-        )
-    }
-
-    fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
-        if let Some(p) = &self.socket_problem {
-            return p.as_str().to_string();
-        }
-        if let Some(f) = self.hb.current_failure() {
-            return f.as_str().to_string();
-        }
-        self.hb
-            .state(now, cfg.heartbeat_timeout, cfg.startup_grace)
-            .as_str()
-            .to_string()
-    }
 }
 
 struct Worker {
@@ -240,6 +78,10 @@ struct Worker {
     /// Evaluate every runner (not only those due) at the next wake.
     full_pending: bool,
     last_full: Instant,
+    /// When `evaluate` last ran (to notice our own task being starved).
+    last_eval: Instant,
+    /// When the last `sidecar.degraded` incident was raised.
+    degraded_at: Option<Instant>,
 }
 
 impl Watchdog {
@@ -302,6 +144,8 @@ impl Watchdog {
                 next_wake: Instant::now(),
                 full_pending: true,
                 last_full: Instant::now(),
+                last_eval: Instant::now(),
+                degraded_at: None,
             };
             w.stats
                 .ledger_open_spans
@@ -371,7 +215,10 @@ impl Worker {
         records.clear();
         match &obs.data {
             ObservedData::Spans(b) => shapes::from_traces(b, &mut records),
-            ObservedData::Logs(b) => shapes::from_logs(b, &mut records),
+            ObservedData::Logs(b) => {
+                let stats = &self.stats;
+                shapes::from_logs(b, &mut records, &mut |r| stats.skipped(r))
+            }
         }
         if !records.is_empty() {
             let age = Instant::now().saturating_duration_since(obs.received);
@@ -427,6 +274,12 @@ impl Worker {
                     r.dead = false;
                     r.incarnation += 1;
                     r.restarted_since_trip = true;
+                    r.stopping_since = None;
+                    r.lifecycle = if configured {
+                        RunnerLifecycle::Starting
+                    } else {
+                        RunnerLifecycle::Running
+                    };
                     if r.breaker.state() == BreakerState::Closed {
                         r.fused = HEALTHY;
                     }
@@ -455,7 +308,38 @@ impl Worker {
                     }
                 } else if let Some(r) = self.runners.get_mut(&id) {
                     r.dead = true;
+                    r.stopping_since = None;
+                    r.worst = None;
+                    if r.lifecycle != RunnerLifecycle::GaveUp {
+                        r.lifecycle = RunnerLifecycle::Exited;
+                    }
                 }
+                // its process is gone: none of its spans can still be running, and the
+                // reaper has written the ends it could (the ledger learns of every end)
+                for k in self.ledger.runner_spans_before(&id, now) {
+                    self.ledger.close(k);
+                }
+                self.ledger_changed();
+            }
+            RunnerChange::Lifecycle { id, lifecycle } => {
+                if let Some(r) = self.runners.get_mut(&id) {
+                    r.lifecycle = lifecycle;
+                    match lifecycle {
+                        RunnerLifecycle::Stopping => {
+                            r.stopping_since.get_or_insert(now);
+                        }
+                        _ => r.stopping_since = None,
+                    }
+                }
+            }
+            RunnerChange::SpansEnded { id, spans } => {
+                for (trace_id, span_id) in spans {
+                    self.ledger.close(SpanKey { trace_id, span_id });
+                }
+                if let Some(r) = self.runners.get_mut(&id) {
+                    r.worst = None;
+                }
+                self.ledger_changed();
             }
         }
         self.stats
@@ -463,6 +347,60 @@ impl Worker {
             .store(self.runners.len() as u64, Ordering::Relaxed);
         self.publish_board(now, true);
         self.want_full();
+    }
+
+    /// The ledger changed outside an observation: count it and write it out now, so
+    /// `/api/v1/open-spans` follows within one persister round trip.
+    fn ledger_changed(&mut self) {
+        self.stats
+            .ledger_open_spans
+            .store(self.ledger.len() as u64, Ordering::Relaxed);
+        if self.ledger.dirty_len() > 0 {
+            if let Ok(permit) = self.persist.try_reserve() {
+                permit.send(self.ledger.take_writes(&self.clock));
+            }
+        }
+    }
+
+    /// Raises `sidecar.degraded` (at most once per [`DEGRADED_INCIDENT_EVERY`]): stallwatch's
+    /// own trouble hid a heartbeat; no runner is blamed (issue 17 #11).
+    async fn degraded(&mut self, now: Instant, runner: Option<&str>, why: String) {
+        tracing::error!(runner = runner.unwrap_or("-"), "stallwatch degraded: {why}");
+        if self
+            .degraded_at
+            .is_some_and(|t| now.saturating_duration_since(t) < DEGRADED_INCIDENT_EVERY)
+        {
+            return;
+        }
+        self.degraded_at = Some(now);
+        self.stats.sidecar_degraded.fetch_add(1, Ordering::Relaxed);
+        let at = now_unix_nano();
+        self.emit(Effect::Incident(NewIncident {
+            kind: EventKind::SidecarDegraded,
+            runner_id: None,
+            tool_name: None,
+            trace_id: None,
+            span_id: None,
+            reason: format!("stallwatch itself is degraded: {why}; heartbeats count as unknown, no runner is tripped for them"),
+            evidence: json!({"runner": runner, "why": why}),
+            idempotency_key: format!("sidecar.degraded/{at}"),
+            at_unix_nano: at,
+        }))
+        .await;
+    }
+
+    /// A runner said goodbye (or removed its socket with no tool span open): it becomes
+    /// *stopping*; its missing heartbeat never trips it (`docs/design.md`, Runner lifecycle).
+    fn begin_stopping(&mut self, id: &str, now: Instant) {
+        if let Some(r) = self.runners.get_mut(id) {
+            if r.stopping_since.is_none() && !r.dead {
+                tracing::info!(runner = %id, "runner said goodbye: stopping");
+                r.stopping_since = Some(now);
+                r.lifecycle = RunnerLifecycle::Stopping;
+                r.next_eval = now;
+                self.next_wake = self.next_wake.min(now);
+            }
+        }
     }
 
     async fn command(&mut self, cmd: Command) {
@@ -527,6 +465,30 @@ impl Worker {
             None => {
                 if d.incarnation == r.incarnation {
                     r.hb.ping_finished(d.sent, now, &d.result, now_unix_nano() / 1_000_000);
+                    let had_pong = r.hb.last_pong().is_some();
+                    match &d.result {
+                        Ok(_) if r.lifecycle == RunnerLifecycle::Starting => {
+                            r.lifecycle = RunnerLifecycle::Running;
+                        }
+                        Err(HeartbeatFailure::Goodbye) => self.begin_stopping(&d.runner, now),
+                        Err(HeartbeatFailure::SocketMissing)
+                            if had_pong && self.ledger.runner_tool_spans(&d.runner).is_empty() =>
+                        {
+                            // the kits remove the socket first at exit
+                            self.begin_stopping(&d.runner, now)
+                        }
+                        Err(HeartbeatFailure::OwnFault(e)) => {
+                            let why = format!("heartbeat of runner {} not sent: {e}", d.runner);
+                            self.degraded(now, Some(&d.runner), why).await;
+                        }
+                        _ => {}
+                    }
+                    let Some(r) = self.runners.get_mut(&d.runner) else {
+                        return;
+                    };
+                    r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
+                    self.next_wake = self.next_wake.min(r.next_eval);
+                    return;
                 } else {
                     // a ping of a previous incarnation: only release its in-flight slot
                     r.hb.ping_finished(d.sent, now, &Err(HeartbeatFailure::Timeout), 0);
@@ -546,6 +508,11 @@ impl Worker {
                     Some(Transition::Closed) => {
                         r.hb.restart(r.hb.configured(), now);
                         r.hb.pong_at(now);
+                        if r.lifecycle == RunnerLifecycle::Detached
+                            || r.lifecycle == RunnerLifecycle::Starting
+                        {
+                            r.lifecycle = RunnerLifecycle::Running;
+                        }
                         self.after_close(&d.runner, now, "probe answered PONG")
                             .await;
                     }
@@ -674,6 +641,20 @@ impl Worker {
     /// wake-up: the earliest runner deadline, never later than a tick when a full pass is
     /// pending and never later than the board interval.
     async fn evaluate(&mut self, now: Instant) {
+        let gap = now.saturating_duration_since(self.last_eval);
+        self.last_eval = now;
+        if gap > STARVED_GAP {
+            // our own task did not run: the pings it should have sent were never sent
+            for r in self.runners.values_mut() {
+                r.hb.own_fault(now);
+            }
+            self.full_pending = true;
+            let why = format!(
+                "the watchdog task did not run for {} ms (stallwatch starved or stopped)",
+                gap.as_millis()
+            );
+            self.degraded(now, None, why).await;
+        }
         let full = self.full_pending && now >= self.last_full + self.cfg.tick;
         if full {
             self.full_pending = false;
@@ -692,70 +673,19 @@ impl Worker {
                     next_wake = next_wake.min(r.next_eval);
                     continue;
                 }
-                let mut next = now + MAX_IDLE;
-                let state = r.breaker.state();
-                let pinging = state == BreakerState::Closed && !r.dead && r.hb.configured();
-                if pinging && r.hb.due(now + PING_SLACK, self.max_in_flight) {
-                    r.hb.ping_started(now, cfg.heartbeat_interval);
+                let view = || LedgerView {
+                    worst: ledger.worst_for(id, now, cfg.staleness),
+                    next_crossing: ledger.next_crossing(id, now, cfg.staleness),
+                };
+                let st = r.step(now, cfg, self.max_in_flight, &view);
+                if st.ping {
                     pings.push(id.clone());
                 }
-                if pinging && r.hb.in_flight() < self.max_in_flight {
-                    next = next.min(r.hb.next_ping());
+                if let Some(v) = st.entered {
+                    stats.verdict(v);
                 }
-                // a dead attached runner is not probed until re-registered
-                let can_probe = !r.dead || r.spawned;
-                match r
-                    .breaker
-                    .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)
-                {
-                    Some(Transition::HalfOpen { probe }) => {
-                        actions.push((id.clone(), Action::HalfOpen(probe)));
-                    }
-                    Some(Transition::Opened) => actions.push((id.clone(), Action::Reopened)),
-                    _ => {}
-                }
-                if let Some(d) = r.breaker.next_deadline() {
-                    next = next.min(d);
-                }
-                if r.breaker.state() == BreakerState::Closed && !r.dead {
-                    let worst = ledger.worst_for(id, now, cfg.staleness);
-                    let hb = r.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
-                    let f = fuse(
-                        hb,
-                        worst.as_ref().map(|w| SpanFacts {
-                            elapsed: w.elapsed,
-                            sla: w.sla,
-                            stale: w.stale,
-                        }),
-                        now,
-                        cfg.suspect_cap,
-                    );
-                    let prev = r.fused;
-                    r.fused = f;
-                    r.worst = worst;
-                    if f.verdict != prev.verdict || f.cause != prev.cause {
-                        stats.verdict(f.verdict);
-                        if f.verdict == Verdict::Suspect {
-                            actions.push((id.clone(), Action::Suspect(hb)));
-                        }
-                    }
-                    if f.trip {
-                        actions.push((id.clone(), Action::Trip));
-                    }
-                    // thresholds are strict (">"): wake just after them
-                    let after = |t: Instant| t + Duration::from_millis(1);
-                    if let Some(d) = r.hb.lost_deadline(cfg.heartbeat_timeout, cfg.startup_grace) {
-                        if d >= now {
-                            next = next.min(after(d));
-                        }
-                    }
-                    if let Some(c) = ledger.next_crossing(id, now, cfg.staleness) {
-                        next = next.min(after(c));
-                    }
-                    if let Some(t) = f.trips_at {
-                        next = next.min(t);
-                    }
-                }
+                actions.extend(st.actions.into_iter().map(|a| (id.clone(), a)));
+                let next = st.next;
                 r.next_eval = next.max(now + Duration::from_millis(1));
                 next_wake = next_wake.min(r.next_eval);
                 changed |= r.published != Some(r.board_code(now, cfg));
@@ -879,6 +809,11 @@ impl Worker {
         };
         let f = r.fused;
         let reason = match (&r.worst, f.cause) {
+            (_, Cause::StoppingTimeout) => format!(
+                "{}: runner {id} said goodbye but did not exit within stopping_timeout_ms ({} ms)",
+                f.verdict.as_str(),
+                self.cfg.stopping_timeout.as_millis()
+            ),
             (Some(w), Cause::OverSla) => format!(
                 "{}: tool span {} of runner {id} ran {} ms, over its SLA of {} ms",
                 f.verdict.as_str(),
@@ -996,6 +931,7 @@ impl Worker {
                     id: id.clone(),
                     pid: r.pid,
                     spawned: r.spawned,
+                    lifecycle: r.lifecycle,
                     breaker: r.breaker.state(),
                     verdict,
                     reason,
@@ -1017,10 +953,6 @@ impl Worker {
     }
 }
 
-fn heartbeat_socket_usable(p: &Option<PathBuf>) -> bool {
-    p.as_deref().is_some_and(|p| check_path(p).is_ok())
-}
-
 fn incident(
     kind: EventKind,
     runner: &str,
@@ -1039,81 +971,5 @@ fn incident(
         evidence,
         idempotency_key,
         at_unix_nano: now_unix_nano(),
-    }
-}
-
-/// Records incidents in order; a trip is sent only after its incident is recorded (or
-/// failed to record: the watchdog acts anyway, DESIGN Durability levels).
-async fn run_effects(
-    events: EventBus,
-    trips: mpsc::Sender<Trip>,
-    mut rx: mpsc::Receiver<Effect>,
-    stats: Arc<WatchdogStats>,
-) {
-    while let Some(e) = rx.recv().await {
-        let (inc, trip) = match e {
-            Effect::Incident(i) => (i, None),
-            Effect::IncidentThenTrip(i, t) => (i, Some(t)),
-        };
-        let kind = inc.kind;
-        let id = match events.publish(inc).await {
-            Ok(Some(recorded)) => (recorded.id != 0).then_some(recorded.id),
-            Ok(None) => None,
-            Err(e) => {
-                stats.incident_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%kind, "incident not recorded: {e}");
-                None
-            }
-        };
-        if let Some(mut t) = trip {
-            t.incident_id = id;
-            if trips.send(t).await.is_err() {
-                tracing::warn!("trip not delivered: the reaper's channel is closed");
-            }
-        }
-    }
-}
-
-/// Writes ledger batches, merging whatever queued up meanwhile; each transaction carries
-/// at most [`PERSIST_CHUNK`] rows so an incident waiting for the same control connection
-/// never waits long. A failed chunk is kept and retried with the next batch (at most
-/// [`PERSIST_CARRY_MAX`] rows are kept; beyond that the oldest are dropped and counted).
-async fn run_persister(
-    storage: Storage,
-    mut rx: mpsc::Receiver<Vec<LedgerWrite>>,
-    stats: Arc<WatchdogStats>,
-) {
-    let mut pending: Vec<LedgerWrite> = Vec::new();
-    while let Some(batch) = rx.recv().await {
-        pending.extend(batch);
-        while let Ok(more) = rx.try_recv() {
-            pending.extend(more);
-        }
-        let mut failed: Vec<LedgerWrite> = Vec::new();
-        let mut rest = std::mem::take(&mut pending).into_iter().peekable();
-        while rest.peek().is_some() {
-            let chunk: Arc<Vec<LedgerWrite>> =
-                Arc::new(rest.by_ref().take(PERSIST_CHUNK).collect());
-            let n = chunk.len() as u64;
-            match storage.ledger_apply(chunk.clone()).await {
-                Ok(()) => {
-                    stats.ledger_rows_written.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(
-                        "open-span ledger chunk of {n} rows not written (kept for retry): {e}"
-                    );
-                    failed.extend(Arc::try_unwrap(chunk).unwrap_or_else(|a| (*a).clone()));
-                }
-            }
-        }
-        if failed.len() > PERSIST_CARRY_MAX {
-            let drop_n = failed.len() - PERSIST_CARRY_MAX;
-            failed.drain(..drop_n);
-            stats.ledger_write_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!("open-span ledger: dropped {drop_n} unwritten rows (storage failing)");
-        }
-        pending = failed;
     }
 }

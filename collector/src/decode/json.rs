@@ -356,6 +356,12 @@ fn any_value(v: Value, p: &Path) -> Result<pc::AnyValue, DecodeError> {
             V::IntValue(ranged(v, &p.field("intValue"), "int64")?),
         ));
     }
+    // `{"doubleValue": null}` is what the Rust SDK's HTTP/JSON exporter writes for NaN and
+    // ±Inf (serde_json has no non-finite numbers): keep it a double, NaN being the honest
+    // reading, rather than an empty value (issue 12 #10).
+    let double_null = [o.get("doubleValue"), o.get("double_value")]
+        .iter()
+        .any(|v| matches!(v, Some(Value::Null)));
     if let Some(v) = take(&mut o, "doubleValue", "double_value") {
         found.push((
             "doubleValue",
@@ -394,6 +400,9 @@ fn any_value(v: Value, p: &Path) -> Result<pc::AnyValue, DecodeError> {
         found.push(("kvlistValue", V::KvlistValue(pc::KeyValueList { values })));
     }
     match found.len() {
+        0 if double_null => Ok(pc::AnyValue {
+            value: Some(V::DoubleValue(f64::NAN)),
+        }),
         0 => Ok(pc::AnyValue { value: None }),
         1 => Ok(pc::AnyValue {
             value: found.pop().map(|(_, v)| v),

@@ -266,6 +266,12 @@ fn special_doubles_are_accepted() {
     assert_eq!(get("score.neginf"), f64::NEG_INFINITY);
     assert_eq!(get("score.int"), 3.0);
     assert_eq!(get("score.str"), 2.5);
+    // the Rust SDK's HTTP/JSON exporter writes NaN and ±Inf as null: still a double
+    let d = traces_json(&attr_value(json!({"doubleValue": null}))).unwrap();
+    match first_attr(&d) {
+        AnyValue::Double(v) => assert!(v.is_nan(), "{v}"),
+        other => panic!("doubleValue null became {other:?}"),
+    }
     for bad in [json!("inf"), json!("nan"), json!("2.5x"), json!([1])] {
         assert!(
             traces_json(&attr_value(json!({"doubleValue": bad.clone()}))).is_err(),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use stallwatch_dashboards::{app, serve, AppState, DashboardConfig};
 use stallwatch_storage::control::{
-    BreakerState, ControlRequest, RunnerBoard, RunnerStatus, WorstSpan,
+    BreakerState, ControlRequest, RunnerBoard, RunnerLifecycle, RunnerStatus, WorstSpan,
 };
 use stallwatch_storage::ledger::{LedgerRow, LedgerWrite};
 use stallwatch_storage::model::*;
@@ -306,6 +306,7 @@ pub fn board() -> RunnerBoard {
             id: "nb-1".into(),
             pid: Some(4242),
             spawned: true,
+            lifecycle: RunnerLifecycle::Running,
             breaker: BreakerState::Closed,
             verdict: "healthy".into(),
             reason: String::new(),
@@ -328,6 +329,7 @@ pub fn board() -> RunnerBoard {
             id: "py-2".into(),
             pid: Some(5151),
             spawned: false,
+            lifecycle: RunnerLifecycle::Detached,
             breaker: BreakerState::Open,
             verdict: "tool_overrun".into(),
             reason: "tool span fit_model over its SLA of 60000 ms".into(),

@@ -7,6 +7,13 @@
 //! costs one index read and no write; a known trace's copies are folded (an ended copy
 //! beats an open one, the first ended copy wins, a second open copy is dropped). Copies that lose are sliced out of the batch before
 //! it is stored; a request made only of known spans stores nothing.
+//!
+//! Log records are deduplicated too (issue 12 #9): an exporter that retries a log export
+//! after a timeout or a 503 sends the same records again. A record whose whole stored form
+//! (resource, scope, time, observed time, severity, body, attributes, trace and span id:
+//! the postcard payload) equals one stored recently is stored once. [`RecentLogs`] keeps a
+//! hash → row id of the last [`RECENT_LOGS`] records; a hash hit is confirmed by comparing
+//! the stored payload, so a collision never drops a record.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,6 +159,7 @@ impl TelemetryWriter {
             used_bytes: 0,
             next_batch_id,
             term_cache: HashMap::new(),
+            recent_logs: RecentLogs::default(),
             pending_terms: Vec::new(),
             retention: config.retention,
             l0: HashMap::new(),
@@ -269,7 +277,39 @@ struct Committed {
     spans: u64,
     duplicates: u64,
     logs: u64,
+    log_duplicates: u64,
     points: u64,
+}
+
+/// Log records remembered for deduplication (by payload hash): an exporter retry arrives
+/// within seconds to minutes, long before this many other records.
+pub(super) const RECENT_LOGS: usize = 262_144;
+
+/// Hash → row id of recently stored log records, bounded FIFO.
+#[derive(Default)]
+pub(super) struct RecentLogs {
+    by_hash: HashMap<u64, i64>,
+    order: VecDeque<u64>,
+}
+
+impl RecentLogs {
+    fn hash(payload: &[u8]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        payload.hash(&mut h);
+        h.finish()
+    }
+
+    fn remember(&mut self, hash: u64, row: i64) {
+        if self.by_hash.insert(hash, row).is_none() {
+            self.order.push_back(hash);
+            while self.order.len() > RECENT_LOGS {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_hash.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 pub(super) struct Writer {
@@ -302,6 +342,7 @@ pub(super) struct Writer {
     retention_interval: Duration,
     next_retention: Instant,
     last_size_retention: Option<Instant>,
+    recent_logs: RecentLogs,
 }
 
 impl Writer {
@@ -591,6 +632,12 @@ impl Writer {
                 self.stats
                     .logs_committed
                     .fetch_add(c.logs, Ordering::Relaxed);
+                if c.log_duplicates > 0 {
+                    tracing::debug!(
+                        "{} re-sent log records already stored (kept once)",
+                        c.log_duplicates
+                    );
+                }
                 self.stats
                     .points_committed
                     .fetch_add(c.points, Ordering::Relaxed);
@@ -707,7 +754,20 @@ impl Writer {
                         "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id, payload)
                          VALUES (?1, ?2, ?3, ?4, ?5)",
                     )?;
+                    let mut same = self
+                        .conn
+                        .prepare_cached("SELECT payload = ?2 FROM logs WHERE id = ?1")?;
                     for r in &rows {
+                        let hash = RecentLogs::hash(&r.payload);
+                        if let Some(&row) = self.recent_logs.by_hash.get(&hash) {
+                            let dup: Option<bool> = same
+                                .query_row(params![row, r.payload], |x| x.get(0))
+                                .optional()?;
+                            if dup == Some(true) {
+                                c.log_duplicates += 1;
+                                continue;
+                            }
+                        }
                         st.execute(params![
                             received,
                             r.time as i64,
@@ -715,8 +775,10 @@ impl Writer {
                             r.span_id.as_ref().map(|s| &s[..]),
                             r.payload
                         ])?;
+                        self.recent_logs
+                            .remember(hash, self.conn.last_insert_rowid());
+                        c.logs += 1;
                     }
-                    c.logs += rows.len() as u64;
                 }
                 Prepared::Metrics(rows) => {
                     let mut st = self.conn.prepare_cached(

@@ -10,6 +10,9 @@ Usage: stalled.py MODE [TOOL]
   gil        a native call that holds the GIL (catastrophic regex), outside any span
   once       deadlocks on the first start (marker file), healthy after a restart
   crash      raises an unhandled exception outside any span (exit code 1)
+  ignore_term installs a SIGTERM handler that never runs: inside a tool span the main
+             thread is stuck in a C call (a catastrophic regex holding the GIL), so only
+             the SIGKILL after the grace period ends it
 """
 
 import os
@@ -83,6 +86,18 @@ if mode == "healthy":
 elif mode == "gil":
     time.sleep(1.0)  # let the first PONGs through
     re.match(r"(a+)+$", "a" * 64 + "b")
+elif mode == "ignore_term":
+    import signal
+
+    def on_term(signum, frame):  # never runs: the main thread never returns to Python
+        print("SIGTERM handled", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    time.sleep(1.0)  # let the first PONGs through
+    with sw.tool_span(tool):
+        time.sleep(0.5)  # the open span is exported
+        re.match(r"(a+)+$", "a" * 64 + "b")
 elif mode == "crash":
     time.sleep(0.5)
     raise RuntimeError("model weights missing")

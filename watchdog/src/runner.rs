@@ -1,0 +1,435 @@
+//! One watched runner: its heartbeat tracker, breaker, verdict and lifecycle, and the pure
+//! per-runner [`Runner::step`] that decides what an evaluation does (issue 10: the
+//! scheduling logic of the worker as a pure function of `now` and its inputs, property-
+//! tested below against a small reference model of the heartbeat rule). The worker
+//! (`worker.rs`) only feeds it ping results and ledger views and performs its actions.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use stallwatch_storage::control::{BreakerState, RunnerLifecycle};
+
+use crate::breaker::{Breaker, Transition};
+use crate::config::WatchdogConfig;
+use crate::fusion::{fuse, Cause, Fused, SpanFacts, Verdict};
+use crate::heartbeat::{check_path, HeartbeatFailure, HeartbeatState, HeartbeatTracker};
+use crate::ledger::WorstView;
+use crate::shapes::SpanKey;
+
+/// What the ledger says about one runner at the instant of a step.
+pub(crate) struct LedgerView {
+    /// Its worst open tool span.
+    pub(crate) worst: Option<WorstView>,
+    /// The next SLA or staleness crossing of its spans.
+    pub(crate) next_crossing: Option<Instant>,
+}
+
+/// What one [`Runner::step`] decided.
+pub(crate) struct Stepped {
+    /// A heartbeat ping is due: the worker sends it.
+    pub(crate) ping: bool,
+    /// Breaker moves, a suspect warning, a trip.
+    pub(crate) actions: Vec<Action>,
+    /// The verdict the runner entered, when it changed (counted).
+    pub(crate) entered: Option<Verdict>,
+    /// When the runner next needs a step.
+    pub(crate) next: Instant,
+}
+
+pub(crate) struct Runner {
+    pub(crate) pid: Option<u32>,
+    pub(crate) spawned: bool,
+    pub(crate) socket: Option<PathBuf>,
+    /// A socket path stallwatch can never connect to (over 107 bytes): named, and the
+    /// heartbeat counts as not configured rather than lost.
+    pub(crate) socket_problem: Option<HeartbeatFailure>,
+    pub(crate) hb: HeartbeatTracker,
+    pub(crate) breaker: Breaker,
+    pub(crate) fused: Fused,
+    pub(crate) worst: Option<WorstView>,
+    pub(crate) dead: bool,
+    pub(crate) restarted_since_trip: bool,
+    pub(crate) tripped_at: Option<Instant>,
+    pub(crate) incarnation: u64,
+    pub(crate) published: Option<BoardCode>,
+    /// When this runner next needs evaluating (its earliest deadline).
+    pub(crate) next_eval: Instant,
+    /// Where it is in its life (board and API `lifecycle`).
+    pub(crate) lifecycle: RunnerLifecycle,
+    /// Since when it is *stopping* (said goodbye, or its termination began): never tripped
+    /// for the missing heartbeat, tripped only past `stopping_timeout`.
+    pub(crate) stopping_since: Option<Instant>,
+}
+
+/// What a board line shows, compared cheaply to decide whether to republish.
+pub(crate) type BoardCode = (
+    BreakerState,
+    Verdict,
+    u8,
+    Option<SpanKey>,
+    bool,
+    RunnerLifecycle,
+);
+
+/// A gap this long between two evaluations means the watchdog task itself was starved
+/// (or the whole process stopped): its missing pings are stallwatch's fault, so every
+/// heartbeat deadline restarts (issue 17 #11). Evaluations normally run at least every
+/// [`MAX_IDLE`].
+pub(crate) const STARVED_GAP: Duration = Duration::from_millis(2500);
+/// At most one `sidecar.degraded` incident per this period.
+pub(crate) const DEGRADED_INCIDENT_EVERY: Duration = Duration::from_secs(10);
+
+/// Pings due within this margin are sent together, so 1000 runners cost a few wake-ups
+/// per interval rather than one per runner. Only pings move; trip deadlines stay exact.
+pub(crate) const PING_SLACK: Duration = Duration::from_millis(20);
+/// Longest a runner goes without evaluation, whatever its deadlines.
+pub(crate) const MAX_IDLE: Duration = Duration::from_secs(1);
+
+/// What a step asks the worker to do (each becomes incidents and maybe a trip).
+pub(crate) enum Action {
+    HalfOpen(u64),
+    Reopened,
+    Suspect(HeartbeatState),
+    Trip,
+}
+
+pub(crate) const HEALTHY: Fused = Fused {
+    verdict: Verdict::Healthy,
+    trip: false,
+    cause: Cause::None,
+    trips_at: None,
+};
+
+impl Runner {
+    pub(crate) fn new(
+        id: String,
+        pid: Option<u32>,
+        socket: Option<PathBuf>,
+        spawned: bool,
+        now: Instant,
+    ) -> Self {
+        let socket_problem = socket.as_deref().and_then(|p| check_path(p).err());
+        if let Some(p) = &socket_problem {
+            tracing::warn!(runner = %id, "heartbeat socket unusable: {p}");
+        }
+        let configured = socket.is_some() && socket_problem.is_none();
+        Self {
+            pid,
+            spawned,
+            socket,
+            socket_problem,
+            hb: HeartbeatTracker::new(configured, now),
+            breaker: Breaker::new(),
+            fused: HEALTHY,
+            worst: None,
+            dead: false,
+            restarted_since_trip: false,
+            tripped_at: None,
+            incarnation: 0,
+            published: None,
+            next_eval: now,
+            lifecycle: if configured {
+                RunnerLifecycle::Starting
+            } else {
+                RunnerLifecycle::Running
+            },
+            stopping_since: None,
+        }
+    }
+
+    pub(crate) fn board_code(&self, now: Instant, cfg: &WatchdogConfig) -> BoardCode {
+        let hb = if self.socket_problem.is_some() {
+            30
+        } else {
+            self.hb
+                .label_code(now, cfg.heartbeat_timeout, cfg.startup_grace)
+        };
+        (
+            self.breaker.state(),
+            self.fused.verdict,
+            hb,
+            self.worst.as_ref().map(|w| w.key),
+            self.dead,
+            self.lifecycle,
+        )
+    }
+
+    pub(crate) fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
+        if self.dead {
+            return "not_running".to_string();
+        }
+        if let Some(p) = &self.socket_problem {
+            return p.as_str().to_string();
+        }
+        if let Some(f) = self.hb.current_failure() {
+            return f.as_str().to_string();
+        }
+        self.hb
+            .state(now, cfg.heartbeat_timeout, cfg.startup_grace)
+            .as_str()
+            .to_string()
+    }
+
+    /// The pure per-runner step: what an evaluation at `now` decides for this runner
+    /// (no I/O, no clock read). It starts a due ping (`ping`), polls the breaker
+    /// (HALF_OPEN after the cooldown, OPEN again when a probe timed out), fuses heartbeat
+    /// and worst open tool span into a verdict (a *stopping* runner is judged only by
+    /// its stopping limit), and answers the actions, the verdict entered (if it changed)
+    /// and when the runner next needs a step. `view` reads the ledger, only when the
+    /// verdict is needed.
+    pub(crate) fn step(
+        &mut self,
+        now: Instant,
+        cfg: &WatchdogConfig,
+        max_in_flight: u32,
+        view: &dyn Fn() -> LedgerView,
+    ) -> Stepped {
+        let mut out = Stepped {
+            ping: false,
+            actions: Vec::new(),
+            entered: None,
+            next: now + MAX_IDLE,
+        };
+        let pinging = self.breaker.state() == BreakerState::Closed
+            && !self.dead
+            && self.stopping_since.is_none()
+            && self.hb.configured();
+        if pinging && self.hb.due(now + PING_SLACK, max_in_flight) {
+            self.hb.ping_started(now, cfg.heartbeat_interval);
+            out.ping = true;
+        }
+        if pinging && self.hb.in_flight() < max_in_flight {
+            out.next = out.next.min(self.hb.next_ping());
+        }
+        // a dead attached runner is not probed until re-registered
+        let can_probe = !self.dead || self.spawned;
+        match self
+            .breaker
+            .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)
+        {
+            Some(Transition::HalfOpen { probe }) => out.actions.push(Action::HalfOpen(probe)),
+            Some(Transition::Opened) => out.actions.push(Action::Reopened),
+            _ => {}
+        }
+        if let Some(d) = self.breaker.next_deadline() {
+            out.next = out.next.min(d);
+        }
+        if self.breaker.state() != BreakerState::Closed || self.dead {
+            return out;
+        }
+        let LedgerView {
+            worst,
+            next_crossing,
+        } = view();
+        let hb = self.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
+        // thresholds are strict (">"): wake just after them
+        let after = |t: Instant| t + Duration::from_millis(1);
+        let f = match self.stopping_since {
+            Some(since) => {
+                let limit = since + cfg.stopping_timeout;
+                out.next = out.next.min(after(limit));
+                stopping_verdict(now, limit)
+            }
+            None => fuse(
+                hb,
+                worst.as_ref().map(|w| SpanFacts {
+                    elapsed: w.elapsed,
+                    sla: w.sla,
+                    stale: w.stale,
+                }),
+                now,
+                cfg.suspect_cap,
+            ),
+        };
+        let prev = self.fused;
+        self.fused = f;
+        self.worst = worst;
+        if f.verdict != prev.verdict || f.cause != prev.cause {
+            out.entered = Some(f.verdict);
+            if f.verdict == Verdict::Suspect {
+                out.actions.push(Action::Suspect(hb));
+            }
+        }
+        if f.trip {
+            out.actions.push(Action::Trip);
+        }
+        if let Some(d) = self
+            .hb
+            .lost_deadline(cfg.heartbeat_timeout, cfg.startup_grace)
+        {
+            if d >= now {
+                out.next = out.next.min(after(d));
+            }
+        }
+        if let Some(c) = next_crossing {
+            out.next = out.next.min(after(c));
+        }
+        if let Some(t) = f.trips_at {
+            out.next = out.next.min(t);
+        }
+        out
+    }
+}
+
+/// The verdict of a *stopping* runner at `now`: healthy until `limit`, then `unresponsive`
+/// with cause `stopping_timeout` (a goodbye that never became an exit).
+fn stopping_verdict(now: Instant, limit: Instant) -> Fused {
+    if now > limit {
+        Fused {
+            verdict: Verdict::Unresponsive,
+            trip: true,
+            cause: Cause::StoppingTimeout,
+            trips_at: None,
+        }
+    } else {
+        Fused {
+            trips_at: Some(limit),
+            ..HEALTHY
+        }
+    }
+}
+
+pub(crate) fn heartbeat_socket_usable(p: &Option<PathBuf>) -> bool {
+    p.as_deref().is_some_and(|p| check_path(p).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cfg() -> WatchdogConfig {
+        WatchdogConfig {
+            heartbeat_interval: Duration::from_millis(200),
+            heartbeat_timeout: Duration::from_millis(1000),
+            startup_grace: Duration::from_millis(2000),
+            stopping_timeout: Duration::from_millis(3000),
+            ..WatchdogConfig::default()
+        }
+    }
+
+    fn none() -> LedgerView {
+        LedgerView {
+            worst: None,
+            next_crossing: None,
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Ev {
+        Pong,
+        Fail,
+        OwnFault,
+        Goodbye,
+        Nothing,
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            4 => Just(Ev::Pong),
+            2 => Just(Ev::Fail),
+            1 => Just(Ev::OwnFault),
+            1 => Just(Ev::Nothing),
+            1 => Just(Ev::Goodbye),
+        ]
+    }
+
+    /// The reference model of the heartbeat rule with no open span (`docs/design.md`,
+    /// Fusion and breakers; issue 12 #12; issue 17 #11): a trip is due exactly when the
+    /// runner is not stopping and no PONG came for the timeout since the later of its last
+    /// PONG (or the end of its start-up grace) and stallwatch's own last fault, or when it
+    /// said goodbye longer than the stopping limit ago; never while the latest ping failed
+    /// for a reason of ours.
+    #[derive(Default)]
+    struct Model {
+        last_pong: Option<Duration>,
+        own_fault: Option<Duration>,
+        own_now: bool,
+        goodbye: Option<Duration>,
+    }
+
+    impl Model {
+        fn trips(&self, t: Duration, c: &WatchdogConfig) -> bool {
+            if let Some(g) = self.goodbye {
+                return t > g + c.stopping_timeout;
+            }
+            if self.own_now {
+                return false;
+            }
+            let base = match self.last_pong {
+                Some(p) => p + c.heartbeat_timeout,
+                None => c.startup_grace,
+            };
+            let deadline = match self.own_fault {
+                Some(f) => base.max(f + c.heartbeat_timeout),
+                None => base,
+            };
+            t > deadline
+        }
+    }
+
+    proptest! {
+        /// The step trips exactly when the model says so (checked up to the first trip).
+        #[test]
+        fn step_trips_exactly_when_the_heartbeat_model_says(
+            events in proptest::collection::vec((0u64..1500, ev()), 1..60)
+        ) {
+            let c = cfg();
+            let t0 = Instant::now();
+            let mut r = Runner::new("r".into(), Some(1), Some(PathBuf::from("/tmp/r.sock")), true, t0);
+            let mut m = Model::default();
+            let mut t = Duration::ZERO;
+            for (adv, e) in events {
+                t += Duration::from_millis(adv);
+                let now = t0 + t;
+                match e {
+                    Ev::Pong => {
+                        r.hb.ping_finished(now, now, &Ok(Duration::from_micros(50)), 0);
+                        m.last_pong = Some(t);
+                        m.own_now = false;
+                    }
+                    Ev::Fail => {
+                        r.hb.ping_finished(now, now, &Err(HeartbeatFailure::Timeout), 0);
+                        m.own_now = false;
+                    }
+                    Ev::OwnFault => {
+                        r.hb.ping_finished(now, now, &Err(HeartbeatFailure::OwnFault("EMFILE".into())), 0);
+                        m.own_fault = Some(t);
+                        m.own_now = true;
+                    }
+                    Ev::Goodbye => {
+                        if r.stopping_since.is_none() {
+                            r.stopping_since = Some(now);
+                            r.lifecycle = RunnerLifecycle::Stopping;
+                            m.goodbye = Some(t);
+                        }
+                    }
+                    Ev::Nothing => {}
+                }
+                let st = r.step(now, &c, 4, &none);
+                let tripped = st.actions.iter().any(|a| matches!(a, Action::Trip));
+                prop_assert_eq!(tripped, m.trips(t, &c), "at {:?} after {:?}", t, e);
+                if tripped {
+                    break;
+                }
+            }
+        }
+
+        /// A runner whose every ping is answered never trips, whatever the timing within
+        /// the heartbeat timeout.
+        #[test]
+        fn a_runner_that_always_answers_never_trips(gaps in proptest::collection::vec(1u64..900, 1..80)) {
+            let c = cfg();
+            let t0 = Instant::now();
+            let mut r = Runner::new("r".into(), Some(1), Some(PathBuf::from("/tmp/r.sock")), true, t0);
+            let mut now = t0;
+            for g in gaps {
+                now += Duration::from_millis(g);
+                r.hb.ping_finished(now, now, &Ok(Duration::from_micros(50)), 0);
+                let st = r.step(now, &c, 4, &none);
+                prop_assert!(!st.actions.iter().any(|a| matches!(a, Action::Trip)));
+                prop_assert_eq!(r.fused.verdict, Verdict::Healthy);
+            }
+        }
+    }
+}
