@@ -88,7 +88,11 @@ async fn serve(
     let mut signals = StopSignals::install()?;
     // Our own fd shortage must never look like a runner's fault (issue 17 #11).
     match stallwatch_reaper::platform::raise_nofile_limit() {
-        Ok((old, new)) => tracing::debug!(?old, ?new, "RLIMIT_NOFILE soft limit raised to the hard limit"),
+        Ok((old, new)) => tracing::debug!(
+            ?old,
+            ?new,
+            "RLIMIT_NOFILE soft limit raised to the hard limit"
+        ),
         Err(e) => tracing::warn!("cannot raise RLIMIT_NOFILE: {e}"),
     }
     let file = &settings.file;
@@ -320,7 +324,10 @@ async fn serve(
     {
         tracing::warn!("stopping spawned runners passed its deadline");
         let n = reaper.kill_all_registered().await;
-        tracing::warn!(signalled = n, "SIGKILL sent to every spawned runner still registered");
+        tracing::warn!(
+            signalled = n,
+            "SIGKILL sent to every spawned runner still registered"
+        );
     }
     // 3. Watchdog and reaper.
     wd_token.cancel();

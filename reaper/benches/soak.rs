@@ -11,7 +11,10 @@
 //!   instance (same runner id, other instance mark) and a process merely carrying the id.
 //!   Count: processes signalled that were not the runner or its descendants.
 //!
-//! Run: `cargo bench -p stallwatch-reaper --bench soak` (`SOAK_ROUNDS=100` by default).
+//! - `many_runners`: `SOAK_RUNNERS` (default 2,000) spawned `sleep 600` runners, then the
+//!   ordered shutdown. Count: runners alive afterwards; the time it took.
+//!
+//! Run: `cargo bench -p stallwatch-reaper --bench soak [name]` (`SOAK_ROUNDS=100` by default).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -106,7 +109,10 @@ async fn kill9_commit(n: usize) {
             FILES => moved_all += 1,
             k => {
                 half += 1;
-                eprintln!("round {round}: {k} of {FILES} files, state {:?}, errors {errors:?}", row.state);
+                eprintln!(
+                    "round {round}: {k} of {FILES} files, state {:?}, errors {errors:?}",
+                    row.state
+                );
             }
         }
         storage.shutdown().await;
@@ -155,7 +161,9 @@ async fn swap_attacker(n: usize) {
         let attacker = std::thread::spawn(move || {
             let mut i = 0usize;
             while !s2.load(Ordering::Relaxed) {
-                let p = staging.join(format!("d{}", i % 10)).join(format!("f{i}.json"));
+                let p = staging
+                    .join(format!("d{}", i % 10))
+                    .join(format!("f{i}.json"));
                 let tmp = staging.join(format!("d{}", i % 10)).join(format!(".x{i}"));
                 let made = if i % 2 == 0 {
                     std::os::unix::fs::symlink(&outside, &tmp).is_ok()
@@ -186,7 +194,10 @@ async fn swap_attacker(n: usize) {
 
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')).unwrap_or(true),
+        Ok(s) => !s
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start().starts_with('Z'))
+            .unwrap_or(true),
         Err(_) => false,
     }
 }
@@ -212,7 +223,10 @@ async fn bystanders(n: usize) {
         let mut other = std::process::Command::new("sh")
             .args(["-c", "sleep 600 & wait"])
             .env("STALLWATCH_RUNNER_ID", "py-tools")
-            .env("STALLWATCH_RUNNER_INSTANCE", uuid::Uuid::new_v4().to_string())
+            .env(
+                "STALLWATCH_RUNNER_INSTANCE",
+                uuid::Uuid::new_v4().to_string(),
+            )
             .spawn()
             .unwrap();
         let mut named = std::process::Command::new("sleep")
@@ -239,7 +253,9 @@ async fn bystanders(n: usize) {
             .await;
         let pid = rx.await.unwrap().unwrap()["pid"].as_u64().unwrap() as u32;
         let deadline = Instant::now() + Duration::from_secs(5);
-        while stallwatch_reaper::platform::descendants(pid, None).is_empty() && Instant::now() < deadline {
+        while stallwatch_reaper::platform::descendants(pid, None).is_empty()
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let kids = stallwatch_reaper::platform::descendants(pid, None);
@@ -256,7 +272,9 @@ async fn bystanders(n: usize) {
         wrong += other_kids.iter().filter(|k| !alive(k.pid)).count();
         missed += usize::from(alive(pid)) + kids.iter().filter(|k| alive(k.pid)).count();
         for k in &other_kids {
-            let _ = std::process::Command::new("kill").arg(k.pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg(k.pid.to_string())
+                .status();
         }
         let _ = other.kill();
         let _ = other.wait();
@@ -267,6 +285,59 @@ async fn bystanders(n: usize) {
     println!(
         "bystanders: {n} rounds in {:?}: processes signalled that were not the runner or its descendants {wrong}, runner processes left alive {missed}",
         t.elapsed()
+    );
+}
+
+async fn many_runners() {
+    let n: usize = std::env::var("SOAK_RUNNERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(StorageConfig::new(dir.path().join("db"))).unwrap();
+    let events = EventBus::new(storage.clone());
+    let (_trip_tx, trip_rx) = mpsc::channel(16);
+    let (change_tx, mut change_rx) = mpsc::channel(1024);
+    tokio::spawn(async move { while change_rx.recv().await.is_some() {} });
+    let shutdown = CancellationToken::new();
+    let mut cfg = ReaperConfig::new(dir.path().to_path_buf());
+    cfg.grace = Duration::from_millis(1000);
+    cfg.restart.max_restarts = 0;
+    cfg.max_runners = n;
+    let (handle, task) = Reaper::start(cfg, storage, events, trip_rx, change_tx, shutdown.clone())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let mut pids = Vec::new();
+    for i in 0..n {
+        let (tx, rx) = oneshot::channel();
+        handle
+            .handle(ControlRequest::RegisterRunner {
+                spec: RunnerSpec {
+                    id: format!("r{i}"),
+                    heartbeat_socket: None,
+                    spawn: Some(SpawnSpec {
+                        argv: vec!["sleep".into(), "600".into()],
+                        cwd: None,
+                        env: Default::default(),
+                        workspace: None,
+                    }),
+                    attach: None,
+                },
+                reply: tx,
+            })
+            .await;
+        pids.push(rx.await.unwrap().unwrap()["pid"].as_u64().unwrap() as u32);
+    }
+    let registered = t.elapsed();
+    let t = Instant::now();
+    handle.stop_spawned_runners().await;
+    let took = t.elapsed();
+    shutdown.cancel();
+    let _ = task.await;
+    let left = pids.iter().filter(|p| alive(**p)).count();
+    println!(
+        "many_runners: {n} registered in {registered:?}; ordered shutdown took {took:?}; runners alive after {left}"
     );
 }
 
@@ -287,5 +358,8 @@ async fn main() {
     }
     if want("bystanders") {
         bystanders(n).await;
+    }
+    if want("many_runners") {
+        many_runners().await;
     }
 }

@@ -114,32 +114,78 @@ mod tests {
 
     /// The reference model: the whole sequence from when the runner exits (`exit_at`,
     /// `None` = never by itself), checked on the trace the plan produced.
-    fn check(trace: &[(Duration, Action)], grace: Duration, after_kill: Duration, own: bool, exit_at: Option<Duration>) {
+    fn check(
+        trace: &[(Duration, Action)],
+        grace: Duration,
+        after_kill: Duration,
+        own: bool,
+        exit_at: Option<Duration>,
+    ) {
         let acts: Vec<Action> = trace.iter().map(|(_, a)| *a).collect();
-        assert_eq!(acts.first(), Some(&Action::RecordDescendants), "descendants first: {acts:?}");
-        assert_eq!(acts.last(), Some(&Action::ReportSurvivors), "ends with the report: {acts:?}");
-        assert_eq!(acts.iter().filter(|a| **a == Action::ReportSurvivors).count(), 1);
-        assert_eq!(acts.contains(&Action::Reap), own, "reap only our own child: {acts:?}");
-        let term = trace.iter().find(|(_, a)| *a == Action::Term).map(|(t, _)| *t);
+        assert_eq!(
+            acts.first(),
+            Some(&Action::RecordDescendants),
+            "descendants first: {acts:?}"
+        );
+        assert_eq!(
+            acts.last(),
+            Some(&Action::ReportSurvivors),
+            "ends with the report: {acts:?}"
+        );
+        assert_eq!(
+            acts.iter()
+                .filter(|a| **a == Action::ReportSurvivors)
+                .count(),
+            1
+        );
+        assert_eq!(
+            acts.contains(&Action::Reap),
+            own,
+            "reap only our own child: {acts:?}"
+        );
+        let term = trace
+            .iter()
+            .find(|(_, a)| *a == Action::Term)
+            .map(|(t, _)| *t);
         if let Some(i) = acts.iter().position(|a| *a == Action::Term) {
-            assert_eq!(acts.get(i + 1), Some(&Action::Cont), "SIGCONT right after SIGTERM");
+            assert_eq!(
+                acts.get(i + 1),
+                Some(&Action::Cont),
+                "SIGCONT right after SIGTERM"
+            );
         }
-        let kill = trace.iter().find(|(_, a)| *a == Action::Kill).map(|(t, _)| *t);
+        let kill = trace
+            .iter()
+            .find(|(_, a)| *a == Action::Kill)
+            .map(|(t, _)| *t);
         match (term, kill) {
             (None, k) => {
-                assert_eq!(exit_at, Some(Duration::ZERO), "no SIGTERM only when gone at start");
+                assert_eq!(
+                    exit_at,
+                    Some(Duration::ZERO),
+                    "no SIGTERM only when gone at start"
+                );
                 assert!(k.is_none());
             }
             (Some(t), Some(k)) => {
                 assert!(k - t >= grace, "SIGKILL never before the grace period");
-                assert!(exit_at.is_none_or(|e| e > k), "SIGKILL only when still alive");
+                assert!(
+                    exit_at.is_none_or(|e| e > k),
+                    "SIGKILL only when still alive"
+                );
             }
             (Some(t), None) => {
-                assert!(exit_at.is_some_and(|e| e < t + grace + Duration::from_millis(20)), "no SIGKILL only when it exited in grace");
+                assert!(
+                    exit_at.is_some_and(|e| e < t + grace + Duration::from_millis(20)),
+                    "no SIGKILL only when it exited in grace"
+                );
             }
         }
         let end = trace.last().map(|(t, _)| *t).unwrap_or_default();
-        assert!(end <= grace + after_kill + Duration::from_millis(40), "bounded: ended at {end:?}");
+        assert!(
+            end <= grace + after_kill + Duration::from_millis(40),
+            "bounded: ended at {end:?}"
+        );
     }
 
     proptest! {
@@ -177,7 +223,11 @@ mod tests {
         let mut p = Plan::new(Duration::from_millis(100), Duration::from_millis(100), true);
         assert_eq!(
             step(&mut p, Duration::ZERO, true),
-            vec![Action::RecordDescendants, Action::Reap, Action::ReportSurvivors]
+            vec![
+                Action::RecordDescendants,
+                Action::Reap,
+                Action::ReportSurvivors
+            ]
         );
         assert!(step(&mut p, Duration::from_secs(1), false).is_empty());
     }

@@ -167,7 +167,11 @@ impl Reaper {
             .recover(handle.inner.config.sweep_batch)
             .await;
         if !recovered.is_empty() || !errors.is_empty() {
-            tracing::info!(?recovered, ?errors, "checkpoints interrupted by a crash settled");
+            tracing::info!(
+                ?recovered,
+                ?errors,
+                "checkpoints interrupted by a crash settled"
+            );
         }
         for spec in &config.runners {
             // A process of this id left by a crashed run is settled first, so the sweep
@@ -238,7 +242,9 @@ impl ReaperHandle {
                 reply,
             } => {
                 let r = if self.entry(&runner_id).is_none() {
-                    Err(crate::checkpoint::CheckpointError::RunnerNotFound(runner_id))
+                    Err(crate::checkpoint::CheckpointError::RunnerNotFound(
+                        runner_id,
+                    ))
                 } else {
                     self.inner.checkpoints.create(&runner_id, &workspace).await
                 };
@@ -354,8 +360,11 @@ impl ReaperHandle {
                     // Held by a sequence that missed the deadline: the group is still pinned.
                     let pgid = e.pid;
                     n += usize::from(
-                        platform::send_signal(platform::SignalTarget::Group { pgid }, platform::Sig::Kill)
-                            .is_ok(),
+                        platform::send_signal(
+                            platform::SignalTarget::Group { pgid },
+                            platform::Sig::Kill,
+                        )
+                        .is_ok(),
                     );
                     reap.push(e.pid);
                 }

@@ -187,19 +187,32 @@ pub async fn stop_all(
         })
         .collect();
     drop(table);
-    ledger(storage, members, &states, "descendants_recorded", "done", |st| {
-        serde_json::json!({"group": st.group, "escaped": st.escaped})
-    })
+    ledger(
+        storage,
+        members,
+        &states,
+        "descendants_recorded",
+        "done",
+        |st| serde_json::json!({"group": st.group, "escaped": st.escaped}),
+    )
     .await;
     for (m, st) in members.iter().zip(states.iter_mut()) {
         if all_gone(m, st) {
             st.gone = true;
             st.report.ended_by = "already_exited".into();
-            push(st, started, "exited", serde_json::json!({"before": "sigterm"}));
+            push(
+                st,
+                started,
+                "exited",
+                serde_json::json!({"before": "sigterm"}),
+            );
         }
     }
     // SIGTERM to all.
-    ledger(storage, members, &states, "sigterm_sent", "intent", |_| serde_json::json!({})).await;
+    ledger(storage, members, &states, "sigterm_sent", "intent", |_| {
+        serde_json::json!({})
+    })
+    .await;
     let now = now_unix_nano();
     for (m, st) in members.iter().zip(states.iter_mut()) {
         if !st.gone {
@@ -208,7 +221,10 @@ pub async fn stop_all(
             push(st, started, "sigterm_sent", d);
         }
     }
-    ledger(storage, members, &states, "sigterm_sent", "done", |_| serde_json::json!({})).await;
+    ledger(storage, members, &states, "sigterm_sent", "done", |_| {
+        serde_json::json!({})
+    })
+    .await;
     // One grace period for all.
     let deadline = Instant::now() + grace;
     loop {
@@ -217,7 +233,12 @@ pub async fn stop_all(
             if !st.gone && all_gone(m, st) {
                 st.gone = true;
                 st.report.ended_by = "sigterm".into();
-                push(st, started, "exited", serde_json::json!({"after": "SIGTERM"}));
+                push(
+                    st,
+                    started,
+                    "exited",
+                    serde_json::json!({"after": "SIGTERM"}),
+                );
             }
             left += usize::from(!st.gone);
         }
@@ -229,7 +250,10 @@ pub async fn stop_all(
     // SIGKILL to the survivors.
     let survivors: Vec<usize> = (0..states.len()).filter(|i| !states[*i].gone).collect();
     if !survivors.is_empty() {
-        ledger(storage, members, &states, "sigkill_sent", "intent", |_| serde_json::json!({})).await;
+        ledger(storage, members, &states, "sigkill_sent", "intent", |_| {
+            serde_json::json!({})
+        })
+        .await;
         let now = now_unix_nano();
         for i in &survivors {
             let (m, st) = (&members[*i], &mut states[*i]);
@@ -238,9 +262,14 @@ pub async fn stop_all(
             let d = send(m, st, Sig::Kill, stats);
             push(st, started, "sigkill_sent", d);
         }
-        ledger(storage, members, &states, "sigkill_sent", "done", |st| {
-            serde_json::json!({"sent": st.report.sigkill_unix_nano.is_some()})
-        })
+        ledger(
+            storage,
+            members,
+            &states,
+            "sigkill_sent",
+            "done",
+            |st| serde_json::json!({"sent": st.report.sigkill_unix_nano.is_some()}),
+        )
         .await;
         let deadline = Instant::now() + AFTER_KILL;
         loop {
@@ -249,7 +278,12 @@ pub async fn stop_all(
                 let (m, st) = (&members[*i], &mut states[*i]);
                 if !st.gone && all_gone(m, st) {
                     st.gone = true;
-                    push(st, started, "exited", serde_json::json!({"after": "SIGKILL"}));
+                    push(
+                        st,
+                        started,
+                        "exited",
+                        serde_json::json!({"after": "SIGKILL"}),
+                    );
                 }
                 left += usize::from(!st.gone);
             }
@@ -267,7 +301,12 @@ pub async fn stop_all(
                     st.report.exit = exit;
                     push(st, started, "reaped", serde_json::json!({"exit": exit}));
                 }
-                Err(e) => push(st, started, "reaped", serde_json::json!({"error": e.to_string()})),
+                Err(e) => push(
+                    st,
+                    started,
+                    "reaped",
+                    serde_json::json!({"error": e.to_string()}),
+                ),
             }
         }
         let mut recorded = st.group.clone();

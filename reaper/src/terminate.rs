@@ -322,8 +322,7 @@ pub async fn terminate(
                     fd: fd.as_fd(),
                     pid: t.pid,
                 };
-                if !platform::pidfd_exited(fd.as_fd())
-                    && platform::send_signal(leader, sig).is_ok()
+                if !platform::pidfd_exited(fd.as_fd()) && platform::send_signal(leader, sig).is_ok()
                 {
                     n += 1;
                     if sig == Sig::Term {

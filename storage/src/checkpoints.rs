@@ -242,7 +242,9 @@ impl Storage {
     ) -> Result<Result<(), Option<CheckpointState>>, StorageError> {
         self.control(move |tx| {
             let cur: Option<String> = tx
-                .query_row("SELECT state FROM checkpoints WHERE id = ?1", [&id], |r| r.get(0))
+                .query_row("SELECT state FROM checkpoints WHERE id = ?1", [&id], |r| {
+                    r.get(0)
+                })
                 .optional()?;
             match cur.map(|s| CheckpointState::parse(&s)) {
                 None => return Ok(Err(None)),
@@ -297,7 +299,11 @@ impl Storage {
     /// Gives a `committing` checkpoint back to `open`, dropping its journal and plan: its
     /// commit failed validation or was undone, so the workspace is as it was. Answers false
     /// when it was not `committing`.
-    pub async fn reopen_checkpoint(&self, id: String, at_unix_nano: u64) -> Result<bool, StorageError> {
+    pub async fn reopen_checkpoint(
+        &self,
+        id: String,
+        at_unix_nano: u64,
+    ) -> Result<bool, StorageError> {
         self.control(move |tx| {
             let n = tx.execute(
                 "UPDATE checkpoints SET state = 'open', detail = '{}', updated_unix_nano = ?2
@@ -305,7 +311,10 @@ impl Storage {
                 params![id, at_unix_nano as i64],
             )?;
             if n > 0 {
-                tx.execute("DELETE FROM checkpoint_journal WHERE checkpoint_id = ?1", [&id])?;
+                tx.execute(
+                    "DELETE FROM checkpoint_journal WHERE checkpoint_id = ?1",
+                    [&id],
+                )?;
             }
             Ok(n > 0)
         })
@@ -414,14 +423,23 @@ mod tests {
         .await
         .unwrap();
         use CheckpointState::*;
-        assert_eq!(s.claim_checkpoint("t2".into(), Open, Committing, 2).await.unwrap(), Ok(()));
+        assert_eq!(
+            s.claim_checkpoint("t2".into(), Open, Committing, 2)
+                .await
+                .unwrap(),
+            Ok(())
+        );
         // The rollback that comes second sees the commit's claim and writes nothing.
         assert_eq!(
-            s.claim_checkpoint("t2".into(), Open, RollingBack, 3).await.unwrap(),
+            s.claim_checkpoint("t2".into(), Open, RollingBack, 3)
+                .await
+                .unwrap(),
             Err(Some(Committing))
         );
         assert_eq!(
-            s.claim_checkpoint("nope".into(), Open, RollingBack, 3).await.unwrap(),
+            s.claim_checkpoint("nope".into(), Open, RollingBack, 3)
+                .await
+                .unwrap(),
             Err(None)
         );
         let paths = vec![b"a".to_vec()];
@@ -429,16 +447,26 @@ mod tests {
             .write_checkpoint_journal("t2".into(), paths.clone(), serde_json::json!({"x": 1}), 4)
             .await
             .unwrap());
-        assert!(!s
-            .write_checkpoint_journal("t2".into(), paths.clone(), serde_json::json!({}), 5)
-            .await
-            .unwrap(), "one journal per commit");
+        assert!(
+            !s.write_checkpoint_journal("t2".into(), paths.clone(), serde_json::json!({}), 5)
+                .await
+                .unwrap(),
+            "one journal per commit"
+        );
         assert!(s.reopen_checkpoint("t2".into(), 6).await.unwrap());
         assert!(s.checkpoint_journal("t2".into()).await.unwrap().is_empty());
         let row = s.checkpoint("t2".into()).await.unwrap().unwrap();
         assert_eq!(row.state, Open);
-        assert_eq!(s.claim_checkpoint("t2".into(), Open, RollingBack, 7).await.unwrap(), Ok(()));
-        assert_eq!(s.active_checkpoints(None, String::new(), 10).await.unwrap()[0].state, RollingBack);
+        assert_eq!(
+            s.claim_checkpoint("t2".into(), Open, RollingBack, 7)
+                .await
+                .unwrap(),
+            Ok(())
+        );
+        assert_eq!(
+            s.active_checkpoints(None, String::new(), 10).await.unwrap()[0].state,
+            RollingBack
+        );
         assert_eq!(CheckpointState::parse("rolling_back"), RollingBack);
     }
 }

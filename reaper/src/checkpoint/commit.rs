@@ -181,8 +181,9 @@ pub fn prepare(
                     }
                     let mut file = File::from(fd);
                     validate_content(&rel, fst.st_size.max(0) as u64, &mut file)?;
-                    file.sync_all()
-                        .map_err(|e| CheckpointError::io(format!("fsync {}", shown.display()), e))?;
+                    file.sync_all().map_err(|e| {
+                        CheckpointError::io(format!("fsync {}", shown.display()), e)
+                    })?;
                     let (size, mtime_ns) = paths::size_mtime(&fst);
                     files.push(StagedFile {
                         rel,
@@ -340,7 +341,12 @@ fn move_one(
                         .map_err(io_at(format!("rename {}", rel.display())))?;
                     return Ok(false);
                 }
-                Err(e) => return Err(CheckpointError::io(format!("rename {}", rel.display()), e.into())),
+                Err(e) => {
+                    return Err(CheckpointError::io(
+                        format!("rename {}", rel.display()),
+                        e.into(),
+                    ))
+                }
             },
             Some(st) if paths::file_type(&st) == FileType::Directory => {
                 return Err(CheckpointError::Conflict {
@@ -350,7 +356,8 @@ fn move_one(
                     ),
                 })
             }
-            Some(_) => match rustix::fs::renameat_with(src, name, dst, name, RenameFlags::EXCHANGE) {
+            Some(_) => match rustix::fs::renameat_with(src, name, dst, name, RenameFlags::EXCHANGE)
+            {
                 Ok(()) => return Ok(true),
                 Err(Errno::NOENT) => continue, // went away meanwhile
                 Err(Errno::INVAL) | Err(Errno::NOSYS) => {
@@ -358,12 +365,20 @@ fn move_one(
                         .map_err(io_at(format!("rename {}", rel.display())))?;
                     return Ok(false);
                 }
-                Err(e) => return Err(CheckpointError::io(format!("rename {}", rel.display()), e.into())),
+                Err(e) => {
+                    return Err(CheckpointError::io(
+                        format!("rename {}", rel.display()),
+                        e.into(),
+                    ))
+                }
             },
         }
     }
     Err(CheckpointError::Conflict {
-        why: format!("{} kept changing during the commit; the commit was undone", rel.display()),
+        why: format!(
+            "{} kept changing during the commit; the commit was undone",
+            rel.display()
+        ),
     })
 }
 
@@ -468,7 +483,11 @@ pub fn apply(root: &OwnedFd, workspace: &Path, plan: &Plan) -> Result<Applied, C
         }
         for dir in dests.created.iter().rev() {
             let (parent, name) = parent_and_name(dir);
-            if let Some(p) = dests.open.get(&parent).and_then(|p| rustix::io::dup(p).ok()) {
+            if let Some(p) = dests
+                .open
+                .get(&parent)
+                .and_then(|p| rustix::io::dup(p).ok())
+            {
                 let _ = rustix::fs::unlinkat(&p, &name, rustix::fs::AtFlags::REMOVEDIR);
             } else if parent.as_os_str().is_empty() {
                 let _ = rustix::fs::unlinkat(root, &name, rustix::fs::AtFlags::REMOVEDIR);

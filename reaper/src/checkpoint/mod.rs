@@ -138,9 +138,9 @@ pub struct Settled {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, CheckpointError> + Send + 'static,
 ) -> Result<T, CheckpointError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CheckpointError::io("checkpoint worker", std::io::Error::other(e.to_string())))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        CheckpointError::io("checkpoint worker", std::io::Error::other(e.to_string()))
+    })?
 }
 
 fn path_of(bytes: &[u8]) -> PathBuf {
@@ -229,11 +229,7 @@ impl Checkpoints {
             .ok_or_else(|| CheckpointError::NotFound { id: id.to_string() })
     }
 
-    async fn claim(
-        &self,
-        id: &str,
-        to: CheckpointState,
-    ) -> Result<(), CheckpointError> {
+    async fn claim(&self, id: &str, to: CheckpointState) -> Result<(), CheckpointError> {
         match self
             .storage
             .claim_checkpoint(id.to_string(), CheckpointState::Open, to, now_unix_nano())
@@ -250,8 +246,15 @@ impl Checkpoints {
     }
 
     async fn reopen(&self, id: &str) {
-        if let Err(e) = self.storage.reopen_checkpoint(id.to_string(), now_unix_nano()).await {
-            tracing::error!(checkpoint = id, "reopening after a refused commit failed: {e}");
+        if let Err(e) = self
+            .storage
+            .reopen_checkpoint(id.to_string(), now_unix_nano())
+            .await
+        {
+            tracing::error!(
+                checkpoint = id,
+                "reopening after a refused commit failed: {e}"
+            );
         }
     }
 
@@ -412,7 +415,11 @@ impl Checkpoints {
             })
             .collect();
         let n = entries.len();
-        let (ws, cid, sp) = (path_of(&row.workspace), row.id.clone(), path_of(&row.staging));
+        let (ws, cid, sp) = (
+            path_of(&row.workspace),
+            row.id.clone(),
+            path_of(&row.staging),
+        );
         let (_, skipped) = blocking(move || {
             let root = paths::open_root(&ws)?;
             let staging = paths::open_staging(&root, &ws, &cid)?;
@@ -424,7 +431,8 @@ impl Checkpoints {
         if !skipped.is_empty() {
             tracing::warn!(checkpoint = id, ?skipped, "roll-forward skipped entries");
         }
-        self.finish_commit(&row, n - skipped.len().min(n), skipped).await
+        self.finish_commit(&row, n - skipped.len().min(n), skipped)
+            .await
     }
 
     /// Claims an `open` checkpoint and removes its staging folder; the workspace is

@@ -106,10 +106,17 @@ pub fn check_relative(rel: &Path) -> Result<(), CheckpointError> {
 /// access), [`CheckpointError::Io`] for a transient fault.
 pub fn open_root(workspace: &Path) -> Result<OwnedFd, CheckpointError> {
     rustix::fs::open(workspace, dir_flags(), Mode::empty()).map_err(|e| match e {
-        Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::ACCESS | Errno::PERM => invalid_ws(
-            format!("workspace {}: {}", workspace.display(), std::io::Error::from(e)),
+        Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::ACCESS | Errno::PERM => {
+            invalid_ws(format!(
+                "workspace {}: {}",
+                workspace.display(),
+                std::io::Error::from(e)
+            ))
+        }
+        e => CheckpointError::io(
+            format!("opening workspace {}", workspace.display()),
+            e.into(),
         ),
-        e => CheckpointError::io(format!("opening workspace {}", workspace.display()), e.into()),
     })
 }
 

@@ -90,11 +90,7 @@ fn extension(rel: &Path) -> String {
 ///
 /// Errors: [`CheckpointError::Validation`] (422 at the edge) naming the file and the rule;
 /// [`CheckpointError::Io`] when it cannot be read.
-pub fn validate_content(
-    rel: &Path,
-    len: u64,
-    file: &mut impl Read,
-) -> Result<(), CheckpointError> {
+pub fn validate_content(rel: &Path, len: u64, file: &mut impl Read) -> Result<(), CheckpointError> {
     let ext = extension(rel);
     let invalid = |why: String| CheckpointError::Validation {
         path: rel.to_path_buf(),

@@ -55,7 +55,11 @@ impl Ws {
         while let Some(d) = stack.pop() {
             for e in std::fs::read_dir(&d).unwrap() {
                 let e = e.unwrap();
-                let rel = e.path().strip_prefix(&self.root_path).unwrap().to_path_buf();
+                let rel = e
+                    .path()
+                    .strip_prefix(&self.root_path)
+                    .unwrap()
+                    .to_path_buf();
                 if rel.starts_with(".workbench") {
                     continue;
                 }
@@ -150,7 +154,11 @@ fn staged_symlinks_are_refused_even_when_harmless_in_staging() {
         let CheckpointError::PathEscape { why, .. } = &err else {
             panic!("{target}: {err}");
         };
-        assert_eq!(why.contains("points outside the workspace"), escapes, "{why}");
+        assert_eq!(
+            why.contains("points outside the workspace"),
+            escapes,
+            "{why}"
+        );
         assert!(w.listing().is_empty());
     }
 }
@@ -191,7 +199,11 @@ fn a_folder_that_appears_at_a_destination_during_the_moves_undoes_the_commit() {
     let mut expect = before.clone();
     expect.push("d f6.txt".into());
     expect.sort();
-    assert_eq!(w.listing(), expect, "every move undone, the created folder d/ removed");
+    assert_eq!(
+        w.listing(),
+        expect,
+        "every move undone, the created folder d/ removed"
+    );
     // The staged files are all back, so a retry after the conflict is fixed succeeds.
     std::fs::remove_dir(w.root_path.join("f6.txt")).unwrap();
     let plan = w.prepare().unwrap();
@@ -231,12 +243,10 @@ fn roll_forward_is_idempotent_and_skips_what_it_cannot_prove() {
     std::fs::write(w.staging.join("f4.txt"), "evil").unwrap();
     let st = paths::open_staging(&w.root, &w.root_path, &w.id).unwrap();
     let (moved, skipped) =
-        commit::roll_forward(&w.root, &w.root_path, st.as_ref(), &w.staging, &plan.files)
-            .unwrap();
+        commit::roll_forward(&w.root, &w.root_path, st.as_ref(), &w.staging, &plan.files).unwrap();
     assert_eq!((moved, skipped.len()), (2, 1), "{skipped:?}");
     let again =
-        commit::roll_forward(&w.root, &w.root_path, st.as_ref(), &w.staging, &plan.files)
-            .unwrap();
+        commit::roll_forward(&w.root, &w.root_path, st.as_ref(), &w.staging, &plan.files).unwrap();
     assert_eq!(again.0, 0);
     assert!(!w.root_path.join("f4.txt").exists());
 }

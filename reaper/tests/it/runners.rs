@@ -197,7 +197,10 @@ async fn no_defunct_after_100_kill_cycles() {
         let pid = reply["pid"].as_u64().unwrap() as u32;
         pids.insert(pid);
         // Its children exist before the kill, so they are recorded and become zombies too.
-        wait_for("two sleepers", || platform::descendants(pid, None).len() >= 2).await;
+        wait_for("two sleepers", || {
+            platform::descendants(pid, None).len() >= 2
+        })
+        .await;
         for d in platform::descendants(pid, None) {
             pids.insert(d.pid);
         }
