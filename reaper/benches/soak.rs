@@ -78,7 +78,10 @@ async fn child(arg: &str) {
 async fn kill9_commit(n: usize) {
     let (mut half, mut stuck, mut moved_all, mut none) = (0, 0, 0, 0);
     let t = Instant::now();
-    for round in 0..n {
+    // Calibrate: how long one un-killed child commit takes here, so the kills spread over
+    // the whole commit (start-up, validation, journal, renames) and a little beyond.
+    let mut span_ms = 400u64;
+    for round in 0..=n {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("db");
         let ws = dir.path().join("ws");
@@ -92,8 +95,18 @@ async fn kill9_commit(n: usize) {
             .env("SOAK_CHILD", format!("{}|{}", db.display(), c.id))
             .spawn()
             .unwrap();
+        if round == 0 {
+            let c0 = Instant::now();
+            let _ = kid.wait();
+            span_ms = (c0.elapsed().as_millis() as u64 * 3 / 2).max(50);
+            println!(
+                "kill9_commit: one commit takes ~{} ms; kills spread over {span_ms} ms",
+                span_ms * 2 / 3
+            );
+            continue;
+        }
         // A random moment: pseudo-random from the round and the clock.
-        let ms = (round as u64 * 7919 + t.elapsed().as_micros() as u64) % 400;
+        let ms = (round as u64 * 7919 + t.elapsed().as_micros() as u64) % span_ms;
         std::thread::sleep(Duration::from_millis(ms));
         let _ = kid.kill();
         let _ = kid.wait();
