@@ -149,12 +149,14 @@ fn attached_runners_are_stopped_alone_and_ancestors_are_refused() {
 
 /// #10: ordered shutdown with many runners takes about one grace period and leaves none
 /// alive; registering more than `[reaper] max_runners` is refused with a clear error.
+/// 300 runners by default to keep the suite's budget (`STALLWATCH_TEST_MANY_RUNNERS=2000`
+/// for the full count; the reaper soak binary stops 2,000 without the HTTP front).
 #[test]
 fn shutdown_with_many_runners_leaves_none_alive() {
     let n: usize = std::env::var("STALLWATCH_TEST_MANY_RUNNERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
     let cfg = format!("[reaper]\ngrace_ms = 1000\nmax_restarts = 0\nmax_runners = {n}\n");
     let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&cfg));
@@ -200,6 +202,10 @@ fn shutdown_with_many_runners_leaves_none_alive() {
     let alive = pids.iter().filter(|p| process_alive(**p)).count();
     eprintln!("shutdown with {n} runners took {took:?}; {alive} alive after");
     assert_eq!(alive, 0, "no runner outlives stallwatch");
+    assert!(
+        took < Duration::from_secs(25),
+        "about one grace period, not one per runner: {took:?}"
+    );
 }
 
 fn stage_files(staging: &Path, n: usize) {

@@ -11,7 +11,10 @@
 //!   instance (same runner id, other instance mark) and a process merely carrying the id.
 //!   Count: processes signalled that were not the runner or its descendants.
 //!
-//! Run: `cargo bench -p stallwatch-reaper --bench soak` (`SOAK_ROUNDS=100` by default).
+//! - `many_runners`: `SOAK_RUNNERS` (default 2,000) spawned `sleep 600` runners, then the
+//!   ordered shutdown. Count: runners alive afterwards; the time it took.
+//!
+//! Run: `cargo bench -p stallwatch-reaper --bench soak [name]` (`SOAK_ROUNDS=100` by default).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -75,7 +78,10 @@ async fn child(arg: &str) {
 async fn kill9_commit(n: usize) {
     let (mut half, mut stuck, mut moved_all, mut none) = (0, 0, 0, 0);
     let t = Instant::now();
-    for round in 0..n {
+    // Calibrate: how long one un-killed child commit takes here, so the kills spread over
+    // the whole commit (start-up, validation, journal, renames) and a little beyond.
+    let mut span_ms = 400u64;
+    for round in 0..=n {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("db");
         let ws = dir.path().join("ws");
@@ -89,8 +95,18 @@ async fn kill9_commit(n: usize) {
             .env("SOAK_CHILD", format!("{}|{}", db.display(), c.id))
             .spawn()
             .unwrap();
+        if round == 0 {
+            let c0 = Instant::now();
+            let _ = kid.wait();
+            span_ms = (c0.elapsed().as_millis() as u64 * 3 / 2).max(50);
+            println!(
+                "kill9_commit: one commit takes ~{} ms; kills spread over {span_ms} ms",
+                span_ms * 2 / 3
+            );
+            continue;
+        }
         // A random moment: pseudo-random from the round and the clock.
-        let ms = (round as u64 * 7919 + t.elapsed().as_micros() as u64) % 400;
+        let ms = (round as u64 * 7919 + t.elapsed().as_micros() as u64) % span_ms;
         std::thread::sleep(Duration::from_millis(ms));
         let _ = kid.kill();
         let _ = kid.wait();
@@ -288,6 +304,59 @@ async fn bystanders(n: usize) {
     );
 }
 
+async fn many_runners() {
+    let n: usize = std::env::var("SOAK_RUNNERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(StorageConfig::new(dir.path().join("db"))).unwrap();
+    let events = EventBus::new(storage.clone());
+    let (_trip_tx, trip_rx) = mpsc::channel(16);
+    let (change_tx, mut change_rx) = mpsc::channel(1024);
+    tokio::spawn(async move { while change_rx.recv().await.is_some() {} });
+    let shutdown = CancellationToken::new();
+    let mut cfg = ReaperConfig::new(dir.path().to_path_buf());
+    cfg.grace = Duration::from_millis(1000);
+    cfg.restart.max_restarts = 0;
+    cfg.max_runners = n;
+    let (handle, task) = Reaper::start(cfg, storage, events, trip_rx, change_tx, shutdown.clone())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let mut pids = Vec::new();
+    for i in 0..n {
+        let (tx, rx) = oneshot::channel();
+        handle
+            .handle(ControlRequest::RegisterRunner {
+                spec: RunnerSpec {
+                    id: format!("r{i}"),
+                    heartbeat_socket: None,
+                    spawn: Some(SpawnSpec {
+                        argv: vec!["sleep".into(), "600".into()],
+                        cwd: None,
+                        env: Default::default(),
+                        workspace: None,
+                    }),
+                    attach: None,
+                },
+                reply: tx,
+            })
+            .await;
+        pids.push(rx.await.unwrap().unwrap()["pid"].as_u64().unwrap() as u32);
+    }
+    let registered = t.elapsed();
+    let t = Instant::now();
+    handle.stop_spawned_runners().await;
+    let took = t.elapsed();
+    shutdown.cancel();
+    let _ = task.await;
+    let left = pids.iter().filter(|p| alive(**p)).count();
+    println!(
+        "many_runners: {n} registered in {registered:?}; ordered shutdown took {took:?}; runners alive after {left}"
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if let Ok(arg) = std::env::var("SOAK_CHILD") {
@@ -305,5 +374,8 @@ async fn main() {
     }
     if want("bystanders") {
         bystanders(n).await;
+    }
+    if want("many_runners") {
+        many_runners().await;
     }
 }
