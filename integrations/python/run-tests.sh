@@ -26,6 +26,7 @@ STALLWATCH_TEST_PYTHON="$VENV/bin/python" "$VENV/bin/python" -m pytest -q -p no:
 
 if [ "${STALLWATCH_OTEL_MATRIX:-all}" != newest ]; then
   install "$OLDEST" "$HERE/constraints-oldest.txt"
+  "$OLDEST/bin/python" -m mypy --strict src/stallwatch_runner
   echo "== OpenTelemetry SDK $("$OLDEST/bin/python" -c 'from importlib.metadata import version; print(version("opentelemetry-sdk"))') (oldest declared)"
   STALLWATCH_TEST_PYTHON="$OLDEST/bin/python" "$OLDEST/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
 fi

@@ -29,7 +29,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, cast
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -213,10 +213,11 @@ def span_exporter(timeout_s: Optional[float] = None) -> SpanExporter:
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the grpc extra: "
                 "pip install 'stallwatch-runner[grpc]'"
             ) from err
-        return GrpcSpanExporter(timeout=timeout_s)
+        # SDK 1.30 annotates `timeout` as int; every release takes seconds as a float.
+        return GrpcSpanExporter(timeout=cast(Any, timeout_s))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(timeout=timeout_s)
+    return OTLPSpanExporter(timeout=cast(Any, timeout_s))
 
 
 def _env_timeout_s() -> Optional[float]:

@@ -30,9 +30,10 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
 from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -83,6 +84,12 @@ def _quiet_exporter_logs() -> None:
             lg.addFilter(_QUIET)
 
 
+def _context(span: ReadableSpan) -> Optional[SpanContext]:
+    # SDK 1.30 leaves get_span_context() unannotated; newer releases type it.
+    ctx: Optional[SpanContext] = cast(Any, span).get_span_context()
+    return ctx
+
+
 def is_tool_span(attributes: Any) -> bool:
     """True when the attributes mark a tool execution (see module docs)."""
     if not attributes:
@@ -110,7 +117,7 @@ def snapshot(span: Span) -> Optional[ReadableSpan]:
                 continue
         return ReadableSpan(
             name=span.name,
-            context=span.get_span_context(),
+            context=_context(span),
             parent=span.parent,
             resource=span.resource,
             attributes=attrs,
@@ -168,7 +175,10 @@ class OnStartSpanProcessor(SpanProcessor):
         if self._stopped.is_set():
             return
         try:
-            key = span.get_span_context().span_id
+            ctx = _context(span)
+            if ctx is None:
+                return
+            key = ctx.span_id
             if is_tool_span(span.attributes):
                 with self._lock:
                     if len(self._tools) >= MAX_TRACKED_SPANS:
@@ -195,7 +205,7 @@ class OnStartSpanProcessor(SpanProcessor):
         short tool against its SLA. stallwatch stores the two ended copies once.
         """
         try:
-            ctx = span.get_span_context()
+            ctx = _context(span)
             if ctx is None:
                 return
             key = ctx.span_id
@@ -281,7 +291,7 @@ class OnStartSpanProcessor(SpanProcessor):
             ok, error = False, f": {err}"
         keys = [
             ctx.span_id
-            for ctx in (s.get_span_context() for s in snaps if s.end_time is None)
+            for ctx in (_context(s) for s in snaps if s.end_time is None)
             if ctx is not None
         ]
         if ok:
