@@ -214,7 +214,7 @@ async fn inflight_budget_full_is_unavailable_with_retry_info() {
     // Hold 600 KiB of the budget with an HTTP request whose body never finishes.
     let mut s = tokio::net::TcpStream::connect(h.http).await.unwrap();
     let head = format!(
-        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
+        "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
         600 * 1024
     );
     s.write_all(head.as_bytes()).await.unwrap();

@@ -299,7 +299,7 @@ async fn attribute_nesting_deeper_than_32_is_400() {
 async fn hold_budget(h: &Harness, n: usize) -> tokio::net::TcpStream {
     let mut s = tokio::net::TcpStream::connect(h.http).await.unwrap();
     let head = format!(
-        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n{{"
+        "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {n}\r\n\r\n{{"
     );
     s.write_all(head.as_bytes()).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
