@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod failpoint;
+pub mod forensics;
 pub mod platform;
 pub mod runner;
 mod service;
