@@ -13,6 +13,7 @@ mod client;
 mod crash;
 mod demo;
 mod exporters;
+mod forensics;
 mod forward;
 mod lifecycle;
 mod reaper_fixes;

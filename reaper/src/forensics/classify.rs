@@ -31,8 +31,10 @@ pub struct Classification {
 /// CPU figures the rules use.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CpuFacts {
-    /// Percent of one core over the recent window (`None`: no history yet).
+    /// Percent of one core used over the recent window (`None`: no history yet).
     pub recent_pct: Option<u32>,
+    /// Percent of one core wanted (run + run-queue time) over the same window.
+    pub recent_demand_pct: Option<u32>,
     /// How long the process has been at or over [`BUSY_PCT`].
     pub busy_for: Duration,
     /// Share of user time in the busiest thread's lifetime CPU, percent.
@@ -100,15 +102,24 @@ pub fn classify(
         }
         _ => {}
     }
-    if let Some(p) = pct.filter(|p| *p >= BUSY_PCT) {
+    let wanted = cpu.recent_demand_pct.max(pct);
+    if let (Some(p), Some(w)) = (pct, wanted.filter(|w| *w >= BUSY_PCT)) {
         let (space, what) = if cpu.user_share_pct >= 50 {
             ("in user space", "busy loop")
         } else {
             ("in the kernel", "busy in system calls")
         };
+        let starved = if p < BUSY_PCT {
+            format!(", runnable {w}% of the time on a loaded machine")
+        } else {
+            String::new()
+        };
         return c(
             "busy_loop",
-            format!("{p}% CPU {space}{} ({what})", for_dur(Some(cpu.busy_for))),
+            format!(
+                "{p}% CPU {space}{} ({what}{starved})",
+                for_dur(Some(cpu.busy_for))
+            ),
         );
     }
     let idle_of = |t: &ThreadSnapshot| idle.get(&t.tid).copied();
@@ -270,11 +281,26 @@ mod tests {
 
         let busy = CpuFacts {
             recent_pct: Some(100),
+            recent_demand_pct: Some(100),
             busy_for: Duration::from_secs(30),
             user_share_pct: 99,
         };
         let k = classify(&proc_of(vec![thread(1, 'R', None)]), busy, &HashMap::new());
         assert_eq!(k.summary, "100% CPU in user space for 30 s (busy loop)");
+        let starved = CpuFacts {
+            recent_pct: Some(35),
+            recent_demand_pct: Some(99),
+            ..busy
+        };
+        let k = classify(
+            &proc_of(vec![thread(1, 'R', None)]),
+            starved,
+            &HashMap::new(),
+        );
+        assert_eq!(
+            k.summary,
+            "35% CPU in user space for 30 s (busy loop, runnable 99% of the time on a loaded machine)"
+        );
 
         let k = classify(&proc_of(vec![thread(1, 'T', None)]), low, &HashMap::new());
         assert!(k.summary.starts_with("stopped (T)"), "{k:?}");

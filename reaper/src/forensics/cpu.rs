@@ -22,8 +22,12 @@ pub struct Sample {
     pub at_unix_nano: u64,
     /// utime + stime of the whole process, clock ticks.
     pub total_ticks: u64,
+    /// Run + run-queue time of the whole process, ns (`None` without schedstat).
+    pub demand_ns: Option<u64>,
     /// utime + stime per thread id, clock ticks.
     pub per_thread: Vec<(u32, u64)>,
+    /// Run + run-queue time per thread id, ns.
+    pub per_thread_demand: Vec<(u32, u64)>,
 }
 
 /// The history of one process (a pid with its start time: a recycled pid starts afresh).
@@ -39,6 +43,17 @@ pub struct CpuUse {
     pub pct: u32,
     /// Length of the window, ms.
     pub window_ms: u64,
+    /// Percent of one core its busiest thread *wanted* (on a CPU or waiting on a run
+    /// queue); `None` without schedstat. On a loaded machine a busy loop gets less than it
+    /// wants.
+    pub demand_pct: Option<u32>,
+}
+
+impl CpuUse {
+    /// The share that says "busy": the demand when known, else the CPU used.
+    pub fn busy_pct(&self) -> u32 {
+        self.demand_pct.unwrap_or(self.pct).max(self.pct)
+    }
 }
 
 impl History {
@@ -102,20 +117,16 @@ impl History {
         out
     }
 
-    /// How long the whole process has used more than `busy_pct` of a core, counted back
-    /// from `now` over consecutive samples.
+    /// How long the whole process has been busy: the oldest sample from which up to `now`
+    /// it used (or wanted) at least `busy_pct` of a core on average.
     pub fn busy_for(&self, now: &Sample, hz: u64, busy_pct: u32) -> Duration {
-        let mut later = now;
         let mut since = now.at;
         for s in self.samples.iter().rev() {
-            if s.at >= later.at {
+            if s.at >= now.at {
                 continue;
             }
-            match cpu_between(s, later, hz) {
-                Some(u) if u.pct >= busy_pct => {
-                    since = s.at;
-                    later = s;
-                }
+            match cpu_between(s, now, hz) {
+                Some(u) if u.busy_pct() >= busy_pct => since = s.at,
                 _ => break,
             }
         }
@@ -123,16 +134,49 @@ impl History {
     }
 }
 
+/// What threads of `b` used since `a`, thread by thread (a thread new in `b` counts whole),
+/// so that a thread that exited in between does not make the total go down.
+fn per_thread_delta(a: &[(u32, u64)], b: &[(u32, u64)]) -> u64 {
+    b.iter()
+        .map(|(tid, v)| {
+            let before = a.iter().find(|(t, _)| t == tid).map_or(0, |(_, x)| *x);
+            v.saturating_sub(before)
+        })
+        .sum()
+}
+
 fn cpu_between(a: &Sample, b: &Sample, hz: u64) -> Option<CpuUse> {
     let wall = b.at.checked_duration_since(a.at)?;
     if wall.is_zero() {
         return None;
     }
-    let cpu_ms = b.total_ticks.saturating_sub(a.total_ticks) * 1000 / hz.max(1);
+    let ticks = if b.per_thread.is_empty() {
+        b.total_ticks.saturating_sub(a.total_ticks)
+    } else {
+        per_thread_delta(&a.per_thread, &b.per_thread)
+    };
+    let cpu_ms = ticks * 1000 / hz.max(1);
     let wall_ms = wall.as_millis().max(1) as u64;
+    let demand = if b.per_thread_demand.is_empty() {
+        a.demand_ns
+            .zip(b.demand_ns)
+            .map(|(x, y)| y.saturating_sub(x))
+    } else {
+        // The busiest thread present in both: many threads that each wake often (a GIL
+        // wait) are not a busy loop, and a new thread's whole life is not in the window.
+        b.per_thread_demand
+            .iter()
+            .filter_map(|(tid, v)| {
+                let (_, x) = a.per_thread_demand.iter().find(|(t, _)| t == tid)?;
+                Some(v.saturating_sub(*x))
+            })
+            .max()
+    };
+    let demand_pct = demand.map(|d| (d / 10_000 / wall_ms) as u32);
     Some(CpuUse {
         pct: (cpu_ms * 100 / wall_ms) as u32,
         window_ms: wall_ms,
+        demand_pct,
     })
 }
 
@@ -145,7 +189,9 @@ mod tests {
             at: t0 + Duration::from_secs(secs),
             at_unix_nano: 1_000_000_000_000 + secs * 1_000_000_000,
             total_ticks: total,
+            demand_ns: None,
             per_thread: per.to_vec(),
+            per_thread_demand: Vec::new(),
         }
     }
 
@@ -179,6 +225,17 @@ mod tests {
         // Since a span that started at second 4.
         let since = 1_000_000_000_000 + 4 * 1_000_000_000;
         assert_eq!(busy.use_since(since, &now_b, 100).unwrap().window_ms, 6000);
+        // On a loaded machine: 30% CPU got, 100% wanted.
+        let mut a = s(t0, 0, 0, &[]);
+        let mut b = s(t0, 1, 30, &[]);
+        a.demand_ns = Some(0);
+        b.demand_ns = Some(1_000_000_000);
+        let u = cpu_between(&a, &b, 100).unwrap();
+        assert_eq!((u.pct, u.demand_pct, u.busy_pct()), (30, Some(100), 100));
+        // A thread that exited in between does not make the total go down.
+        let a = s(t0, 0, 0, &[(1, 50), (2, 500)]);
+        let b = s(t0, 1, 0, &[(1, 150)]);
+        assert_eq!(cpu_between(&a, &b, 100).unwrap().pct, 100);
     }
 
     #[test]

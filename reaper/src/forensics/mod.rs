@@ -47,8 +47,13 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_millis(500);
 pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_millis(2000);
 /// Largest evidence stored with an incident, bytes of JSON (64 KiB, issue 18).
 pub const MAX_EVIDENCE_BYTES: usize = 64 * 1024;
-/// The "last seconds" window of the recent-CPU figure.
-pub const RECENT_WINDOW: Duration = Duration::from_secs(10);
+/// The "last seconds" window of the recent-CPU figure: five sampling intervals, at least
+/// this long ...
+pub const RECENT_WINDOW_MIN: Duration = Duration::from_secs(1);
+/// ... and at most this long.
+pub const RECENT_WINDOW_MAX: Duration = Duration::from_secs(10);
+/// Time kept at the end of the budget for turning what was read into evidence.
+const ASSEMBLY_RESERVE: Duration = Duration::from_millis(10);
 /// How often the dump file is polled while the kit writes it.
 const POLL: Duration = Duration::from_millis(5);
 /// At most one suspect collection per runner in this time.
@@ -135,14 +140,16 @@ impl Forensics {
         let samples: Vec<((u32, String), Sample)> = runners
             .iter()
             .filter_map(|(pid, inst)| {
-                let (total, per) = procfs::read_cpu(*pid)?;
+                let (total, demand_ns, per, per_demand) = procfs::read_cpu(*pid)?;
                 Some((
                     (*pid, inst.clone()),
                     Sample {
                         at: now,
                         at_unix_nano,
                         total_ticks: total,
+                        demand_ns,
                         per_thread: per,
+                        per_thread_demand: per_demand,
                     },
                 ))
             })
@@ -204,7 +211,12 @@ impl Forensics {
                 None => ToolContext::default(),
             }
         };
-        let evidence = self.collect(&subject, tool, deadline).await;
+        let mut evidence = self.collect(&subject, tool, deadline).await;
+        // How long after the trip's decision forensics handed over to the kill.
+        let done = now_unix_nano().saturating_sub(trip.at_unix_nano) / 1_000_000;
+        if let Some(f) = evidence.fields.get_mut("forensics") {
+            f["done_after_trip_ms"] = done.into();
+        }
         if let Some(id) = trip.incident_id {
             let storage = storage.clone();
             let ev = evidence.clone();
@@ -248,7 +260,10 @@ impl Forensics {
         let kernel = async {
             match tokio::time::timeout_at(
                 deadline,
-                tokio::task::spawn_blocking(move || procfs::read_process(pid)),
+                tokio::task::spawn_blocking(move || {
+                    let p = procfs::read_process(pid)?;
+                    Some((p, Instant::now(), now_unix_nano()))
+                }),
             )
             .await
             {
@@ -266,7 +281,7 @@ impl Forensics {
         );
         let stopped = snap
             .as_ref()
-            .is_some_and(|p| matches!(p.state, 'T' | 't' | 'Z' | 'X'));
+            .is_some_and(|(p, _, _)| matches!(p.state, 'T' | 't' | 'Z' | 'X'));
         let stacks = if snap.is_none() {
             Err("the runner is gone".to_string())
         } else if stopped {
@@ -275,7 +290,18 @@ impl Forensics {
                     .into(),
             )
         } else {
-            self.dump(s, deadline).await
+            let dump_deadline = deadline
+                .checked_sub(ASSEMBLY_RESERVE)
+                .unwrap_or(deadline)
+                .max(tokio::time::Instant::now());
+            tokio::time::timeout_at(dump_deadline, self.dump(s, dump_deadline))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "no complete dump within the {} ms budget",
+                        self.budget.as_millis()
+                    ))
+                })
         };
         self.assemble(s, &tool, snap, stacks, started)
     }
@@ -313,7 +339,7 @@ impl Forensics {
                     }
                 ));
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep_until((tokio::time::Instant::now() + POLL).min(deadline)).await;
             match header.runtime {
                 Runtime::Python => {
                     let now = file_meta(&file);
@@ -359,12 +385,11 @@ impl Forensics {
         &self,
         s: &Subject,
         tool: &ToolContext,
-        snap: Option<ProcessSnapshot>,
+        snap: Option<(ProcessSnapshot, Instant, u64)>,
         stacks: Result<Dump, String>,
         started: Instant,
     ) -> Evidence {
-        let now = Instant::now();
-        let Some(snap) = snap else {
+        let Some((snap, read_at, read_at_unix_nano)) = snap else {
             let mut fields = Map::new();
             fields.insert(
                 "classification".into(),
@@ -382,13 +407,19 @@ impl Forensics {
             };
         };
         let sample = Sample {
-            at: now,
-            at_unix_nano: now_unix_nano(),
+            at: read_at,
+            at_unix_nano: read_at_unix_nano,
             total_ticks: snap.cpu_ticks(),
+            demand_ns: snap.demand_ns(),
             per_thread: snap
                 .threads
                 .iter()
                 .map(|t| (t.tid, t.cpu_ticks()))
+                .collect(),
+            per_thread_demand: snap
+                .threads
+                .iter()
+                .filter_map(|t| Some((t.tid, t.demand_ns?)))
                 .collect(),
         };
         let hist = self
@@ -397,7 +428,8 @@ impl Forensics {
             .ok()
             .and_then(|h| h.get(&(s.pid, s.instance_id.clone())).cloned())
             .unwrap_or_default();
-        let recent = hist.use_recent(RECENT_WINDOW, &sample, self.hz);
+        let window = (self.sample_every * 5).clamp(RECENT_WINDOW_MIN, RECENT_WINDOW_MAX);
+        let recent = hist.use_recent(window, &sample, self.hz);
         let since_start = tool
             .span_start_unix_nano
             .and_then(|t| hist.use_since(t, &sample, self.hz));
@@ -409,6 +441,7 @@ impl Forensics {
             .map_or(100, |t| (t.utime_ticks * 100 / t.cpu_ticks()) as u32);
         let facts = CpuFacts {
             recent_pct: recent.map(|u| u.pct),
+            recent_demand_pct: recent.and_then(|u| u.demand_pct),
             busy_for,
             user_share_pct,
         };
@@ -486,6 +519,7 @@ impl Forensics {
             "tool_name": tool.tool_name,
             "cpu": {
                 "recent_pct": recent.map(|u| u.pct), "recent_window_ms": recent.map(|u| u.window_ms),
+                "recent_demand_pct": recent.and_then(|u| u.demand_pct),
                 "since_span_start_pct": since_start.map(|u| u.pct),
                 "since_span_start_window_ms": since_start.map(|u| u.window_ms),
                 "busy_for_ms": busy_for.as_millis() as u64, "user_share_pct": user_share_pct,

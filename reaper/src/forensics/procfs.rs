@@ -48,6 +48,9 @@ pub struct ThreadSnapshot {
     pub voluntary_ctxt_switches: Option<u64>,
     /// Involuntary context switches (`status`).
     pub nonvoluntary_ctxt_switches: Option<u64>,
+    /// Time on a CPU plus time waiting on a run queue, ns (`schedstat` fields 1 + 2): what
+    /// the thread *wanted* to run, which on a loaded machine exceeds what it got.
+    pub demand_ns: Option<u64>,
 }
 
 impl ThreadSnapshot {
@@ -78,6 +81,10 @@ impl ProcessSnapshot {
     /// utime + stime summed over the read threads, clock ticks.
     pub fn cpu_ticks(&self) -> u64 {
         self.threads.iter().map(ThreadSnapshot::cpu_ticks).sum()
+    }
+    /// Run + run-queue time summed over the read threads, ns (`None` without schedstat).
+    pub fn demand_ns(&self) -> Option<u64> {
+        self.threads.iter().map(|t| t.demand_ns).sum()
     }
     /// The main thread, when read.
     pub fn main_thread(&self) -> Option<&ThreadSnapshot> {
@@ -111,6 +118,18 @@ pub fn parse_syscall(text: &str) -> Option<(i64, Vec<u64>)> {
         .filter_map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
         .collect();
     Some((nr, args))
+}
+
+/// `schedstat` (`on_cpu_ns wait_ns timeslices`) → on_cpu + wait, ns.
+pub fn parse_schedstat(text: &str) -> Option<u64> {
+    let mut it = text.split_whitespace();
+    let run: u64 = it.next()?.parse().ok()?;
+    let wait: u64 = it.next()?.parse().ok()?;
+    Some(run + wait)
+}
+
+fn read_demand(pid: u32, tid: u32) -> Option<u64> {
+    parse_schedstat(&std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?)
 }
 
 /// A `status` field as a number (`VmRSS:  1234 kB` → 1234).
@@ -221,6 +240,7 @@ pub fn read_thread(pid: u32, tid: u32) -> Option<ThreadSnapshot> {
         stime_ticks: stime,
         voluntary_ctxt_switches: status_field(&status, "voluntary_ctxt_switches"),
         nonvoluntary_ctxt_switches: status_field(&status, "nonvoluntary_ctxt_switches"),
+        demand_ns: read_demand(pid, tid),
         ..Default::default()
     };
     if let Some((nr, args)) = sc {
@@ -276,9 +296,10 @@ pub fn read_process(pid: u32) -> Option<ProcessSnapshot> {
     })
 }
 
-/// Only the CPU ticks per thread (the cheap read of the sampler): `(tid, ticks)` plus the
-/// process total. `None` when the process is gone.
-pub fn read_cpu(pid: u32) -> Option<(u64, Vec<(u32, u64)>)> {
+/// Only the CPU figures (the cheap read of the sampler): `(tid, ticks)` per thread, the
+/// process total of ticks and of run + run-queue ns. `None` when the process is gone.
+#[allow(clippy::type_complexity)]
+pub fn read_cpu(pid: u32) -> Option<(u64, Option<u64>, Vec<(u32, u64)>, Vec<(u32, u64)>)> {
     let (ids, _) = thread_ids(pid);
     if ids.is_empty() {
         return None;
@@ -291,7 +312,12 @@ pub fn read_cpu(pid: u32) -> Option<(u64, Vec<(u32, u64)>)> {
             Some((*tid, u + st))
         })
         .collect();
-    Some((per.iter().map(|(_, t)| t).sum(), per))
+    let per_demand: Vec<(u32, u64)> = ids
+        .iter()
+        .filter_map(|tid| Some((*tid, read_demand(pid, *tid)?)))
+        .collect();
+    let demand = (!per_demand.is_empty()).then(|| per_demand.iter().map(|(_, d)| d).sum());
+    Some((per.iter().map(|(_, t)| t).sum(), demand, per, per_demand))
 }
 
 fn count_entries(dir: &Path) -> Option<usize> {
@@ -333,5 +359,7 @@ mod tests {
         assert!(p.thread_count >= 1);
         assert!(read_cpu(std::process::id()).is_some());
         assert!(read_process(u32::MAX - 1).is_none());
+        assert_eq!(parse_schedstat("10 5 3\n"), Some(15));
+        assert!(p.threads[0].demand_ns.is_some());
     }
 }
