@@ -14,6 +14,7 @@ mod crash;
 mod demo;
 mod exporters;
 mod faults;
+mod forensics;
 mod forward;
 mod lifecycle;
 mod openspans;

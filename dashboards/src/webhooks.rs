@@ -210,7 +210,10 @@ fn jitter_for(delivery: i64, attempts: u32) -> f64 {
 }
 
 /// The webhook body: what happened, to which runner, tool, trace and span, why, the
-/// evidence, and links back to the dashboard (`base_url` without trailing `/`).
+/// evidence, and links back to the dashboard (`base_url` without trailing `/`). An
+/// incident with stall forensics (`evidence.classification`, issue 18) carries
+/// `forensics: {summary, tool_frame, link}` and its evidence without the bulky `threads`
+/// and `stacks` (the link leads to them).
 pub fn body(incident: &Incident, base_url: &str) -> String {
     let n = &incident.incident;
     let trace = n.trace_id.map(|t| t.to_hex());
@@ -233,6 +236,19 @@ pub fn body(incident: &Incident, base_url: &str) -> String {
             links.insert("span".into(), format!("{base_url}/#/span/{t}/{s}").into());
         }
     }
+    // Stall forensics (issue 18): a summary and a link instead of the threads and stacks.
+    let mut evidence = n.evidence.clone();
+    let forensics = n.evidence["classification"].as_str().map(|summary| {
+        if let Some(e) = evidence.as_object_mut() {
+            e.remove("threads");
+            e.remove("stacks");
+        }
+        json!({
+            "summary": summary,
+            "tool_frame": n.evidence["stacks"]["tool_frame"],
+            "link": format!("{base_url}/#/incident/{}", incident.id),
+        })
+    });
     json!({
         "event": n.kind.as_str(),
         "incident_id": incident.id,
@@ -242,7 +258,8 @@ pub fn body(incident: &Incident, base_url: &str) -> String {
         "trace_id": trace,
         "span_id": span,
         "reason": n.reason,
-        "evidence": n.evidence,
+        "evidence": evidence,
+        "forensics": forensics,
         "idempotency_key": idempotency_key(incident),
         "links": links,
     })

@@ -267,7 +267,7 @@ async function viewIncident(id) {
         h("dt", {}, "tool"), h("dd", {}, i.tool_name || "—"),
         h("dt", {}, "trace"), h("dd", {}, i.trace_id ? h("a", { class: "mono", href: `#/trace/${i.trace_id}` }, i.trace_id) : "—"),
         h("dt", {}, "span"), h("dd", {}, i.span_id ? h("a", { class: "mono", href: `#/span/${i.trace_id}/${i.span_id}` }, i.span_id) : "—")),
-        evidenceSteps(i.evidence), h("h2", {}, "Evidence"), h("pre", {}, JSON.stringify(i.evidence, null, 2))),
+        evidenceSteps(i.evidence), typeof forensicsPanel === "function" ? forensicsPanel(i.evidence) : null, h("h2", {}, "Evidence"), h("pre", {}, JSON.stringify(i.evidence, null, 2))),
       h("h2", {}, "Webhook deliveries"), h("div", { class: "panel" }, deliveriesTable(d.items)));
   } catch (e) { mount(errorBox(e)); }
 }

@@ -73,6 +73,12 @@ pub struct ReaperConfig {
     /// Most live runners registered at once; more are refused with `too_many_runners`
     /// (default [`DEFAULT_MAX_RUNNERS`]).
     pub max_runners: usize,
+    /// Most time spent on stall forensics before the first SIGTERM, counted from the trip
+    /// (default [`crate::forensics::DEFAULT_BUDGET`]); zero turns forensics off.
+    pub forensics_budget: Duration,
+    /// CPU sampling interval of the forensics history (default
+    /// [`crate::forensics::DEFAULT_SAMPLE_INTERVAL`]).
+    pub forensics_sample: Duration,
 }
 
 impl ReaperConfig {
@@ -89,6 +95,8 @@ impl ReaperConfig {
             tail_lines: DEFAULT_TAIL_LINES,
             zombie_interval: DEFAULT_ZOMBIE_INTERVAL,
             max_runners: DEFAULT_MAX_RUNNERS,
+            forensics_budget: crate::forensics::DEFAULT_BUDGET,
+            forensics_sample: crate::forensics::DEFAULT_SAMPLE_INTERVAL,
         }
     }
 }
@@ -111,6 +119,10 @@ pub struct RawReaperConfig {
     pub tail_lines: Option<usize>,
     /// Most runners registered at once, count (default 1024).
     pub max_runners: Option<usize>,
+    /// Stall forensics budget before the first SIGTERM, ms (default 500; 0 = off).
+    pub forensics_budget_ms: Option<u64>,
+    /// CPU sampling interval for stall forensics, ms (default 2000, at least 10).
+    pub forensics_sample_ms: Option<u64>,
 }
 
 /// Input of the `TryFrom`: the raw table plus what `src/` knows (data folder, `[[runner]]`).
@@ -167,6 +179,22 @@ impl TryFrom<ReaperConfigInput> for ReaperConfig {
         }
         if let Some(t) = raw.tail_lines {
             c.tail_lines = t.max(1);
+        }
+        if let Some(ms) = raw.forensics_budget_ms {
+            if ms > 10_000 {
+                return Err(ReaperError::Config(format!(
+                    "reaper.forensics_budget_ms = {ms} is over 10000: it delays every kill"
+                )));
+            }
+            c.forensics_budget = Duration::from_millis(ms);
+        }
+        if let Some(ms) = raw.forensics_sample_ms {
+            if ms < 10 {
+                return Err(ReaperError::Config(
+                    "reaper.forensics_sample_ms must be at least 10".into(),
+                ));
+            }
+            c.forensics_sample = Duration::from_millis(ms);
         }
         let mut seen = std::collections::HashSet::new();
         for r in &input.runners {

@@ -14,6 +14,7 @@ pub mod ends;
 pub mod error;
 pub mod failpoint;
 pub mod plan;
+pub mod forensics;
 pub mod platform;
 pub mod runner;
 mod service;

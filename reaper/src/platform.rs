@@ -153,6 +153,20 @@ pub fn send_signal(target: SignalTarget<'_>, sig: Sig) -> Result<(), SignalError
     Ok(())
 }
 
+/// Sends SIGUSR2 (the stall-forensics dump request) to one process through its pidfd, so
+/// it can only reach the process the fd was opened for. Callers send it only to a runner
+/// whose kit announced a SIGUSR2 handler (SIGUSR2 ends a process without one).
+///
+/// Errors: [`SignalError::Protected`], or [`SignalError::Os`] with the kernel's error.
+#[allow(clippy::disallowed_methods)]
+pub fn send_dump_signal(fd: BorrowedFd<'_>, pid: u32) -> Result<(), SignalError> {
+    if protected(pid) {
+        return Err(SignalError::Protected(format!("pid {pid}")));
+    }
+    rustix::process::pidfd_send_signal(fd, Signal::USR2).map_err(io::Error::from)?;
+    Ok(())
+}
+
 /// Opens a pidfd for `pid` (Linux >= 5.3).
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     let p = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;

@@ -180,6 +180,14 @@ pub fn runner_env(
     set("OTEL_SERVICE_NAME", id.into());
     set("MPLBACKEND", "Agg".into());
     set("PYTHONUNBUFFERED", "1".into());
+    if !config.forensics_budget.is_zero() {
+        set(
+            crate::forensics::STACKS_FILE_ENV,
+            crate::forensics::stacks_path(&config.data_dir, id, instance_id)
+                .to_string_lossy()
+                .into_owned(),
+        );
+    }
     for (k, v) in &spawn.env {
         if k.starts_with("OTEL_EXPORTER_OTLP_") && k != "OTEL_EXPORTER_OTLP_TIMEOUT" {
             tracing::warn!(

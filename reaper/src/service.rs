@@ -112,6 +112,7 @@ struct Inner {
     stopping_all: AtomicBool,
     boot_id: String,
     started_unix_nano: u64,
+    forensics: Arc<crate::forensics::Forensics>,
 }
 
 /// The reaper (see the crate docs). Built with [`Reaper::start`].
@@ -159,6 +160,7 @@ impl Reaper {
             stopping_all: AtomicBool::new(false),
             boot_id,
             started_unix_nano: now_unix_nano(),
+            forensics: Arc::new(crate::forensics::Forensics::new(&config)),
         });
         let handle = ReaperHandle { inner };
         // Before anything else touches a workspace: finish the commits and rollbacks a crash
@@ -175,6 +177,7 @@ impl Reaper {
                 "checkpoints interrupted by a crash settled"
             );
         }
+        crate::forensics::start(handle.clone());
         for spec in &config.runners {
             // A process of this id left by a crashed run is settled first, so the sweep
             // and this registration never race over the same id.
@@ -444,6 +447,49 @@ impl ReaperHandle {
     }
     pub(crate) fn stats_ref(&self) -> &ReaperStats {
         &self.inner.stats
+    }
+    pub(crate) fn forensics(&self) -> Arc<crate::forensics::Forensics> {
+        self.inner.forensics.clone()
+    }
+    pub(crate) fn events(&self) -> &EventBus {
+        &self.inner.events
+    }
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+    /// `(id, pid, instance_id)` of every live runner (the forensics CPU sampler's list).
+    pub(crate) fn forensics_runners(&self) -> Vec<(String, u32, String)> {
+        let live = self
+            .entries()
+            .into_iter()
+            .filter(|e| e.alive.load(Ordering::SeqCst));
+        live.map(|e| (e.id.clone(), e.pid, e.instance_id.clone()))
+            .collect()
+    }
+    /// What forensics needs of live runner `id`; its pidfd only when no termination holds
+    /// the runner's lock (so forensics never waits for one).
+    pub(crate) async fn forensics_subject(&self, id: &str) -> Option<crate::forensics::Subject> {
+        let e = self.entry(id).filter(|e| e.alive.load(Ordering::SeqCst))?;
+        let pidfd = e
+            .proc
+            .try_lock()
+            .ok()
+            .and_then(|st| st.pidfd.as_ref()?.try_clone().ok());
+        let argv = e
+            .spec
+            .spawn
+            .as_ref()
+            .map(|s| s.argv.clone())
+            .unwrap_or_default();
+        let (pid, instance_id) = (e.pid, e.instance_id.clone());
+        Some(crate::forensics::Subject {
+            runner_id: e.id.clone(),
+            instance_id,
+            pid,
+            pidfd,
+            spawned: e.spawned,
+            argv,
+        })
     }
 
     fn entries(&self) -> Vec<Arc<Entry>> {
@@ -1184,6 +1230,11 @@ impl ReaperHandle {
                 })
                 .await;
         }
+        let forensics = self
+            .inner
+            .forensics
+            .take(&id)
+            .filter(|_| cause.starts_with("trip"));
         let state = if cause == "delete" {
             RunnerRowState::Removed
         } else if report.ended_by == "not_signalled" {
@@ -1192,11 +1243,14 @@ impl ReaperHandle {
         } else {
             RunnerRowState::Terminated
         };
-        let evidence = serde_json::json!({
+        let mut evidence = serde_json::json!({
             "cause": cause, "report": report, "checkpoints_rolled_back": rolled,
             "checkpoint_errors": errors, "spans_closed": closed,
             "last_stderr": entry.tail.lines("stderr"),
         });
+        if let (Some(fx), Some(obj)) = (&forensics, evidence.as_object_mut()) {
+            obj.extend(fx.fields.clone());
+        }
         let _ = self
             .inner
             .storage
@@ -1207,14 +1261,17 @@ impl ReaperHandle {
                 EventKind::RunnerTerminated,
                 &id,
                 format!(
-                    "runner {id} stopped ({cause}): ended by {} after {} ms{}",
+                    "runner {id} stopped ({cause}): ended by {} after {} ms{}{}",
                     report.ended_by,
                     report.duration_ms,
                     if report.survivors.is_empty() {
                         String::new()
                     } else {
                         format!(", {} survivors", report.survivors.len())
-                    }
+                    },
+                    forensics
+                        .map(|f| format!("\n{}", f.reason_line))
+                        .unwrap_or_default()
                 ),
                 evidence,
                 format!("runner.terminated:{id}:{}", report.termination_id),
@@ -1256,7 +1313,21 @@ impl ReaperHandle {
             })
             .await;
         let cause = format!("trip: {}", trip.verdict);
-        if let Some(report) = self.stop(&entry, &cause, None).await {
+        let fx = self.inner.forensics.enabled();
+        if let Some(subject) = self.forensics_subject(&entry.id).await.filter(|_| fx) {
+            self.inner
+                .forensics
+                .before_kill(&self.inner.storage, &trip, subject)
+                .await;
+        }
+        let stopped = self.stop(&entry, &cause, None).await;
+        if stopped
+            .as_ref()
+            .is_none_or(|r| r.ended_by == "not_signalled")
+        {
+            self.inner.forensics.take(&entry.id);
+        }
+        if let Some(report) = stopped {
             self.after_stop(&entry, &report, &cause, &trip.open_spans)
                 .await;
             if report.ended_by != "not_signalled" {

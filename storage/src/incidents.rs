@@ -1,5 +1,9 @@
 //! The append-only incident table: every verdict change, breaker transition, termination,
 //! rollback and storage alarm, with its evidence. Written with `synchronous=FULL`.
+//!
+//! Rows are never deleted or rewritten, with one additive exception: stall forensics
+//! (issue 18) may add evidence keys and one reason line to an incident after it was
+//! recorded ([`Storage::attach_incident_evidence`]); keys already present are kept.
 
 use rusqlite::{params, OptionalExtension, Row};
 
@@ -104,6 +108,54 @@ impl Storage {
                 row_to_incident,
             )?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Adds the keys of `extra` that its evidence does not have yet to incident `id` (a
+    /// non-object evidence is kept under `"original"`), and appends `reason_line` to its
+    /// reason on a new line unless it already ends with it. `synchronous=FULL`. Answers the
+    /// updated incident; `None` when there is no incident `id`.
+    pub async fn attach_incident_evidence(
+        &self,
+        id: i64,
+        extra: serde_json::Map<String, serde_json::Value>,
+        reason_line: Option<String>,
+    ) -> Result<Option<Incident>, StorageError> {
+        self.control(move |tx| {
+            let Some(mut inc) = tx
+                .query_row(
+                    &format!("SELECT {COLUMNS} FROM incidents WHERE id = ?1"),
+                    [id],
+                    row_to_incident,
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let ev = &mut inc.incident.evidence;
+            if !ev.is_object() {
+                let original = std::mem::take(ev);
+                *ev = serde_json::json!({});
+                if !original.is_null() {
+                    ev["original"] = original;
+                }
+            }
+            if let Some(obj) = ev.as_object_mut() {
+                for (k, v) in extra {
+                    obj.entry(k).or_insert(v);
+                }
+            }
+            if let Some(line) = reason_line.filter(|l| !l.is_empty()) {
+                if !inc.incident.reason.ends_with(&line) {
+                    inc.incident.reason = format!("{}\n{line}", inc.incident.reason);
+                }
+            }
+            tx.execute(
+                "UPDATE incidents SET evidence = ?1, reason = ?2 WHERE id = ?3",
+                params![inc.incident.evidence.to_string(), inc.incident.reason, id],
+            )?;
+            Ok(Some(inc))
         })
         .await
     }

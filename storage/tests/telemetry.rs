@@ -1039,3 +1039,50 @@ mod prop {
         }
     }
 }
+
+#[tokio::test]
+async fn forensics_evidence_is_added_to_an_incident_once_without_overwriting() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    let inc = storage
+        .record_incident(NewIncident {
+            kind: EventKind::BreakerOpened,
+            runner_id: Some("r1".into()),
+            tool_name: Some("run_notebook".into()),
+            trace_id: None,
+            span_id: None,
+            reason: "tool_overrun: over its SLA".into(),
+            evidence: serde_json::json!({"verdict": "tool_overrun"}),
+            idempotency_key: "k1".into(),
+            at_unix_nano: 1,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let mut extra = serde_json::Map::new();
+    extra.insert("classification".into(), "busy loop".into());
+    extra.insert("verdict".into(), "overwritten?".into());
+    for _ in 0..2 {
+        let got = storage
+            .attach_incident_evidence(inc.id, extra.clone(), Some("busy loop; main at f".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got.incident.reason,
+            "tool_overrun: over its SLA\nbusy loop; main at f"
+        );
+    }
+    let back = storage.incident(inc.id).await.unwrap().unwrap();
+    assert_eq!(back.incident.evidence["classification"], "busy loop");
+    assert_eq!(back.incident.evidence["verdict"], "tool_overrun");
+    assert_eq!(
+        back.incident.reason,
+        "tool_overrun: over its SLA\nbusy loop; main at f"
+    );
+    assert!(storage
+        .attach_incident_evidence(inc.id + 100, extra, None)
+        .await
+        .unwrap()
+        .is_none());
+}

@@ -1,0 +1,446 @@
+//! Runtime stacks from a runner's kit (the stall forensics hook of issue 18, `docs/design.md`
+//! section "Stall forensics"): the header line a kit writes to `STALLWATCH_STACKS_FILE`, the
+//! Python `faulthandler` dump it appends on SIGUSR2, and the Node diagnostic report
+//! (`process.report`, JSON) it writes on SIGUSR2, parsed into frames; and which frame is the
+//! tool's own code.
+//!
+//! Header (one line, written once at setup):
+//! `stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python|node[ report=<abs path>]`.
+//! stallwatch sends SIGUSR2 only when the header names the runner's pid: SIGUSR2 ends a
+//! process that has no handler for it.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// The header's first word.
+pub const HEADER_MAGIC: &str = "stallwatch-stacks";
+/// Longest header line read, bytes.
+pub const MAX_HEADER_BYTES: usize = 4096;
+/// Most bytes of a dump or report read.
+pub const MAX_DUMP_BYTES: u64 = 4 << 20;
+/// Most frames kept per thread (innermost first).
+pub const MAX_FRAMES: usize = 48;
+
+/// The runtime a kit reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// CPython with `faulthandler`.
+    Python,
+    /// Node.js with `process.report`.
+    Node,
+}
+
+/// A parsed, checked header line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The pid the kit wrote (must be the runner's).
+    pub pid: u32,
+    /// Its runtime.
+    pub runtime: Runtime,
+    /// Node: the report file's absolute path.
+    pub report: Option<PathBuf>,
+}
+
+/// Parses a header line. Errors name what is wrong (shown as the reason stacks are missing).
+pub fn parse_header(line: &str) -> Result<Header, String> {
+    let mut words = line.split_whitespace();
+    if words.next() != Some(HEADER_MAGIC) {
+        return Err("the stacks file has no stallwatch-stacks header".into());
+    }
+    if words.next() != Some("v1") {
+        return Err("the stacks header is not version v1".into());
+    }
+    let (mut pid, mut signal, mut runtime, mut report) = (None, None, None, None);
+    for w in words {
+        match w.split_once('=') {
+            Some(("pid", v)) => pid = v.parse::<u32>().ok(),
+            Some(("signal", v)) => signal = Some(v.to_string()),
+            Some(("runtime", "python")) => runtime = Some(Runtime::Python),
+            Some(("runtime", "node")) => runtime = Some(Runtime::Node),
+            Some(("runtime", v)) => {
+                return Err(format!("unknown runtime {v:?} in the stacks header"))
+            }
+            Some(("report", v)) => report = Some(PathBuf::from(v)),
+            _ => {}
+        }
+    }
+    let pid = pid.ok_or("the stacks header has no valid pid=")?;
+    if signal.as_deref() != Some("SIGUSR2") {
+        return Err("the stacks header does not name signal=SIGUSR2".into());
+    }
+    let runtime = runtime.ok_or("the stacks header has no runtime=")?;
+    if runtime == Runtime::Node && !report.as_ref().is_some_and(|p| p.is_absolute()) {
+        return Err("a node stacks header needs report=<absolute path>".into());
+    }
+    Ok(Header {
+        pid,
+        runtime,
+        report,
+    })
+}
+
+/// Reads and checks the header of `file` against `pid`. Errors say why no signal is sent.
+pub fn read_header(file: &Path, pid: u32) -> Result<Header, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(file).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            "the runner's kit wrote no stacks file (no kit, or an old one)".to_string()
+        }
+        _ => format!("the stacks file cannot be read: {e}"),
+    })?;
+    let mut buf = Vec::new();
+    f.take(MAX_HEADER_BYTES as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("the stacks file cannot be read: {e}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    let line = text.lines().next().unwrap_or_default();
+    let h = parse_header(line)?;
+    if h.pid != pid {
+        return Err(format!(
+            "the stacks header names pid {}, not the runner's pid {pid}",
+            h.pid
+        ));
+    }
+    Ok(h)
+}
+
+/// One frame, innermost first in [`ThreadStack::frames`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Frame {
+    /// Function name (`<module>` for Python top level, `<anonymous>` for Node).
+    pub function: String,
+    /// Source file (or URL for Node).
+    pub file: String,
+    /// 1-based line.
+    pub line: Option<u32>,
+    /// 1-based column (Node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
+    /// True for the frame inside the tool span's code (see [`mark_tool_frames`]).
+    pub tool: bool,
+}
+
+/// The stack of one thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ThreadStack {
+    /// The runtime's id for it (Python: `0x...` thread ident; Node: `main`).
+    pub id: String,
+    /// True for the main thread.
+    pub main: bool,
+    /// True for the thread that ran the dump (Python: "Current thread").
+    pub current: bool,
+    /// Frames, innermost first, at most [`MAX_FRAMES`].
+    pub frames: Vec<Frame>,
+    /// Frames left out past [`MAX_FRAMES`].
+    pub frames_omitted: usize,
+}
+
+/// Parses one `faulthandler` dump (`dump_traceback(all_threads=True)` format).
+pub fn parse_faulthandler(text: &str) -> Vec<ThreadStack> {
+    let mut out: Vec<ThreadStack> = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(rest) = t
+            .strip_prefix("Current thread ")
+            .map(|r| (r, true))
+            .or_else(|| t.strip_prefix("Thread ").map(|r| (r, false)))
+            .filter(|(r, _)| r.ends_with("(most recent call first):"))
+        {
+            let (r, current) = rest;
+            out.push(ThreadStack {
+                id: r.split_whitespace().next().unwrap_or_default().to_string(),
+                current,
+                ..Default::default()
+            });
+        } else if t == "Stack (most recent call first):" {
+            out.push(ThreadStack {
+                id: "current".into(),
+                current: true,
+                ..Default::default()
+            });
+        } else if let Some(f) = t.strip_prefix("File \"") {
+            let Some(cur) = out.last_mut() else { continue };
+            let Some((file, rest)) = f.split_once("\", line ") else {
+                continue;
+            };
+            let (line_no, func) = rest.split_once(" in ").unwrap_or((rest, "?"));
+            push_frame(
+                cur,
+                Frame {
+                    function: func.to_string(),
+                    file: file.to_string(),
+                    line: line_no.trim().parse().ok(),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    // The main thread is the one whose outermost frame is the script's top level.
+    let main = out
+        .iter()
+        .position(|s| s.frames.last().is_some_and(|f| f.function == "<module>"));
+    if let Some(i) = main {
+        out[i].main = true;
+    }
+    out
+}
+
+fn push_frame(stack: &mut ThreadStack, f: Frame) {
+    if stack.frames.len() < MAX_FRAMES {
+        stack.frames.push(f);
+    } else {
+        stack.frames_omitted += 1;
+    }
+}
+
+/// Parses one V8 stack line: `at fn (file:line:col)`, `at file:line:col`, `at async fn (...)`.
+pub fn parse_v8_line(line: &str) -> Option<Frame> {
+    let t = line.trim().strip_prefix("at ")?;
+    let (function, loc) = match t.rfind(" (") {
+        Some(i) if t.ends_with(')') => (t[..i].to_string(), &t[i + 2..t.len() - 1]),
+        _ => ("<anonymous>".to_string(), t),
+    };
+    let function = function.trim_start_matches("async ").to_string();
+    let (rest, col) = loc.rsplit_once(':')?;
+    let (file, ln) = rest.rsplit_once(':')?;
+    Some(Frame {
+        function,
+        file: file.to_string(),
+        line: ln.parse().ok(),
+        column: col.parse().ok(),
+        tool: false,
+    })
+}
+
+/// What a Node report says: the JavaScript stack of the main thread and the active libuv
+/// handles (what an idle loop is waiting for).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NodeReport {
+    /// The main thread's stack (empty when no JavaScript was running).
+    pub threads: Vec<ThreadStack>,
+    /// Active libuv handle types with their count (`timer: 1`, `tcp: 2`, ...).
+    pub active_handles: Vec<(String, usize)>,
+}
+
+/// Parses a Node diagnostic report (`process.report` JSON). Errors: not JSON / not a report.
+pub fn parse_node_report(text: &str) -> Result<NodeReport, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("the node report is not JSON: {e}"))?;
+    if v.get("header").is_none() {
+        return Err("the node report has no header".into());
+    }
+    let mut main = ThreadStack {
+        id: "main".into(),
+        main: true,
+        current: true,
+        ..Default::default()
+    };
+    for l in v["javascriptStack"]["stack"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        if let Some(f) = l.as_str().and_then(parse_v8_line) {
+            push_frame(&mut main, f);
+        }
+    }
+    let mut handles: Vec<(String, usize)> = Vec::new();
+    for h in v["libuv"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        if h["is_active"] != true {
+            continue;
+        }
+        let ty = h["type"].as_str().unwrap_or("?").to_string();
+        match handles.iter_mut().find(|(t, _)| *t == ty) {
+            Some((_, n)) => *n += 1,
+            None => handles.push((ty, 1)),
+        }
+    }
+    Ok(NodeReport {
+        threads: vec![main],
+        active_handles: handles,
+    })
+}
+
+/// True for frames of the runtime or of installed libraries (never the tool's own code).
+pub fn is_library_frame(f: &Frame) -> bool {
+    let p = f.file.as_str();
+    p.starts_with("node:")
+        || p.contains("/node_modules/")
+        || p.contains("/site-packages/")
+        || p.contains("/dist-packages/")
+        || p.contains("/lib/python3")
+        || p.contains("/stallwatch_runner/")
+        || p.starts_with('<')
+}
+
+/// Marks, in each thread, the innermost frame inside the tool's code: a frame whose
+/// function is the tool's name; else one in one of `tool_files` (the runner's own
+/// scripts); else the innermost frame that is not a library frame. Answers the main
+/// thread's marked frame (else the first marked one).
+pub fn mark_tool_frames(
+    stacks: &mut [ThreadStack],
+    tool_name: Option<&str>,
+    tool_files: &[String],
+) -> Option<Frame> {
+    for s in stacks.iter_mut() {
+        let by_name = tool_name.and_then(|n| {
+            s.frames
+                .iter()
+                .position(|f| f.function == n || f.function.ends_with(&format!(".{n}")))
+        });
+        let by_file = || {
+            s.frames
+                .iter()
+                .position(|f| tool_files.iter().any(|t| same_file(&f.file, t)))
+        };
+        let own = || s.frames.iter().position(|f| !is_library_frame(f));
+        if let Some(i) = by_name.or_else(by_file).or_else(own) {
+            s.frames[i].tool = true;
+        }
+    }
+    let pick = |main: bool| {
+        stacks
+            .iter()
+            .filter(|s| !main || s.main)
+            .find_map(|s| s.frames.iter().find(|f| f.tool).cloned())
+    };
+    pick(true).or_else(|| pick(false))
+}
+
+fn same_file(frame_file: &str, tool_file: &str) -> bool {
+    let f = frame_file.trim_start_matches("file://");
+    f == tool_file || (!tool_file.is_empty() && f.ends_with(&format!("/{tool_file}")))
+}
+
+/// `function (file:line)` for the reason line.
+pub fn describe_frame(f: &Frame) -> String {
+    match f.line {
+        Some(l) => format!("{} ({}:{l})", f.function, f.file),
+        None => format!("{} ({})", f.function, f.file),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DUMP: &str = r#"Thread 0x00007f3b2ffff640 (most recent call first):
+  File "/w/tests/data/forensics/runner.py", line 36 in one
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f3b3e1f6740 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 1116 in _wait_for_tstate_lock
+  File "/usr/lib/python3.11/threading.py", line 1096 in join
+  File "/w/tests/data/forensics/runner.py", line 43 in deadlock
+  File "/w/tests/data/forensics/runner.py", line 95 in <module>
+"#;
+
+    #[test]
+    fn faulthandler_dump_to_frames_with_the_tool_frame() {
+        let mut s = parse_faulthandler(DUMP);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].id, "0x00007f3b2ffff640");
+        assert!(!s[0].main && s[1].main && s[1].current);
+        assert_eq!(s[1].frames[2].function, "deadlock");
+        assert_eq!(s[1].frames[2].line, Some(43));
+        let files = vec!["/w/tests/data/forensics/runner.py".to_string()];
+        let top = mark_tool_frames(&mut s, Some("run_notebook"), &files).unwrap();
+        assert_eq!((top.function.as_str(), top.line), ("deadlock", Some(43)));
+        assert!(s[0].frames[0].tool);
+        // By tool name first.
+        let mut s = parse_faulthandler(DUMP);
+        let top = mark_tool_frames(&mut s, Some("join"), &files).unwrap();
+        assert_eq!(top.function, "join");
+    }
+
+    #[test]
+    fn headers() {
+        let h = parse_header("stallwatch-stacks v1 pid=42 signal=SIGUSR2 runtime=python").unwrap();
+        assert_eq!((h.pid, h.runtime), (42, Runtime::Python));
+        let n = parse_header(
+            "stallwatch-stacks v1 pid=7 signal=SIGUSR2 runtime=node report=/d/run/r.json",
+        )
+        .unwrap();
+        assert_eq!(n.report.unwrap(), PathBuf::from("/d/run/r.json"));
+        for (bad, why) in [
+            ("hello", "no stallwatch-stacks header"),
+            (
+                "stallwatch-stacks v2 pid=1 signal=SIGUSR2 runtime=python",
+                "v1",
+            ),
+            (
+                "stallwatch-stacks v1 pid=x signal=SIGUSR2 runtime=python",
+                "pid",
+            ),
+            (
+                "stallwatch-stacks v1 pid=1 signal=SIGUSR1 runtime=python",
+                "SIGUSR2",
+            ),
+            (
+                "stallwatch-stacks v1 pid=1 signal=SIGUSR2 runtime=ruby",
+                "ruby",
+            ),
+            (
+                "stallwatch-stacks v1 pid=1 signal=SIGUSR2 runtime=node report=rel.json",
+                "absolute",
+            ),
+        ] {
+            let e = parse_header(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s");
+        std::fs::write(
+            &f,
+            "stallwatch-stacks v1 pid=9 signal=SIGUSR2 runtime=python\n",
+        )
+        .unwrap();
+        assert!(read_header(&f, 9).is_ok());
+        assert!(read_header(&f, 10)
+            .unwrap_err()
+            .contains("not the runner's pid 10"));
+        assert!(read_header(&dir.path().join("none"), 9)
+            .unwrap_err()
+            .contains("no stacks file"));
+    }
+
+    #[test]
+    fn node_report_stack_and_handles() {
+        let report = serde_json::json!({
+            "header": {"trigger": "SIGUSR2"},
+            "javascriptStack": {"message": "", "stack": [
+                "at spin (/w/tests/data/forensics/runner.js:12:9)",
+                "at async handle (/w/tests/data/forensics/runner.js:20:3)",
+                "at listOnTimeout (node:internal/timers:573:17)",
+                "at /w/x.js:1:1"
+            ]},
+            "libuv": [
+                {"type": "timer", "is_active": true},
+                {"type": "tcp", "is_active": true},
+                {"type": "tcp", "is_active": true},
+                {"type": "pipe", "is_active": false}
+            ]
+        });
+        let mut r = parse_node_report(&report.to_string()).unwrap();
+        let f = &r.threads[0].frames;
+        assert_eq!(f.len(), 4);
+        assert_eq!(
+            (f[0].function.as_str(), f[0].line, f[0].column),
+            ("spin", Some(12), Some(9))
+        );
+        assert_eq!(f[1].function, "handle");
+        assert_eq!(f[3].function, "<anonymous>");
+        assert_eq!(
+            r.active_handles,
+            vec![("timer".into(), 1), ("tcp".into(), 2)]
+        );
+        let top = mark_tool_frames(&mut r.threads, Some("handle"), &[]).unwrap();
+        assert_eq!(top.line, Some(20));
+        assert!(parse_node_report("{").unwrap_err().contains("not JSON"));
+        assert!(parse_node_report("{}").unwrap_err().contains("header"));
+    }
+}
