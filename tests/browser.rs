@@ -79,7 +79,7 @@ fn base64_decode(s: &str) -> Vec<u8> {
 
 /// A chromedriver child and one browser session. Dropping it (also on panic) ends the
 /// session (closing Chromium) and kills chromedriver.
-struct Driver {
+pub(crate) struct Driver {
     child: Child,
     base: String,
     session: String,
@@ -102,7 +102,7 @@ impl Drop for Driver {
 }
 
 impl Driver {
-    fn start(profile: &Path) -> Driver {
+    pub(crate) fn start(profile: &Path) -> Driver {
         let chromedriver = find_binary(
             "STALLWATCH_CHROMEDRIVER",
             &["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"],
@@ -185,11 +185,11 @@ impl Driver {
         v["value"].clone()
     }
 
-    fn goto(&self, url: &str) {
+    pub(crate) fn goto(&self, url: &str) {
         self.cmd(reqwest::Method::POST, "/url", Some(json!({ "url": url })));
     }
 
-    fn js(&self, script: &str) -> Value {
+    pub(crate) fn js(&self, script: &str) -> Value {
         self.cmd(
             reqwest::Method::POST,
             "/execute/sync",
@@ -199,7 +199,7 @@ impl Driver {
 
     /// Polls `script` until it returns a truthy value; panics with `what` and the page's
     /// text after `timeout`.
-    fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
+    pub(crate) fn wait_for(&self, what: &str, timeout: Duration, script: &str) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
             let v = self.js(script);
@@ -215,7 +215,7 @@ impl Driver {
     }
 
     /// Saves a PNG of the viewport to `tests/artifacts/{name}`; answers its path.
-    fn screenshot(&self, name: &str) -> PathBuf {
+    pub(crate) fn screenshot(&self, name: &str) -> PathBuf {
         let v = self.cmd(reqwest::Method::GET, "/screenshot", None);
         let png = base64_decode(v.as_str().unwrap());
         assert!(

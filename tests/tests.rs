@@ -15,6 +15,7 @@ mod demo;
 mod exporters;
 mod forward;
 mod lifecycle;
+mod readback;
 mod reaper_fixes;
 mod shapes;
 mod spine;

@@ -73,6 +73,7 @@ pub fn inferred_span(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64) -
         span: &sp,
         state: SpanState::Inferred,
         stored: None,
+        indexed: None,
     })
     .unwrap_or(Value::Null)
 }
