@@ -73,8 +73,11 @@ async function viewTraceV2(traceId, spanId) {
   mount(h("div", { class: "empty" }, "loading…"));
   state.render = null;
   let t;
+  const t0ms = performance.now();
   try { t = await api(`/api/v1/traces/${encodeURIComponent(traceId)}`); } catch (e) { mount(errorBox(e)); return; }
+  const fetchedMs = performance.now();
   const m = tvBuild(t);
+  const builtMs = performance.now();
   const resources = t.resources || [];
   const scopes = t.scopes || [];
   const collapsed = new Set();
@@ -216,7 +219,7 @@ async function viewTraceV2(traceId, spanId) {
   draw();
   showDetails();
   scroller.focus({ preventScroll: true });
-  window.__traceViewReady = { spans: t.spans.length, at: performance.now() };
+  window.__traceViewReady = { spans: t.spans.length, at: performance.now(), start: t0ms, fetched: fetchedMs, built: builtMs };
 }
 
 function sevClass(n) { return n >= 17 ? "error" : n >= 13 ? "warn" : n >= 9 ? "info" : "debug"; }
