@@ -33,7 +33,10 @@ function tvBuild(t) {
   spans.forEach((s, i) => { if (t0 === null || start[i] < t0) t0 = start[i]; if (t1 === null || end[i] > t1) t1 = end[i]; });
   if (t0 === null) { t0 = 0n; t1 = 1n; }
   const anyOpen = spans.some(s => s.state === "open");
-  if (anyOpen && nowNs > t1 && nowNs - t1 < 3600n * 1000000000n) t1 = nowNs;
+  // a running span is drawn up to now (this browser's clock), unless now is more than an
+  // hour past the trace's last known time (an old span that never ended, or skewed clocks)
+  const toNow = anyOpen && nowNs > t1 && nowNs - t1 < 3600n * 1000000000n;
+  if (toNow) t1 = nowNs;
   const runEnd = spans.map((s, i) => (s.state === "ended" ? end[i] : t1));
   const depth = new Array(spans.length).fill(0);
   const order = [];
@@ -55,7 +58,7 @@ function tvBuild(t) {
       i = best;
     }
   }
-  return { spans, kids, roots, start, runEnd, depth, order, label, critical, t0, t1, total: Number(t1 - t0) || 1 };
+  return { spans, kids, roots, start, runEnd, depth, order, label, critical, t0, t1, toNow, total: Number(t1 - t0) || 1 };
 }
 
 function tvTicks(totalNs, n) {
@@ -115,7 +118,8 @@ async function viewTraceV2(traceId, spanId) {
     const st = Number(m.start[i] - m.t0), en = Number(m.runEnd[i] - m.t0);
     const left = (st / m.total) * 100, width = Math.max(0.3, ((en - st) / m.total) * 100);
     const cls = "wf-bar" + (s.state === "open" ? " open" : s.state === "inferred" ? " inferred" : s.status.code === 2 ? " error" : "") + (m.critical.has(i) ? " critical" : "");
-    const label = s.state === "open" ? "running" : s.state === "inferred" ? m.label[i] : fmtDur(s.duration_ms);
+    const running = s.state !== "ended";
+    const label = s.state === "open" ? (m.toNow ? `running · ${fmtDur((en - st) / 1e6)}` : "running") : s.state === "inferred" ? m.label[i] : fmtDur(s.duration_ms);
     const hasKids = m.kids[i].length > 0;
     const toggle = hasKids ? h("button", { class: "tv-toggle", "aria-label": collapsed.has(i) ? "expand" : "collapse", onclick: (ev) => { ev.stopPropagation(); flip(i); } }, collapsed.has(i) ? "▸" : "▾") : h("span", { class: "tv-toggle" }, "");
     return h("div", {
@@ -125,7 +129,7 @@ async function viewTraceV2(traceId, spanId) {
     },
       h("div", { class: "wf-name", title: s.name, style: { paddingLeft: `${m.depth[i] * 12}px` } }, toggle, s.status && s.status.code === 2 ? h("span", { class: "tv-err", title: "status ERROR" }, "!") : null, s.name, s.service_name ? h("span", { class: "muted" }, ` · ${s.service_name}`) : null),
       h("div", { class: "wf-track" }, h("div", { class: cls, style: { left: `${left}%`, width: `${Math.min(width, 100 - left)}%` } }),
-        h("span", { class: "wf-label", style: left + width < 80 ? { left: `calc(${left + width}% + 4px)` } : { right: `${100 - left}%`, marginRight: "4px" } }, label)));
+        h("span", { class: "wf-label" + (running ? " running" : ""), style: left + width < 80 ? { left: `calc(${left + width}% + 4px)` } : { right: `${100 - left}%`, marginRight: "4px" } }, label)));
   };
   const draw = () => {
     inner.style.height = `${visible.length * TV_ROW}px`;
