@@ -215,7 +215,7 @@ impl Driver {
     }
 
     /// Saves a PNG of the viewport to `tests/artifacts/{name}`; answers its path.
-    fn screenshot(&self, name: &str) -> PathBuf {
+    pub(crate) fn screenshot(&self, name: &str) -> PathBuf {
         let v = self.cmd(reqwest::Method::GET, "/screenshot", None);
         let png = base64_decode(v.as_str().unwrap());
         assert!(

@@ -73,15 +73,27 @@ fn check_protocol(protocol: &str) {
         "batch"
     );
     assert_eq!(
-        attr(&tool["resource"]["attributes"], "service.name")["stringValue"],
+        attr(
+            &trace["resources"][tool["resource_index"].as_u64().unwrap() as usize]["attributes"],
+            "service.name"
+        )["stringValue"],
         format!("py-{protocol}")
     );
     assert_eq!(
-        attr(&tool["resource"]["attributes"], "deployment.environment")["stringValue"],
+        attr(
+            &trace["resources"][tool["resource_index"].as_u64().unwrap() as usize]["attributes"],
+            "deployment.environment"
+        )["stringValue"],
         "test"
     );
-    assert_eq!(tool["scope"]["name"], "stallwatch.e2e");
-    assert_eq!(tool["scope"]["version"], "0.1");
+    assert_eq!(
+        trace["scopes"][tool["scope_index"].as_u64().unwrap() as usize]["name"],
+        "stallwatch.e2e"
+    );
+    assert_eq!(
+        trace["scopes"][tool["scope_index"].as_u64().unwrap() as usize]["version"],
+        "0.1"
+    );
     let log = trace["logs"]
         .as_array()
         .unwrap()

@@ -171,11 +171,20 @@ fn assert_rich_trace(server: &Server, trace_hex: &str, service: &str) {
         "follows"
     );
     assert_eq!(
-        attr(&tool["resource"]["attributes"], "service.name")["stringValue"],
+        attr(
+            &trace["resources"][tool["resource_index"].as_u64().unwrap() as usize]["attributes"],
+            "service.name"
+        )["stringValue"],
         service
     );
-    assert_eq!(tool["scope"]["name"], "e2e.scope");
-    assert_eq!(tool["scope"]["version"], "1.2.3");
+    assert_eq!(
+        trace["scopes"][tool["scope_index"].as_u64().unwrap() as usize]["name"],
+        "e2e.scope"
+    );
+    assert_eq!(
+        trace["scopes"][tool["scope_index"].as_u64().unwrap() as usize]["version"],
+        "1.2.3"
+    );
     let root = span_named(&trace, "invoke agent_turn");
     assert!(
         root["parent_span_id"].is_null() || root["parent_span_id"] == "",

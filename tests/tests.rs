@@ -18,6 +18,7 @@ mod forensics;
 mod forward;
 mod lifecycle;
 mod openspans;
+mod readback;
 mod reaper_fixes;
 mod reaper_safety;
 mod shapes;

@@ -7,7 +7,7 @@
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use stallwatch_storage::control::{CheckpointError, RegisterError, RunnerError};
-use stallwatch_storage::telemetry::QueryError;
+use stallwatch_storage::telemetry::{LogQueryError, QueryError};
 use stallwatch_storage::StorageError;
 
 /// What a dashboard operation can fail with.
@@ -67,6 +67,18 @@ impl From<QueryError> for DashboardError {
                 ),
             },
             QueryError::Storage(s) => DashboardError::Storage(s),
+        }
+    }
+}
+
+impl From<LogQueryError> for DashboardError {
+    fn from(e: LogQueryError) -> Self {
+        match e {
+            LogQueryError::BadCursor => DashboardError::BadRequest {
+                code: "invalid_cursor",
+                message: "invalid cursor".into(),
+            },
+            LogQueryError::Storage(s) => DashboardError::Storage(s),
         }
     }
 }

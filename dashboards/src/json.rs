@@ -74,6 +74,7 @@ pub fn inferred_span(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64) -
         state: SpanState::Inferred,
         stored: None,
         parent_state: None,
+        indexed: None,
     })
     .unwrap_or(Value::Null)
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 mod json;
 pub mod metrics;
+mod otlp;
 mod params;
 mod routes;
 mod state;

@@ -8,20 +8,59 @@ use crate::error::DashboardError;
 /// Query parameters of one request, consumed by name.
 pub(crate) struct Params {
     map: BTreeMap<String, String>,
+    /// Values of parameters that may repeat ([`Params::repeatable`]).
+    multi: BTreeMap<String, Vec<String>>,
 }
 
 impl Params {
     /// Builds from the raw pairs; a repeated parameter is a 400.
     pub(crate) fn new(pairs: Vec<(String, String)>) -> Result<Self, DashboardError> {
+        Self::repeatable(pairs, &[])
+    }
+
+    /// Builds from the raw pairs; the parameters named in `repeat` may be given more than
+    /// once (read them with [`Params::all`]), any other repeated one is a 400.
+    pub(crate) fn repeatable(
+        pairs: Vec<(String, String)>,
+        repeat: &[&str],
+    ) -> Result<Self, DashboardError> {
         let mut map = BTreeMap::new();
+        let mut multi: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (k, v) in pairs {
+            if repeat.contains(&k.as_str()) {
+                multi.entry(k).or_default().push(v);
+                continue;
+            }
             if map.insert(k.clone(), v).is_some() {
                 return Err(DashboardError::bad_param(format!(
                     "query parameter {k:?} given more than once"
                 )));
             }
         }
-        Ok(Self { map })
+        Ok(Self { map, multi })
+    }
+
+    /// Every non-empty value of a repeatable parameter, in order (at most 16).
+    pub(crate) fn all(&mut self, name: &str) -> Result<Vec<String>, DashboardError> {
+        let vals: Vec<String> = self
+            .multi
+            .remove(name)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|v| !v.is_empty())
+            .collect();
+        if vals.len() > 16 {
+            return Err(DashboardError::bad_param(format!(
+                "query parameter {name:?} given more than 16 times"
+            )));
+        }
+        if let Some(v) = vals.iter().find(|v| v.len() > 1024) {
+            return Err(DashboardError::bad_param(format!(
+                "query parameter {name:?} is longer than 1024 bytes ({} bytes)",
+                v.len()
+            )));
+        }
+        Ok(vals)
     }
 
     /// A non-empty string parameter.
@@ -61,7 +100,7 @@ impl Params {
 
     /// Refuses parameters nobody took.
     pub(crate) fn finish(self) -> Result<(), DashboardError> {
-        match self.map.keys().next() {
+        match self.map.keys().chain(self.multi.keys()).next() {
             None => Ok(()),
             Some(k) => Err(DashboardError::bad_param(format!(
                 "unknown query parameter {k:?}"

@@ -179,6 +179,8 @@ impl Serialize for Links<'_> {
 }
 
 /// One span. `stored` is `None` for an inferred parent (no resource, scope or arrival).
+/// With `indexed`, the span names its resource and scope by their index in the trace's
+/// `resources` and `scopes` lists instead of repeating them.
 pub(crate) struct SpanJ<'a> {
     pub(crate) span: &'a Span,
     pub(crate) state: SpanState,
@@ -186,6 +188,7 @@ pub(crate) struct SpanJ<'a> {
     /// In a whole-trace answer: where the span's parent stands (see [`ParentState`]);
     /// `None` elsewhere (the key is then left out).
     pub(crate) parent_state: Option<ParentState>,
+    pub(crate) indexed: Option<(usize, usize)>,
 }
 
 impl<'a> SpanJ<'a> {
@@ -196,6 +199,7 @@ impl<'a> SpanJ<'a> {
             state: s.state,
             stored: Some(s),
             parent_state: None,
+            indexed: None,
         }
     }
 }
@@ -276,14 +280,26 @@ impl Serialize for SpanJ<'_> {
         m.serialize_entry("links", &Links(&sp.links))?;
         m.serialize_entry("dropped_links_count", &sp.dropped_links_count)?;
         m.serialize_entry("status", &StatusJ(sp))?;
-        match self.stored {
-            Some(st) => {
+        match (self.stored, self.indexed) {
+            (Some(st), Some((ri, si))) => {
+                m.serialize_entry("service_name", st.resource.service_name())?;
+                m.serialize_entry("resource_index", &ri)?;
+                m.serialize_entry("scope_index", &si)?;
+                m.serialize_entry("received_unix_nano", &Dec(st.received_unix_nano))?;
+            }
+            (Some(st), None) => {
                 m.serialize_entry("service_name", st.resource.service_name())?;
                 m.serialize_entry("resource", &Res(&st.resource))?;
                 m.serialize_entry("scope", &Scp(&st.scope))?;
                 m.serialize_entry("received_unix_nano", &Dec(st.received_unix_nano))?;
             }
-            None => {
+            (None, Some(_)) => {
+                m.serialize_entry("service_name", &())?;
+                m.serialize_entry("resource_index", &())?;
+                m.serialize_entry("scope_index", &())?;
+                m.serialize_entry("received_unix_nano", &())?;
+            }
+            (None, None) => {
                 m.serialize_entry("service_name", &())?;
                 m.serialize_entry("resource", &())?;
                 m.serialize_entry("scope", &())?;
@@ -305,8 +321,9 @@ impl Serialize for StatusJ<'_> {
     }
 }
 
-/// One log record with its resource and scope.
-pub(crate) struct LogJ<'a>(pub(crate) &'a StoredLog);
+/// One log record with its resource and scope (or, with `.1`, their indices in the
+/// trace's `resources` and `scopes`).
+pub(crate) struct LogJ<'a>(pub(crate) &'a StoredLog, pub(crate) Option<(usize, usize)>);
 impl Serialize for LogJ<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let r = &self.0.record;
@@ -323,27 +340,88 @@ impl Serialize for LogJ<'_> {
         m.serialize_entry("span_id", &r.span_id.as_ref().map(|t| Hex(&t.0)))?;
         m.serialize_entry("event_name", &r.event_name)?;
         m.serialize_entry("service_name", self.0.resource.service_name())?;
-        m.serialize_entry("resource", &Res(&self.0.resource))?;
-        m.serialize_entry("scope", &Scp(&self.0.scope))?;
+        match self.1 {
+            Some((ri, si)) => {
+                m.serialize_entry("resource_index", &ri)?;
+                m.serialize_entry("scope_index", &si)?;
+            }
+            None => {
+                m.serialize_entry("resource", &Res(&self.0.resource))?;
+                m.serialize_entry("scope", &Scp(&self.0.scope))?;
+            }
+        }
         m.end()
     }
 }
 
-/// `{"trace_id","spans","logs","span_count"}`: parents named by an open span but never
-/// stored come first, as `inferred` spans, then the stored spans in storage order (by start
-/// time), each with its `parent_state`. A parent that no open child names is *missing*
-/// (a remote parent), never made up as running. A Logfire `pending_span` twin whose real
-/// span is stored is evidence for the open-span ledger only: kept in storage, not drawn
-/// and not counted in `span_count` (issue 12 #5).
+/// Distinct values, found by pointer first (one `Arc` per stored batch) then by value.
+struct Distinct<'a, T: PartialEq> {
+    items: Vec<&'a T>,
+    last: Option<(*const T, usize)>,
+}
+
+impl<'a, T: PartialEq> Distinct<'a, T> {
+    fn new() -> Self {
+        Self {
+            items: Vec::new(),
+            last: None,
+        }
+    }
+
+    fn index(&mut self, v: &'a T) -> usize {
+        let p = v as *const T;
+        if let Some((lp, i)) = self.last {
+            if std::ptr::eq(lp, p) {
+                return i;
+            }
+        }
+        let i = match self.items.iter().position(|x| *x == v) {
+            Some(i) => i,
+            None => {
+                self.items.push(v);
+                self.items.len() - 1
+            }
+        };
+        self.last = Some((p, i));
+        i
+    }
+}
+
+/// `{"service_name","attributes","dropped_attributes_count","schema_url"}`.
+struct ResEntry<'a>(&'a Resource);
+impl Serialize for ResEntry<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(4))?;
+        m.serialize_entry("service_name", self.0.service_name())?;
+        m.serialize_entry("attributes", &Attrs(&self.0.attributes))?;
+        m.serialize_entry("dropped_attributes_count", &self.0.dropped_attributes_count)?;
+        m.serialize_entry("schema_url", &self.0.schema_url)?;
+        m.end()
+    }
+}
+
+/// `{"trace_id","span_count","resources","scopes","spans","logs"}`: each distinct resource
+/// and scope is listed once and spans and logs point at them by `resource_index`/
+/// `scope_index` (issue 13: repeating the resource cost ~970 bytes per span). Parents named
+/// by an open span but never stored come first, as `inferred` spans, then the stored spans
+/// in storage order (by start time), each with its `parent_state`. A parent that no open
+/// child names is *missing* (a remote parent), never made up as running. A Logfire
+/// `pending_span` twin whose real span is stored is evidence for the open-span ledger only:
+/// kept in storage, not drawn and not counted in `span_count` (issue 12 #5).
 pub(crate) struct TraceJ<'a> {
     view: &'a TraceView,
     inferred: Vec<Span>,
     /// Per stored span: drawn or not, and its parent's state.
     shown: Vec<Option<ParentState>>,
+    resources: Vec<&'a Resource>,
+    scopes: Vec<&'a Scope>,
+    span_idx: Vec<(usize, usize)>,
+    log_idx: Vec<(usize, usize)>,
 }
 
 impl<'a> TraceJ<'a> {
-    /// Prepares a trace view, finding its inferred and missing parents and its twins.
+    /// Prepares a trace view: its inferred and missing parents, its twins, and its
+    /// distinct resources and scopes.
     pub(crate) fn new(view: &'a TraceView) -> Self {
         let present: std::collections::HashSet<SpanId> = view
             .spans
@@ -387,10 +465,26 @@ impl<'a> TraceJ<'a> {
             .filter(|(_, (_, open))| *open)
             .map(|(id, (start, _))| inferred(view.trace_id, id, start))
             .collect();
+        let mut res = Distinct::new();
+        let mut scp = Distinct::new();
+        let span_idx = view
+            .spans
+            .iter()
+            .map(|s| (res.index(&*s.resource), scp.index(&*s.scope)))
+            .collect();
+        let log_idx = view
+            .logs
+            .iter()
+            .map(|l| (res.index(&*l.resource), scp.index(&*l.scope)))
+            .collect();
         Self {
             view,
             inferred,
             shown,
+            resources: res.items,
+            scopes: scp.items,
+            span_idx,
+            log_idx,
         }
     }
 
@@ -406,19 +500,21 @@ impl Serialize for TraceJ<'_> {
         impl Serialize for Spans<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let t = self.0;
-                let mut q = s.serialize_seq(Some(t.inferred.len() + t.view.spans.len()))?;
+                let mut q = s.serialize_seq(Some(t.inferred.len() + t.span_count()))?;
                 for sp in &t.inferred {
                     q.serialize_element(&SpanJ {
                         span: sp,
                         state: SpanState::Inferred,
                         stored: None,
                         parent_state: Some(ParentState::Root),
+                        indexed: Some((0, 0)),
                     })?;
                 }
-                for (sp, shown) in t.view.spans.iter().zip(&t.shown) {
+                for ((sp, shown), ix) in t.view.spans.iter().zip(&t.shown).zip(&t.span_idx) {
                     if let Some(ps) = shown {
                         q.serialize_element(&SpanJ {
                             parent_state: Some(*ps),
+                            indexed: Some(*ix),
                             ..SpanJ::stored(sp)
                         })?;
                     }
@@ -426,21 +522,49 @@ impl Serialize for TraceJ<'_> {
                 q.end()
             }
         }
-        struct Logs<'a>(&'a [StoredLog]);
+        struct Logs<'a>(&'a TraceJ<'a>);
         impl Serialize for Logs<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut q = s.serialize_seq(Some(self.0.len()))?;
-                for l in self.0 {
-                    q.serialize_element(&LogJ(l))?;
+                let t = self.0;
+                let mut q = s.serialize_seq(Some(t.view.logs.len()))?;
+                for (l, ix) in t.view.logs.iter().zip(&t.log_idx) {
+                    q.serialize_element(&LogJ(l, Some(*ix)))?;
                 }
                 q.end()
             }
         }
-        let mut m = s.serialize_map(Some(4))?;
+        struct List<'a, T>(&'a [&'a T], fn(&'a T) -> Item<'a>);
+        enum Item<'a> {
+            R(ResEntry<'a>),
+            S(Scp<'a>),
+        }
+        impl Serialize for Item<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                match self {
+                    Item::R(r) => r.serialize(s),
+                    Item::S(x) => x.serialize(s),
+                }
+            }
+        }
+        impl<T> Serialize for List<'_, T> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut q = s.serialize_seq(Some(self.0.len()))?;
+                for v in self.0 {
+                    q.serialize_element(&(self.1)(v))?;
+                }
+                q.end()
+            }
+        }
+        let mut m = s.serialize_map(Some(6))?;
         m.serialize_entry("trace_id", &Hex(&self.view.trace_id.0))?;
         m.serialize_entry("span_count", &self.span_count())?;
+        m.serialize_entry(
+            "resources",
+            &List(&self.resources, |r| Item::R(ResEntry(r))),
+        )?;
+        m.serialize_entry("scopes", &List(&self.scopes, |x| Item::S(Scp(x))))?;
         m.serialize_entry("spans", &Spans(self))?;
-        m.serialize_entry("logs", &Logs(&self.view.logs))?;
+        m.serialize_entry("logs", &Logs(self))?;
         m.end()
     }
 }

@@ -1,5 +1,6 @@
 // stallwatch dashboard: a dependency-free single-page UI over /api/v1.
 // Views by URL hash: #/now, #/incidents, #/incident/<id>, #/traces?..., #/trace/<id>,
+// #/logs?..., #/metrics?... (readback.js; the trace view is traceview.js),
 // #/span/<trace>/<span>, #/runner/<id>, #/webhooks. Live updates come from one
 // EventSource on /api/v1/events?board=1 (incidents by id, and the runner board), never polling.
 "use strict";
@@ -321,95 +322,7 @@ async function viewTraces(params) {
   await load(null);
 }
 
-// ---------- Trace view ----------
-function spanTree(spans) {
-  const byId = new Map(spans.map(s => [s.span_id, s]));
-  const kids = new Map();
-  const roots = [];
-  for (const s of spans) {
-    if (s.parent_span_id && byId.has(s.parent_span_id)) {
-      if (!kids.has(s.parent_span_id)) kids.set(s.parent_span_id, []);
-      kids.get(s.parent_span_id).push(s);
-    } else roots.push(s);
-  }
-  const start = s => BigInt(s.start_time_unix_nano);
-  const cmp = (a, b) => (start(a) < start(b) ? -1 : start(a) > start(b) ? 1 : 0);
-  const out = [];
-  const walk = (s, depth) => { out.push([s, depth]); for (const c of (kids.get(s.span_id) || []).sort(cmp)) walk(c, depth + 1); };
-  for (const r of roots.sort(cmp)) walk(r, 0);
-  return out;
-}
-function spanDetails(s) {
-  if (!s) return h("div", { class: "empty" }, "select a span");
-  const state_ = s.state === "open" ? badge("running", "running") : s.state === "inferred" ? badge("in progress (inferred)", "inferred") : badge(s.status.code_name, s.status.code_name);
-  return h("div", { id: "span-details", dataset: { spanId: s.span_id } },
-    h("h3", {}, s.name, " ", state_),
-    h("dl", { class: "kv" },
-      h("dt", {}, "span"), h("dd", { class: "mono" }, s.span_id),
-      h("dt", {}, "parent"), h("dd", { class: "mono" }, s.parent_span_id || "—"),
-      h("dt", {}, "service"), h("dd", {}, s.service_name || "—"),
-      h("dt", {}, "kind"), h("dd", {}, s.kind_name),
-      h("dt", {}, "start"), h("dd", {}, fmtTime(s.start_time_unix_nano)),
-      h("dt", {}, "duration"), h("dd", {}, s.state === "ended" ? fmtDur(s.duration_ms) : "running"),
-      h("dt", {}, "status"), h("dd", {}, s.status.code_name, s.status.message ? `: ${s.status.message}` : "")),
-    h("h2", {}, "Attributes"), attrTable(s.attributes),
-    h("h2", {}, `Events (${s.events.length})`), s.events.length ? s.events.map(e => h("div", {}, h("b", {}, e.name), " ", h("span", { class: "muted" }, fmtTime(e.time_unix_nano)), attrTable(e.attributes))) : h("div", { class: "empty" }, "none"),
-    h("h2", {}, `Links (${s.links.length})`), s.links.length ? s.links.map(l => h("div", {}, h("a", { class: "mono", href: `#/span/${l.trace_id}/${l.span_id}` }, `${l.trace_id.slice(0, 12)}…/${l.span_id}`), attrTable(l.attributes))) : h("div", { class: "empty" }, "none"),
-    h("h2", {}, "Resource"), s.resource ? attrTable(s.resource.attributes) : h("div", { class: "empty" }, "not received yet"),
-    s.scope ? [h("h2", {}, "Scope"), h("div", { class: "mono" }, `${s.scope.name} ${s.scope.version}`)] : null);
-}
-async function viewTrace(traceId, spanId) {
-  mount(h("div", { class: "empty" }, "loading…"));
-  state.render = null;
-  let t;
-  try { t = await api(`/api/v1/traces/${encodeURIComponent(traceId)}`); } catch (e) { mount(errorBox(e)); return; }
-  const rows = spanTree(t.spans);
-  let t0 = null, t1 = null;
-  for (const s of t.spans) {
-    const st = BigInt(s.start_time_unix_nano), en = BigInt(s.end_time_unix_nano);
-    if (t0 === null || st < t0) t0 = st;
-    const last = en > 0n ? en : st;
-    if (t1 === null || last > t1) t1 = last;
-  }
-  // A running span is drawn up to now (this browser's clock), unless "now" is more than an
-  // hour past the trace's last known time (an old span that never ended, or skewed clocks):
-  // then the scale stays on what is known.
-  const nowNs = BigInt(Date.now()) * 1000000n;
-  const toNow = t.spans.some(s => s.state === "open") && t1 !== null && nowNs > t1 && nowNs - t1 < 3600n * 1000000000n;
-  if (toNow) t1 = nowNs;
-  const total = Number(t1 - t0) || 1;
-  const details = h("div", { class: "panel" });
-  const wf = h("div", { class: "waterfall", id: "waterfall" });
-  let selected = spanId || null;
-  const select = (id) => {
-    selected = id;
-    for (const r of wf.querySelectorAll(".wf-row")) r.classList.toggle("selected", r.dataset.spanId === id);
-    details.replaceChildren(spanDetails(t.spans.find(s => s.span_id === id)));
-    const want = `#/span/${t.trace_id}/${id}`;
-    if (location.hash !== want) history.replaceState(null, "", want);
-  };
-  wf.append(h("div", { class: "wf-head" }, h("span", {}, `${t.spans.length} spans`), h("span", {}, fmtDur(total / 1e6))));
-  for (const [s, depth] of rows) {
-    const st = Number(BigInt(s.start_time_unix_nano) - t0);
-    const running = s.state !== "ended";
-    const en = running ? Number(t1 - t0) : Number(BigInt(s.end_time_unix_nano) - t0);
-    const left = (st / total) * 100, width = Math.max(0.4, ((en - st) / total) * 100);
-    const cls = "wf-bar" + (s.state === "open" ? " open" : s.state === "inferred" ? " inferred" : s.status.code === 2 ? " error" : "");
-    const label = s.state === "open" ? (toNow ? `running · ${fmtDur((en - st) / 1e6)}` : "running") : s.state === "inferred" ? "in progress (inferred)" : fmtDur(s.duration_ms);
-    wf.append(h("div", { class: "wf-row", dataset: { spanId: s.span_id, state: s.state }, onclick: () => select(s.span_id) },
-      h("div", { class: "wf-name", title: s.name, style: { paddingLeft: `${depth * 14}px` } }, s.name, s.service_name ? h("span", { class: "muted" }, ` · ${s.service_name}`) : null),
-      h("div", { class: "wf-track" },
-        h("div", { class: cls, style: { left: `${left}%`, width: `${Math.min(width, 100 - left)}%` } }),
-        h("span", { class: "wf-label" + (running ? " running" : ""), style: left + width < 80 ? { left: `calc(${left + width}% + 4px)` } : { right: `${100 - left}%`, marginRight: "4px" } }, label))));
-  }
-  const logs = h("div", { class: "logs", id: "trace-logs" }, t.logs.length ? t.logs.map(l => h("div", { class: "log", onclick: () => l.span_id && select(l.span_id) },
-    h("span", { class: "sev" }, l.severity_text || `sev ${l.severity_number}`), h("span", { class: "muted" }, fmtTime(l.time_unix_nano)), h("div", { class: "mono" }, anyValue(l.body)))) : h("div", { class: "empty" }, "no logs in this trace"));
-  mount(h("h2", {}, "Trace ", h("span", { class: "mono" }, t.trace_id)),
-    h("div", { class: "trace-layout" },
-      h("div", { class: "side" }, h("div", { class: "panel" }, wf), h("div", { class: "panel" }, h("h2", {}, `Logs (${t.logs.length})`), logs)),
-      h("div", { class: "side" }, details)));
-  select(selected && t.spans.some(s => s.span_id === selected) ? selected : rows.length ? rows[0][0].span_id : null);
-}
+// ---------- Trace view: traceview.js (virtualised, issue 13) ----------
 
 // ---------- Runner ----------
 async function viewRunner(id) {
@@ -465,8 +378,10 @@ async function route() {
     case "incidents": return viewIncidents(params);
     case "incident": return viewIncident(parts[1]);
     case "traces": return viewTraces(params);
-    case "trace": return viewTrace(parts[1], null);
-    case "span": return viewTrace(parts[1], parts[2]);
+    case "trace": return viewTraceV2(parts[1], null);
+    case "span": return viewTraceV2(parts[1], parts[2]);
+    case "logs": return viewLogs(params);
+    case "metrics": return viewMetrics(params);
     case "runner": return viewRunner(parts[1]);
     case "webhooks": return viewWebhooks();
     default: return viewNow();

@@ -10,15 +10,19 @@ use rusqlite::Connection;
 use crate::error::StorageError;
 
 /// The migrations, oldest first. Each is applied in one transaction.
-const MIGRATIONS: &[&[&str]] = &[&[
-    crate::telemetry::SCHEMA,
-    crate::incidents::SCHEMA,
-    crate::ledger::SCHEMA,
-    crate::runners::SCHEMA,
-    crate::checkpoints::SCHEMA,
-    crate::outbox::SCHEMA,
-    crate::forward::SCHEMA,
-]];
+const MIGRATIONS: &[&[&str]] = &[
+    &[
+        crate::telemetry::SCHEMA,
+        crate::incidents::SCHEMA,
+        crate::ledger::SCHEMA,
+        crate::runners::SCHEMA,
+        crate::checkpoints::SCHEMA,
+        crate::outbox::SCHEMA,
+        crate::forward::SCHEMA,
+    ],
+    // 2: log and metric read-back columns and indexes (issue 13)
+    &[crate::telemetry::READBACK_SCHEMA],
+];
 
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -12,6 +12,8 @@ mod control;
 mod events;
 mod health;
 mod incidents;
+mod logs;
+mod metrics;
 mod runners;
 mod traces;
 mod ui;
@@ -23,6 +25,11 @@ pub const ROUTES: &[&str] = &[
     "/api/v1/traces",
     "/api/v1/traces/{trace_id}",
     "/api/v1/traces/{trace_id}/spans/{span_id}",
+    "/api/v1/traces/{trace_id}/otlp",
+    "/api/v1/logs",
+    "/api/v1/logs/stream",
+    "/api/v1/metrics",
+    "/api/v1/metrics/{name}/points",
     "/api/v1/open-spans",
     "/api/v1/services",
     "/api/v1/span-names",
@@ -57,6 +64,11 @@ pub(crate) fn router() -> Router<Shared> {
             "/api/v1/traces/{trace_id}/spans/{span_id}",
             get(traces::span),
         )
+        .route("/api/v1/traces/{trace_id}/otlp", get(traces::otlp))
+        .route("/api/v1/logs", get(logs::search))
+        .route("/api/v1/logs/stream", get(logs::stream))
+        .route("/api/v1/metrics", get(metrics::list))
+        .route("/api/v1/metrics/{name}/points", get(metrics::points))
         .route("/api/v1/open-spans", get(traces::open_spans))
         .route("/api/v1/services", get(traces::services))
         .route("/api/v1/span-names", get(traces::span_names))

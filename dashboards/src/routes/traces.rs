@@ -2,6 +2,7 @@
 //! services and span names (DESIGN, Read API JSON).
 
 use axum::extract::{Path, Query, State};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -10,6 +11,7 @@ use stallwatch_storage::telemetry::{StatusFilter, TraceQuery};
 
 use crate::error::DashboardError;
 use crate::json;
+use crate::otlp::TracesData;
 use crate::params::Params;
 use crate::state::Shared;
 use crate::wire::TraceJ;
@@ -19,7 +21,7 @@ pub const DEFAULT_PAGE: u64 = 50;
 /// Largest search page size.
 pub const MAX_PAGE: u64 = 1000;
 
-fn trace_id(s: &str) -> Result<TraceId, DashboardError> {
+pub(crate) fn trace_id(s: &str) -> Result<TraceId, DashboardError> {
     if s.len() != 32 {
         return Err(DashboardError::bad_param(format!(
             "trace_id must be 32 hex characters, got {s:?}"
@@ -29,7 +31,7 @@ fn trace_id(s: &str) -> Result<TraceId, DashboardError> {
         .ok_or_else(|| DashboardError::bad_param(format!("trace_id {s:?} is not hex")))
 }
 
-fn span_id(s: &str) -> Result<SpanId, DashboardError> {
+pub(crate) fn span_id(s: &str) -> Result<SpanId, DashboardError> {
     if s.len() != 16 {
         return Err(DashboardError::bad_param(format!(
             "span_id must be 16 hex characters, got {s:?}"
@@ -39,9 +41,22 @@ fn span_id(s: &str) -> Result<SpanId, DashboardError> {
         .ok_or_else(|| DashboardError::bad_param(format!("span_id {s:?} is not hex")))
 }
 
+fn duration_ms(p: &mut Params, name: &str) -> Result<Option<u64>, DashboardError> {
+    match p.string(name)? {
+        None => Ok(None),
+        Some(v) => match v.parse::<f64>() {
+            Ok(ms) if (0.0..1e12).contains(&ms) => Ok(Some((ms * 1e6) as u64)),
+            _ => Err(DashboardError::bad_param(format!(
+                "query parameter {name:?} must be a non-negative number of ms, got {v:?}"
+            ))),
+        },
+    }
+}
+
 /// Parses the search parameters: `service`, `span_name`, `tool_name`,
-/// `status=unset|ok|error`, `min_duration_ms`, `attr=key=value`, `start_unix_nano`,
-/// `end_unix_nano`, `limit` (1..=1000, default 50), `cursor`.
+/// `status=unset|ok|error`, `min_duration_ms`, `max_duration_ms`, `attr=key=value`
+/// (repeatable, all must hold on one span), `start_unix_nano`, `end_unix_nano`, `limit`
+/// (1..=1000, default 50), `cursor`.
 pub(crate) fn trace_query(mut p: Params) -> Result<TraceQuery, DashboardError> {
     let status = match p.string("status")?.as_deref() {
         None => None,
@@ -54,28 +69,26 @@ pub(crate) fn trace_query(mut p: Params) -> Result<TraceQuery, DashboardError> {
             )))
         }
     };
-    let min_duration_ns = match p.string("min_duration_ms")? {
-        None => None,
-        Some(v) => match v.parse::<f64>() {
-            Ok(ms) if (0.0..1e12).contains(&ms) => Some((ms * 1e6) as u64),
-            _ => {
-                return Err(DashboardError::bad_param(format!(
-                    "query parameter \"min_duration_ms\" must be a non-negative number of ms, got {v:?}"
-                )))
-            }
-        },
-    };
-    let attribute = match p.string("attr")? {
-        None => None,
-        Some(v) => match v.split_once('=') {
-            Some((k, val)) if !k.is_empty() => Some((k.to_string(), val.to_string())),
+    let min_duration_ns = duration_ms(&mut p, "min_duration_ms")?;
+    let max_duration_ns = duration_ms(&mut p, "max_duration_ms")?;
+    if let (Some(lo), Some(hi)) = (min_duration_ns, max_duration_ns) {
+        if hi < lo {
+            return Err(DashboardError::bad_param(
+                "max_duration_ms must not be below min_duration_ms",
+            ));
+        }
+    }
+    let mut attributes = Vec::new();
+    for v in p.all("attr")? {
+        match v.split_once('=') {
+            Some((k, val)) if !k.is_empty() => attributes.push((k.to_string(), val.to_string())),
             _ => {
                 return Err(DashboardError::bad_param(format!(
                     "query parameter \"attr\" must be key=value, got {v:?}"
                 )))
             }
-        },
-    };
+        }
+    }
     let start = p.u64_in("start_unix_nano", 0, u64::MAX)?;
     let end = p.u64_in("end_unix_nano", 0, u64::MAX)?;
     if let (Some(s), Some(e)) = (start, end) {
@@ -91,7 +104,9 @@ pub(crate) fn trace_query(mut p: Params) -> Result<TraceQuery, DashboardError> {
         tool_name: p.string("tool_name")?,
         status,
         min_duration_ns,
-        attribute,
+        max_duration_ns,
+        attribute: None,
+        attributes,
         start_min_unix_nano: start,
         start_max_unix_nano: end,
         limit: p.limit(DEFAULT_PAGE, MAX_PAGE)?,
@@ -101,20 +116,61 @@ pub(crate) fn trace_query(mut p: Params) -> Result<TraceQuery, DashboardError> {
     Ok(q)
 }
 
-/// `GET /api/v1/traces` → `{"items":[trace summary...],"next_cursor":string|null}`.
+/// `GET /api/v1/traces` → `{"items":[trace summary...],"next_cursor":string|null,
+/// "operations":[{"service","span_name","count","p50_ms","p90_ms","p99_ms","max_ms"}]}`;
+/// `operations` holds nearest-rank duration percentiles per (service, span name) over the
+/// ended spans of the traces in `items`.
 pub(crate) async fn search(
     State(ctx): State<Shared>,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
-    let query = trace_query(Params::new(q)?)?;
+    let query = trace_query(Params::repeatable(q, &["attr"])?)?;
     let page = ctx.app.storage.search_traces(query).await?;
+    let ms = |ns: u64| ns as f64 / 1e6;
     Ok(Json(json!({
         "items": page.items.iter().map(json::trace_summary).collect::<Vec<_>>(),
         "next_cursor": page.next_cursor,
+        "operations": page.operations.iter().map(|o| json!({
+            "service": o.service,
+            "span_name": o.span_name,
+            "count": o.count,
+            "p50_ms": ms(o.p50_ns),
+            "p90_ms": ms(o.p90_ns),
+            "p99_ms": ms(o.p99_ns),
+            "max_ms": ms(o.max_ns),
+        })).collect::<Vec<_>>(),
     })))
 }
 
-/// `GET /api/v1/traces/{trace_id}` → `{"trace_id","spans","logs"}`; 404 when unknown.
+/// `GET /api/v1/traces/{trace_id}/otlp` → the stored spans as OTLP/JSON `TracesData`
+/// (`otlp.rs`), with `Content-Disposition: attachment; filename="trace-<id>.otlp.json"`;
+/// 404 when no span of it is stored.
+pub(crate) async fn otlp(
+    State(ctx): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Response, DashboardError> {
+    let id = trace_id(&id)?;
+    let view = match ctx.app.storage.trace(id).await? {
+        Some(v) if !v.spans.is_empty() => v,
+        _ => return Err(DashboardError::NotFound(format!("trace {id} not found"))),
+    };
+    let body = serde_json::to_vec(&TracesData::new(&view))
+        .map_err(|e| DashboardError::Io(std::io::Error::other(e)))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"trace-{id}.otlp.json\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// `GET /api/v1/traces/{trace_id}` → `{"trace_id","resources","scopes","spans","logs"}`
+/// (spans and logs point at `resources`/`scopes` by index, see `wire.rs`); 404 when unknown.
 pub(crate) async fn trace(
     State(ctx): State<Shared>,
     Path(id): Path<String>,

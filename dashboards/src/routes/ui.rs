@@ -15,6 +15,8 @@ const INDEX_HTML: &str = include_str!("../../ui/index.html");
 const APP_JS: &str = include_str!("../../ui/app.js");
 const APP_CSS: &str = include_str!("../../ui/app.css");
 const FORENSICS_JS: &str = include_str!("../../ui/forensics.js");
+const TRACEVIEW_JS: &str = include_str!("../../ui/traceview.js");
+const READBACK_JS: &str = include_str!("../../ui/readback.js");
 
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'";
 
@@ -37,12 +39,15 @@ pub(crate) async fn index() -> Response {
     page("text/html; charset=utf-8", INDEX_HTML)
 }
 
-/// `GET /ui/{file}` → `app.js`, `app.css` or `forensics.js` (the stall-forensics panel).
+/// `GET /ui/{file}` → `app.js`, `traceview.js`, `readback.js`, `forensics.js` (the
+/// stall-forensics panel) or `app.css`.
 pub(crate) async fn asset(Path(file): Path<String>) -> Result<Response, DashboardError> {
     match file.as_str() {
         "app.js" => Ok(page("text/javascript; charset=utf-8", APP_JS)),
         "app.css" => Ok(page("text/css; charset=utf-8", APP_CSS)),
         "forensics.js" => Ok(page("text/javascript; charset=utf-8", FORENSICS_JS)),
+        "traceview.js" => Ok(page("text/javascript; charset=utf-8", TRACEVIEW_JS)),
+        "readback.js" => Ok(page("text/javascript; charset=utf-8", READBACK_JS)),
         _ => Err(DashboardError::NotFound(format!("no UI file {file:?}"))),
     }
 }

@@ -16,7 +16,8 @@ use super::schema::{
     PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
 };
 use crate::model::{
-    AnyValue, KeyValue, LogBatch, MetricBatch, Resource, Scope, Span, TraceBatch, STATUS_ERROR,
+    attr, AnyValue, KeyValue, LogBatch, MetricBatch, Resource, Scope, Span, TraceBatch,
+    STATUS_ERROR,
 };
 
 /// Term keys that come from attributes, besides `service.name` and `gen_ai.tool.name`.
@@ -331,6 +332,12 @@ pub(crate) struct LogRow {
     pub trace_id: Option<[u8; 16]>,
     /// Span id when the record carries one.
     pub span_id: Option<[u8; 8]>,
+    /// Resource `service.name` (search column, migration 2).
+    pub service: String,
+    /// `severity_number` clamped to 0..=24 (search column).
+    pub severity: i32,
+    /// Resource `stallwatch.runner.id` when present (search column).
+    pub runner_id: Option<String>,
     /// postcard `(Resource, Scope, LogRecord)`.
     pub payload: Vec<u8>,
 }
@@ -342,6 +349,9 @@ pub(crate) fn prepare_logs(batch: &LogBatch) -> Result<Vec<LogRow>, String> {
         for sl in &rl.scope_logs {
             let prefix =
                 postcard::to_allocvec(&(&rl.resource, &sl.scope)).map_err(|e| e.to_string())?;
+            let service = rl.resource.service_name().to_string();
+            let runner_id = attr(&rl.resource.attributes, "stallwatch.runner.id")
+                .and_then(AnyValue::index_text);
             for r in &sl.log_records {
                 let payload = postcard::to_extend(r, prefix.clone()).map_err(|e| e.to_string())?;
                 out.push(LogRow {
@@ -352,6 +362,9 @@ pub(crate) fn prepare_logs(batch: &LogBatch) -> Result<Vec<LogRow>, String> {
                     },
                     trace_id: r.trace_id.filter(|t| !t.is_zero()).map(|t| t.0),
                     span_id: r.span_id.filter(|s| !s.is_zero()).map(|s| s.0),
+                    service: service.clone(),
+                    severity: r.severity_number.clamp(0, 24),
+                    runner_id: runner_id.clone(),
                     payload,
                 });
             }
@@ -367,8 +380,49 @@ pub(crate) struct PointRow {
     pub name: String,
     /// Point time, ns.
     pub time: u64,
+    /// Resource `service.name` (migration 2 column).
+    pub service: String,
+    /// Series key: [`series_key`] of resource, scope and point attributes.
+    pub series: i64,
+    /// Gauge/sum value.
+    pub value: Option<f64>,
+    /// Histogram/summary count.
+    pub count: Option<u64>,
+    /// Histogram/summary sum.
+    pub sum: Option<f64>,
+    /// `MetricKind::as_str` of the point.
+    pub kind: &'static str,
+    /// Metric unit.
+    pub unit: String,
+    /// Metric description.
+    pub description: String,
     /// postcard `(Resource, Scope, MetricPoint)`.
     pub payload: Vec<u8>,
+}
+
+/// FNV-1a, 64 bits (stable across builds and platforms, unlike `DefaultHasher`).
+fn fnv1a(h: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *h ^= u64::from(*b);
+        *h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+}
+
+/// The series of a metric point: one per (resource attributes, scope name and version,
+/// point attributes), hashed with FNV-1a 64 over their postcard encoding, bit-cast to
+/// `i64` for SQLite. Two processes of one service (different `service.instance.id`) are
+/// two series, as in Prometheus where target labels are part of the series.
+pub(crate) fn series_key(resource: &Resource, scope: &Scope, attributes: &[KeyValue]) -> i64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    let enc = postcard::to_allocvec(&(
+        &resource.attributes,
+        &scope.name,
+        &scope.version,
+        attributes,
+    ))
+    .unwrap_or_default();
+    fnv1a(&mut h, &enc);
+    h as i64
 }
 
 /// Encodes a metrics export, one row per data point.
@@ -378,11 +432,20 @@ pub(crate) fn prepare_metrics(batch: &MetricBatch) -> Result<Vec<PointRow>, Stri
         for sm in &rm.scope_metrics {
             let prefix =
                 postcard::to_allocvec(&(&rm.resource, &sm.scope)).map_err(|e| e.to_string())?;
+            let service = rm.resource.service_name().to_string();
             for p in &sm.points {
                 let payload = postcard::to_extend(p, prefix.clone()).map_err(|e| e.to_string())?;
                 out.push(PointRow {
                     name: p.name.clone(),
                     time: p.time_unix_nano,
+                    service: service.clone(),
+                    series: series_key(&rm.resource, &sm.scope, &p.attributes),
+                    value: p.value,
+                    count: p.count,
+                    sum: p.sum,
+                    kind: p.kind.as_str(),
+                    unit: p.unit.clone(),
+                    description: p.description.clone(),
                     payload,
                 });
             }

@@ -13,11 +13,15 @@
 //! - `writer`: the writer thread, bounded queue, group commit, deduplication, size cap;
 //! - `retention`: by age and by size, then `incremental_vacuum`;
 //! - `read`: trace view, span, search, services, span names, metric points;
+//! - `logs_read`: log search and the live tail's reads;
+//! - `metrics_read`: the instrument list and points per series per step;
 //! - `stats`: counters for `/metrics`.
 
 mod bloom;
 mod checkpoint;
 pub(crate) mod encode;
+mod logs_read;
+mod metrics_read;
 mod read;
 mod retention;
 mod schema;
@@ -36,8 +40,12 @@ use crate::model::{
     TraceBatch, TraceId,
 };
 
+pub use logs_read::{
+    body_text, LogEntry, LogPage, LogQuery, LogQueryError, MAX_SCANNED_ROWS, MAX_SEVERITY,
+};
+pub use metrics_read::{Instrument, MetricSeries, PointsQuery, StepValue, MAX_STEPS};
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
-pub(crate) use schema::SCHEMA;
+pub(crate) use schema::{READBACK_SCHEMA, SCHEMA};
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
 pub use writer::Degraded;
 pub(crate) use writer::TelemetryWriter;
@@ -115,6 +123,11 @@ pub struct TraceQuery {
     /// `service.name`, `error.type`, `process.pid`, `stallwatch.runner.id`; other keys need
     /// a time range).
     pub attribute: Option<(String, String)>,
+    /// Further attribute `key=value` filters, each like [`TraceQuery::attribute`]; one span
+    /// must carry all of them (AND).
+    pub attributes: Vec<(String, String)>,
+    /// Maximum span duration, ns (inclusive; open spans never match a duration filter).
+    pub max_duration_ns: Option<u64>,
     /// Span start at or after, ns since the Unix epoch.
     pub start_min_unix_nano: Option<u64>,
     /// Span start before, ns since the Unix epoch.
@@ -154,6 +167,41 @@ pub struct TracePage {
     pub items: Vec<TraceSummary>,
     /// Cursor for the next page; `None` at the end.
     pub next_cursor: Option<String>,
+    /// Duration percentiles per operation (service, span name) over the ended spans of the
+    /// traces in `items`, by span count descending then name.
+    pub operations: Vec<OperationStats>,
+}
+
+/// Duration statistics of one operation over a search page (nearest-rank percentiles:
+/// the smallest duration with at least p% of the durations at or below it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OperationStats {
+    /// Resource `service.name`.
+    pub service: String,
+    /// Span name.
+    pub span_name: String,
+    /// Ended spans counted.
+    pub count: u64,
+    /// Median duration, ns.
+    pub p50_ns: u64,
+    /// 90th percentile duration, ns.
+    pub p90_ns: u64,
+    /// 99th percentile duration, ns.
+    pub p99_ns: u64,
+    /// Longest duration, ns.
+    pub max_ns: u64,
+}
+
+impl OperationStats {
+    /// Nearest-rank percentile `p` (0..=100) of ascending `sorted` (empty → 0).
+    pub fn nearest_rank(sorted: &[u64], p: u64) -> u64 {
+        if sorted.is_empty() {
+            return 0;
+        }
+        let n = sorted.len() as u64;
+        let rank = (p * n).div_ceil(100).clamp(1, n);
+        sorted[(rank - 1) as usize]
+    }
 }
 
 /// Errors of a search query's shape.
@@ -338,6 +386,62 @@ impl Storage {
         limit: usize,
     ) -> Result<Vec<StoredMetricPoint>, StorageError> {
         self.read(move |c| read::metric_points(c, name.as_deref(), limit))
+            .await
+    }
+}
+
+impl Storage {
+    /// Log search, newest first (by record time, then arrival), one page at a time.
+    ///
+    /// Errors: [`LogQueryError::BadCursor`] for a cursor this server did not issue,
+    /// [`LogQueryError::Storage`].
+    pub async fn search_logs(&self, query: LogQuery) -> Result<LogPage, LogQueryError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            this.read_blocking(|c| match logs_read::search_logs(c, &query) {
+                Ok(p) => Ok(Ok(p)),
+                Err(LogQueryError::Storage(e)) => Err(e),
+                Err(other) => Ok(Err(other)),
+            })
+        })
+        .await
+        .map_err(|e| LogQueryError::Storage(StorageError::Task(e.to_string())))??
+    }
+
+    /// Log records stored after row `after_id` matching `query` (cursor and limit aside),
+    /// oldest first, at most `limit`; with the row id to go on from (the live tail).
+    pub async fn logs_after(
+        &self,
+        query: LogQuery,
+        after_id: i64,
+        limit: usize,
+    ) -> Result<(Vec<LogEntry>, i64), StorageError> {
+        self.read(move |c| logs_read::logs_after(c, &query, after_id, limit))
+            .await
+    }
+
+    /// The newest log row id (0 when none is stored).
+    pub async fn newest_log_id(&self) -> Result<i64, StorageError> {
+        self.read(logs_read::newest_log_id).await
+    }
+
+    /// The stored instruments, one per (metric name, service), sorted; optionally of one
+    /// service.
+    pub async fn instruments(
+        &self,
+        service: Option<String>,
+    ) -> Result<Vec<Instrument>, StorageError> {
+        self.read(move |c| metrics_read::instruments(c, service.as_deref()))
+            .await
+    }
+
+    /// One instrument's points per series, aggregated per step (see [`PointsQuery`] and
+    /// `metrics_read.rs` for the aggregation and the quantile estimates).
+    pub async fn metric_series(
+        &self,
+        query: PointsQuery,
+    ) -> Result<Vec<MetricSeries>, StorageError> {
+        self.read(move |c| metrics_read::metric_series(c, &query))
             .await
     }
 }

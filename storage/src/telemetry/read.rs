@@ -19,8 +19,8 @@ use super::schema::{
 };
 use super::traceidx::{fold, indexed_batches, merged_upto, summarize, trace_batches, unmerged_map};
 use super::{
-    QueryError, StatusFilter, StoredLog, StoredMetricPoint, StoredSpan, TracePage, TraceQuery,
-    TraceSummary, TraceView, DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT,
+    OperationStats, QueryError, StatusFilter, StoredLog, StoredMetricPoint, StoredSpan, TracePage,
+    TraceQuery, TraceSummary, TraceView, DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT,
 };
 use crate::error::StorageError;
 use crate::model::{attr, LogRecord, MetricPoint, Resource, Scope, SpanId, SpanState, TraceId};
@@ -269,7 +269,9 @@ struct SearchBatch {
 struct Search<'q> {
     q: &'q TraceQuery,
     terms: Vec<(String, String)>,
-    scan_attr: Option<(String, String)>,
+    scan_attrs: Vec<(String, String)>,
+    /// Durations of the ended winning spans of the traces shown, per (service, name).
+    ops: HashMap<(String, String), Vec<u64>>,
     cache: HashMap<i64, Rc<SearchBatch>>,
     l0: Option<HashMap<[u8; 16], Vec<i64>>>,
 }
@@ -283,7 +285,7 @@ impl Search<'_> {
         if let Some(b) = self.cache.get(&id) {
             return Ok(Some(b.clone()));
         }
-        let need_payload = self.scan_attr.is_some();
+        let need_payload = !self.scan_attrs.is_empty();
         let row: Option<(Vec<u8>, Option<Vec<u8>>)> = conn
             .prepare_cached(
                 "SELECT idx, CASE WHEN ?2 THEN payload END FROM span_batches WHERE id = ?1",
@@ -350,12 +352,17 @@ impl Search<'_> {
                 return Ok(false);
             }
         }
+        if let Some(max) = q.max_duration_ns {
+            if !s.ended() || s.duration() > max {
+                return Ok(false);
+            }
+        }
         if q.start_min_unix_nano.is_some_and(|m| s.start < m)
             || q.start_max_unix_nano.is_some_and(|m| s.start >= m)
         {
             return Ok(false);
         }
-        if let Some((k, v)) = &self.scan_attr {
+        for (k, v) in &self.scan_attrs {
             let (Some(payload), Some(resources)) = (&b.payload, &b.resources) else {
                 return Ok(false);
             };
@@ -449,12 +456,12 @@ pub(super) fn search(conn: &Connection, q: &TraceQuery) -> Result<TracePage, Que
     if q.status == Some(StatusFilter::Error) {
         terms.push((TERM_STATUS.into(), "error".into()));
     }
-    let mut scan_attr = None;
-    if let Some((k, v)) = &q.attribute {
+    let mut scan_attrs = Vec::new();
+    for (k, v) in q.attribute.iter().chain(&q.attributes) {
         if INDEXED_ATTRIBUTE_KEYS.contains(&k.as_str()) {
             terms.push((k.clone(), v.clone()));
         } else if q.start_min_unix_nano.is_some() && q.start_max_unix_nano.is_some() {
-            scan_attr = Some((k.clone(), v.clone()));
+            scan_attrs.push((k.clone(), v.clone()));
         } else {
             return Err(QueryError::NeedsTimeRange(k.clone()));
         }
@@ -465,11 +472,14 @@ pub(super) fn search(conn: &Connection, q: &TraceQuery) -> Result<TracePage, Que
         let mut s = Search {
             q,
             terms,
-            scan_attr,
+            scan_attrs,
+            ops: HashMap::new(),
             cache: HashMap::new(),
             l0: None,
         };
-        search_in(conn, &mut s, limit, cursor)
+        let mut page = search_in(conn, &mut s, limit, cursor)?;
+        page.operations = operation_stats(std::mem::take(&mut s.ops));
+        Ok(page)
     })
 }
 
@@ -491,6 +501,7 @@ fn search_in(
             return Ok(TracePage {
                 items: vec![],
                 next_cursor: None,
+                operations: vec![],
             });
         };
         let n: i64 = conn
@@ -547,6 +558,7 @@ fn search_in(
             return Ok(TracePage {
                 items,
                 next_cursor: None,
+                operations: vec![],
             });
         }
         next_from = candidates.iter().map(|c| c.abs()).min().unwrap_or(1) - 1;
@@ -637,6 +649,22 @@ fn search_in(
                 })) else {
                     continue;
                 };
+                for (_, (bi, pi)) in &winners {
+                    let x = &loaded[*bi].1.index;
+                    let sp = &x.spans[*pi];
+                    if sp.ended() {
+                        let term = |i: u32| {
+                            x.terms
+                                .get(i as usize)
+                                .map(|t| t.1.clone())
+                                .unwrap_or_default()
+                        };
+                        s.ops
+                            .entry((term(sp.service), term(sp.name)))
+                            .or_default()
+                            .push(sp.duration());
+                    }
+                }
                 let (ri, rs) = sum.root;
                 let term = |i: u32| {
                     ri.terms
@@ -658,6 +686,7 @@ fn search_in(
                     return Ok(TracePage {
                         items,
                         next_cursor: Some(encode_cursor(b, &t)),
+                        operations: vec![],
                     });
                 }
             }
@@ -666,7 +695,33 @@ fn search_in(
             return Ok(TracePage {
                 items,
                 next_cursor: None,
+                operations: vec![],
             });
         }
     }
+}
+
+/// Percentiles per operation, by span count descending then (service, name).
+fn operation_stats(ops: HashMap<(String, String), Vec<u64>>) -> Vec<OperationStats> {
+    let mut out: Vec<OperationStats> = ops
+        .into_iter()
+        .map(|((service, span_name), mut d)| {
+            d.sort_unstable();
+            OperationStats {
+                service,
+                span_name,
+                count: d.len() as u64,
+                p50_ns: OperationStats::nearest_rank(&d, 50),
+                p90_ns: OperationStats::nearest_rank(&d, 90),
+                p99_ns: OperationStats::nearest_rank(&d, 99),
+                max_ns: d.last().copied().unwrap_or(0),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| (&a.service, &a.span_name).cmp(&(&b.service, &b.span_name)))
+    });
+    out
 }

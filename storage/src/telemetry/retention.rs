@@ -86,6 +86,10 @@ impl Writer {
             self.serve_pending();
         }
 
+        if report.points_deleted > 0 {
+            super::metrics_read::recompute_instruments(&self.conn)?;
+        }
+
         // give free pages back
         loop {
             let free: i64 = self

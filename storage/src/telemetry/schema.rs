@@ -102,3 +102,44 @@ pub const INDEXED_ATTRIBUTE_KEYS: [&str; 5] = [
     "process.pid",
     "stallwatch.runner.id",
 ];
+
+/// DDL of migration 2 (issue 13, reading logs and metrics back): columns and indexes that
+/// let the log search and the metric point queries use an index instead of decoding every
+/// payload. Additive only; rows stored before it carry the defaults (`service = ''`,
+/// `severity = 0`, `series = 0`) and are found only by the unfiltered queries.
+///
+/// - `logs.service`: the resource `service.name`; `logs.severity`: `severity_number`
+///   clamped to the OTLP range 0..=24; `logs.runner_id`: resource `stallwatch.runner.id`.
+///   Searches walk `(…, time_unix_nano)` indexes newest first (see `logs_read.rs`).
+/// - `metric_points.service`, `.series` (a 64-bit FNV-1a hash of the resource attributes,
+///   the scope name and version and the point attributes: one series per attribute set and
+///   source), `.value`, `.count`, `.sum` (for aggregation without decoding the payload).
+/// - `metric_instruments`: one row per (metric name, service) with kind, unit, description,
+///   point count and first/last point time, kept by the writer at each commit and
+///   recomputed by retention.
+pub(crate) const READBACK_SCHEMA: &str = "
+ALTER TABLE logs ADD COLUMN service TEXT NOT NULL DEFAULT '';
+ALTER TABLE logs ADD COLUMN severity INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE logs ADD COLUMN runner_id TEXT;
+CREATE INDEX logs_time ON logs(time_unix_nano);
+CREATE INDEX logs_severity_time ON logs(severity, time_unix_nano);
+CREATE INDEX logs_service_time ON logs(service, severity, time_unix_nano);
+CREATE INDEX logs_runner_time ON logs(runner_id, time_unix_nano) WHERE runner_id IS NOT NULL;
+ALTER TABLE metric_points ADD COLUMN service TEXT NOT NULL DEFAULT '';
+ALTER TABLE metric_points ADD COLUMN series INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE metric_points ADD COLUMN value REAL;
+ALTER TABLE metric_points ADD COLUMN count INTEGER;
+ALTER TABLE metric_points ADD COLUMN sum REAL;
+CREATE INDEX metric_points_name_time ON metric_points(name, time_unix_nano);
+CREATE TABLE metric_instruments (
+    name        TEXT NOT NULL,
+    service     TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    unit        TEXT NOT NULL,
+    description TEXT NOT NULL,
+    point_count INTEGER NOT NULL,
+    first_time  INTEGER NOT NULL,
+    last_time   INTEGER NOT NULL,
+    PRIMARY KEY (name, service)
+) WITHOUT ROWID;
+";

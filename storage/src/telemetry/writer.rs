@@ -751,8 +751,9 @@ impl Writer {
                 }
                 Prepared::Logs(rows) => {
                     let mut st = self.conn.prepare_cached(
-                        "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id, payload)
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id,
+                                          payload, service, severity, runner_id)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     )?;
                     let mut same = self
                         .conn
@@ -773,7 +774,10 @@ impl Writer {
                             r.time as i64,
                             r.trace_id.as_ref().map(|t| &t[..]),
                             r.span_id.as_ref().map(|s| &s[..]),
-                            r.payload
+                            r.payload,
+                            r.service,
+                            r.severity,
+                            r.runner_id,
                         ])?;
                         self.recent_logs
                             .remember(hash, self.conn.last_insert_rowid());
@@ -782,12 +786,24 @@ impl Writer {
                 }
                 Prepared::Metrics(rows) => {
                     let mut st = self.conn.prepare_cached(
-                        "INSERT INTO metric_points(received_unix_nano, name, time_unix_nano, payload)
-                         VALUES (?1, ?2, ?3, ?4)",
+                        "INSERT INTO metric_points(received_unix_nano, name, time_unix_nano, payload,
+                                                   service, series, value, count, sum)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )?;
                     for r in &rows {
-                        st.execute(params![received, r.name, r.time as i64, r.payload])?;
+                        st.execute(params![
+                            received,
+                            r.name,
+                            r.time as i64,
+                            r.payload,
+                            r.service,
+                            r.series,
+                            r.value,
+                            r.count.map(|c| c as i64),
+                            r.sum,
+                        ])?;
                     }
+                    super::metrics_read::upsert_instruments(&self.conn, &rows)?;
                     c.points += rows.len() as u64;
                 }
             }
