@@ -299,13 +299,14 @@ mod tests {
     use proptest::prelude::*;
 
     fn cfg() -> WatchdogConfig {
-        WatchdogConfig {
-            heartbeat_interval: Duration::from_millis(200),
-            heartbeat_timeout: Duration::from_millis(1000),
-            startup_grace: Duration::from_millis(2000),
-            stopping_timeout: Duration::from_millis(3000),
-            ..WatchdogConfig::default()
-        }
+        let raw = crate::config::RawWatchdogConfig {
+            heartbeat_interval_ms: Some(200),
+            heartbeat_timeout_ms: Some(1000),
+            startup_grace_ms: Some(2000),
+            stopping_timeout_ms: Some(3000),
+            ..Default::default()
+        };
+        WatchdogConfig::try_from(raw).expect("valid test config")
     }
 
     fn none() -> LedgerView {
