@@ -15,6 +15,7 @@ mod demo;
 mod exporters;
 mod forward;
 mod lifecycle;
+mod mcp;
 mod reaper_fixes;
 mod shapes;
 mod spine;
