@@ -2,7 +2,7 @@
 //! document can be checked against it ([`ROUTES`]). Handlers live in one module per
 //! resource.
 
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 
 use crate::state::Shared;
@@ -12,6 +12,7 @@ mod control;
 mod events;
 mod health;
 mod incidents;
+mod mcp;
 mod runners;
 mod traces;
 mod ui;
@@ -91,4 +92,5 @@ pub(crate) fn router() -> Router<Shared> {
             post(control::rollback_checkpoint),
         )
         .route("/api/v1/shutdown", post(control::shutdown))
+        .route("/mcp", any(mcp::handle))
 }
