@@ -359,3 +359,109 @@ fn without_a_sidecar_the_wrapper_still_relays_and_says_so_once() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_mcp_endpoint_answers_the_real_python_client() {
+    let (_dir, server) = start();
+    // Something to find: a wrapped server's tool span.
+    let (steps, stderr) = run_python(&server, "slow", "mcp-py-endpoint");
+    assert_eq!(step(&steps, "slow")["ok"], true, "{steps:#?}\n{stderr}");
+    tool_span(&server, "slow", |s| s["state"] == "ended");
+    let out = Command::new(mcp_python())
+        .arg(mcp_dir().join("http_client.py"))
+        .arg(format!("http://{}/mcp", server.dashboard))
+        .arg("slow")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(step(&steps, "initialize")["server"], "stallwatch");
+    assert_eq!(
+        step(&steps, "tools")["names"],
+        serde_json::json!([
+            "search_traces",
+            "get_trace",
+            "list_open_spans",
+            "list_runners",
+            "list_incidents",
+            "search_logs"
+        ])
+    );
+    let found = step(&steps, "search_traces");
+    assert_eq!(found["is_error"], false, "{found:#}");
+    let items = found["structured"]["items"].as_array().unwrap();
+    assert!(!items.is_empty(), "{found:#}");
+    assert_eq!(items[0]["root_service"], "mcp:stallwatch-test-server", "{found:#}");
+    let bad = step(&steps, "bad_argument");
+    assert_eq!(bad["is_error"], true);
+    assert!(bad["text"].as_str().unwrap().contains("nonsense"), "{bad:#}");
+    let runners = step(&steps, "list_runners");
+    assert!(
+        runners["structured"]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == "mcp-py-endpoint"),
+        "{runners:#}"
+    );
+    // The Host check applies to /mcp as to every dashboard route.
+    let resp = http_client()
+        .post(format!("http://{}/mcp", server.dashboard))
+        .header("host", "evil.example")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 421);
+}
+
+#[test]
+fn node_server_and_client_blocked_event_loop_trips_and_the_session_goes_on() {
+    let node_dir = mcp_dir().join("node");
+    assert!(
+        node_dir.join("node_modules/@modelcontextprotocol/sdk").exists(),
+        "{} lacks the Node MCP SDK: run scripts/setup-test-env",
+        node_dir.display()
+    );
+    let (_dir, server) = start();
+    let wrapper = wrapper_argv(
+        &server,
+        "mcp-node",
+        &["node", node_dir.join("server.mjs").to_str().unwrap()],
+    );
+    let out = Command::new("node")
+        .arg(node_dir.join("client.mjs"))
+        .args([&format!("http://{}", server.dashboard), "mcp-node", "--"])
+        .args(&wrapper)
+        .stdin(Stdio::null())
+        .output()
+        .expect("node must be installed for the mcp tests");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let steps: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let ctx = || format!("{steps:#?}\n{stderr}");
+    assert_eq!(step(&steps, "initialize")["server"], "stallwatch-node-test-server");
+    assert_eq!(step(&steps, "first")["text"], "3", "{}", ctx());
+    let stuck = step(&steps, "stuck");
+    assert_eq!(stuck["code"], -32001, "{}", ctx());
+    assert_eq!(stuck["data"]["runner_id"], "mcp-node", "{}", ctx());
+    assert!(stuck["elapsed_ms"].as_u64().unwrap() < 20_000, "{}", ctx());
+    assert_eq!(step(&steps, "after")["text"], "42", "{}", ctx());
+    let span = tool_span(&server, "spin", |s| s["state"] == "ended");
+    assert_eq!(span["service_name"], "mcp:stallwatch-node-test-server", "{span:#}");
+    assert_eq!(span["status"]["code"], 2, "{span:#}");
+}
