@@ -329,8 +329,14 @@ fn a_call_while_the_breaker_is_open_is_refused_at_once() {
         ctx()
     );
     // Answered by the wrapper, never by the server: its span says so.
-    let span = tool_span(&server, "add", |s| s["state"] == "ended");
-    assert_eq!(str_attr(&span, "error.type"), "breaker_open", "{span:#}");
+    let span =
+        tool_span(&server, "add", |s| {
+            s["state"] == "ended"
+                && s["attributes"].as_array().into_iter().flatten().any(|kv| {
+                    kv["key"] == "error.type" && kv["value"]["stringValue"] == "breaker_open"
+                })
+        });
+    assert_eq!(span["status"]["code"], 2, "{span:#}");
     assert_eq!(step(&steps, "after")["ok"], true, "{}", ctx());
 }
 
@@ -400,10 +406,16 @@ fn the_mcp_endpoint_answers_the_real_python_client() {
     assert_eq!(found["is_error"], false, "{found:#}");
     let items = found["structured"]["items"].as_array().unwrap();
     assert!(!items.is_empty(), "{found:#}");
-    assert_eq!(items[0]["root_service"], "mcp:stallwatch-test-server", "{found:#}");
+    assert_eq!(
+        items[0]["root_service"], "mcp:stallwatch-test-server",
+        "{found:#}"
+    );
     let bad = step(&steps, "bad_argument");
     assert_eq!(bad["is_error"], true);
-    assert!(bad["text"].as_str().unwrap().contains("nonsense"), "{bad:#}");
+    assert!(
+        bad["text"].as_str().unwrap().contains("nonsense"),
+        "{bad:#}"
+    );
     let runners = step(&steps, "list_runners");
     assert!(
         runners["structured"]["items"]
@@ -429,7 +441,9 @@ fn the_mcp_endpoint_answers_the_real_python_client() {
 fn node_server_and_client_blocked_event_loop_trips_and_the_session_goes_on() {
     let node_dir = mcp_dir().join("node");
     assert!(
-        node_dir.join("node_modules/@modelcontextprotocol/sdk").exists(),
+        node_dir
+            .join("node_modules/@modelcontextprotocol/sdk")
+            .exists(),
         "{} lacks the Node MCP SDK: run scripts/setup-test-env",
         node_dir.display()
     );
@@ -454,7 +468,10 @@ fn node_server_and_client_blocked_event_loop_trips_and_the_session_goes_on() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     let ctx = || format!("{steps:#?}\n{stderr}");
-    assert_eq!(step(&steps, "initialize")["server"], "stallwatch-node-test-server");
+    assert_eq!(
+        step(&steps, "initialize")["server"],
+        "stallwatch-node-test-server"
+    );
     assert_eq!(step(&steps, "first")["text"], "3", "{}", ctx());
     let stuck = step(&steps, "stuck");
     assert_eq!(stuck["code"], -32001, "{}", ctx());
@@ -462,6 +479,9 @@ fn node_server_and_client_blocked_event_loop_trips_and_the_session_goes_on() {
     assert!(stuck["elapsed_ms"].as_u64().unwrap() < 20_000, "{}", ctx());
     assert_eq!(step(&steps, "after")["text"], "42", "{}", ctx());
     let span = tool_span(&server, "spin", |s| s["state"] == "ended");
-    assert_eq!(span["service_name"], "mcp:stallwatch-node-test-server", "{span:#}");
+    assert_eq!(
+        span["service_name"], "mcp:stallwatch-node-test-server",
+        "{span:#}"
+    );
     assert_eq!(span["status"]["code"], 2, "{span:#}");
 }

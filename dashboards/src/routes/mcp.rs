@@ -50,13 +50,11 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
             .into_response()
         }
     };
-    let config = StreamableHttpServerConfig {
-        stateful_mode: false,
-        json_response: true,
-        ..StreamableHttpServerConfig::default()
-    }
-    // The dashboard's own Host check (loopback + configured hosts) already ran.
-    .disable_allowed_hosts();
+    let config = StreamableHttpServerConfig::default()
+        .with_stateful_mode(false)
+        .with_json_response(true)
+        // The dashboard's own Host check (loopback + configured hosts) already ran.
+        .disable_allowed_hosts();
     let service = StreamableHttpService::new(
         move || Ok(StallwatchMcp { ctx: ctx.clone() }),
         Arc::new(NeverSessionManager::default()),
@@ -162,24 +160,48 @@ impl StallwatchMcp {
         match name {
             "search_traces" => {
                 let q = pairs(&args)?;
-                answer(super::traces::search(State(ctx), Query(q)).await.into_response()).await
+                answer(
+                    super::traces::search(State(ctx), Query(q))
+                        .await
+                        .into_response(),
+                )
+                .await
             }
             "get_trace" => {
                 let id = string("trace_id")?;
-                answer(super::traces::trace(State(ctx), Path(id)).await.into_response()).await
+                answer(
+                    super::traces::trace(State(ctx), Path(id))
+                        .await
+                        .into_response(),
+                )
+                .await
             }
             "list_open_spans" => {
                 let q = pairs(&args)?;
-                answer(super::traces::open_spans(State(ctx), Query(q)).await.into_response())
-                    .await
+                answer(
+                    super::traces::open_spans(State(ctx), Query(q))
+                        .await
+                        .into_response(),
+                )
+                .await
             }
             "list_runners" => {
                 let q = pairs(&args)?;
-                answer(super::runners::list(State(ctx), Query(q)).await.into_response()).await
+                answer(
+                    super::runners::list(State(ctx), Query(q))
+                        .await
+                        .into_response(),
+                )
+                .await
             }
             "list_incidents" => {
                 let q = pairs(&args)?;
-                answer(super::incidents::list(State(ctx), Query(q)).await.into_response()).await
+                answer(
+                    super::incidents::list(State(ctx), Query(q))
+                        .await
+                        .into_response(),
+                )
+                .await
             }
             "search_logs" => {
                 let id = string("trace_id")?;
@@ -187,9 +209,12 @@ impl StallwatchMcp {
                 if let Some(k) = args.keys().find(|k| *k != "trace_id" && *k != "contains") {
                     return Err(format!("unknown argument {k:?}"));
                 }
-                let trace =
-                    answer(super::traces::trace(State(ctx), Path(id.clone())).await.into_response())
-                        .await?;
+                let trace = answer(
+                    super::traces::trace(State(ctx), Path(id.clone()))
+                        .await
+                        .into_response(),
+                )
+                .await?;
                 let items: Vec<Value> = trace["logs"]
                     .as_array()
                     .into_iter()
@@ -254,7 +279,14 @@ mod tests {
         let names: Vec<_> = list.tools.iter().map(|t| t.name.to_string()).collect();
         assert_eq!(
             names,
-            ["search_traces", "get_trace", "list_open_spans", "list_runners", "list_incidents", "search_logs"]
+            [
+                "search_traces",
+                "get_trace",
+                "list_open_spans",
+                "list_runners",
+                "list_incidents",
+                "search_logs"
+            ]
         );
         let v = tools();
         assert!(v["tools"]
@@ -272,6 +304,8 @@ mod tests {
         assert!(p.contains(&("limit".into(), "5".into())));
         assert_eq!(p.len(), 2);
         let bad = json!({"attr": ["a"]});
-        assert!(pairs(bad.as_object().unwrap()).unwrap_err().contains("attr"));
+        assert!(pairs(bad.as_object().unwrap())
+            .unwrap_err()
+            .contains("attr"));
     }
 }
