@@ -25,6 +25,35 @@ pub enum Command {
     /// hang inside a tool span), print the timeline as they are stopped, check the
     /// workspace is byte-for-byte as before. Needs the Python runner kit.
     Demo(DemoArgs),
+    /// MCP helpers: `stallwatch mcp wrap -- <server command>` guards a stdio MCP server.
+    #[command(subcommand)]
+    Mcp(McpCommand),
+}
+
+/// `stallwatch mcp ...` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Run in place of a stdio MCP server command: spawn the server, relay JSON-RPC both
+    /// ways byte for byte, register it with the running sidecar, trace every request, and
+    /// answer the client at once when stallwatch stops a stuck server (it is restarted and
+    /// the session goes on). Without a running sidecar it still relays.
+    Wrap(McpWrapArgs),
+}
+
+/// Flags of `stallwatch mcp wrap`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct McpWrapArgs {
+    /// Runner id of the server (default `mcp-` + the first 12 hex digits of the SHA-256 of
+    /// the server command's arguments joined by NUL).
+    #[arg(long, env = "STALLWATCH_MCP_RUNNER_ID", value_name = "ID")]
+    pub runner_id: Option<String>,
+    /// The sidecar's data folder, as `serve` chooses it (default: $XDG_DATA_HOME/stallwatch,
+    /// else ~/.local/share/stallwatch); its `ready.json` says where the sidecar listens.
+    #[arg(long, env = "STALLWATCH_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The MCP server command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
+    pub server: Vec<String>,
 }
 
 /// Log line format on stderr.

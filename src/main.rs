@@ -18,12 +18,32 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(args),
         cli::Command::Demo(args) => demo::run(args),
+        cli::Command::Mcp(cli::McpCommand::Wrap(args)) => return mcp_wrap(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Print the whole context chain once, then map to an exit code.
             eprintln!("stallwatch: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `stallwatch mcp wrap`: runs the relay and leaves with the server's exit code.
+fn mcp_wrap(args: cli::McpWrapArgs) -> ExitCode {
+    let run = || -> anyhow::Result<i32> {
+        let cfg = stallwatch_mcp::WrapConfig::new(args.server, args.runner_id, args.data_dir)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        Ok(rt.block_on(stallwatch_mcp::wrap(cfg))?)
+    };
+    match run() {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(err) => {
+            eprintln!("stallwatch mcp: error: {err:#}");
             ExitCode::from(1)
         }
     }

@@ -309,6 +309,7 @@ async fn serve(
         writeln!(out, "{ready}").context("cannot write the ready line")?;
         out.flush()?;
     }
+    let discovery = write_discovery(&data.path, &ready)?;
     let _ = ready_tx.send(true);
     tracing::info_span!("stallwatch.ready", otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr)
         .in_scope(|| tracing::info!(data_dir = %data.path.display(), "stallwatch ready"));
@@ -316,6 +317,7 @@ async fn serve(
     signals.wait(&shutdown).await;
     tracing::info!("shutting down");
     let _ = ready_tx.send(false);
+    remove_discovery(&discovery);
 
     // 1. Stop intake; in-flight exports finish and are committed.
     collector_token.cancel();
@@ -470,5 +472,40 @@ fn loopback_for_clients(addr: std::net::SocketAddr) -> std::net::SocketAddr {
         std::net::SocketAddr::new(ip, addr.port())
     } else {
         addr
+    }
+}
+
+/// Writes `<data_dir>/ready.json` holding exactly the ready line's JSON object, so a process
+/// that only knows the data folder (`stallwatch mcp wrap`) finds the listeners: mode 0600,
+/// written to a temporary file in the same folder and renamed over, so a reader never sees
+/// half a file (docs/design.md, Interfaces: Files). Answers the path, removed at ordered
+/// shutdown by [`remove_discovery`].
+fn write_discovery(dir: &std::path::Path, ready: &str) -> Result<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("ready.json");
+    let tmp = dir.join(format!(".ready.json.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(ready.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+/// Removes the discovery file at ordered shutdown; a missing file is fine.
+fn remove_discovery(path: &std::path::Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), "cannot remove the discovery file: {e}");
+        }
     }
 }

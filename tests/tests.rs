@@ -19,6 +19,7 @@ mod forward;
 mod lifecycle;
 mod openspans;
 mod readback;
+mod mcp;
 mod reaper_fixes;
 mod reaper_safety;
 mod shapes;

@@ -2,7 +2,7 @@
 //! document can be checked against it ([`ROUTES`]). Handlers live in one module per
 //! resource.
 
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 
 use crate::state::Shared;
@@ -14,6 +14,7 @@ mod health;
 mod incidents;
 mod logs;
 mod metrics;
+mod mcp;
 mod runners;
 mod traces;
 mod ui;
@@ -103,4 +104,5 @@ pub(crate) fn router() -> Router<Shared> {
             post(control::rollback_checkpoint),
         )
         .route("/api/v1/shutdown", post(control::shutdown))
+        .route("/mcp", any(mcp::handle))
 }
