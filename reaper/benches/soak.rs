@@ -343,7 +343,10 @@ async fn many_runners() {
                 reply: tx,
             })
             .await;
-        pids.push(rx.await.unwrap().unwrap()["pid"].as_u64().unwrap() as u32);
+        pids.push(match rx.await.unwrap().unwrap() {
+            stallwatch_storage::control::Registered::Spawned(r) => r.pid,
+            other => panic!("expected a spawned runner, got {other:?}"),
+        });
     }
     let registered = t.elapsed();
     let t = Instant::now();
