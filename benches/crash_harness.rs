@@ -1,6 +1,6 @@
 //! Crash harness: the real `stallwatch serve` under full OTLP/HTTP protobuf ingest load is
 //! `kill -9`ed at random moments, many times, on one persistent data folder, and restarted
-//! each time (DESIGN, Durability and limits; Orphan sweep).
+//! each time (docs/design.md, Durability and limits; Orphan sweep).
 //!
 //! Per cycle: start on port 0 with a `[[runner]]` that spawns `sleep 600` (so every crash
 //! leaves an active runner for the next start's orphan sweep to judge), drive 2–4 raw
@@ -13,7 +13,7 @@
 //! SIGKILLed by pid + start time so the harness leaves nothing behind).
 //!
 //! A killed generation's runner that the next sweep re-adopts (same pid, start time and boot
-//! id: DESIGN, Orphan sweep) is legitimately alive; any other one still alive is
+//! id: docs/design.md, Orphan sweep) is legitimately alive; any other one still alive is
 //! *untracked*: nothing watches it any more.
 //!
 //! Prints one JSON summary on stdout (progress on stderr); exits 1 when a span was lost, an

@@ -1,6 +1,6 @@
 //! Command-line interface. Each flag of `serve` has its own `STALLWATCH_*` variable
 //! (clap's `env =`, no prefix scan); precedence is CLI > env > TOML > default
-//! (DESIGN, Interfaces: CLI).
+//! (docs/design.md, Interfaces: CLI).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

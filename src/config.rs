@@ -3,7 +3,7 @@
 //! One section per crate (`[otlp]`, `[storage]`, `[watchdog]`, `[reaper]`, `[dashboard]`,
 //! `[[runner]]`, `[[alerts.webhook]]`), plus top-level `data_dir` and `log_format`. Every
 //! table refuses unknown keys with their name. Precedence: CLI > env > TOML > default
-//! (DESIGN, Interfaces: CLI). Sections owned by a crate are handed to that crate's raw
+//! (docs/design.md, Interfaces: CLI). Sections owned by a crate are handed to that crate's raw
 //! config type, which validates them (`TryFrom`).
 
 use std::net::SocketAddr;

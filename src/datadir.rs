@@ -1,4 +1,4 @@
-//! The data folder: `stallwatch.db` (+ WAL), `token`, `lock`, `run/` (DESIGN, Interfaces:
+//! The data folder: `stallwatch.db` (+ WAL), `token`, `lock`, `run/` (docs/design.md, Interfaces:
 //! Files). Created with mode 0700; the token with `O_EXCL` and mode 0600, kept across
 //! restarts; the lock is an `flock` held for the life of the process, so a crashed
 //! instance's lock is free again and is simply taken over.

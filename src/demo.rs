@@ -9,7 +9,7 @@
 //! (`GET /api/v1/events`) and prints a timeline as it happens, waits until the four are
 //! stopped and the checkpoint rolled back, checks the healthy runner was never tripped and
 //! that the workspace is byte-for-byte as before, and prints a summary. Exit 0 when all of
-//! that happened, 1 otherwise (DESIGN: Fusion and breakers, Reaper, Checkpoints).
+//! that happened, 1 otherwise (docs/design.md: Fusion and breakers, Reaper, Checkpoints).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};

@@ -295,7 +295,7 @@ async fn serve(
             tracing::warn!(%addr, "{what} listens beyond loopback: other machines can reach it (the read API has no token; set [otlp] ingest_token)");
         }
     }
-    // Keys in DESIGN's order (serde_json's map would sort them).
+    // Keys in the design's order (serde_json's map would sort them).
     let ready = format!(
         "{{\"event\":\"ready\",\"otlp_grpc\":{},\"otlp_http\":{},\"dashboard\":{},\"data_dir\":{}}}",
         serde_json::Value::from(grpc_addr.to_string()),

@@ -1,4 +1,4 @@
-//! The open-span wire shapes 2 and 3 (DESIGN, "Open spans"), sent by the real Python
+//! The open-span wire shapes 2 and 3 (docs/design.md, "Open spans"), sent by the real Python
 //! OpenTelemetry SDK to a running stallwatch: each opens an entry in the open-span ledger
 //! for a registered runner, and the end closes it. (Shape 1, the running snapshot, is what
 //! the project's runner kit sends; the chain tests cover it.)

@@ -1,20 +1,20 @@
 //! Validated collector configuration (`[otlp]` in the TOML file). `src/` converts raw
 //! CLI/env/TOML input into [`CollectorConfig`]; every default is a named constant beside
-//! its field, with the DESIGN.md "Interfaces" section as the source.
+//! its field, with the docs/design.md "Interfaces" section as the source.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use crate::error::CollectorError;
 
-/// Default OTLP/gRPC listen address: `127.0.0.1:4317` (DESIGN, Defaults).
+/// Default OTLP/gRPC listen address: `127.0.0.1:4317` (docs/design.md, Defaults).
 pub const DEFAULT_GRPC_LISTEN: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4317));
-/// Default OTLP/HTTP listen address: `127.0.0.1:4318` (DESIGN, Defaults).
+/// Default OTLP/HTTP listen address: `127.0.0.1:4318` (docs/design.md, Defaults).
 pub const DEFAULT_HTTP_LISTEN: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4318));
 /// Default cap of one request body after decompression: 20 MiB (`[otlp] max_request_bytes
-/// = 20971520`, DESIGN "Back-pressure and limits"), on both transports.
+/// = 20971520`, docs/design.md "Back-pressure and limits"), on both transports.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 20 * 1024 * 1024;
 /// Default cap of request bytes held at once across all requests: 64 MiB
 /// (`max_inflight_bytes = 67108864`).
@@ -65,7 +65,7 @@ pub struct CollectorConfig {
     /// when listed. Default [`DEFAULT_CORS_ALLOWED_ORIGINS`].
     pub cors_allowed_origins: Vec<String>,
     /// When set, every export must carry `Authorization: Bearer <token>` (HTTP 401 / gRPC
-    /// `UNAUTHENTICATED` otherwise). Default `None` (DESIGN, Security: optional ingest token).
+    /// `UNAUTHENTICATED` otherwise). Default `None` (docs/design.md, Security: optional ingest token).
     pub ingest_token: Option<String>,
     /// How long [`crate::Collector::run`] waits for in-flight requests once shutdown is
     /// requested. Default [`DEFAULT_DRAIN_TIMEOUT`].

@@ -1,5 +1,5 @@
 //! CORS for browser and web-view exporters: an allow-list of origins, with a `:*` port
-//! wildcard (`http://localhost:*`). Issue 2 (Collector) and DESIGN (Security): preflights
+//! wildcard (`http://localhost:*`). Issue 2 (Collector) and docs/design.md (Security): preflights
 //! from allowed origins are answered with the request's headers allowed; every response to
 //! an allowed origin carries the same headers, errors included; other origins get no CORS
 //! headers at all.

@@ -1,6 +1,6 @@
 //! `Content-Encoding` / `grpc-encoding` decoding through a reader capped at the request
 //! limit, so a decompression bomb stops at `max_request_bytes` of output without ever
-//! holding more (DESIGN "Back-pressure and limits": tower-http's layer is not enough).
+//! holding more (docs/design.md "Back-pressure and limits": tower-http's layer is not enough).
 //!
 //! gzip and x-gzip decode every member (multi-member gzip); `deflate` is sniffed: a zlib
 //! header (RFC 1950, what HTTP means) or raw deflate (RFC 1951, what some clients send);

@@ -2,7 +2,7 @@
 //! by tonic's transport with our own framing and codec instead of tonic's `ProstCodec`.
 //!
 //! Why: tonic's codec answers `OUT_OF_RANGE` for an over-size message and `INTERNAL` for a
-//! body it cannot decode or decompress, while DESIGN ("Back-pressure and limits") wants
+//! body it cannot decode or decompress, while docs/design.md ("Back-pressure and limits") wants
 //! `INVALID_ARGUMENT` naming the problem for bad input, `RESOURCE_EXHAUSTED` (no RetryInfo)
 //! for over-size, and `UNAVAILABLE` + RetryInfo for back-pressure. So this service reads
 //! the one length-prefixed message itself (capped at `max_request_bytes` before it is
@@ -94,7 +94,7 @@ impl tower::Service<Request<Body>> for GrpcService {
     }
 }
 
-/// The gRPC status for a refusal (DESIGN: back-pressure → `UNAVAILABLE` with RetryInfo;
+/// The gRPC status for a refusal (docs/design.md: back-pressure → `UNAVAILABLE` with RetryInfo;
 /// over-size → `RESOURCE_EXHAUSTED` without; bad input → `INVALID_ARGUMENT`).
 pub(crate) fn refusal_status(r: &Refusal) -> Status {
     let msg = r.message();

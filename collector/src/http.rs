@@ -3,7 +3,7 @@
 //! `application/x-protobuf` and `application/json` bodies; `Content-Encoding` gzip, x-gzip,
 //! deflate, zstd or identity; the answer in the request's encoding (export response with
 //! `partial_success`, or a `google.rpc.Status`); 400 / 401 / 403 / 405 / 413 / 415 / 503 as
-//! the spec and DESIGN say. CORS is a middleware around every route, so errors carry the
+//! the spec and docs/design.md say. CORS is a middleware around every route, so errors carry the
 //! same CORS headers as successes.
 
 use std::time::Instant;

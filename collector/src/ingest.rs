@@ -2,7 +2,7 @@
 //! decode, `Storage::write_*` (resolves after COMMIT), then the observation for the
 //! watchdog. Transport modules only parse headers/framing and render the outcome.
 //!
-//! Order per request (DESIGN, Durability and limits): nothing is acknowledged before its
+//! Order per request (docs/design.md, Durability and limits): nothing is acknowledged before its
 //! commit; the observation is sent after the commit and before the answer, so a full
 //! watchdog channel slows exporters down instead of growing memory.
 
@@ -107,7 +107,7 @@ impl Refusal {
     }
 }
 
-/// Maps a storage write failure to its answer (DESIGN, Back-pressure and limits).
+/// Maps a storage write failure to its answer (docs/design.md, Back-pressure and limits).
 pub(crate) fn refusal_for_write(e: WriteError) -> Refusal {
     match e {
         WriteError::QueueFull { .. } => Refusal::Busy {

@@ -2,7 +2,7 @@
 //! asserting the status code, the response body and encoding (against
 //! `payloads/responses/`), and the rows stored, read back through `Storage`.
 //!
-//! Where the manifest allows a choice, ours is fixed here and in DESIGN ("OTLP/JSON case
+//! Where the manifest allows a choice, ours is fixed here and in docs/design.md ("OTLP/JSON case
 //! choices"): zero-length body → 200; unknown enum name → 400; empty or all-zero ids →
 //! 200 with partial success; raw deflate → 200; logs and metrics are accepted.
 

@@ -2,7 +2,7 @@
 //! and the validated [`DashboardConfig`] they convert into with `TryFrom`.
 //!
 //! Edge names carry their units (`retry_initial_ms`); inside, durations are `Duration`.
-//! Unknown keys are refused by name (`deny_unknown_fields`, DESIGN "CLI").
+//! Unknown keys are refused by name (`deny_unknown_fields`, docs/design.md "CLI").
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,9 +12,9 @@ use stallwatch_storage::model::EventKind;
 
 use crate::error::DashboardError;
 
-/// Default dashboard + JSON API listen address (DESIGN, Defaults).
+/// Default dashboard + JSON API listen address (docs/design.md, Defaults).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:4319";
-/// Default first webhook retry delay: 1000 ms (DESIGN, "retries from 1 s doubling").
+/// Default first webhook retry delay: 1000 ms (docs/design.md, "retries from 1 s doubling").
 pub const DEFAULT_RETRY_INITIAL_MS: u64 = 1_000;
 /// Default cap of the webhook retry delay: 300000 ms (5 minutes).
 pub const DEFAULT_RETRY_MAX_MS: u64 = 300_000;
@@ -52,7 +52,7 @@ pub struct RawWebhookConfig {
     /// decoded base64) or any other string (the key is its raw bytes); signs
     /// `webhook-signature` and the compatibility `X-Stallwatch-Signature`.
     pub secret: String,
-    /// Event names to send (DESIGN "One event vocabulary"); empty or absent: all.
+    /// Event names to send (docs/design.md "One event vocabulary"); empty or absent: all.
     #[serde(default)]
     pub events: Vec<String>,
     /// First retry delay, ms; default [`DEFAULT_RETRY_INITIAL_MS`].

@@ -1,7 +1,7 @@
 //! The dashboard's one error type, and how it is answered over HTTP.
 //!
 //! Every handler returns [`DashboardError`]; its `IntoResponse` renders the API error shape
-//! `{"error": {"code", "message"}}` (DESIGN, Read API JSON) with the matching status. Storage
+//! `{"error": {"code", "message"}}` (docs/design.md, Read API JSON) with the matching status. Storage
 //! failures are logged once here and shown to clients only as `internal`.
 
 use axum::http::{HeaderValue, StatusCode};

@@ -1,6 +1,6 @@
 //! The read API's JSON shapes, rendered by hand from storage records.
 //!
-//! DESIGN, Read API JSON: snake_case keys, lowercase hex ids, `*_unix_nano` as decimal
+//! docs/design.md, Read API JSON: snake_case keys, lowercase hex ids, `*_unix_nano` as decimal
 //! strings, attributes as OTLP `KeyValue` lists (`{"key","value":{"stringValue"|...}}`,
 //! `intValue` as a string, `bytesValue` as base64, NaN and the infinities as the strings
 //! `"NaN"`, `"Infinity"`, `"-Infinity"`), `state: "open" | "ended" | "inferred"`. Serde's
@@ -65,7 +65,7 @@ pub fn stored_span(s: &StoredSpan) -> Value {
     serde_json::to_value(SpanJ::stored(s)).unwrap_or(Value::Null)
 }
 
-/// A parent that never arrived, shown as running (DESIGN, "in progress (inferred)"): it
+/// A parent that never arrived, shown as running (docs/design.md, "in progress (inferred)"): it
 /// starts with its earliest child and has no resource or scope.
 pub fn inferred_span(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64) -> Value {
     let sp = wire::inferred(trace_id, span_id, start_unix_nano);
@@ -146,7 +146,7 @@ pub fn runner(r: &RunnerStatus) -> Value {
     })
 }
 
-/// Retry-After for admission: whole seconds, at least 1 (DESIGN, Back-pressure).
+/// Retry-After for admission: whole seconds, at least 1 (docs/design.md, Back-pressure).
 pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
     retry_after_ms.div_ceil(1000).max(1)
 }

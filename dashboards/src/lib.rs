@@ -1,5 +1,5 @@
 //! stallwatch dashboards: the outward face. The web UI (embedded, no build step), the JSON
-//! read API (DESIGN, Read API JSON), the incident stream over Server-Sent Events, the
+//! read API (docs/design.md, Read API JSON), the incident stream over Server-Sent Events, the
 //! token-protected control endpoints, `/healthz`, `/readyz`, `/metrics`, and the alert
 //! webhook outbox worker.
 //!

@@ -7,7 +7,7 @@
 //! (by start time); equal resources (or scopes) of different export requests share one
 //! group. The document is accepted as it is by `POST /v1/traces` (OTLP/HTTP JSON), and
 //! re-importing it stores the same spans: every field the read API shows is carried,
-//! open spans keep `endTimeUnixNano` `"0"` (DESIGN, Open spans, shape 1).
+//! open spans keep `endTimeUnixNano` `"0"` (docs/design.md, Open spans, shape 1).
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use stallwatch_storage::model::{Event, Link, Resource, Scope, Span};

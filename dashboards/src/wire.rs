@@ -2,7 +2,7 @@
 //!
 //! A 10,000-span trace view must render fast (issue 5 benchmark: under 200 ms), so these
 //! types borrow the storage records and implement `serde::Serialize` directly instead of
-//! building a `serde_json::Value` tree. The JSON is the same as DESIGN's Read API JSON (see
+//! building a `serde_json::Value` tree. The JSON is the same as the design's Read API JSON (see
 //! `json.rs` for the rules); the golden tests pin it.
 
 use base64::Engine;

@@ -1,6 +1,6 @@
 //! The reaper's configuration: the raw `[reaper]` TOML table (edge names carry units,
 //! `*_ms`) and the validated [`ReaperConfig`] built from it by `TryFrom` (STYLE point 4).
-//! Defaults come from DESIGN (Defaults table; Interfaces: Runners).
+//! Defaults come from docs/design.md (Defaults table; Interfaces: Runners).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,15 +10,15 @@ use stallwatch_storage::control::RunnerSpec;
 
 use crate::error::ReaperError;
 
-/// Default grace between SIGTERM and SIGKILL: 3000 ms (DESIGN, Defaults).
+/// Default grace between SIGTERM and SIGKILL: 3000 ms (docs/design.md, Defaults).
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(3000);
-/// Default OTLP endpoint given to spawned runners (DESIGN, Defaults: OTLP/HTTP listen).
+/// Default OTLP endpoint given to spawned runners (docs/design.md, Defaults: OTLP/HTTP listen).
 pub const DEFAULT_OTLP_ENDPOINT: &str = "http://127.0.0.1:4318";
-/// Restart policy default: at most 3 restarts ... (DESIGN, Interfaces: Runners).
+/// Restart policy default: at most 3 restarts ... (docs/design.md, Interfaces: Runners).
 pub const DEFAULT_MAX_RESTARTS: u32 = 3;
 /// ... in 60 s.
 pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
-/// Rows handled per orphan-sweep batch (DESIGN, Orphan sweep: capped batches).
+/// Rows handled per orphan-sweep batch (docs/design.md, Orphan sweep: capped batches).
 pub const DEFAULT_SWEEP_BATCH: usize = 64;
 /// Lines of stdout/stderr kept per runner for incidents.
 pub const DEFAULT_TAIL_LINES: usize = 50;
@@ -28,7 +28,7 @@ pub const DEFAULT_ZOMBIE_INTERVAL: Duration = Duration::from_millis(500);
 /// Default cap on registered runners (issue 17 #10).
 pub const DEFAULT_MAX_RUNNERS: usize = 1024;
 /// Restart policy of spawned runners: on failure, at most `max_restarts` in `window`
-/// (OTP-style intensity limit; DESIGN, Fusion and breakers).
+/// (OTP-style intensity limit; docs/design.md, Fusion and breakers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RestartPolicy {
     /// Most restarts allowed inside `window` (default [`DEFAULT_MAX_RESTARTS`]); 0 = never.

@@ -4,7 +4,7 @@
 //! SIGTERM to the group, grace period, SIGKILL, reap, escaped descendants, survivors, all in
 //! an append-only action ledger), reaps zombies as a child subreaper, writes the missing
 //! ends of the tool spans it stopped, commits and rolls back checkpoints with an intent
-//! journal, and sweeps orphans left by a previous run (DESIGN: Runners, Reaper,
+//! journal, and sweeps orphans left by a previous run (docs/design.md: Runners, Reaper,
 //! Checkpoints, Orphan sweep). Raw process calls live in [`platform`] only.
 
 pub mod checkpoint;
@@ -13,8 +13,8 @@ pub mod config;
 pub mod ends;
 pub mod error;
 pub mod failpoint;
-pub mod plan;
 pub mod forensics;
+pub mod plan;
 pub mod platform;
 pub mod runner;
 mod service;

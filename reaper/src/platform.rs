@@ -3,7 +3,7 @@
 //! ever sent (`clippy.toml` `disallowed-methods` bans the raw calls everywhere else).
 //!
 //! Keeping these here is what makes a later macOS port (kqueue, no pidfd) one module of
-//! work (DESIGN, Linux notes). The rules of the funnel come from DESIGN, Reaper: never PID 0
+//! work (docs/design.md, Linux notes). The rules of the funnel come from docs/design.md, Reaper: never PID 0
 //! or 1, never stallwatch itself or its parent, never our own process group, never a group
 //! id <= 1. Identity (pidfd held since registration, or start time + boot id) is proven by
 //! the callers in `terminate.rs` before they call the funnel; a pidfd target carries that
@@ -128,7 +128,7 @@ pub fn raise_nofile_limit() -> io::Result<(Option<u64>, Option<u64>)> {
     Ok((cur.current, getrlimit(Resource::Nofile).current))
 }
 
-/// The one function that sends signals. Refuses protected targets (DESIGN, Reaper).
+/// The one function that sends signals. Refuses protected targets (docs/design.md, Reaper).
 ///
 /// Errors: [`SignalError::Protected`], or [`SignalError::Os`] with the kernel's error.
 #[allow(clippy::disallowed_methods)]

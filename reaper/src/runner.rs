@@ -2,7 +2,7 @@
 //! environment, the process itself (own process group, piped output), and the bounded tail
 //! of its output kept for incidents.
 //!
-//! DESIGN, Interfaces: Runners: environment precedence is inherited < injected < the
+//! docs/design.md, Interfaces: Runners: environment precedence is inherited < injected < the
 //! runner's own `env`; the socket goes under `<data_dir>/run/<id>.sock`, falling back to
 //! `/tmp/stallwatch-$UID/<hash>.sock` when the path would pass 107 bytes (C29: the
 //! `sun_path` limit is 108 bytes with the NUL).
@@ -145,7 +145,7 @@ pub fn prepare_socket_dir(path: &Path) -> std::io::Result<()> {
 }
 
 /// What the reaper injects into a spawned runner's environment, with the runner's own
-/// `env` applied last (DESIGN, Interfaces: Runners).
+/// `env` applied last (docs/design.md, Interfaces: Runners).
 pub fn runner_env(
     config: &ReaperConfig,
     id: &str,

@@ -6,7 +6,7 @@
 //! while the leader is an unreaped child. Unowned zombies (descendants re-parented to
 //! stallwatch, a child subreaper) are found by peeking with `waitid(P_ALL, WNOHANG |
 //! WNOWAIT)`, then reaped by pid only when no runner owns them and they were already seen on
-//! the previous pass, so another owner's `wait` always wins the race (DESIGN, Linux notes).
+//! the previous pass, so another owner's `wait` always wins the race (docs/design.md, Linux notes).
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::os::fd::OwnedFd;

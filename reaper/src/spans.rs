@@ -1,6 +1,6 @@
 //! Writing the missing end of a tool span that stallwatch stopped or found orphaned.
 //!
-//! DESIGN, Open spans: when the reaper stops a runner, or the orphan sweep finds a dead one,
+//! docs/design.md, Open spans: when the reaper stops a runner, or the orphan sweep finds a dead one,
 //! stallwatch writes the span's end itself: a copy of the span with end time = the kill
 //! time, status ERROR, `error.type` = `timeout` or `orphaned`, and span events for SIGTERM,
 //! SIGKILL (if sent) and rollback. The original span is read back from storage; when it is

@@ -1,5 +1,5 @@
 //! The orphan sweep: on start, in the background and in capped batches, settle what the
-//! previous run left active (DESIGN, Orphan sweep; cases C31).
+//! previous run left active (docs/design.md, Orphan sweep; cases C31).
 //!
 //! A runner row still `running`/`stopping` is re-adopted only when its pid, start time and
 //! boot id all still match a live process; a half-done termination is then finished from

@@ -1,6 +1,6 @@
 //! The termination sequence: record descendants, SIGTERM to the group, wait up to the grace
 //! period, SIGKILL to the group, reap, then end escaped descendants the same way and report
-//! survivors (DESIGN, Reaper; issue 4, Termination).
+//! survivors (docs/design.md, Reaper; issue 4, Termination).
 //!
 //! Identity is proven before every signal: the runner's pidfd held since spawn or attach,
 //! or, for a recorded descendant, a pidfd opened now and checked against the start time
@@ -122,7 +122,7 @@ impl Run<'_> {
             at_unix_nano: now_unix_nano(),
         };
         if let Err(e) = self.storage.record_action(rec.clone()).await {
-            // DESIGN, Durability: act anyway, keep the record in the log.
+            // docs/design.md, Durability: act anyway, keep the record in the log.
             tracing::error!(runner = %rec.runner_id, step, phase, "action ledger write failed: {e}");
         }
     }

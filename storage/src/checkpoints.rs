@@ -10,7 +10,7 @@
 //! changed nothing and is reopened after a crash; one with a journal is rolled forward.
 //!
 //! A checkpoint is a staging folder `{workspace}/.workbench/checkpoints/{id}/` that a tool
-//! writes into (DESIGN, Checkpoints). Committing one first writes, in one `synchronous=FULL`
+//! writes into (docs/design.md, Checkpoints). Committing one first writes, in one `synchronous=FULL`
 //! transaction, the list of files it will rename (the intent journal) and the state
 //! `committing`; only then are the files renamed into the workspace. After a crash, a
 //! checkpoint found `committing` is rolled *forward* from its journal: an entry whose staging

@@ -10,7 +10,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default database size cap: 2 GiB.
 pub const DEFAULT_MAX_DB_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// Telemetry ingest stops this many bytes before `max_db_bytes`, so control records
-/// always fit (DESIGN, Durability levels): 16 MiB.
+/// always fit (docs/design.md, Durability levels): 16 MiB.
 pub const CONTROL_RESERVE_BYTES: u64 = 16 * 1024 * 1024;
 /// Default SQLite `busy_timeout`: 5 s.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);

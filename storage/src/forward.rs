@@ -1,7 +1,7 @@
 //! The forwarding queue: stored telemetry read back in row order for `[forward]`, and the
 //! per-signal cursor of what the upstream acknowledged.
 //!
-//! The telemetry tables ARE the durable queue (DESIGN, Beyond one machine): nothing is
+//! The telemetry tables ARE the durable queue (docs/design.md, Beyond one machine): nothing is
 //! copied on the ingest path. `forward_cursor` holds, per signal, the last row id the
 //! upstream acknowledged plus the counters of what was sent and dropped; it is written
 //! through `Storage::control` (`synchronous=FULL`), so a restart resumes after the last

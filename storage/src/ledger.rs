@@ -1,11 +1,11 @@
 //! The open-span ledger's durable copy: every span stallwatch has seen running and not yet
-//! seen end (DESIGN, "Open spans"), plus parents inferred from open children.
+//! seen end (docs/design.md, "Open spans"), plus parents inferred from open children.
 //!
 //! The watchdog owns the in-memory index that the hot path reads; this table lets the
 //! ledger survive a restart and lets the dashboard list open spans (`GET
 //! /api/v1/open-spans`). Monotonic time cannot be persisted as an `Instant`, so each row
 //! stores `CLOCK_MONOTONIC` nanoseconds together with the boot id
-//! (`/proc/sys/kernel/random/boot_id`) they belong to (DESIGN, Durability levels); wall-clock
+//! (`/proc/sys/kernel/random/boot_id`) they belong to (docs/design.md, Durability levels); wall-clock
 //! times are kept for display only. The watchdog batches its writes: one control
 //! transaction ([`Storage::ledger_apply`]) carries many upserts and removals.
 

@@ -2,10 +2,10 @@
 //!
 //! A runner row says who a runner is (spawned or attached, pid, start time in clock ticks,
 //! boot id, process group) and where it stands (`running`, `stopping`, or a terminal
-//! state). The orphan sweep reads the rows still active after a restart (DESIGN, Orphan
+//! state). The orphan sweep reads the rows still active after a restart (docs/design.md, Orphan
 //! sweep). Every termination step is written to `runner_actions` *before* and *after* it
 //! happens under an idempotency key, so a restart never repeats a finished kill and finishes
-//! a half-done one (DESIGN, Reaper; issue 4, Termination). Both tables are written with
+//! a half-done one (docs/design.md, Reaper; issue 4, Termination). Both tables are written with
 //! `synchronous=FULL` through [`Storage::control`]; `runner_actions` refuses UPDATE and
 //! DELETE with triggers.
 

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::model::{LogBatch, SpanId, TraceBatch, TraceId};
 
-/// Runner ids match `^[a-z0-9][a-z0-9._-]{0,62}$` (DESIGN, Interfaces: Runners).
+/// Runner ids match `^[a-z0-9][a-z0-9._-]{0,62}$` (docs/design.md, Interfaces: Runners).
 pub fn valid_runner_id(id: &str) -> bool {
     let b = id.as_bytes();
     !b.is_empty()
@@ -49,7 +49,7 @@ pub enum ObservedData {
     Logs(Arc<LogBatch>),
 }
 
-/// How a runner is started or found (DESIGN, Interfaces: Runners). Config `[[runner]]` and
+/// How a runner is started or found (docs/design.md, Interfaces: Runners). Config `[[runner]]` and
 /// `POST /api/v1/runners` share this shape.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -249,7 +249,7 @@ impl RunnerLifecycle {
     }
 }
 
-/// Circuit breaker states (DESIGN, Fusion and breakers).
+/// Circuit breaker states (docs/design.md, Fusion and breakers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BreakerState {
     /// Healthy: requests admitted.

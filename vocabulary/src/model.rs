@@ -235,7 +235,7 @@ pub const STATUS_ERROR: i32 = 2;
 
 /// OTLP `Span`.
 ///
-/// `end_time_unix_nano == 0` means the span is still running (an open-span snapshot, DESIGN
+/// `end_time_unix_nano == 0` means the span is still running (an open-span snapshot, docs/design.md
 /// "Open spans" shape 1). An end before the start is kept raw; [`Span::duration_ns`] then
 /// answers `Some(0)` and [`Span::clock_skewed`] answers true, never an underflow.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
@@ -495,7 +495,7 @@ impl MetricBatch {
     }
 }
 
-/// The state of a span as the read API shows it (DESIGN, Read API JSON).
+/// The state of a span as the read API shows it (docs/design.md, Read API JSON).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SpanState {
@@ -507,7 +507,7 @@ pub enum SpanState {
     Inferred,
 }
 
-/// The event vocabulary shared by incidents, the SSE stream and webhooks (DESIGN, "One
+/// The event vocabulary shared by incidents, the SSE stream and webhooks (docs/design.md, "One
 /// event vocabulary").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventKind {

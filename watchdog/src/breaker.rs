@@ -1,4 +1,4 @@
-//! One circuit breaker per runner (DESIGN, Fusion and breakers): a pure state machine
+//! One circuit breaker per runner (docs/design.md, Fusion and breakers): a pure state machine
 //! that takes `now` and answers the transition it made, if any.
 //!
 //! CLOSED → OPEN on a trip. OPEN refuses admissions with `retry_after_ms` until the
@@ -28,7 +28,7 @@ pub enum Transition {
     Closed,
 }
 
-/// The answer to `GET /api/v1/runners/{id}/admit` (DESIGN, Interfaces: Control endpoints):
+/// The answer to `GET /api/v1/runners/{id}/admit` (docs/design.md, Interfaces: Control endpoints):
 /// 200 when `admit`, else 503 with `Retry-After`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Admission {
@@ -308,7 +308,7 @@ mod tests {
                     }
                 }
                 // a transition is reported exactly when the state changed (or OPEN re-opened
-                // from HALF_OPEN), and only along DESIGN's edges
+                // from HALF_OPEN), and only along the design's edges
                 match t {
                     Some(Transition::Opened) => prop_assert!(before != BreakerState::Open && b.state() == BreakerState::Open),
                     Some(Transition::HalfOpen { .. }) => prop_assert!(before == BreakerState::Open && b.state() == BreakerState::HalfOpen),

@@ -1,6 +1,6 @@
 //! Persistable monotonic time. `Instant` cannot be written to disk, so the ledger stores
 //! `CLOCK_MONOTONIC` nanoseconds together with the boot id they belong to
-//! (`/proc/sys/kernel/random/boot_id`, DESIGN, Durability levels). [`MonoClock`] pairs one
+//! (`/proc/sys/kernel/random/boot_id`, docs/design.md, Durability levels). [`MonoClock`] pairs one
 //! `Instant` with one `CLOCK_MONOTONIC` reading (std's `Instant` is `CLOCK_MONOTONIC` on
 //! Linux) and converts both ways; a time from another boot converts to nothing.
 

@@ -1,7 +1,7 @@
 //! The watchdog's configuration: the raw `[watchdog]` TOML shape (edge names carry units,
 //! `*_ms`) and the validated [`WatchdogConfig`] (durations inside) built from it by
 //! `TryFrom`. Every default is a named constant beside its field; every error names the key
-//! (and the rule) that was wrong. Defaults come from DESIGN.md ("Defaults", "Interfaces:
+//! (and the rule) that was wrong. Defaults come from docs/design.md ("Defaults", "Interfaces:
 //! Heartbeat details", "SLA and staleness").
 
 use std::time::Duration;
@@ -11,27 +11,27 @@ use serde::Deserialize;
 
 use crate::error::WatchdogError;
 
-/// Default heartbeat ping interval: 2000 ms (DESIGN, Defaults).
+/// Default heartbeat ping interval: 2000 ms (docs/design.md, Defaults).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(2000);
-/// Default heartbeat timeout: no PONG for 5000 ms since the last one means *lost* (DESIGN).
+/// Default heartbeat timeout: no PONG for 5000 ms since the last one means *lost* (docs/design.md).
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(5000);
-/// Default start-up grace before a new runner's first PONG is due: 30000 ms (DESIGN,
+/// Default start-up grace before a new runner's first PONG is due: 30000 ms (docs/design.md,
 /// Interfaces: Heartbeat details, `startup_grace_ms`).
 pub const DEFAULT_STARTUP_GRACE: Duration = Duration::from_millis(30_000);
-/// Default staleness limit of a refreshed open span: 15000 ms (DESIGN, `staleness_ms`).
+/// Default staleness limit of a refreshed open span: 15000 ms (docs/design.md, `staleness_ms`).
 pub const DEFAULT_STALENESS: Duration = Duration::from_millis(15_000);
-/// Default breaker cooldown in OPEN before HALF_OPEN: 15000 ms (DESIGN, Defaults).
+/// Default breaker cooldown in OPEN before HALF_OPEN: 15000 ms (docs/design.md, Defaults).
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(15_000);
-/// Default tool SLA: 60000 ms (DESIGN, Defaults).
+/// Default tool SLA: 60000 ms (docs/design.md, Defaults).
 pub const DEFAULT_SLA: Duration = Duration::from_millis(60_000);
-/// Hard cap of the rendering / I/O tool class: 30000 ms (DESIGN, Defaults).
+/// Hard cap of the rendering / I/O tool class: 30000 ms (docs/design.md, Defaults).
 pub const DEFAULT_CLASS_CAP: Duration = Duration::from_millis(30_000);
-/// Floor of a per-span `stallwatch.sla_ms` override: 1000 ms (DESIGN, `min_sla_ms`).
+/// Floor of a per-span `stallwatch.sla_ms` override: 1000 ms (docs/design.md, `min_sla_ms`).
 pub const DEFAULT_MIN_SLA: Duration = Duration::from_millis(1000);
-/// Ceiling of every SLA: 3600000 ms (one hour; DESIGN names `max_sla_ms` without a value).
+/// Ceiling of every SLA: 3600000 ms (one hour; docs/design.md names `max_sla_ms` without a value).
 pub const DEFAULT_MAX_SLA: Duration = Duration::from_millis(3_600_000);
 /// Longest a lost heartbeat with a fresh span within SLA stays *suspect* before it trips:
-/// 30000 ms (DESIGN, "trip after min(SLA, 30 s)").
+/// 30000 ms (docs/design.md, "trip after min(SLA, 30 s)").
 pub const DEFAULT_SUSPECT_CAP: Duration = Duration::from_millis(30_000);
 /// Default evaluation period after a change (new telemetry, a runner registered): 50 ms.
 /// Thresholds themselves (SLA, staleness, heartbeat deadlines, cooldowns) are met by
@@ -150,7 +150,7 @@ impl SlaRule {
     }
 }
 
-/// The SLA policy (DESIGN, Interfaces: SLA and staleness). See [`SlaPolicy::resolve`].
+/// The SLA policy (docs/design.md, Interfaces: SLA and staleness). See [`SlaPolicy::resolve`].
 #[derive(Clone, Debug)]
 pub struct SlaPolicy {
     /// SLA when no override and no rule applies.

@@ -30,7 +30,7 @@ pub(crate) enum Effect {
 }
 
 /// Records incidents in order; a trip is sent only after its incident is recorded (or
-/// failed to record: the watchdog acts anyway, DESIGN Durability levels).
+/// failed to record: the watchdog acts anyway, docs/design.md Durability levels).
 pub(crate) async fn run_effects(
     events: EventBus,
     trips: mpsc::Sender<Trip>,

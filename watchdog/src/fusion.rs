@@ -1,4 +1,4 @@
-//! The fusion verdict: DESIGN's "Fusion and breakers" table as a pure function of (the
+//! The fusion verdict: the design's "Fusion and breakers" table as a pure function of (the
 //! runner's heartbeat state, its worst open tool span, now). No I/O, no clock reads.
 //!
 //! | heartbeat | worst open tool span | verdict | trip |
@@ -147,7 +147,7 @@ const fn fused(verdict: Verdict, trip: bool, cause: Cause) -> Fused {
 }
 
 /// The verdict for one runner at `now`. `suspect_cap` is the 30 s of "trip after
-/// min(SLA, 30 s)" (DESIGN, Interfaces: Heartbeat details).
+/// min(SLA, 30 s)" (docs/design.md, Interfaces: Heartbeat details).
 pub fn fuse(
     heartbeat: HeartbeatState,
     worst: Option<SpanFacts>,
@@ -209,7 +209,7 @@ mod tests {
         })
     }
 
-    /// One row per row of DESIGN's table, plus the edges.
+    /// One row per row of the design's table, plus the edges.
     #[test]
     fn design_table() {
         let t0 = Instant::now();

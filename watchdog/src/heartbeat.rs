@@ -1,4 +1,4 @@
-//! Socket heartbeats (DESIGN, Heartbeat; Interfaces: Heartbeat details).
+//! Socket heartbeats (docs/design.md, Heartbeat; Interfaces: Heartbeat details).
 //!
 //! [`ping`] is the only I/O: a fresh UNIX connection per ping, write `PING\n`, read at most
 //! 64 bytes up to `\n`, accept exactly `PONG`, close; every failure is a named
@@ -17,7 +17,7 @@ use tokio::net::UnixStream;
 
 /// Usable bytes of `sun_path` on Linux (108 including the terminating NUL).
 pub const MAX_SOCKET_PATH_BYTES: usize = 107;
-/// Longest answer read from a heartbeat socket, bytes (DESIGN: "read at most 64 bytes").
+/// Longest answer read from a heartbeat socket, bytes (docs/design.md: "read at most 64 bytes").
 pub const MAX_ANSWER_BYTES: usize = 64;
 /// Round-trip samples kept per runner for the dashboard.
 pub const RTT_RING: usize = 32;
@@ -266,7 +266,7 @@ impl HeartbeatTracker {
         self.configured
     }
 
-    /// The state at `now` (DESIGN: lost = no PONG for `timeout` since the last PONG; before
+    /// The state at `now` (docs/design.md: lost = no PONG for `timeout` since the last PONG; before
     /// the first PONG, lost once `grace` has passed since registration).
     pub fn state(&self, now: Instant, timeout: Duration, grace: Duration) -> HeartbeatState {
         if !self.configured {

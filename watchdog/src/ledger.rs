@@ -1,4 +1,4 @@
-//! The open-span ledger's in-memory index (DESIGN, "Open spans"): every span seen running
+//! The open-span ledger's in-memory index (docs/design.md, "Open spans"): every span seen running
 //! and not yet seen end, keyed by (trace id, span id), with the parents its open children
 //! name (*inferred*). A pure core: every method takes `now` (stallwatch's monotonic clock
 //! at arrival, never an exporter clock) and does no I/O.
@@ -35,7 +35,7 @@ pub struct Entry {
     pub parent: Option<SpanId>,
     /// Span name (empty for an inferred parent).
     pub name: String,
-    /// Tool name when the span is a tool span (DESIGN, Tool spans).
+    /// Tool name when the span is a tool span (docs/design.md, Tool spans).
     pub tool: Option<String>,
     /// Runner bound by `stallwatch.runner.id`, else by `process.pid`.
     pub runner: Option<String>,
@@ -66,7 +66,7 @@ pub struct Entry {
 
 impl Entry {
     /// True when the span was refreshed at least once and nothing arrived for longer than
-    /// `staleness` (DESIGN, SLA and staleness).
+    /// `staleness` (docs/design.md, SLA and staleness).
     pub fn is_stale(&self, now: Instant, staleness: Duration) -> bool {
         self.refreshes > 0 && now.saturating_duration_since(self.last_seen) > staleness
     }
@@ -386,7 +386,7 @@ impl Ledger {
     }
 
     /// The worst open tool span of `runner` at `now`: highest elapsed / SLA; inferred
-    /// entries never count (DESIGN, SLA and staleness).
+    /// entries never count (docs/design.md, SLA and staleness).
     pub fn worst_for(&self, runner: &str, now: Instant, staleness: Duration) -> Option<WorstView> {
         let mut best: Option<(f64, &Entry, Duration)> = None;
         for k in self.by_runner.get(runner)? {

@@ -1,7 +1,7 @@
 //! stallwatch's watchdog: decides, never acts.
 //!
-//! It keeps the open-span ledger (DESIGN, "Open spans"), resolves each tool span's SLA,
-//! pings every runner's heartbeat socket, fuses those signals into a verdict (DESIGN,
+//! It keeps the open-span ledger (docs/design.md, "Open spans"), resolves each tool span's SLA,
+//! pings every runner's heartbeat socket, fuses those signals into a verdict (docs/design.md,
 //! "Fusion and breakers"), and drives one circuit breaker per runner. A trip is published
 //! as an incident and then sent to the reaper as a [`stallwatch_storage::control::Trip`];
 //! the watchdog itself never sends a signal and never touches a workspace file. The pure

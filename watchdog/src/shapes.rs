@@ -1,4 +1,4 @@
-//! The three wire shapes of a running span (DESIGN, "Open spans"), read out of committed
+//! The three wire shapes of a running span (docs/design.md, "Open spans"), read out of committed
 //! telemetry into [`Record`]s keyed by (trace id, span id):
 //!
 //! 1. a span exported with `end_time_unix_nano = 0` (a running snapshot);
@@ -54,7 +54,7 @@ pub struct OpenRecord {
     /// `gen_ai.tool.name`, when present.
     pub tool_attr: Option<String>,
     /// True when `gen_ai.operation.name = "execute_tool"` or `mcp.method.name =
-    /// "tools/call"` (DESIGN, Tool spans).
+    /// "tools/call"` (docs/design.md, Tool spans).
     pub semconv_tool: bool,
     /// The span's `stallwatch.sla_ms` attribute, when present.
     pub sla_override_ms: Option<i64>,

@@ -1,5 +1,5 @@
 //! SLA resolution for one tool span: a pure function of the policy, the tool name and the
-//! span's own `stallwatch.sla_ms` attribute (DESIGN, Interfaces: SLA and staleness).
+//! span's own `stallwatch.sla_ms` attribute (docs/design.md, Interfaces: SLA and staleness).
 //!
 //! Precedence: the span's override (never below `min_sla_ms`), else the first rule whose
 //! glob matches the tool name, else the default; the result is then capped by the

@@ -12,7 +12,7 @@
 //!   keeps integer tokens exact), out-of-range or fractional values are a 400 (C02);
 //! - doubles as numbers, numeric strings, or `"NaN"`, `"Infinity"`, `"-Infinity"` (C02);
 //! - enums as integers (unknown ones kept) or proto names; an unknown name is a 400 (C04,
-//!   DESIGN "OTLP/JSON case choices");
+//!   docs/design.md "OTLP/JSON case choices");
 //! - `bytesValue` is base64 (standard or URL-safe alphabet, padding optional).
 //!
 //! Validation shared with protobuf input (all-zero ids, nesting depth) happens afterwards

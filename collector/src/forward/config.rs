@@ -1,5 +1,5 @@
 //! `[forward]`: where and how to send every accepted span, log record and metric point
-//! upstream over OTLP (DESIGN, Beyond one machine).
+//! upstream over OTLP (docs/design.md, Beyond one machine).
 //!
 //! [`RawForwardConfig`] is the TOML table as written (`deny_unknown_fields`, units in the
 //! key names); [`ForwardConfig`] is the validated form (`TryFrom`, errors name the key).

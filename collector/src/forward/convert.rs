@@ -2,7 +2,7 @@
 //! `[forward]` sends an upstream is the OTLP request stallwatch accepted (spans re-grouped
 //! by resource and scope, ids as bytes, open spans with `end_time_unix_nano = 0`).
 //!
-//! Metric points were flattened on the way in (DESIGN, telemetry model): points of one
+//! Metric points were flattened on the way in (docs/design.md, telemetry model): points of one
 //! scope that share a metric identity (name, description, unit, kind, temporality,
 //! monotonicity) are gathered back into one `Metric`; buckets, quantiles, flags and
 //! exemplars come back from the point's `detail` JSON. Metric `metadata` and exemplar

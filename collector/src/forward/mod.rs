@@ -1,5 +1,5 @@
 //! `[forward]`: sends every span, log record and metric point stallwatch accepted to an
-//! upstream OpenTelemetry Collector, Tempo or Jaeger over OTLP (DESIGN, Beyond one machine).
+//! upstream OpenTelemetry Collector, Tempo or Jaeger over OTLP (docs/design.md, Beyond one machine).
 //!
 //! The stored telemetry tables are the durable queue: nothing is copied on the ingest path.
 //! One task reads rows after the per-signal cursor (`stallwatch_storage::forward`) through

@@ -1,4 +1,4 @@
-//! The control endpoints (DESIGN, Control endpoints; Security): each needs
+//! The control endpoints (docs/design.md, Control endpoints; Security): each needs
 //! `Authorization: Bearer <token>` (compared in constant time), validates its input, sends
 //! one [`ControlRequest`] to the reaper or watchdog, and answers from its reply. A missing or
 //! wrong token answers 401 before anything is parsed or sent.

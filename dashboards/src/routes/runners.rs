@@ -1,6 +1,6 @@
 //! Runner reads from the watchdog's board: the list, one runner, breakers, and admission
 //! (`GET /api/v1/runners/{id}/admit`: 200 in CLOSED, 503 with `Retry-After` in OPEN and
-//! HALF_OPEN, 404 for an unknown runner; DESIGN, Control endpoints).
+//! HALF_OPEN, 404 for an unknown runner; docs/design.md, Control endpoints).
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};

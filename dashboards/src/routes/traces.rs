@@ -1,5 +1,5 @@
 //! Trace reads: search, one trace (spans, inferred parents, logs), one span, open spans,
-//! services and span names (DESIGN, Read API JSON).
+//! services and span names (docs/design.md, Read API JSON).
 
 use axum::extract::{Path, Query, State};
 use axum::http::header;

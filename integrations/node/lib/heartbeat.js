@@ -3,7 +3,7 @@
  * Heartbeat server: answers stallwatch's `PING` with `PONG` on a UNIX socket.
  *
  * stallwatch connects, writes `PING\n`, reads at most 64 bytes up to `\n` and accepts
- * exactly `PONG` (DESIGN.md, "Heartbeat details"). Anything else is closed without a
+ * exactly `PONG` (docs/design.md, "Heartbeat details"). Anything else is closed without a
  * PONG. In Node the server lives on the event loop: a tool that blocks the loop
  * synchronously stops the PONGs, which stallwatch reads as a lost heartbeat.
  */

@@ -5,7 +5,7 @@
  *
  * SDKs export a span only when it ends, so a hung tool is never seen; stallwatch's
  * open-span ledger accepts a snapshot of the running span with
- * `end_time_unix_nano = 0` (DESIGN.md, "Open spans", wire shape 1). `onStart` only
+ * `end_time_unix_nano = 0` (docs/design.md, "Open spans", wire shape 1). `onStart` only
  * records the span and schedules an export with `setImmediate`; exports are async,
  * bounded in number (`MAX_IN_FLIGHT`) and time (the exporter's `timeoutMillis`), and a
  * record that cannot go out is dropped, never queued without bound.

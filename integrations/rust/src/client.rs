@@ -1,5 +1,5 @@
 //! The typed client of stallwatch's dashboard listener: the control endpoints (bearer token;
-//! DESIGN, Control endpoints), admission, the read API and the live event stream.
+//! docs/design.md, Control endpoints), admission, the read API and the live event stream.
 //!
 //! Every call has a deadline ([`ClientOptions::request_timeout`]) except the event stream.
 //! The token is sent on every request (read endpoints ignore it). Errors are mapped by
@@ -25,7 +25,7 @@ use crate::types::{
     Runner, RunnerSpec,
 };
 
-/// Length of the control-API token in hex characters (DESIGN, Interfaces: Files).
+/// Length of the control-API token in hex characters (docs/design.md, Interfaces: Files).
 pub const TOKEN_HEX_LEN: usize = 64;
 
 /// Delay before [`Client::events_from`] reconnects when the server gave no `retry:`: 1 s.
@@ -292,7 +292,7 @@ impl Client {
     }
 
     /// `GET /api/v1/traces/{trace_id}` (lowercase hex): `{"trace_id","spans","logs"}` as
-    /// JSON (DESIGN, Read API JSON). Errors: [`Error::Http`] 404 when unknown.
+    /// JSON (docs/design.md, Read API JSON). Errors: [`Error::Http`] 404 when unknown.
     pub async fn trace(&self, trace_id: &str) -> Result<serde_json::Value> {
         let req = self.request(Method::GET, &["api", "v1", "traces", trace_id]);
         self.call_json(req, None, "trace").await

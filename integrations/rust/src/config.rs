@@ -23,7 +23,7 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How to start `stallwatch serve` as a sidecar. The three listeners are always bound on
-/// `127.0.0.1:0`; the `ready` line says where they are (DESIGN, Interfaces: CLI).
+/// `127.0.0.1:0`; the `ready` line says where they are (docs/design.md, Interfaces: CLI).
 #[derive(Clone, Debug)]
 pub struct SidecarOptions {
     /// The `stallwatch` executable.

@@ -1,6 +1,6 @@
 //! The client's one error type: each variant names what an operator (or the Tauri backend)
 //! should conclude, and [`error_from_answer`] maps stallwatch's HTTP error answers
-//! (`{"error": {"code", "message"}}`, DESIGN, Read API JSON) onto it.
+//! (`{"error": {"code", "message"}}`, docs/design.md, Read API JSON) onto it.
 
 use std::path::PathBuf;
 
@@ -19,11 +19,11 @@ pub enum Error {
         message: String,
     },
     /// HTTP 401: the bearer token is missing or wrong; nothing was done. Read the token
-    /// again from `<data_dir>/token` (DESIGN, Security).
+    /// again from `<data_dir>/token` (docs/design.md, Security).
     #[error("stallwatch refused the bearer token (read it again from <data_dir>/token)")]
     Unauthorized,
     /// HTTP 409: a runner with this id is registered and alive; delete it first or pick
-    /// another id (DESIGN, Interfaces: Runners).
+    /// another id (docs/design.md, Interfaces: Runners).
     #[error("conflict: {message}")]
     Conflict {
         /// Machine-readable code, e.g. `runner_exists`.
@@ -55,7 +55,7 @@ pub enum Error {
         /// What was awaited, with the deadline.
         what: String,
     },
-    /// The sidecar's stdout line is not the `ready` JSON line of DESIGN, Interfaces: CLI.
+    /// The sidecar's stdout line is not the `ready` JSON line of docs/design.md, Interfaces: CLI.
     #[error("bad ready line ({reason}): {line}")]
     BadReadyLine {
         /// The line as read.
@@ -63,7 +63,7 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
-    /// The token file is not 64 hex characters (DESIGN, Interfaces: Files).
+    /// The token file is not 64 hex characters (docs/design.md, Interfaces: Files).
     #[error("token file {0} is not 64 hex characters")]
     BadToken(PathBuf),
     /// An answer of stallwatch did not have the documented shape (a version mismatch

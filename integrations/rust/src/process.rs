@@ -1,6 +1,6 @@
 //! Reads a process's start time from `/proc/PID/stat` (field 22, clock ticks since boot),
 //! which stallwatch uses to prove a pid was not recycled before it signals an attached
-//! runner (DESIGN, Reaper). Linux only, like version 1 of stallwatch.
+//! runner (docs/design.md, Reaper). Linux only, like version 1 of stallwatch.
 
 use std::path::PathBuf;
 

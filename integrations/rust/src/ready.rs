@@ -1,7 +1,7 @@
 //! The `ready` line: when every listener is bound (port 0 allowed), `stallwatch serve`
 //! prints one JSON line to stdout,
 //! `{"event":"ready","otlp_grpc":ADDR,"otlp_http":ADDR,"dashboard":ADDR,"data_dir":PATH}`
-//! (DESIGN, Interfaces: CLI). It is how a client learns the ports and where the token is.
+//! (docs/design.md, Interfaces: CLI). It is how a client learns the ports and where the token is.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! Runs `stallwatch serve` as a sidecar of the calling app: starts it with every listener
-//! on `127.0.0.1:0`, reads its one `ready` line from stdout (DESIGN, Interfaces: CLI; the
+//! on `127.0.0.1:0`, reads its one `ready` line from stdout (docs/design.md, Interfaces: CLI; the
 //! port discovery issue), builds a [`Client`] from it and the token file, and stops it with
 //! `POST /api/v1/shutdown`, falling back to SIGKILL after a deadline.
 //!

@@ -6,7 +6,7 @@
 //! `\r\n`), understands `id:`, `event:`, `data:` (several `data:` lines join with `\n`),
 //! `retry:` and `:` comments (keep-alives), and dispatches an event at each blank line. The
 //! stream carries the incident id as `id:` so a follower can resume with `Last-Event-ID`
-//! (DESIGN, event vocabulary).
+//! (docs/design.md, event vocabulary).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -2,7 +2,7 @@
 //!
 //! The request types ([`RunnerSpec`], [`SpawnSpec`], [`AttachSpec`]), [`BreakerState`] and
 //! [`valid_runner_id`] are the server's own, from `stallwatch-vocabulary` (no SQLite in
-//! the app); tests pin their JSON shape. The answer types follow DESIGN, Read API JSON and the dashboard's renderers; they ignore
+//! the app); tests pin their JSON shape. The answer types follow docs/design.md, Read API JSON and the dashboard's renderers; they ignore
 //! unknown fields so a newer binary can add some.
 
 use std::time::Duration;
@@ -14,7 +14,7 @@ pub use stallwatch_vocabulary::control::{
 };
 
 /// The answer of `GET /api/v1/runners/{id}/admit`: `{"state","admit","reason",
-/// "retry_after_ms"}` (200 in CLOSED, 503 in OPEN and HALF_OPEN; DESIGN, Control endpoints).
+/// "retry_after_ms"}` (200 in CLOSED, 503 in OPEN and HALF_OPEN; docs/design.md, Control endpoints).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admission {
     /// The runner's breaker state.
@@ -103,7 +103,7 @@ pub struct Runner {
 }
 
 /// One incident (`GET /api/v1/incidents` items, and the `data` of an SSE event). The
-/// `event` is one of DESIGN's vocabulary: `verdict.suspect`, `breaker.opened`,
+/// `event` is one of the design's vocabulary: `verdict.suspect`, `breaker.opened`,
 /// `breaker.half_open`, `breaker.closed`, `runner.started`, `runner.exited`,
 /// `runner.crashed`, `runner.terminated`, `runner.restarted`, `runner.orphaned`,
 /// `checkpoint.committed`, `checkpoint.rolled_back`, `storage.full`.

@@ -58,7 +58,7 @@ pub const MAX_SEARCH_LIMIT: usize = 1000;
 /// A span as read back: the record, its resource and scope, and its merged state.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredSpan {
-    /// The span (the ended copy when one exists, DESIGN: "the first ended copy wins").
+    /// The span (the ended copy when one exists, docs/design.md: "the first ended copy wins").
     pub span: Span,
     /// Its resource.
     pub resource: Arc<Resource>,
@@ -254,7 +254,7 @@ impl Storage {
     /// Queues a trace export and resolves once it is committed. Duplicated
     /// (trace id, span id) pairs are stored once: an ended copy wins over open ones, the
     /// first ended copy wins over later ones, and a later open copy is dropped; re-sending a
-    /// request stores nothing new (DESIGN, Durability and limits; OTLP/JSON case choices).
+    /// request stores nothing new (docs/design.md, Durability and limits; OTLP/JSON case choices).
     /// The encoding runs on the caller's task; the writer thread only runs SQL.
     ///
     /// Errors: [`WriteError::QueueFull`] at once when the queue holds
@@ -308,7 +308,7 @@ impl Storage {
 
     /// `Some(reason)` while telemetry writes are refused with [`WriteError::Full`] (size cap
     /// or disk full), `None` once they are accepted again: the source of the `storage.full`
-    /// incident (DESIGN, One event vocabulary).
+    /// incident (docs/design.md, One event vocabulary).
     pub fn storage_full(&self) -> tokio::sync::watch::Receiver<Option<String>> {
         self.inner.telemetry.full.clone()
     }

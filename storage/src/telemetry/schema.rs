@@ -94,7 +94,7 @@ pub(crate) const TERM_STATUS: &str = "status";
 /// Separator inside [`TERM_SERVICE_SPAN`] values (ASCII unit separator).
 pub(crate) const PAIR_SEP: char = '\u{1f}';
 
-/// Attribute keys indexed for search (DESIGN, Read API JSON): on the span or its resource.
+/// Attribute keys indexed for search (docs/design.md, Read API JSON): on the span or its resource.
 pub const INDEXED_ATTRIBUTE_KEYS: [&str; 5] = [
     "gen_ai.tool.name",
     "service.name",

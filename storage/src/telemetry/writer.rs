@@ -1,6 +1,6 @@
 //! The telemetry writer thread: one `std::thread` owning its own connection, fed by a
 //! bounded queue, committing groups of requests in one `BEGIN IMMEDIATE` transaction and
-//! answering each request only after COMMIT returned (DESIGN, Durability and limits).
+//! answering each request only after COMMIT returned (docs/design.md, Durability and limits).
 //!
 //! Deduplication of (trace id, span id) happens here: a trace's stored batches come from
 //! `trace_index` plus the in-memory map of batches not merged yet (`l0`); a new trace

@@ -1,4 +1,4 @@
-//! Fused verdicts and breakers against real runner processes (DESIGN, Fusion and breakers).
+//! Fused verdicts and breakers against real runner processes (docs/design.md, Fusion and breakers).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
