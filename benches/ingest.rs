@@ -209,7 +209,7 @@ fn template(spans_per_request: usize, attrs: usize, rng: &mut Rng) -> Template {
             }
             let start = now + (i as u64) * 3_000_000 + rng.next() % 1_000_000;
             // 2% errors with a message, as otlp-blast.
-            let error = rng.next() % 50 == 0;
+            let error = rng.next().is_multiple_of(50);
             by_service.entry(service).or_default().push(Span {
                 trace_id: tid.to_vec(),
                 span_id: ids[i].to_vec(),

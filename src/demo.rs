@@ -443,7 +443,13 @@ impl Demo {
             .as_str()
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(unix_nano);
-        let reason = i["reason"].as_str().unwrap_or("");
+        let full_reason = i["reason"].as_str().unwrap_or("");
+        // The verdict and reason come first; stall forensics (why it was stuck), when
+        // present after "; why: ", is printed under the event's other details.
+        let (reason, why) = match full_reason.split_once("; why: ") {
+            Some((r, w)) => (r, Some(w.trim())),
+            None => (full_reason, None),
+        };
         let s = seen.entry(runner.clone()).or_default();
         if runner == HEALTHY
             && (event.starts_with("breaker.")
@@ -483,6 +489,9 @@ impl Demo {
                     .collect();
                 if !steps.is_empty() {
                     println!("{:>9}  {:<12} {:<22} {}", "", "", "", steps.join(", "));
+                }
+                if let Some(why) = why.filter(|w| !w.is_empty()) {
+                    println!("{:>9}  {:<12} {:<22} why: {why}", "", "", "");
                 }
                 let ended_by = report["ended_by"].as_str().unwrap_or("?");
                 s.terminated = Some(format!(

@@ -142,10 +142,11 @@ fn assert_classified(ev: &serde_json::Value, kind: &str, words: &[&str]) {
 /// main thread's top frame.
 fn assert_reason(terminated: &serde_json::Value, frame: Option<&str>) {
     let reason = terminated["reason"].as_str().unwrap();
+    assert_eq!(reason.lines().count(), 1, "one line: {reason}");
     let line = reason
-        .lines()
-        .nth(1)
-        .unwrap_or_else(|| panic!("one line only: {reason}"));
+        .split_once("; why: ")
+        .map(|(_, w)| w)
+        .unwrap_or_else(|| panic!("no forensics in the reason: {reason}"));
     let class = terminated["evidence"]["classification"].as_str().unwrap();
     assert!(line.starts_with(class), "{reason}");
     if let Some(f) = frame {

@@ -59,7 +59,7 @@ fn batch(seq: u64) -> Arc<TraceBatch> {
         spans.push(pt::Span {
             trace_id: trace_id.to_vec(),
             span_id: (n + 1).to_be_bytes().to_vec(),
-            parent_span_id: if i % 8 == 0 {
+            parent_span_id: if i.is_multiple_of(8) {
                 vec![]
             } else {
                 (n - i % 8 + 1).to_be_bytes().to_vec()

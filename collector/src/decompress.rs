@@ -68,7 +68,7 @@ fn looks_like_zlib(b: &[u8]) -> bool {
     b.len() >= 2
         && b[0] & 0x0f == 8
         && b[0] >> 4 <= 7
-        && (u16::from(b[0]) << 8 | u16::from(b[1])) % 31 == 0
+        && (u16::from(b[0]) << 8 | u16::from(b[1])).is_multiple_of(31)
 }
 
 /// Reads `r` to the end into a buffer of at most `limit` bytes, charging the in-flight

@@ -36,7 +36,7 @@ fn span(t: [u8; 16], s: u64, parent: Option<u64>, start: u64, name: &str, tool: 
             KeyValue::new("gen_ai.tool.name", AnyValue::String(tool.into())),
         ],
         status: Status {
-            code: if s % 50 == 0 { 2 } else { 1 },
+            code: if s.is_multiple_of(50) { 2 } else { 1 },
             message: String::new(),
         },
         ..Span::default()

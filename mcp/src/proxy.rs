@@ -376,7 +376,7 @@ impl Relay {
         }
     }
 
-    fn to_server(&mut self, line: Vec<u8>) {
+    fn send_to_server(&mut self, line: Vec<u8>) {
         if self.replaying.is_some() || self.exited.is_some() {
             self.held.push_back(line);
             return;
@@ -581,7 +581,7 @@ impl Relay {
 
     async fn on_client(&mut self, line: Vec<u8>) {
         let Some(msg) = jsonrpc::parse(&line) else {
-            self.to_server(line);
+            self.send_to_server(line);
             return;
         };
         match jsonrpc::kind(&msg) {
@@ -636,13 +636,13 @@ impl Relay {
                         progress_token,
                     },
                 );
-                self.to_server(line);
+                self.send_to_server(line);
             }
             Kind::Notification { method } => {
                 match method.as_str() {
                     "notifications/initialized" => {
                         self.initialized_note = Some(line.clone());
-                        self.to_server(line);
+                        self.send_to_server(line);
                         self.mark_session_ready();
                         return;
                     }
@@ -663,9 +663,9 @@ impl Relay {
                     }
                     _ => {}
                 }
-                self.to_server(line);
+                self.send_to_server(line);
             }
-            Kind::Response { .. } | Kind::Other => self.to_server(line),
+            Kind::Response { .. } | Kind::Other => self.send_to_server(line),
         }
     }
 

@@ -178,7 +178,7 @@ async fn swap_attacker(n: usize) {
                     .join(format!("d{}", i % 10))
                     .join(format!("f{i}.json"));
                 let tmp = staging.join(format!("d{}", i % 10)).join(format!(".x{i}"));
-                let made = if i % 2 == 0 {
+                let made = if i.is_multiple_of(2) {
                     std::os::unix::fs::symlink(&outside, &tmp).is_ok()
                 } else {
                     std::fs::hard_link(&outside, &tmp).is_ok()

@@ -1270,7 +1270,7 @@ impl ReaperHandle {
                         format!(", {} survivors", report.survivors.len())
                     },
                     forensics
-                        .map(|f| format!("\n{}", f.reason_line))
+                        .map(|f| format!("; why: {}", f.reason_line))
                         .unwrap_or_default()
                 ),
                 evidence,
@@ -1483,25 +1483,6 @@ fn output_batch(id: &str, instance_id: &str, records: Vec<LogRecord>) -> LogBatc
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn restart_intensity_limit() {
-        let p = RestartPolicy {
-            max_restarts: 2,
-            window: Duration::from_secs(10),
-        };
-        let t0 = Instant::now();
-        let mut h = VecDeque::new();
-        assert!(allow_restart(&mut h, t0, p));
-        assert!(allow_restart(&mut h, t0 + Duration::from_secs(1), p));
-        assert!(!allow_restart(&mut h, t0 + Duration::from_secs(2), p));
-        assert!(allow_restart(&mut h, t0 + Duration::from_secs(11), p));
-    }
-}
-
 /// The DELETE answer: the termination report travels as its serialized JSON (its types are
 /// the termination module's own).
 fn deleted_answer(id: &str, report: Option<&TerminationReport>) -> RunnerDeleted {
@@ -1518,5 +1499,24 @@ fn deleted_answer(id: &str, report: Option<&TerminationReport>) -> RunnerDeleted
         survivors: report
             .map(|r| r.survivors.iter().map(json).collect())
             .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_intensity_limit() {
+        let p = RestartPolicy {
+            max_restarts: 2,
+            window: Duration::from_secs(10),
+        };
+        let t0 = Instant::now();
+        let mut h = VecDeque::new();
+        assert!(allow_restart(&mut h, t0, p));
+        assert!(allow_restart(&mut h, t0 + Duration::from_secs(1), p));
+        assert!(!allow_restart(&mut h, t0 + Duration::from_secs(2), p));
+        assert!(allow_restart(&mut h, t0 + Duration::from_secs(11), p));
     }
 }

@@ -223,7 +223,7 @@ fn refresh(b: &mut TraceBatch, lay: &[Vec<usize>], rng: &mut Rng) {
             let start = now - 2_000_000_000 + pos as u64 * 3_000_000 + rng.next() % 1_000_000;
             sp.start_time_unix_nano = start;
             sp.end_time_unix_nano = start + 200_000 + rng.next() % 250_000_000;
-            if rng.next() % 50 == 0 {
+            if rng.next().is_multiple_of(50) {
                 sp.status = Status {
                     code: STATUS_ERROR,
                     message: "tool returned non-zero exit".into(),
@@ -285,7 +285,7 @@ async fn fill(storage: &Storage, spans: usize, concurrency: usize, seed: u64) ->
                 let g = Instant::now();
                 refresh(&mut b, &lay, &mut rng);
                 gen += g.elapsed();
-                if i % 97 == 0 {
+                if i.is_multiple_of(97) {
                     sample.push(b.resource_spans[0].scope_spans[0].spans[0].trace_id);
                 }
                 let a = Arc::new(b);

@@ -620,7 +620,7 @@ mod tests {
         let cursors = s.forward_cursors().await.unwrap();
         assert_eq!(cursors[0], ForwardCursor::default());
         for t in 1..=4u8 {
-            let service = if t % 2 == 0 { "even" } else { "odd" };
+            let service = if t.is_multiple_of(2) { "even" } else { "odd" };
             s.write_traces(batch(service, t, 3)).await.unwrap();
         }
         // Rows 1..=4, 3 spans each; 7 spans max → two whole rows (6 spans).

@@ -114,7 +114,7 @@ impl Storage {
 
     /// Adds the keys of `extra` that its evidence does not have yet to incident `id` (a
     /// non-object evidence is kept under `"original"`), and appends `reason_line` to its
-    /// reason on a new line unless it already ends with it. `synchronous=FULL`. Answers the
+    /// reason after `; why: ` (reasons stay one line) unless it already ends with it. `synchronous=FULL`. Answers the
     /// updated incident; `None` when there is no incident `id`.
     pub async fn attach_incident_evidence(
         &self,
@@ -148,7 +148,7 @@ impl Storage {
             }
             if let Some(line) = reason_line.filter(|l| !l.is_empty()) {
                 if !inc.incident.reason.ends_with(&line) {
-                    inc.incident.reason = format!("{}\n{line}", inc.incident.reason);
+                    inc.incident.reason = format!("{}; why: {line}", inc.incident.reason);
                 }
             }
             tx.execute(

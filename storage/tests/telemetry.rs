@@ -1070,7 +1070,7 @@ async fn forensics_evidence_is_added_to_an_incident_once_without_overwriting() {
             .unwrap();
         assert_eq!(
             got.incident.reason,
-            "tool_overrun: over its SLA\nbusy loop; main at f"
+            "tool_overrun: over its SLA; why: busy loop; main at f"
         );
     }
     let back = storage.incident(inc.id).await.unwrap().unwrap();
@@ -1078,7 +1078,7 @@ async fn forensics_evidence_is_added_to_an_incident_once_without_overwriting() {
     assert_eq!(back.incident.evidence["verdict"], "tool_overrun");
     assert_eq!(
         back.incident.reason,
-        "tool_overrun: over its SLA\nbusy loop; main at f"
+        "tool_overrun: over its SLA; why: busy loop; main at f"
     );
     assert!(storage
         .attach_incident_evidence(inc.id + 100, extra, None)

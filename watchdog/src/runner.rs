@@ -201,8 +201,9 @@ impl Runner {
         if pinging && self.hb.in_flight() < max_in_flight {
             out.next = out.next.min(self.hb.next_ping());
         }
-        // a dead attached runner is not probed until re-registered
-        let can_probe = !self.dead || self.spawned;
+        // a dead attached runner is not probed until re-registered; a spawned one whose
+        // restart policy gave up will never answer again, so it is not probed either
+        let can_probe = (!self.dead || self.spawned) && self.lifecycle != RunnerLifecycle::GaveUp;
         match self
             .breaker
             .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)

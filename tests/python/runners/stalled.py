@@ -11,10 +11,12 @@ Usage: stalled.py MODE [TOOL]
   once       deadlocks on the first start (marker file), healthy after a restart
   crash      raises an unhandled exception outside any span (exit code 1)
   ignore_term installs a SIGTERM handler that never runs: inside a tool span the main
-             thread is stuck in a C call (a catastrophic regex holding the GIL), so only
-             the SIGKILL after the grace period ends it
+             thread is stuck in a C call that never checks for signals (a PBKDF2 of 2^31
+             rounds; it releases the GIL, so the heartbeat thread keeps answering), so
+             only the SIGKILL after the grace period ends it
 """
 
+import hashlib
 import os
 import re
 import sys
@@ -90,6 +92,7 @@ elif mode == "ignore_term":
     import signal
 
     def on_term(signum, frame):  # never runs: the main thread never returns to Python
+        # (a regex would not do: CPython's regex engine checks for signals while it matches)
         print("SIGTERM handled", flush=True)
         sys.exit(0)
 
@@ -97,7 +100,7 @@ elif mode == "ignore_term":
     time.sleep(1.0)  # let the first PONGs through
     with sw.tool_span(tool):
         time.sleep(0.5)  # the open span is exported
-        re.match(r"(a+)+$", "a" * 64 + "b")
+        hashlib.pbkdf2_hmac("sha256", b"stallwatch", b"salt", 2**31 - 1)
 elif mode == "crash":
     time.sleep(0.5)
     raise RuntimeError("model weights missing")
