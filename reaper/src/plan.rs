@@ -2,7 +2,7 @@
 //! `terminate()`; `docs/design.md`, Reaper). [`step`] takes the plan's state, the time since
 //! the termination began and what was observed, and answers the actions to take now; it
 //! does no I/O, so the order of the sequence is property-tested against a small reference
-//! model (below). [`crate::terminate`] and [`crate::shutdown`] perform the same order:
+//! model (below). [`crate::terminate`] and `shutdown` perform the same order:
 //!
 //! record descendants → SIGTERM → SIGCONT (a stopped runner must run to act on SIGTERM;
 //! issue 11) → wait up to the grace period → SIGKILL to what is left → wait up to the

@@ -269,7 +269,7 @@ impl ReaperHandle {
 
     /// Stops every spawned runner at shutdown, including spawned runners of an earlier run
     /// re-adopted by the orphan sweep; attached runners are left alone. All are stopped
-    /// together ([`crate::shutdown::stop_all`]: SIGTERM to all, one grace period, SIGKILL
+    /// together (`shutdown::stop_all`: SIGTERM to all, one grace period, SIGKILL
     /// to survivors), so this takes about one grace period whatever the count (issue 17
     /// #10). A runner whose lock a DELETE or trip holds finishes its own sequence
     /// concurrently. Answers the reports. No restarts happen afterwards.

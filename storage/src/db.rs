@@ -188,7 +188,7 @@ impl Storage {
     }
 
     /// Ordered stop: control records held in memory are written (retried for up to
-    /// [`SHUTDOWN_HELD_WAIT`], then logged one by one), the telemetry writer commits what is
+    /// `SHUTDOWN_HELD_WAIT`, then logged one by one), the telemetry writer commits what is
     /// queued, then stops. Control and read calls keep working until the last handle is
     /// dropped.
     pub async fn shutdown(&self) {

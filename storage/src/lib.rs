@@ -8,7 +8,7 @@
 //! thread that group-commits many export requests per transaction with
 //! `synchronous=NORMAL`; an export is acknowledged only after its commit. Control records
 //! (incidents, runners, the action ledger, the checkpoint journal, the webhook outbox, the
-//! open-span ledger) go through [`Storage::control`] on their own connection with
+//! open-span ledger) go through `Storage::control` on their own connection with
 //! `synchronous=FULL`. Reads use a small pool of read-only connections.
 //!
 //! Each domain keeps its tables and queries in its own module (`incidents.rs`,

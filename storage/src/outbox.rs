@@ -3,7 +3,7 @@
 //!
 //! The dashboards' webhook worker enqueues a delivery for every incident a webhook wants,
 //! then sends due deliveries and records each attempt here. Everything is written through
-//! [`Storage::control`] (`synchronous=FULL`, docs/design.md "Durability levels"), so a delivery
+//! `Storage::control` (`synchronous=FULL`, docs/design.md "Durability levels"), so a delivery
 //! survives a restart of stallwatch and is retried with its back-off where it stopped. The
 //! cursor is advanced in the same transaction as the enqueue, so an incident is enqueued
 //! once even across a crash.

@@ -6,7 +6,7 @@
 //! sweep). Every termination step is written to `runner_actions` *before* and *after* it
 //! happens under an idempotency key, so a restart never repeats a finished kill and finishes
 //! a half-done one (docs/design.md, Reaper; issue 4, Termination). Both tables are written with
-//! `synchronous=FULL` through [`Storage::control`]; `runner_actions` refuses UPDATE and
+//! `synchronous=FULL` through `Storage::control`; `runner_actions` refuses UPDATE and
 //! DELETE with triggers.
 
 use rusqlite::{params, OptionalExtension, Row, Transaction};

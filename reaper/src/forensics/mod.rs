@@ -7,7 +7,7 @@
 //! - the kernel, for any runner ([`procfs`]): per thread its state, `wchan`, current system
 //!   call and CPU, per process RSS and open fds, plus the CPU history a timer samples
 //!   ([`cpu`]) so "0% CPU for 58 s" and "100% CPU for 30 s" can be said at trip time;
-//!   [`classify`] turns that into one plain sentence;
+//!   [`classify`](mod@classify) turns that into one plain sentence;
 //! - the runner's kit, when present ([`stacks`]): stallwatch gives spawned runners
 //!   `STALLWATCH_STACKS_FILE`; a kit writes a header line there and dumps its stacks on
 //!   SIGUSR2 (Python `faulthandler`, Node `process.report`). SIGUSR2 is sent only through a
