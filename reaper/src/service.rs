@@ -192,7 +192,22 @@ impl Reaper {
         let sweeper = handle.clone();
         let sweep_task = tokio::spawn(async move {
             let report = crate::sweep::sweep(&sweeper).await;
-            tracing::info!(?report, "orphan sweep finished");
+            let orphaned: Vec<String> = report
+                .orphaned
+                .iter()
+                .map(|(id, why)| format!("{id} ({why})"))
+                .collect();
+            tracing::info!(
+                adopted = report.adopted.len(),
+                adopted_ids = %report.adopted.join(","),
+                orphaned = report.orphaned.len(),
+                orphaned_ids = %orphaned.join(", "),
+                checkpoints_settled = report.checkpoints.len(),
+                spans_closed = report.spans_closed,
+                errors = report.errors.len(),
+                first_error = %report.errors.first().map(String::as_str).unwrap_or(""),
+                "orphan sweep finished"
+            );
         });
         let h = handle.clone();
         let task = tokio::spawn(async move {
@@ -1084,7 +1099,7 @@ impl ReaperHandle {
                 EventKind::RunnerCrashed,
                 &id,
                 format!(
-                    "runner {id} {why}; gave up: more than {} restarts in {} ms",
+                    "runner {id} {why}; gave up: the restart policy allows {} restarts in {} ms",
                     policy.max_restarts,
                     policy.window.as_millis()
                 ),
