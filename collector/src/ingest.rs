@@ -31,6 +31,14 @@ pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
 /// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
 /// larger or compressed ones on the blocking pool, bytes.
 const INLINE_DECODE_BYTES: usize = 256 * 1024;
+/// Decode-time memory charged against `max_inflight_bytes` per byte of a protobuf body,
+/// on top of the body itself: the records built from it take ~2–3× its wire size (issue
+/// 17 #14; `tests/memory.rs` bounds the peak). A request never charges more than the whole
+/// budget, so one request of `max_request_bytes` is always admitted when nothing else is
+/// in flight.
+const DECODE_CHARGE_PER_PROTOBUF_BYTE: usize = 2;
+/// The same for an OTLP/JSON body, which is larger than the records it holds.
+const DECODE_CHARGE_PER_JSON_BYTE: usize = 1;
 
 /// Which OTLP signal an export carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,15 +152,16 @@ pub(crate) fn refusal_for_write(e: WriteError) -> Refusal {
 #[derive(Clone, Debug)]
 pub(crate) struct Budget {
     sem: Arc<Semaphore>,
+    total: usize,
     stats: Arc<IngestStats>,
 }
 
 impl Budget {
     pub(crate) fn new(max_inflight_bytes: usize, stats: Arc<IngestStats>) -> Self {
+        let total = max_inflight_bytes.min(Semaphore::MAX_PERMITS);
         Self {
-            sem: Arc::new(Semaphore::new(
-                max_inflight_bytes.min(Semaphore::MAX_PERMITS),
-            )),
+            sem: Arc::new(Semaphore::new(total)),
+            total,
             stats,
         }
     }
@@ -192,6 +201,20 @@ impl Charge {
         self.bytes += n;
         self.budget.stats.inflight_add(n);
         Ok(())
+    }
+    /// Takes the decode-time memory of a `body_bytes` body in `format` (the records it
+    /// becomes), capped so that this request holds at most the whole budget.
+    pub(crate) fn grow_for_decode(
+        &mut self,
+        body_bytes: usize,
+        format: Format,
+    ) -> Result<(), Refusal> {
+        let per_byte = match format {
+            Format::Protobuf => DECODE_CHARGE_PER_PROTOBUF_BYTE,
+            Format::Json => DECODE_CHARGE_PER_JSON_BYTE,
+        };
+        let room = self.budget.total.saturating_sub(self.bytes);
+        self.grow(body_bytes.saturating_mul(per_byte).min(room))
     }
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
@@ -391,6 +414,7 @@ impl IngestState {
         let inline = raw.len() <= INLINE_DECODE_BYTES && codings.is_empty();
         let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
             let body = decompress::decompress(raw, &codings, limit, charge)?;
+            charge.grow_for_decode(body.len(), format)?;
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
                 Signal::Traces => {

@@ -239,6 +239,109 @@ pub(crate) fn traces(
     ))
 }
 
+/// Decodes and converts a protobuf trace export one span at a time, with the rules of
+/// [`traces`]: the request is scanned in place ([`super::wire`]) and each span is decoded
+/// by prost from its own bytes and converted at once, so decoding holds the records plus
+/// one span's wire types, never the whole request's (issue 17 #14). Errors name the
+/// span's path.
+pub(crate) fn traces_wire(
+    body: &[u8],
+    limits: &Limits,
+) -> Result<Decoded<TraceBatch>, DecodeError> {
+    use super::wire::{self, Fields};
+    use prost::Message;
+    const WHAT: &str = "ExportTraceServiceRequest";
+    let bad = |p: &Path, why: &str| super::wire_error(WHAT, Some(p), why);
+    let mut refusals = Refusals::default();
+    let root = Path::ROOT;
+    let prs = root.field("resourceSpans");
+    let mut out = Vec::new();
+    for f in Fields::new(body) {
+        let (field, v) = f.map_err(|e| bad(&root, e))?;
+        if field != 1 {
+            continue;
+        }
+        let pr = prs.index(out.len());
+        let rs = wire::len(v).map_err(|e| bad(&pr, e))?;
+        // First pass: the resource and schema URL (they may follow the scopes on the wire).
+        let mut res: Option<pr::Resource> = None;
+        let mut schema_url = String::new();
+        let mut n_scopes = 0;
+        for f in Fields::new(rs) {
+            let (field, v) = f.map_err(|e| bad(&pr, e))?;
+            match field {
+                1 => {
+                    let b = wire::len(v).map_err(|e| bad(&pr.field("resource"), e))?;
+                    res.get_or_insert_with(Default::default)
+                        .merge(b)
+                        .map_err(|e| bad(&pr.field("resource"), &e.to_string()))?;
+                }
+                2 => n_scopes += 1,
+                3 => schema_url = wire::string(v).map_err(|e| bad(&pr.field("schemaUrl"), e))?,
+                _ => {}
+            }
+        }
+        let resource = resource(res, schema_url, &pr, limits)?;
+        let pss = pr.field("scopeSpans");
+        let mut scopes = Vec::with_capacity(n_scopes);
+        for f in Fields::new(rs) {
+            let (field, v) = f.map_err(|e| bad(&pr, e))?;
+            if field != 2 {
+                continue;
+            }
+            let ps = pss.index(scopes.len());
+            let ss = wire::len(v).map_err(|e| bad(&ps, e))?;
+            let mut sc: Option<pc::InstrumentationScope> = None;
+            let mut schema_url = String::new();
+            let mut n_spans = 0;
+            for f in Fields::new(ss) {
+                let (field, v) = f.map_err(|e| bad(&ps, e))?;
+                match field {
+                    1 => {
+                        let b = wire::len(v).map_err(|e| bad(&ps.field("scope"), e))?;
+                        sc.get_or_insert_with(Default::default)
+                            .merge(b)
+                            .map_err(|e| bad(&ps.field("scope"), &e.to_string()))?;
+                    }
+                    2 => n_spans += 1,
+                    3 => {
+                        schema_url = wire::string(v).map_err(|e| bad(&ps.field("schemaUrl"), e))?
+                    }
+                    _ => {}
+                }
+            }
+            let scope = scope(sc, schema_url, &ps, limits)?;
+            let pspans = ps.field("spans");
+            let mut spans = Vec::with_capacity(n_spans);
+            let mut i = 0;
+            for f in Fields::new(ss) {
+                let (field, v) = f.map_err(|e| bad(&ps, e))?;
+                if field != 2 {
+                    continue;
+                }
+                let p = pspans.index(i);
+                i += 1;
+                let b = wire::len(v).map_err(|e| bad(&p, e))?;
+                let sp = pt::Span::decode(b).map_err(|e| bad(&p, &e.to_string()))?;
+                if let Some(span) = span(sp, &p, limits, &mut refusals)? {
+                    spans.push(span);
+                }
+            }
+            scopes.push(ScopeSpans { scope, spans });
+        }
+        out.push(ResourceSpans {
+            resource,
+            scope_spans: scopes,
+        });
+    }
+    Ok(refusals.into_decoded(
+        TraceBatch {
+            resource_spans: out,
+        },
+        "span",
+    ))
+}
+
 fn span(
     sp: pt::Span,
     p: &Path,

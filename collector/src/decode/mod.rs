@@ -10,10 +10,10 @@
 mod convert;
 mod json;
 mod path;
+mod wire;
 
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use stallwatch_storage::model::{LogBatch, MetricBatch, TraceBatch};
 
@@ -46,10 +46,34 @@ impl DecodeError {
     pub fn new(message: impl Into<String>) -> Self {
         Self(message.into())
     }
-    /// An error about the field at `path`.
+    /// An error about the field at `path`. A path longer than [`MAX_PATH_CHARS`] (deeply
+    /// nested attribute values) keeps its head and tail, cut at field boundaries.
     pub fn at(path: &Path<'_>, message: impl AsRef<str>) -> Self {
-        Self(format!("{path}: {}", message.as_ref()))
+        Self(format!(
+            "{}: {}",
+            short_path(&path.to_string()),
+            message.as_ref()
+        ))
     }
+}
+
+/// Longest field path an error message renders in full, chars.
+pub const MAX_PATH_CHARS: usize = 160;
+
+fn short_path(p: &str) -> String {
+    // Paths are ASCII (field names and indexes), so byte offsets are char boundaries.
+    if p.len() <= MAX_PATH_CHARS || !p.is_ascii() {
+        return p.to_string();
+    }
+    let head = p[..MAX_PATH_CHARS / 2]
+        .rfind('.')
+        .unwrap_or(MAX_PATH_CHARS / 2);
+    let tail = p[p.len() - MAX_PATH_CHARS / 2..]
+        .find('.')
+        .map_or(p.len() - MAX_PATH_CHARS / 2, |i| {
+            p.len() - MAX_PATH_CHARS / 2 + i
+        });
+    format!("{}...{}", &p[..head], &p[tail..])
 }
 
 /// A decoded, validated batch plus what was refused record by record.
@@ -65,20 +89,28 @@ pub struct Decoded<T> {
     pub message: String,
 }
 
+/// The 400 for a body prost (or the wire scan) cannot read: `cannot decode <what>
+/// protobuf: [<path>: ]<why>`, with prost's message stack cut to a readable length.
+fn wire_error(what: &str, at: Option<&Path<'_>>, text: &str) -> DecodeError {
+    let why = if text.ends_with("recursion limit reached") {
+        "messages nested deeper than the protobuf recursion limit (attribute values nest at most max_nesting_depth levels)".to_string()
+    } else if text.len() > 300 {
+        let cut = text.char_indices().nth(300).map_or(text.len(), |(i, _)| i);
+        format!("{}...", &text[..cut])
+    } else {
+        text.to_string()
+    };
+    match at {
+        Some(p) if !p.is_root() => DecodeError::new(format!(
+            "cannot decode {what} protobuf: {}: {why}",
+            short_path(&p.to_string())
+        )),
+        _ => DecodeError::new(format!("cannot decode {what} protobuf: {why}")),
+    }
+}
+
 fn protobuf<M: Message + Default>(body: &[u8], what: &str) -> Result<M, DecodeError> {
-    M::decode(body).map_err(|e| {
-        let text = e.to_string();
-        // prost prints the whole message stack; keep the error readable.
-        let why = if text.ends_with("recursion limit reached") {
-            "messages nested deeper than the protobuf recursion limit (attribute values nest at most max_nesting_depth levels)".to_string()
-        } else if text.len() > 300 {
-            let cut = text.char_indices().nth(300).map_or(text.len(), |(i, _)| i);
-            format!("{}...", &text[..cut])
-        } else {
-            text
-        };
-        DecodeError::new(format!("cannot decode {what} protobuf: {why}"))
-    })
+    M::decode(body).map_err(|e| wire_error(what, None, &e.to_string()))
 }
 
 /// Decodes a trace export (`ExportTraceServiceRequest`). An empty body is an empty batch.
@@ -90,11 +122,11 @@ pub fn decode_traces(
     format: Format,
     limits: &Limits,
 ) -> Result<Decoded<TraceBatch>, DecodeError> {
-    let req: ExportTraceServiceRequest = match format {
-        Format::Protobuf => protobuf(body, "ExportTraceServiceRequest")?,
-        Format::Json => json::traces(body)?,
-    };
-    convert::traces(req, limits)
+    match format {
+        // One span at a time: decode-time memory stays a small multiple of the body.
+        Format::Protobuf => convert::traces_wire(body, limits),
+        Format::Json => convert::traces(json::traces(body)?, limits),
+    }
 }
 
 /// Decodes a log export (`ExportLogsServiceRequest`). Same errors as [`decode_traces`].

@@ -37,6 +37,10 @@ impl<'a> Path<'a> {
             seg: Seg::Field(name),
         }
     }
+    /// True for [`Path::ROOT`].
+    pub fn is_root(&self) -> bool {
+        self.parent.is_none()
+    }
     /// The element `i` of this list.
     pub fn index(&'a self, i: usize) -> Path<'a> {
         Path {

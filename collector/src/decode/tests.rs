@@ -703,3 +703,100 @@ fn metrics_are_flattened_to_points() {
     let bad = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "x", "gauge": {}, "sum": {}}]}]}]});
     assert!(decode_metrics(bad.to_string().as_bytes(), Format::Json, &LIMITS).is_err());
 }
+
+/// The old whole-request decode, kept here as the reference for the per-span scan.
+fn whole_request(body: &[u8]) -> Result<Decoded<TraceBatch>, DecodeError> {
+    convert::traces(protobuf(body, "ExportTraceServiceRequest")?, &LIMITS)
+}
+
+#[test]
+fn per_span_scan_decodes_like_the_whole_request() {
+    let c14 = flate2::read::GzDecoder::new(&case!("crafted/c14_trace.pb.gz")[..]);
+    let c14: Vec<u8> = std::io::Read::bytes(c14).map(Result::unwrap).collect();
+    for body in [
+        &case!("upstream/otelproto_examples_trace.protobuf-bin")[..],
+        &case!("crafted/c19_official_trace_json_as_protobuf.pb")[..],
+        &case!("crafted/c09_trace_id_all_zero.pb")[..],
+        &case!("crafted/c14_trace.pb")[..],
+        &c14[..],
+        &[][..],
+    ] {
+        let want = whole_request(body).unwrap();
+        let got = decode_traces(body, Format::Protobuf, &LIMITS).unwrap();
+        assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn per_span_scan_takes_fields_in_any_order_and_skips_unknown_ones() {
+    let mut span = proto_span();
+    span.name = "late resource".into();
+    let rs = pt::ResourceSpans {
+        resource: Some(opentelemetry_proto::tonic::resource::v1::Resource {
+            attributes: vec![pc::KeyValue {
+                key: "service.name".into(),
+                value: Some(pc::AnyValue {
+                    value: Some(pc::any_value::Value::StringValue("svc".into())),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        scope_spans: vec![pt::ScopeSpans {
+            scope: Some(pc::InstrumentationScope {
+                name: "sc".into(),
+                ..Default::default()
+            }),
+            spans: vec![span.clone(), span],
+            schema_url: "https://opentelemetry.io/schemas/1.30.0".into(),
+        }],
+        schema_url: "https://opentelemetry.io/schemas/1.29.0".into(),
+    };
+    let want = whole_request(
+        &ExportTraceServiceRequest {
+            resource_spans: vec![rs.clone()],
+        }
+        .encode_to_vec(),
+    )
+    .unwrap();
+    // ResourceSpans with its fields reversed (3, 2, 1) and an unknown varint field 9 in
+    // every message level: prost reads it the same, so must the scan.
+    let mut inner = Vec::new();
+    prost::encoding::string::encode(3, &rs.schema_url, &mut inner);
+    for ss in &rs.scope_spans {
+        prost::encoding::message::encode(2, ss, &mut inner);
+    }
+    prost::encoding::uint64::encode(9, &7, &mut inner);
+    prost::encoding::message::encode(1, rs.resource.as_ref().unwrap(), &mut inner);
+    let mut body = Vec::new();
+    prost::encoding::uint64::encode(9, &7, &mut body);
+    prost::encoding::bytes::encode(1, &inner, &mut body);
+    assert_eq!(whole_request(&body).unwrap(), want);
+    assert_eq!(
+        decode_traces(&body, Format::Protobuf, &LIMITS).unwrap(),
+        want
+    );
+}
+
+#[test]
+fn per_span_scan_names_the_span_it_cannot_decode() {
+    // The second span's bytes are cut short inside a valid outer frame.
+    let mut scope = Vec::new();
+    prost::encoding::message::encode(2, &proto_span(), &mut scope);
+    prost::encoding::bytes::encode(2, &vec![0x0a, 0x10, 1, 2], &mut scope);
+    let mut rs = Vec::new();
+    prost::encoding::bytes::encode(2, &scope, &mut rs);
+    let mut body = Vec::new();
+    prost::encoding::bytes::encode(1, &rs, &mut body);
+    let err = decode_traces(&body, Format::Protobuf, &LIMITS).unwrap_err();
+    assert!(
+        err.0.starts_with(
+            "cannot decode ExportTraceServiceRequest protobuf: resourceSpans[0].scopeSpans[0].spans[1]: "
+        ),
+        "{err}"
+    );
+    // A known field with the wrong wire type is refused, as prost refuses it.
+    let err = decode_traces(&[0x08, 0x01], Format::Protobuf, &LIMITS).unwrap_err();
+    assert!(err.0.contains("invalid wire type"), "{err}");
+    assert!(whole_request(&[0x08, 0x01]).is_err());
+}

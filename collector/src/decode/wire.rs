@@ -1,0 +1,198 @@
+//! A borrowing scan of the protobuf wire format, so a large export is decoded one record
+//! at a time instead of as one tree of wire types (issue 17 #14: a 19 MiB export held
+//! ~17× its size while decoding).
+//!
+//! [`Fields`] walks the fields of one message without copying: each item is the field
+//! number and its value, a length-delimited value as a slice of the body. The rules are the
+//! encoding spec's (protobuf.dev "Encoding": "Message Structure", "Base 128 Varints",
+//! "Length-Delimited Records", groups): field number 0 and wire types 6–7 are malformed;
+//! unknown fields of any type, groups included, are skipped as prost skips them.
+
+/// Deepest group nesting skipped inside an unknown field (prost's recursion limit).
+const MAX_GROUP_DEPTH: u32 = 100;
+
+/// One field's value on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Value<'a> {
+    /// Wire type 0.
+    Varint(u64),
+    /// Wire type 1 (8 bytes) or 5 (4 bytes): skipped, never read by the scan.
+    Fixed,
+    /// Wire type 2: the record's bytes.
+    Len(&'a [u8]),
+    /// Wire type 3 … 4: a (deprecated) group, skipped whole.
+    Group,
+}
+
+/// The fields of one message, in wire order.
+pub(super) struct Fields<'a> {
+    buf: &'a [u8],
+    failed: bool,
+}
+
+impl<'a> Fields<'a> {
+    /// Scans `buf`, one encoded message.
+    pub(super) fn new(buf: &'a [u8]) -> Self {
+        Self { buf, failed: false }
+    }
+
+    fn varint(&mut self) -> Result<u64, &'static str> {
+        let mut v: u64 = 0;
+        for i in 0..10 {
+            let Some((&b, rest)) = self.buf.split_first() else {
+                return Err("buffer underflow");
+            };
+            self.buf = rest;
+            if i == 9 && b > 1 {
+                return Err("invalid varint");
+            }
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err("invalid varint")
+    }
+
+    fn take(&mut self, n: u64) -> Result<&'a [u8], &'static str> {
+        let n = usize::try_from(n).map_err(|_| "buffer underflow")?;
+        if n > self.buf.len() {
+            return Err("buffer underflow");
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn tag(&mut self) -> Result<(u32, u8), &'static str> {
+        let key = self.varint()?;
+        let field = u32::try_from(key >> 3).map_err(|_| "invalid key value")?;
+        if field == 0 || field > 0x1fff_ffff {
+            return Err("invalid tag value");
+        }
+        Ok((field, (key & 7) as u8))
+    }
+
+    /// Skips a group body up to its end tag (`field`, wire type 4).
+    fn skip_group(&mut self, field: u32, depth: u32) -> Result<(), &'static str> {
+        if depth > MAX_GROUP_DEPTH {
+            return Err("recursion limit reached");
+        }
+        loop {
+            let (f, wt) = self.tag()?;
+            match wt {
+                4 if f == field => return Ok(()),
+                4 => return Err("unexpected end group tag"),
+                3 => self.skip_group(f, depth + 1)?,
+                _ => {
+                    self.value(wt)?;
+                }
+            }
+        }
+    }
+
+    fn value(&mut self, wire_type: u8) -> Result<Value<'a>, &'static str> {
+        Ok(match wire_type {
+            0 => Value::Varint(self.varint()?),
+            1 => {
+                self.take(8)?;
+                Value::Fixed
+            }
+            2 => {
+                let n = self.varint()?;
+                Value::Len(self.take(n)?)
+            }
+            5 => {
+                self.take(4)?;
+                Value::Fixed
+            }
+            _ => return Err("invalid wire type value"),
+        })
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    /// `(field number, value)`, or what was malformed (then the scan ends).
+    type Item = Result<(u32, Value<'a>), &'static str>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.buf.is_empty() {
+            return None;
+        }
+        let r = self.tag().and_then(|(field, wt)| match wt {
+            3 => self.skip_group(field, 1).map(|()| (field, Value::Group)),
+            4 => Err("unexpected end group tag"),
+            _ => self.value(wt).map(|v| (field, v)),
+        });
+        self.failed = r.is_err();
+        Some(r)
+    }
+}
+
+/// A length-delimited field's bytes, or the error prost gives for another wire type.
+pub(super) fn len<'a>(v: Value<'a>) -> Result<&'a [u8], &'static str> {
+    match v {
+        Value::Len(b) => Ok(b),
+        _ => Err("invalid wire type: expected LengthDelimited"),
+    }
+}
+
+/// A `string` field: UTF-8 checked, as prost checks it.
+pub(super) fn string(v: Value<'_>) -> Result<String, &'static str> {
+    std::str::from_utf8(len(v)?)
+        .map(str::to_string)
+        .map_err(|_| "invalid string value: data is not UTF-8 encoded")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(buf: &[u8]) -> Result<Vec<(u32, Value<'_>)>, &'static str> {
+        Fields::new(buf).collect()
+    }
+
+    #[test]
+    fn walks_every_wire_type_and_skips_groups() {
+        // 1: varint 150; 2: "hi"; 3: fixed64; 4: fixed32; 5: group holding 6: varint 1.
+        let buf = [
+            0x08, 0x96, 0x01, 0x12, 2, b'h', b'i', 0x19, 1, 2, 3, 4, 5, 6, 7, 8, 0x25, 1, 2, 3, 4,
+            0x2b, 0x30, 0x01, 0x2c,
+        ];
+        assert_eq!(
+            all(&buf).unwrap(),
+            vec![
+                (1, Value::Varint(150)),
+                (2, Value::Len(b"hi")),
+                (3, Value::Fixed),
+                (4, Value::Fixed),
+                (5, Value::Group),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_not_a_panic() {
+        for bad in [
+            &[0x12, 5, b'a'][..], // length past the end
+            &[0x08, 0xff],        // truncated varint
+            &[
+                0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f,
+            ], // 11 bytes
+            &[0x00, 0x01],        // field 0
+            &[0x0e],              // wire type 6
+            &[0x0c],              // end group without a start
+            &[0x0b, 0x10, 0x01],  // group never closed
+        ] {
+            assert!(all(bad).is_err(), "{bad:x?}");
+        }
+        assert_eq!(all(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn strings_must_be_utf8_and_length_delimited() {
+        assert_eq!(string(Value::Len(b"ok")).unwrap(), "ok");
+        assert!(string(Value::Len(&[0xff])).is_err());
+        assert!(string(Value::Varint(1)).is_err());
+    }
+}
