@@ -13,6 +13,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc as the global allocator (feature `mimalloc`, default): decoding OTLP allocates
+/// many small strings and vectors per span, and prost decoding ran ~1.8× faster with it
+/// than with glibc malloc on the same machine (issue 16).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
