@@ -17,6 +17,7 @@ mod faults;
 mod forensics;
 mod forward;
 mod lifecycle;
+mod memory;
 mod mcp;
 mod openspans;
 mod readback;
