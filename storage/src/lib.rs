@@ -32,7 +32,7 @@ pub mod telemetry;
 
 pub use stallwatch_vocabulary::{control, model, MetricsSource};
 
-pub use config::{StorageConfig, Synchronous};
+pub use config::{RawStorageConfig, StorageConfig, Synchronous};
 pub use db::Storage;
 pub use error::{StorageError, Transient, WriteError};
 pub use events::EventBus;
