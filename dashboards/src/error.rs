@@ -36,7 +36,7 @@ pub enum DashboardError {
     /// A control request body is over its limit (HTTP 413); the message names the limit.
     #[error("request body is over the {limit}-byte limit of control requests")]
     BodyTooLarge {
-        /// The limit, bytes ([`crate::routes::MAX_CONTROL_BODY_BYTES`]).
+        /// The limit, bytes ([`crate::MAX_CONTROL_BODY_BYTES`]).
         limit: usize,
     },
     /// The reaper refused to register a runner.

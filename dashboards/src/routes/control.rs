@@ -59,7 +59,7 @@ impl FromRequestParts<Shared> for Authorized {
 }
 
 /// Largest control request body, bytes: 2 MiB (axum's default body limit, named here so
-/// the 413 answer can say it). Applied to the whole router in [`crate::app`].
+/// the 413 answer can say it). Applied to the whole router in [`crate::app()`].
 pub const MAX_CONTROL_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// The body as `T`. Over [`MAX_CONTROL_BODY_BYTES`]: 413 naming the limit. Not a JSON
