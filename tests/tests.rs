@@ -19,6 +19,7 @@ mod forward;
 mod lifecycle;
 mod mcp;
 mod memory;
+mod metrics;
 mod openspans;
 mod readback;
 mod reaper_fixes;
