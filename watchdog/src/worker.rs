@@ -38,8 +38,8 @@ pub use crate::handle::WatchdogHandle;
 use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState};
 use crate::ledger::{Applied, Ledger, WorstView};
 use crate::runner::{
-    heartbeat_socket_usable, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY, HEALTHY,
-    MAX_IDLE, STARVED_GAP,
+    heartbeat_socket_usable, probe_outcome, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY,
+    HEALTHY, MAX_IDLE, STARVED_GAP,
 };
 use crate::shapes::{self, Record, SpanKey};
 use crate::stats::WatchdogStats;
@@ -226,11 +226,21 @@ impl Worker {
             let pids = &self.pids;
             let lookup = |p: u32| pids.get(&p).cloned();
             let mut changed = 0u64;
+            let mut opened = Vec::new();
             for r in &records {
-                if self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup) != Applied::Ignored
-                {
-                    changed += 1;
+                match self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup) {
+                    Applied::Ignored => {}
+                    Applied::Opened => {
+                        changed += 1;
+                        if let Record::Open(rec) = r {
+                            opened.push((rec.key, rec.pid));
+                        }
+                    }
+                    _ => changed += 1,
                 }
+            }
+            for (key, pid) in opened {
+                self.drop_if_from_dead_process(key, pid);
             }
             self.stats
                 .ledger_records
@@ -240,6 +250,24 @@ impl Worker {
                 .store(self.ledger.len() as u64, Ordering::Relaxed);
         }
         self.records = records;
+    }
+
+    /// A span that arrives after its runner was restarted, from the process the restart
+    /// replaced (its `process.pid` is a past pid of the runner), belongs to a dead process:
+    /// it is closed at once, like the spans the restart closed (`docs/design.md`, Fusion and
+    /// breakers). Without this a late export of the stalled span would re-open the breaker
+    /// as soon as the restarted runner's probe closed it.
+    fn drop_if_from_dead_process(&mut self, key: SpanKey, pid: Option<u32>) {
+        let Some(pid) = pid else { return };
+        let dead = self
+            .ledger
+            .get(&key)
+            .and_then(|e| e.runner.as_ref())
+            .and_then(|id| self.runners.get(id))
+            .is_some_and(|r| r.pid != Some(pid) && r.past_pids.contains(&pid));
+        if dead {
+            self.ledger.close(key);
+        }
     }
 
     async fn runner_change(&mut self, ch: RunnerChange) {
@@ -263,12 +291,16 @@ impl Worker {
                 });
                 if existed {
                     // a restart or a re-registration: same breaker, new process
+                    if let Some(old) = r.pid.filter(|old| Some(*old) != pid) {
+                        r.remember_past_pid(old);
+                    }
                     let configured = heartbeat_socket_usable(&heartbeat_socket);
                     r.socket_problem = heartbeat_socket
                         .as_deref()
                         .and_then(|p| check_path(p).err());
                     r.socket = heartbeat_socket;
                     r.pid = pid;
+                    r.past_pids.retain(|p| Some(*p) != pid);
                     r.spawned = spawned;
                     r.hb.restart(configured, now);
                     r.dead = false;
@@ -498,11 +530,20 @@ impl Worker {
                 self.next_wake = self.next_wake.min(r.next_eval);
             }
             Some(probe) => {
-                let failure = match &d.result {
-                    Ok(_) => String::new(),
-                    Err(f) => f.to_string(),
-                };
-                let ok = d.result.is_ok();
+                let answer = d.result.as_ref().map(|_| ()).map_err(|f| f.to_string());
+                let worst = r.tripped_at.and_then(|t| {
+                    self.ledger
+                        .worst_first_seen_after(&d.runner, t, now, self.cfg.staleness)
+                });
+                let outcome = probe_outcome(
+                    answer,
+                    HeartbeatState::Ok,
+                    worst.as_ref(),
+                    now,
+                    self.cfg.suspect_cap,
+                );
+                let failure = outcome.err().unwrap_or_default();
+                let ok = failure.is_empty();
                 let t = r.breaker.probe_result(now, probe, ok, cooldown, &failure);
                 match t {
                     Some(Transition::Closed) => {
@@ -751,12 +792,24 @@ impl Worker {
             self.spawn_ping(id, Some(probe));
         } else {
             // no heartbeat socket to probe: only a restart since the trip counts as an answer
-            let ok = r.restarted_since_trip && !r.dead;
-            let failure = if ok {
-                String::new()
+            let answer = if r.restarted_since_trip && !r.dead {
+                Ok(())
             } else {
-                "no heartbeat socket and no restart since the trip".to_string()
+                Err("no heartbeat socket and no restart since the trip".to_string())
             };
+            let worst = r.tripped_at.and_then(|t| {
+                self.ledger
+                    .worst_first_seen_after(id, t, now, self.cfg.staleness)
+            });
+            let outcome = probe_outcome(
+                answer,
+                HeartbeatState::NotConfigured,
+                worst.as_ref(),
+                now,
+                self.cfg.suspect_cap,
+            );
+            let failure = outcome.err().unwrap_or_default();
+            let ok = failure.is_empty();
             let cooldown = self.cfg.breaker_cooldown;
             match r.breaker.probe_result(now, probe, ok, cooldown, &failure) {
                 Some(Transition::Closed) => {
