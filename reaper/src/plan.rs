@@ -136,6 +136,21 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The actions of the latest step were carried out at `at` (time since the termination
+    /// began): the wait the plan is in starts from there, so the grace period runs from the
+    /// moment SIGTERM was sent and recorded, not from the observation before it.
+    pub fn actions_done(&mut self, at: Duration) {
+        self.phase = match self.phase {
+            Phase::Terminating(t) => Phase::Terminating(t.max(at)),
+            Phase::Killing(t) => Phase::Killing(t.max(at)),
+            Phase::EscapedTerminating(t) => Phase::EscapedTerminating(t.max(at)),
+            Phase::EscapedKilling(t) => Phase::EscapedKilling(t.max(at)),
+            p => p,
+        };
+    }
+}
+
 /// The end of the leader's part: reap it (own child), then the escaped descendants, or the
 /// report.
 fn finish(plan: &mut Plan, now: Duration, seen: Seen, out: &mut Vec<Action>) {

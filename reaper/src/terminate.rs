@@ -379,8 +379,9 @@ impl Executor<'_, '_> {
 }
 
 /// One step of a termination as it ran: when, what was seen, what the plan answered (and
-/// the executor did). Only steps that did something are kept.
-pub(crate) type Trace = Vec<(Duration, Seen, Vec<Action>)>;
+/// the executor did), and when those actions were done. Only steps that did something
+/// are kept.
+pub(crate) type Trace = Vec<(Duration, Seen, Vec<Action>, Duration)>;
 
 /// Runs the termination sequence on `t`. Never fails: problems are steps in the report.
 /// The caller must hold the runner's lock (so nobody else reaps the leader meanwhile) and
@@ -472,7 +473,9 @@ pub(crate) async fn terminate_traced(
         for a in &actions {
             x.execute(*a, &mut run).await;
         }
-        trace.push((now, seen, actions));
+        let done = run.started.elapsed();
+        plan.actions_done(done);
+        trace.push((now, seen, actions, done));
     }
     (finish(run).await, trace)
 }
@@ -530,18 +533,19 @@ mod tests {
         let (report, trace) = terminate_traced(&storage, &stats, grace, t, "trip", None).await;
         // 1. the executor did what the plan answers for what it saw, and nothing else
         let mut plan = Plan::new(grace, AFTER_KILL, true);
-        for (now, seen, acts) in &trace {
+        for (now, seen, acts, done) in &trace {
             assert_eq!(
                 &plan::advance(&mut plan, *now, *seen),
                 acts,
                 "at {now:?} with {seen:?}"
             );
+            plan.actions_done(*done);
         }
         assert_eq!(plan.phase, Phase::Done, "{trace:?}");
         // 2. every action left its record, in the plan's order
         let from_plan: Vec<&str> = trace
             .iter()
-            .flat_map(|(_, _, acts)| acts.iter().filter_map(|a| a.step_name()))
+            .flat_map(|(_, _, acts, _)| acts.iter().filter_map(|a| a.step_name()))
             .collect();
         let reported: Vec<&str> = report.steps.iter().map(|s| s.step.as_str()).collect();
         assert_eq!(reported, from_plan, "{report:#?}");

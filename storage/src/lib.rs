@@ -30,7 +30,7 @@ pub mod runners;
 mod schema;
 pub mod telemetry;
 
-pub use stallwatch_vocabulary::{control, model, MetricsSource};
+pub use stallwatch_vocabulary::{control, labels, model, MetricsSource};
 
 pub use config::{StorageConfig, Synchronous};
 pub use db::Storage;

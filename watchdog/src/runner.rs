@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use stallwatch_storage::control::{BreakerState, RunnerLifecycle};
+use stallwatch_storage::labels::HeartbeatLabel;
 
 use crate::breaker::{Breaker, Transition};
 use crate::config::WatchdogConfig;
@@ -170,20 +171,18 @@ impl Runner {
         )
     }
 
-    pub(crate) fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
+    /// The board's heartbeat label: `not_running` once its process is gone, the socket
+    /// problem or latest ping failure when there is one, else the heartbeat state.
+    pub(crate) fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> HeartbeatLabel {
         if self.dead {
-            return "not_running".to_string();
+            return HeartbeatLabel::NotRunning;
         }
-        if let Some(p) = &self.socket_problem {
-            return p.as_str().to_string();
-        }
-        if let Some(f) = self.hb.current_failure() {
-            return f.as_str().to_string();
+        if let Some(p) = self.socket_problem.as_ref().or(self.hb.current_failure()) {
+            return p.label();
         }
         self.hb
             .state(now, cfg.heartbeat_timeout, cfg.startup_grace)
-            .as_str()
-            .to_string()
+            .label()
     }
 
     /// The pure per-runner step: what an evaluation at `now` decides for this runner
