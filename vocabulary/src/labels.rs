@@ -79,6 +79,14 @@ impl HeartbeatLabel {
     }
 }
 
+/// Compares with a wire string, so code and tests written against the strings keep
+/// reading `label == "ok"`.
+impl PartialEq<&str> for HeartbeatLabel {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 impl std::fmt::Display for HeartbeatLabel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -128,6 +136,7 @@ mod tests {
         ];
         for (l, w) in ALL.iter().zip(want) {
             assert_eq!(l.as_str(), w);
+            assert!(*l == w);
             let json = serde_json::to_string(l).expect("serializes");
             assert_eq!(json, format!("\"{w}\""));
             let back: HeartbeatLabel = serde_json::from_str(&json).expect("deserializes");

@@ -83,6 +83,11 @@ impl HeartbeatFailure {
         self.label().as_str()
     }
 
+    /// True when the failure is stallwatch's own, not the runner's.
+    pub fn is_own_fault(&self) -> bool {
+        matches!(self, HeartbeatFailure::OwnFault(_))
+    }
+
     /// Index into [`HeartbeatFailure::NAMES`].
     pub fn index(&self) -> usize {
         match self {
