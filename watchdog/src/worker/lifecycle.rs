@@ -179,7 +179,7 @@ impl Worker {
                         return;
                     };
                     r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
-                    self.next_wake = self.next_wake.min(r.next_eval);
+                    self.sched.wake_by(r.next_eval);
                     return;
                 } else {
                     // a ping of a previous incarnation: only release its in-flight slot
@@ -187,7 +187,7 @@ impl Worker {
                 }
                 // a freed in-flight slot may make a ping due at once
                 r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
-                self.next_wake = self.next_wake.min(r.next_eval);
+                self.sched.wake_by(r.next_eval);
             }
             Some(probe) => {
                 let answer = d.result.as_ref().map(|_| ()).map_err(|f| f.to_string());

@@ -41,6 +41,7 @@ use crate::runner::{
     heartbeat_socket_usable, probe_outcome, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY,
     HEALTHY, MAX_IDLE, STARVED_GAP,
 };
+use crate::schedule::Schedule;
 use crate::shapes::{self, Record, SpanKey};
 use crate::stats::WatchdogStats;
 
@@ -76,11 +77,8 @@ struct Worker {
     records: Vec<Record>,
     last_board: Instant,
     max_in_flight: u32,
-    /// When the loop next wakes to evaluate.
-    next_wake: Instant,
-    /// Evaluate every runner (not only those due) at the next wake.
-    full_pending: bool,
-    last_full: Instant,
+    /// When the loop next wakes, and whether that wake is a full pass.
+    sched: Schedule,
     /// When `evaluate` last ran (to notice our own task being starved).
     last_eval: Instant,
     /// When the last `sidecar.degraded` incident was raised.
@@ -129,6 +127,7 @@ impl Watchdog {
             }
             let per = config.heartbeat_interval.as_nanos().max(1);
             let max_in_flight = (config.heartbeat_timeout.as_nanos().div_ceil(per) + 1) as u32;
+            let config_tick = config.tick;
             let mut w = Worker {
                 cfg: config,
                 ledger,
@@ -144,9 +143,7 @@ impl Watchdog {
                 records: Vec::new(),
                 last_board: Instant::now(),
                 max_in_flight,
-                next_wake: Instant::now(),
-                full_pending: true,
-                last_full: Instant::now(),
+                sched: Schedule::new(Instant::now(), config_tick),
                 last_eval: Instant::now(),
                 degraded_at: None,
             };
@@ -172,12 +169,12 @@ impl Worker {
         shutdown: CancellationToken,
     ) {
         let (mut obs_open, mut changes_open) = (true, true);
-        let wake = tokio::time::sleep_until(self.next_wake.into());
+        let wake = tokio::time::sleep_until(self.sched.next_wake.into());
         tokio::pin!(wake);
-        let mut armed = self.next_wake;
+        let mut armed = self.sched.next_wake;
         loop {
-            if armed != self.next_wake {
-                armed = self.next_wake;
+            if armed != self.sched.next_wake {
+                armed = self.sched.next_wake;
                 wake.as_mut().reset(armed.into());
             }
             tokio::select! {
@@ -196,7 +193,7 @@ impl Worker {
                 _ = &mut wake => {
                     self.evaluate(Instant::now()).await;
                     // force a re-arm even when the computed instant is unchanged
-                    armed = self.next_wake + Duration::from_nanos(1);
+                    armed = self.sched.next_wake + Duration::from_nanos(1);
                 }
                 o = observations.recv(), if obs_open => match o {
                     Some(o) => {
@@ -295,7 +292,7 @@ impl Worker {
                 r.stopping_since = Some(now);
                 r.lifecycle = RunnerLifecycle::Stopping;
                 r.next_eval = now;
-                self.next_wake = self.next_wake.min(now);
+                self.sched.wake_by(now);
             }
         }
     }
@@ -325,10 +322,7 @@ impl Worker {
 
     /// Asks for an evaluation of every runner at the next wake (at most once per tick).
     fn want_full(&mut self) {
-        if !self.full_pending {
-            self.full_pending = true;
-            self.next_wake = self.next_wake.min(self.last_full + self.cfg.tick);
-        }
+        self.sched.want_full();
     }
 
     /// Evaluates the runners that are due (or all of them after a change), runs the
@@ -343,18 +337,14 @@ impl Worker {
             for r in self.runners.values_mut() {
                 r.hb.own_fault(now);
             }
-            self.full_pending = true;
+            self.sched.force_full();
             let why = format!(
                 "the watchdog task did not run for {} ms (stallwatch starved or stopped)",
                 gap.as_millis()
             );
             self.degraded(now, None, why).await;
         }
-        let full = self.full_pending && now >= self.last_full + self.cfg.tick;
-        if full {
-            self.full_pending = false;
-            self.last_full = now;
-        }
+        let full = self.sched.begin(now);
         let mut actions: Vec<(String, Action)> = Vec::new();
         let mut pings: Vec<String> = Vec::new();
         let mut changed = false;
@@ -420,11 +410,8 @@ impl Worker {
             self.want_full();
         }
         self.publish_board(now, changed);
-        next_wake = next_wake.min(self.last_board + self.cfg.board_interval);
-        if self.full_pending {
-            next_wake = next_wake.min(self.last_full + self.cfg.tick);
-        }
-        self.next_wake = next_wake;
+        self.sched
+            .end(next_wake, self.last_board + self.cfg.board_interval);
     }
 
     async fn flush_ledger(&mut self, last: bool) {
