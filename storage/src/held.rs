@@ -17,8 +17,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rusqlite::TransactionBehavior;
-
 use crate::db::Storage;
 use crate::error::StorageError;
 use crate::model::{Incident, NewIncident};
@@ -265,27 +263,9 @@ impl Storage {
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
     {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = this
-                .inner
-                .control
-                .lock()
-                .map_err(|_| StorageError::Task("control connection poisoned".into()))?;
-            conn.busy_timeout(wait)?;
-            let out = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let out = f(&tx)?;
-                tx.commit()?;
-                Ok(out)
-            })();
-            conn.busy_timeout(this.inner.config.busy_timeout)?;
-            if out.is_ok() {
-                this.inner.telemetry.note_commit();
-            }
-            out
-        })
-        .await
-        .map_err(|e| StorageError::Task(e.to_string()))?
+        tokio::task::spawn_blocking(move || this.control_waiting(wait, f))
+            .await
+            .map_err(|e| StorageError::Task(e.to_string()))?
     }
 }
 
