@@ -25,6 +25,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use rustix::fs::{flock, FlockOperation};
 
+/// Size of `<data_dir>/reserve`, space kept aside for a start on a full disk: SQLite cannot
+/// even open its database without room for the `-shm` file, so a disk found full at start
+/// releases the reserve, and stallwatch starts degraded (telemetry refused with 503,
+/// runners watched and stopped, control records written into the freed space or held).
+pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
+
 /// Token length in hex characters (32 random bytes).
 pub const TOKEN_HEX_LEN: usize = 64;
 
@@ -81,6 +87,64 @@ impl DataDir {
     pub fn db_path(&self) -> PathBuf {
         self.path.join("stallwatch.db")
     }
+
+    /// Bytes free for us on the data folder's filesystem (`statvfs` `f_bavail`).
+    pub fn free_bytes(&self) -> Option<u64> {
+        free_bytes_at(&self.path)
+    }
+
+    /// True when the filesystem has less than [`RESERVE_BYTES`] free: the disk is full.
+    pub fn disk_full(&self) -> bool {
+        self.free_bytes().is_some_and(|f| f < RESERVE_BYTES)
+    }
+
+    /// Deletes `<data_dir>/reserve`, answering true when there was one to free.
+    pub fn release_reserve(&self) -> bool {
+        fs::remove_file(self.path.join("reserve")).is_ok()
+    }
+
+    /// [`reserve_at`] of this folder.
+    pub fn ensure_reserve(&self) -> bool {
+        reserve_at(&self.path)
+    }
+}
+
+/// Bytes free for us on `dir`'s filesystem (`statvfs` `f_bavail`).
+pub fn free_bytes_at(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Writes `<dir>/reserve` ([`RESERVE_BYTES`] of zeros, mode 0600, synced) when it is
+/// missing and at least twice its size is free; answers true when it exists after.
+pub fn reserve_at(dir: &Path) -> bool {
+    let path = dir.join("reserve");
+    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() >= RESERVE_BYTES) {
+        return true;
+    }
+    if free_bytes_at(dir).is_none_or(|f| f < 2 * RESERVE_BYTES) {
+        return false;
+    }
+    let wrote = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&path)
+        .and_then(|mut f| {
+            let block = vec![0u8; 1 << 20];
+            for _ in 0..RESERVE_BYTES / block.len() as u64 {
+                f.write_all(&block)?;
+            }
+            f.sync_all()
+        });
+    if let Err(e) = wrote {
+        let _ = fs::remove_file(&path);
+        tracing::warn!(path = %path.display(), "cannot write the disk-space reserve: {e}");
+        return false;
+    }
+    true
 }
 
 /// Takes the instance lock: an `flock` on the data folder itself (which survives someone

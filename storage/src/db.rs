@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     pub(crate) held: crate::held::HeldQueue,
     /// Control closures waiting for their group commit (`group.rs`).
     pub(crate) pending: crate::group::Pending,
+    /// Why telemetry is refused outright (a disk found full at start), if it is.
+    pub(crate) ingest_paused: Mutex<Option<String>>,
 }
 
 /// Opens a connection with the pragmas every stallwatch connection uses.
@@ -148,6 +150,7 @@ impl Storage {
                 telemetry,
                 held: Default::default(),
                 pending: Default::default(),
+                ingest_paused: Mutex::new(None),
             }),
         })
     }
@@ -155,6 +158,21 @@ impl Storage {
     /// The configuration this storage was opened with.
     pub fn config(&self) -> &StorageConfig {
         &self.inner.config
+    }
+
+    /// Refuses every telemetry write with [`crate::WriteError::Full`] (`reason` given) until
+    /// called with `None`: the degraded start on a full disk (docs/design.md, Durability
+    /// levels), where the space stallwatch freed is kept for control records. Control
+    /// records are unaffected.
+    pub fn pause_ingest(&self, reason: Option<String>) {
+        if let Ok(mut p) = self.inner.ingest_paused.lock() {
+            *p = reason;
+        }
+    }
+
+    /// Why telemetry is refused outright, if it is ([`Storage::pause_ingest`]).
+    pub fn ingest_paused(&self) -> Option<String> {
+        self.inner.ingest_paused.lock().ok().and_then(|p| p.clone())
     }
 
     /// Path of the database file.
