@@ -470,7 +470,7 @@ impl Tmpfs {
             while f.write_all(&block).is_ok() {}
         }
         let _ = f.sync_all();
-        let free = rustix::fs::statvfs(&self.path()).unwrap();
+        let free = rustix::fs::statvfs(self.path()).unwrap();
         assert!(free.f_bavail * free.f_frsize < 1 << 20, "the disk is full");
     }
 
