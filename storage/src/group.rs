@@ -5,7 +5,7 @@
 //! thousands of runners (a row, an incident and ledger steps each) is thousands of `fsync`s
 //! in a row: registering 2,000 runners or stopping them at shutdown took minutes. Here every
 //! caller queues its closure; whoever takes the control connection runs every queued closure
-//! (up to [`MAX_GROUP`], same busy wait, in arrival order) inside one `BEGIN IMMEDIATE`
+//! (up to [`MAX_GROUP`], in arrival order) inside one `BEGIN IMMEDIATE`
 //! transaction, each under its own `SAVEPOINT` so a closure that fails is rolled back alone,
 //! then commits once and hands every caller its own answer. A caller is answered only after
 //! the commit that holds its writes, so durability is unchanged; only the number of `fsync`s
@@ -119,9 +119,9 @@ impl Pending {
             if let Ok(out) = answer.try_recv() {
                 return out;
             }
-            let (wait, jobs) = self.take_group();
+            let jobs = self.take_group();
             if !jobs.is_empty() {
-                run_group(&mut c, wait, restore, &committed, jobs);
+                self.run_group(&mut c, restore, &committed, jobs);
             }
             drop(c);
             if let Ok(out) = answer.try_recv() {
@@ -130,41 +130,84 @@ impl Pending {
         }
     }
 
-    /// The oldest queued closures sharing the front one's busy wait, at most [`MAX_GROUP`].
-    fn take_group(&self) -> (Duration, Vec<Box<dyn Job>>) {
+    /// The oldest queued closures, at most [`MAX_GROUP`], with the busy wait each asked for.
+    fn take_group(&self) -> Vec<(Duration, Box<dyn Job>)> {
         let Ok(mut q) = self.queue.lock() else {
-            return (Duration::ZERO, Vec::new());
+            return Vec::new();
         };
-        let Some(wait) = q.front().map(|(w, _)| *w) else {
-            return (Duration::ZERO, Vec::new());
-        };
-        let mut jobs = Vec::new();
-        while jobs.len() < MAX_GROUP && q.front().is_some_and(|(w, _)| *w == wait) {
-            if let Some((_, j)) = q.pop_front() {
-                jobs.push(j);
+        let n = q.len().min(MAX_GROUP);
+        q.drain(..n).collect()
+    }
+
+    /// Runs one group: `BEGIN IMMEDIATE` with the shortest busy wait any member asked for
+    /// (a held-record write must not wait out the full busy timeout), every closure under
+    /// its savepoint, one `COMMIT`, then every answer. When `BEGIN` finds the file locked,
+    /// only members that asked for no longer a wait are answered with that error; the
+    /// others go back to the front of the queue and are retried with their own wait.
+    fn run_group(
+        &self,
+        conn: &mut Connection,
+        restore: Duration,
+        committed: &impl Fn(),
+        jobs: Vec<(Duration, Box<dyn Job>)>,
+    ) {
+        let wait = jobs.iter().map(|(w, _)| *w).min().unwrap_or(restore);
+        if wait != restore {
+            if let Err(e) = conn.busy_timeout(wait) {
+                let e = StorageError::from(e);
+                jobs.into_iter().for_each(|(_, j)| j.finish(Err(&e)));
+                return;
             }
         }
-        (wait, jobs)
+        let outcome = run_in_transaction(conn, jobs);
+        if wait != restore {
+            // The usual wait back; a failure here shows on the next group's BEGIN.
+            let _ = conn.busy_timeout(restore);
+        }
+        match outcome {
+            Ok(jobs) => {
+                committed();
+                jobs.into_iter().for_each(|j| j.finish(Ok(())));
+            }
+            Err((e, Ran::No(jobs))) if is_locked(&e) => {
+                let (retry, fail): (Vec<_>, Vec<_>) =
+                    jobs.into_iter().partition(|(w, _)| *w > wait);
+                fail.into_iter().for_each(|(_, j)| j.finish(Err(&e)));
+                if let Ok(mut q) = self.queue.lock() {
+                    for r in retry.into_iter().rev() {
+                        q.push_front(r);
+                    }
+                }
+            }
+            Err((e, Ran::No(jobs))) => jobs.into_iter().for_each(|(_, j)| j.finish(Err(&e))),
+            Err((e, Ran::Yes(jobs))) => jobs.into_iter().for_each(|j| j.finish(Err(&e))),
+        }
     }
 }
 
-fn run_group(
+/// The members of a failed group: before any closure ran (`BEGIN` failed), or after.
+enum Ran {
+    No(Vec<(Duration, Box<dyn Job>)>),
+    Yes(Vec<Box<dyn Job>>),
+}
+
+fn is_locked(e: &StorageError) -> bool {
+    matches!(
+        e.transient(),
+        Some(crate::error::Transient::Busy) | Some(crate::error::Transient::Locked)
+    )
+}
+
+fn run_in_transaction(
     conn: &mut Connection,
-    wait: Duration,
-    restore: Duration,
-    committed: &impl Fn(),
-    mut jobs: Vec<Box<dyn Job>>,
-) {
-    let changed_wait = wait != restore;
-    if changed_wait {
-        if let Err(e) = conn.busy_timeout(wait) {
-            let e = StorageError::from(e);
-            jobs.into_iter().for_each(|j| j.finish(Err(&e)));
-            return;
-        }
-    }
-    let outcome = (|| -> Result<(), StorageError> {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    jobs: Vec<(Duration, Box<dyn Job>)>,
+) -> Result<Vec<Box<dyn Job>>, (StorageError, Ran)> {
+    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return Err((e.into(), Ran::No(jobs))),
+    };
+    let mut jobs: Vec<Box<dyn Job>> = jobs.into_iter().map(|(_, j)| j).collect();
+    let ran = (|| -> Result<(), StorageError> {
         for j in jobs.iter_mut() {
             tx.execute_batch("SAVEPOINT control_job")?;
             if j.run(&tx) {
@@ -173,19 +216,11 @@ fn run_group(
                 tx.execute_batch("ROLLBACK TO control_job; RELEASE control_job")?;
             }
         }
-        tx.commit()?;
         Ok(())
     })();
-    if changed_wait {
-        // The usual wait back; a failure here shows on the next group's BEGIN.
-        let _ = conn.busy_timeout(restore);
-    }
-    if outcome.is_ok() {
-        committed();
-    }
-    let group = outcome.as_ref().map(|_| ());
-    for j in jobs {
-        j.finish(group);
+    match ran.and_then(|()| tx.commit().map_err(StorageError::from)) {
+        Ok(()) => Ok(jobs),
+        Err(e) => Err((e, Ran::Yes(jobs))),
     }
 }
 
