@@ -515,29 +515,72 @@ fn a_full_disk_episode_and_a_restart_leave_no_contradictory_incidents() {
     };
     let opts = || ServerOpts::new(&fs.path()).config(&quiet_config());
     let server = Server::start_with(opts());
-    let r = spawn_runner(&server, "full-a", &["sleep", "600"], None, &[]);
-    let pid = r["pid"].as_u64().unwrap();
+    // A reader in another process pins the WAL, so new commits must grow it: on the full
+    // disk they fail with SQLITE_FULL instead of reusing old WAL space.
+    let mut reader = Command::new(python())
+        .args([
+            "-c",
+            "import sqlite3,sys,time\nc=sqlite3.connect(sys.argv[1])\nc.execute('begin')\nc.execute('select count(*) from runners').fetchall()\nprint('pinned',flush=True)\ntime.sleep(600)",
+        ])
+        .arg(fs.path().join("stallwatch.db"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(reader.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "pinned");
+    }
     fs.fill();
-    let (st, body) = delete(&server, "full-a");
-    assert_eq!(st, 200, "{body}");
-    wait_until!(Duration::from_secs(10), "runner gone", !process_alive(pid));
-    eprintln!("held while full: {}", readyz(&server)["held_records"]);
+    // Runners registered and deleted while the disk is full: each is spawned and stopped
+    // on time, and its records wait in memory, in order.
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let id = format!("full-{i}");
+        let r = spawn_runner(&server, &id, &["sleep", "600"], None, &[]);
+        let pid = r["pid"].as_u64().unwrap();
+        let (st, body) = delete(&server, &id);
+        assert_eq!(st, 200, "{body}");
+        wait_until!(Duration::from_secs(10), "runner gone", !process_alive(pid));
+        ids.push(id);
+        if readyz(&server)["held_records"].as_u64().unwrap_or(0) > 0 && i >= 2 {
+            break;
+        }
+    }
+    let held = readyz(&server)["held_records"].as_u64().unwrap_or(0);
+    eprintln!(
+        "{} runners stopped on the full disk; {held} control records held",
+        ids.len()
+    );
+    assert!(
+        held > 0,
+        "the full disk refused writes, so records were held"
+    );
+    let _ = reader.kill();
+    let _ = reader.wait();
     fs.free();
-    wait_until!(Duration::from_secs(20), "held records written", {
+    wait_until!(Duration::from_secs(30), "held records written", {
         readyz(&server)["held_records"].as_u64() == Some(0)
     });
-    assert_eq!(events_of(&server, "full-a", "runner.terminated"), 1);
+    for id in &ids {
+        assert_eq!(events_of(&server, id, "runner.terminated"), 1, "{id}");
+    }
     server.stop();
     let server = Server::start_with(opts());
-    // The sweep runs right after start; give it time to (wrongly) find the runner.
+    // The sweep runs right after start; give it time to (wrongly) find the runners.
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(events_of(&server, "full-a", "runner.orphaned"), 0);
-    assert_eq!(events_of(&server, "full-a", "runner.terminated"), 1);
     let (_, runners) = server.get_json("/api/v1/runners");
-    assert!(
-        !runners.to_string().contains("\"full-a\""),
-        "a removed runner is not listed again: {runners}"
-    );
+    for id in &ids {
+        assert_eq!(events_of(&server, id, "runner.orphaned"), 0, "{id}");
+        assert_eq!(events_of(&server, id, "runner.terminated"), 1, "{id}");
+        assert!(
+            !runners.to_string().contains(&format!("\"{id}\"")),
+            "a removed runner is not listed again: {runners}"
+        );
+    }
     server.stop();
 }
 
