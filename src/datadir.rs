@@ -2,6 +2,20 @@
 //! Files). Created with mode 0700; the token with `O_EXCL` and mode 0600, kept across
 //! restarts; the lock is an `flock` held for the life of the process, so a crashed
 //! instance's lock is free again and is simply taken over.
+//!
+//! The `flock` lives on the folder's inode: if someone deletes the data folder and a second
+//! instance re-creates it, the new folder is a new inode with a free lock. So the instance
+//! lock is also a name that no file operation can remove: an abstract UNIX socket
+//! (`unix(7)`, Linux) named after the user and the folder's canonical path,
+//! `stallwatch/v1/<uid>/<sha256 of the path>`, bound for the life of the process and
+//! released by the kernel when it exits (even on SIGKILL). A second instance on the same
+//! path is refused while the first runs, whatever happened to the folder, and learns the
+//! holder's pid from the socket's peer credentials (`SO_PEERCRED`). The running instance
+//! itself notices a deleted database (its (device, inode) is checked before each commit)
+//! and stops acknowledging (503 `storage_gone`, an ERROR line); it does not re-create the
+//! folder (docs/design.md, Interfaces: Files). Abstract names are per network namespace:
+//! two instances in different network namespaces sharing one folder are not caught by the
+//! name, only by the `flock`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -10,6 +24,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use rustix::fs::{flock, FlockOperation};
+
+/// Size of `<data_dir>/reserve`, space kept aside for a start on a full disk: SQLite cannot
+/// even open its database without room for the `-shm` file, so a disk found full at start
+/// releases the reserve, and stallwatch starts degraded (telemetry refused with 503,
+/// runners watched and stopped, control records written into the freed space or held).
+pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Token length in hex characters (32 random bytes).
 pub const TOKEN_HEX_LEN: usize = 64;
@@ -32,7 +52,7 @@ pub struct DataDir {
     pub path: PathBuf,
     /// The control-API bearer token (64 hex characters).
     pub token: String,
-    _lock: (File, File),
+    _lock: (File, File, std::os::unix::net::UnixListener),
 }
 
 impl DataDir {
@@ -49,7 +69,9 @@ impl DataDir {
         let path = path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", path.display()))?;
-        let lock = take_lock(&path, &path.join("lock"))?;
+        let name_lock = take_name_lock(&path)?;
+        let (dir_lock, file_lock) = take_lock(&path, &path.join("lock"))?;
+        let lock = (dir_lock, file_lock, name_lock);
         let token = load_or_create_token(&path.join("token"))?;
         fs::create_dir_all(path.join("run"))
             .with_context(|| format!("cannot create {}", path.join("run").display()))?;
@@ -65,6 +87,64 @@ impl DataDir {
     pub fn db_path(&self) -> PathBuf {
         self.path.join("stallwatch.db")
     }
+
+    /// Bytes free for us on the data folder's filesystem (`statvfs` `f_bavail`).
+    pub fn free_bytes(&self) -> Option<u64> {
+        free_bytes_at(&self.path)
+    }
+
+    /// True when the filesystem has less than [`RESERVE_BYTES`] free: the disk is full.
+    pub fn disk_full(&self) -> bool {
+        self.free_bytes().is_some_and(|f| f < RESERVE_BYTES)
+    }
+
+    /// Deletes `<data_dir>/reserve`, answering true when there was one to free.
+    pub fn release_reserve(&self) -> bool {
+        fs::remove_file(self.path.join("reserve")).is_ok()
+    }
+
+    /// [`reserve_at`] of this folder.
+    pub fn ensure_reserve(&self) -> bool {
+        reserve_at(&self.path)
+    }
+}
+
+/// Bytes free for us on `dir`'s filesystem (`statvfs` `f_bavail`).
+pub fn free_bytes_at(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Writes `<dir>/reserve` ([`RESERVE_BYTES`] of zeros, mode 0600, synced) when it is
+/// missing and at least twice its size is free; answers true when it exists after.
+pub fn reserve_at(dir: &Path) -> bool {
+    let path = dir.join("reserve");
+    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() >= RESERVE_BYTES) {
+        return true;
+    }
+    if free_bytes_at(dir).is_none_or(|f| f < 2 * RESERVE_BYTES) {
+        return false;
+    }
+    let wrote = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&path)
+        .and_then(|mut f| {
+            let block = vec![0u8; 1 << 20];
+            for _ in 0..RESERVE_BYTES / block.len() as u64 {
+                f.write_all(&block)?;
+            }
+            f.sync_all()
+        });
+    if let Err(e) = wrote {
+        let _ = fs::remove_file(&path);
+        tracing::warn!(path = %path.display(), "cannot write the disk-space reserve: {e}");
+        return false;
+    }
+    true
 }
 
 /// Takes the instance lock: an `flock` on the data folder itself (which survives someone
@@ -97,11 +177,53 @@ fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
             path.parent().unwrap_or(path).display()
         );
     }
-    f.set_len(0)?;
-    f.seek(SeekFrom::Start(0))?;
-    writeln!(f, "{}", std::process::id())?;
-    f.sync_all()?;
+    // The pid is only for the message a second instance prints: a full disk must not stop
+    // the start (issue 17 #13), so a failed write is a warning.
+    let wrote = f
+        .set_len(0)
+        .and_then(|_| f.seek(SeekFrom::Start(0)))
+        .and_then(|_| writeln!(f, "{}", std::process::id()))
+        .and_then(|_| f.sync_all());
+    if let Err(e) = wrote {
+        tracing::warn!(path = %path.display(), "cannot write our pid into the lock file: {e}");
+    }
     Ok((dir_handle, f))
+}
+
+/// The abstract socket name of the instance lock of `dir` (canonical path) for this user.
+pub fn lock_name(dir: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::ffi::OsStrExt;
+    let digest = Sha256::digest(dir.as_os_str().as_bytes());
+    format!(
+        "stallwatch/v1/{}/{}",
+        rustix::process::getuid().as_raw(),
+        hex::encode(digest)
+    )
+}
+
+/// Binds the abstract socket [`lock_name`] of `dir`, or says who holds it.
+fn take_name_lock(dir: &Path) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+    let name = lock_name(dir);
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())
+        .context("cannot build the instance lock's socket name")?;
+    match UnixListener::bind_addr(&addr) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let who = UnixStream::connect_addr(&addr)
+                .ok()
+                .and_then(|s| rustix::net::sockopt::socket_peercred(&s).ok())
+                .map(|c| format!("stallwatch pid {}", c.pid.as_raw_nonzero()))
+                .unwrap_or_else(|| "another process".to_string());
+            bail!(
+                "data folder {} is in use by {who} (it holds the instance lock {name:?}, even if the folder was deleted and re-created); stop it or pass another --data-dir",
+                dir.display()
+            )
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot take the instance lock {name:?}")),
+    }
 }
 
 fn load_or_create_token(path: &Path) -> Result<String> {
@@ -203,6 +325,23 @@ mod tests {
         fs::remove_file(dir.path().join("lock")).unwrap();
         let err = DataDir::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("in use"), "{err}");
+    }
+
+    #[test]
+    fn a_deleted_and_recreated_folder_is_still_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let _a = DataDir::open(&data).unwrap();
+        fs::remove_dir_all(&data).unwrap();
+        fs::create_dir_all(&data).unwrap();
+        let err = DataDir::open(&data).unwrap_err().to_string();
+        assert!(err.contains("in use"), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
+        drop(_a);
+        DataDir::open(&data).expect("free again once the holder is gone");
     }
 
     #[test]

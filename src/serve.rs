@@ -115,8 +115,46 @@ async fn serve(
         });
     }
     let storage_config = StorageConfig::try_from((settings.storage, data.db_path()))?;
+    // A disk full at start must not leave runners unwatched (issue 17 #13): free the reserve
+    // so SQLite can open its files, and start degraded.
+    let full_at_start = data.disk_full();
+    if full_at_start {
+        let freed = data.release_reserve();
+        tracing::error!(
+            data_dir = %data.path.display(),
+            reserve_freed = freed,
+            "the disk is full at start: starting degraded (telemetry refused with 503, runners watched and stopped, control records held until space returns)"
+        );
+    }
     let storage = Storage::open(storage_config).context("cannot open the database")?;
     let events = EventBus::new(storage.clone());
+    if full_at_start {
+        storage.pause_ingest(Some(
+            "the disk was full at start; telemetry is refused until space returns".into(),
+        ));
+        let at = now_unix_nano();
+        let incident = NewIncident {
+            kind: EventKind::StorageFull,
+            runner_id: None,
+            tool_name: None,
+            trace_id: None,
+            span_id: None,
+            reason: "disk full at start: started degraded (telemetry refused, runners watched and stopped)".into(),
+            evidence: serde_json::json!({ "free_bytes": data.free_bytes(), "degraded_start": true }),
+            idempotency_key: format!("storage.full:start:{at}"),
+            at_unix_nano: at,
+        };
+        if let Err(e) = events.publish(incident).await {
+            tracing::warn!("storage.full incident not recorded: {e}");
+        }
+    } else {
+        data.ensure_reserve();
+    }
+    let reserve_task = tokio::spawn(keep_reserve(
+        data.path.clone(),
+        storage.clone(),
+        full_at_start,
+    ));
     let self_trace_task =
         self_traces.map(|sink| tokio::spawn(crate::selftrace::run_writer(sink, storage.clone())));
 
@@ -334,6 +372,7 @@ async fn serve(
     forward_changes.abort();
     control_task.abort();
     full_task.abort();
+    reserve_task.abort();
     // 4. Dashboard and webhooks.
     dash_token.cancel();
     stage("dashboard", dash_task).await;
@@ -387,6 +426,24 @@ impl StopSignals {
             _ = self.term.recv() => tracing::info!("SIGTERM received"),
             _ = self.int.recv() => tracing::info!("SIGINT received"),
             _ = shutdown.cancelled() => tracing::info!("shutdown requested (control API or parent exit)"),
+        }
+    }
+}
+
+/// After a degraded start: every 2 s, once twice the reserve is free again, re-creates
+/// `<data_dir>/reserve` and lets telemetry in again.
+async fn keep_reserve(dir: std::path::PathBuf, storage: Storage, mut degraded: bool) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    while degraded {
+        tick.tick().await;
+        let d = dir.clone();
+        let back = tokio::task::spawn_blocking(move || crate::datadir::reserve_at(&d))
+            .await
+            .unwrap_or(false);
+        if back {
+            storage.pause_ingest(None);
+            tracing::info!("disk space is back: reserve re-created, telemetry accepted again");
+            degraded = false;
         }
     }
 }

@@ -158,7 +158,9 @@ fn shutdown_with_many_runners_leaves_none_alive() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = format!("[reaper]\ngrace_ms = 1000\nmax_restarts = 0\nmax_runners = {n}\n");
+    // No heartbeat answers from `sleep`: a long start-up grace keeps the watchdog from
+    // tripping runners while thousands register, so shutdown really stops all of them.
+    let cfg = format!("[reaper]\ngrace_ms = 1000\nmax_restarts = 0\nmax_runners = {n}\n[watchdog]\nstartup_grace_ms = 600000\n");
     let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&cfg));
     let started = Instant::now();
     let pids: Vec<u64> = std::thread::scope(|s| {
@@ -226,7 +228,8 @@ fn checkpoint(server: &Server, runner: &str, ws: &Path) -> (String, PathBuf) {
 #[test]
 fn commit_racing_rollback_is_all_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&config()));
+    // A trip of the runner mid-round would settle the checkpoint under both requests.
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&quiet_config()));
     spawn_runner(&server, "tools", &["sleep", "600"], None, &[]);
     for round in 0..3 {
         let ws = dir.path().join(format!("ws{round}"));
@@ -395,4 +398,230 @@ fn bad_checkpoint_input_is_refused_with_a_clear_4xx() {
     // Unknown checkpoint: 404, not 500.
     let (st, body) = commit("0123456789abcdef");
     assert_eq!(st, 404, "{body}");
+}
+
+/// A small tmpfs mounted on `<tempdir>/d` (the data folder; the server's log and config
+/// land beside it, outside the mount), unmounted on drop. `None` with a printed reason
+/// when mounting is not possible (not root); when `CI` is set and we are root, a failed
+/// mount fails the test.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("d");
+        std::fs::create_dir_all(&at).unwrap();
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIP: a real full filesystem needs a tmpfs mount, which needs root");
+            return None;
+        }
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&at)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root here: mounting a tmpfs must work"
+            );
+            eprintln!("SKIP: mount -t tmpfs failed (no CAP_SYS_ADMIN in this container?)");
+            return None;
+        }
+        Some(Tmpfs { dir })
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("d")
+    }
+
+    /// Fills the filesystem to the last byte with `fill`.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path().join("fill")).unwrap();
+        for chunk in [1 << 20, 4096, 512] {
+            let block = vec![7u8; chunk];
+            while f.write_all(&block).is_ok() {}
+        }
+        let _ = f.sync_all();
+        let free = rustix::fs::statvfs(self.path()).unwrap();
+        assert!(free.f_bavail * free.f_frsize < 1 << 20, "the disk is full");
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.path().join("fill")).unwrap();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+    }
+}
+
+/// `sleep` runners never answer a heartbeat: a long start-up grace keeps the watchdog from
+/// tripping them (and settling their checkpoints) in the middle of a test.
+fn quiet_config() -> String {
+    "[reaper]\ngrace_ms = 500\nmax_restarts = 0\n[watchdog]\nstartup_grace_ms = 600000\n".into()
+}
+
+fn readyz(server: &Server) -> serde_json::Value {
+    let (st, body) = server.get_json("/readyz");
+    assert_eq!(st, 200, "{body}");
+    body
+}
+
+fn events_of(server: &Server, runner: &str, event: &str) -> usize {
+    crate::chain::incidents(server, runner)
+        .iter()
+        .filter(|i| i["event"] == event)
+        .count()
+}
+
+/// #13: while the disk is full a DELETE still stops the runner, and every control record
+/// of it (ledger, runner row, incident) is held in order and written once space returns;
+/// after a restart the orphan sweep finds nothing to contradict (no `runner.orphaned` for
+/// the runner already terminated, one `runner.terminated`).
+#[test]
+fn a_full_disk_episode_and_a_restart_leave_no_contradictory_incidents() {
+    let Some(fs) = Tmpfs::mount("48m") else {
+        return;
+    };
+    let opts = || ServerOpts::new(&fs.path()).config(&quiet_config());
+    let server = Server::start_with(opts());
+    // A reader in another process pins the WAL, so new commits must grow it: on the full
+    // disk they fail with SQLITE_FULL instead of reusing old WAL space.
+    let mut reader = Command::new(python())
+        .args([
+            "-c",
+            "import sqlite3,sys,time\nc=sqlite3.connect(sys.argv[1])\nc.execute('begin')\nc.execute('select count(*) from runners').fetchall()\nprint('pinned',flush=True)\ntime.sleep(600)",
+        ])
+        .arg(fs.path().join("stallwatch.db"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(reader.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "pinned");
+    }
+    fs.fill();
+    // Runners registered and deleted while the disk is full: each is spawned and stopped
+    // on time, and its records wait in memory, in order.
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let id = format!("full-{i}");
+        let r = spawn_runner(&server, &id, &["sleep", "600"], None, &[]);
+        let pid = r["pid"].as_u64().unwrap();
+        let (st, body) = delete(&server, &id);
+        assert_eq!(st, 200, "{body}");
+        wait_until!(Duration::from_secs(10), "runner gone", !process_alive(pid));
+        ids.push(id);
+        if readyz(&server)["held_records"].as_u64().unwrap_or(0) > 0 && i >= 2 {
+            break;
+        }
+    }
+    let held = readyz(&server)["held_records"].as_u64().unwrap_or(0);
+    eprintln!(
+        "{} runners stopped on the full disk; {held} control records held",
+        ids.len()
+    );
+    assert!(
+        held > 0,
+        "the full disk refused writes, so records were held"
+    );
+    let _ = reader.kill();
+    let _ = reader.wait();
+    fs.free();
+    wait_until!(Duration::from_secs(30), "held records written", {
+        readyz(&server)["held_records"].as_u64() == Some(0)
+    });
+    for id in &ids {
+        assert_eq!(events_of(&server, id, "runner.terminated"), 1, "{id}");
+    }
+    server.stop();
+    let server = Server::start_with(opts());
+    // The sweep runs right after start; give it time to (wrongly) find the runners.
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, runners) = server.get_json("/api/v1/runners");
+    for id in &ids {
+        assert_eq!(events_of(&server, id, "runner.orphaned"), 0, "{id}");
+        assert_eq!(events_of(&server, id, "runner.terminated"), 1, "{id}");
+        assert!(
+            !runners.to_string().contains(&format!("\"{id}\"")),
+            "a removed runner is not listed again: {runners}"
+        );
+    }
+    server.stop();
+}
+
+/// #13: a disk full at start no longer refuses to start: stallwatch frees its reserve,
+/// starts degraded, spawns, watches and stops runners, and refuses telemetry with a
+/// retryable 503 until space returns; then telemetry is accepted again. #5: the database
+/// files are owner-only.
+#[test]
+fn a_disk_full_at_start_starts_degraded_and_refuses_telemetry_with_503() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(fs) = Tmpfs::mount("48m") else {
+        return;
+    };
+    let opts = || ServerOpts::new(&fs.path()).config(&quiet_config());
+    let server = Server::start_with(opts());
+    assert!(
+        fs.path().join("reserve").exists(),
+        "reserve written at start"
+    );
+    server.stop();
+    for f in ["stallwatch.db", "stallwatch.db-wal", "stallwatch.db-shm"] {
+        if let Ok(m) = std::fs::metadata(fs.path().join(f)) {
+            assert_eq!(m.permissions().mode() & 0o777, 0o600, "{f}");
+        }
+    }
+    fs.fill();
+    let server = Server::start_with(opts());
+    assert!(
+        server.stderr().contains("the disk is full at start"),
+        "{}",
+        server.stderr()
+    );
+    let span = serde_json::json!({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": [{
+        "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
+        "name": "during-full-disk", "kind": 1,
+        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000"}]}]}]});
+    let post = || {
+        http_client()
+            .post(server.otlp_http("/v1/traces"))
+            .json(&span)
+            .send()
+            .unwrap()
+    };
+    let r = post();
+    assert_eq!(r.status().as_u16(), 503, "telemetry refused while degraded");
+    assert!(r.headers().get("retry-after").is_some(), "retryable");
+    let runner = spawn_runner(&server, "full-b", &["sleep", "600"], None, &[]);
+    let pid = runner["pid"].as_u64().unwrap();
+    assert!(process_alive(pid));
+    let (st, body) = delete(&server, "full-b");
+    assert_eq!(st, 200, "{body}");
+    wait_until!(
+        Duration::from_secs(10),
+        "runner stopped",
+        !process_alive(pid)
+    );
+    fs.free();
+    wait_until!(Duration::from_secs(20), "telemetry accepted again", {
+        post().status().as_u16() == 200
+    });
+    server.stop();
 }

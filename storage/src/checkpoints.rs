@@ -203,7 +203,10 @@ impl Storage {
     }
 
     /// Moves a checkpoint to a terminal state (`committed` or `rolled_back`) with `detail`,
-    /// only from one of `from`. Answers false when it was not in one of them.
+    /// only from one of `from`. Answers false when it was not in one of them. Its files are
+    /// already settled when this is called, so while storage cannot be written the move is
+    /// held in order with the other control records (`held.rs`) and answers true: after a
+    /// full disk and a restart the checkpoint is never settled (or rolled back) twice.
     pub async fn finish_checkpoint(
         &self,
         id: String,
@@ -212,19 +215,12 @@ impl Storage {
         detail: serde_json::Value,
         at_unix_nano: u64,
     ) -> Result<bool, StorageError> {
-        self.control(move |tx| {
-            let cur: Option<String> = tx
-                .query_row("SELECT state FROM checkpoints WHERE id = ?1", [&id], |r| r.get(0))
-                .optional()?;
-            match cur {
-                Some(s) if from.contains(&CheckpointState::parse(&s)) => {}
-                _ => return Ok(false),
-            }
-            tx.execute(
-                "UPDATE checkpoints SET state = ?2, detail = ?3, updated_unix_nano = ?4 WHERE id = ?1",
-                params![id, to.as_str(), detail.to_string(), at_unix_nano as i64],
-            )?;
-            Ok(true)
+        self.control_or_hold(crate::held::Held::CheckpointFinish {
+            id,
+            from,
+            to,
+            detail,
+            at_unix_nano,
         })
         .await
     }
@@ -341,6 +337,31 @@ impl Storage {
         })
         .await
     }
+}
+
+/// The terminal move of [`Storage::finish_checkpoint`], inside a control transaction.
+pub(crate) fn finish_checkpoint_tx(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    from: &[CheckpointState],
+    to: CheckpointState,
+    detail: &serde_json::Value,
+    at_unix_nano: u64,
+) -> Result<bool, StorageError> {
+    let cur: Option<String> = tx
+        .query_row("SELECT state FROM checkpoints WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    match cur {
+        Some(s) if from.contains(&CheckpointState::parse(&s)) => {}
+        _ => return Ok(false),
+    }
+    tx.execute(
+        "UPDATE checkpoints SET state = ?2, detail = ?3, updated_unix_nano = ?4 WHERE id = ?1",
+        params![id, to.as_str(), detail.to_string(), at_unix_nano as i64],
+    )?;
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags, Transaction};
 
 use crate::config::StorageConfig;
 use crate::error::StorageError;
@@ -32,6 +33,10 @@ pub(crate) struct Inner {
     readers: Mutex<Vec<Connection>>,
     pub(crate) telemetry: TelemetryWriter,
     pub(crate) held: crate::held::HeldQueue,
+    /// Control closures waiting for their group commit (`group.rs`).
+    pub(crate) pending: crate::group::Pending,
+    /// Why telemetry is refused outright (a disk found full at start), if it is.
+    pub(crate) ingest_paused: Mutex<Option<String>>,
 }
 
 /// Opens a connection with the pragmas every stallwatch connection uses.
@@ -52,6 +57,55 @@ pub(crate) fn open_connection(
     Ok(conn)
 }
 
+/// Suffixes of the files SQLite keeps beside the database in WAL mode.
+const SIDE_FILES: [&str; 3] = ["", "-wal", "-shm"];
+
+/// Mode of the database and its side files: owner only, like the token (they hold every
+/// span, log and incident).
+pub const DB_FILE_MODE: u32 = 0o600;
+
+/// Creates the database file with mode 0600 when it does not exist (SQLite creates it 0644
+/// under the usual umask, and gives `-wal` and `-shm` the database's mode), and sets 0600
+/// on the database, `-wal` and `-shm` when they exist with a wider mode. A symlink is never
+/// followed or chmodded here (the data folder is 0700 and ours).
+fn restrict_file_modes(db: &Path) -> Result<(), StorageError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+    let open_err = |path: &Path, e: std::io::Error| StorageError::Open {
+        path: path.to_path_buf(),
+        source: rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(format!("cannot set mode 0600 on {}: {e}", path.display())),
+        ),
+    };
+    for suffix in SIDE_FILES {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        let path = std::path::PathBuf::from(name);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            continue;
+        }
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true).mode(DB_FILE_MODE);
+        if suffix.is_empty() {
+            // Created here when missing, so it never exists with a wider mode.
+            opts.write(true).create(true).truncate(false);
+        }
+        let f = match opts.open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // A symlink (ELOOP) or something else: SQLite's own open reports it.
+            Err(_) => continue,
+        };
+        let meta = f.metadata().map_err(|e| open_err(&path, e))?;
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            f.set_permissions(std::fs::Permissions::from_mode(DB_FILE_MODE))
+                .map_err(|e| open_err(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
 impl Storage {
     /// Opens (creating if needed) the database at `config.path`, migrates it, and starts the
     /// telemetry writer thread.
@@ -61,6 +115,7 @@ impl Storage {
     /// [`StorageError::SchemaForeign`] when something else did (`user_version` negative, or
     /// 0 with tables in the file).
     pub fn open(config: StorageConfig) -> Result<Self, StorageError> {
+        restrict_file_modes(&config.path)?;
         let rw = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -84,6 +139,9 @@ impl Storage {
             readers.push(open_connection(&config, ro)?);
         }
         let telemetry = TelemetryWriter::start(&config)?;
+        // The WAL and shared-memory files exist now (SQLite gives new ones the database's
+        // mode; older ones may predate it).
+        restrict_file_modes(&config.path)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -91,6 +149,8 @@ impl Storage {
                 readers: Mutex::new(readers),
                 telemetry,
                 held: Default::default(),
+                pending: Default::default(),
+                ingest_paused: Mutex::new(None),
             }),
         })
     }
@@ -100,28 +160,53 @@ impl Storage {
         &self.inner.config
     }
 
+    /// Refuses every telemetry write with [`crate::WriteError::Full`] (`reason` given) until
+    /// called with `None`: the degraded start on a full disk (docs/design.md, Durability
+    /// levels), where the space stallwatch freed is kept for control records. Control
+    /// records are unaffected.
+    pub fn pause_ingest(&self, reason: Option<String>) {
+        if let Ok(mut p) = self.inner.ingest_paused.lock() {
+            *p = reason;
+        }
+    }
+
+    /// Why telemetry is refused outright, if it is ([`Storage::pause_ingest`]).
+    pub fn ingest_paused(&self) -> Option<String> {
+        self.inner.ingest_paused.lock().ok().and_then(|p| p.clone())
+    }
+
     /// Path of the database file.
     pub fn path(&self) -> &Path {
         &self.inner.config.path
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the control connection
-    /// (`synchronous=FULL`) and commits when it returns `Ok`. Blocking; see
-    /// [`Storage::control`] for async callers.
-    pub(crate) fn control_blocking<T>(
-        &self,
-        f: impl FnOnce(&Transaction<'_>) -> Result<T, StorageError>,
-    ) -> Result<T, StorageError> {
-        let mut conn = self
-            .inner
-            .control
-            .lock()
-            .map_err(|_| StorageError::Task("control connection poisoned".into()))?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let out = f(&tx)?;
-        tx.commit()?;
-        self.inner.telemetry.note_commit();
-        Ok(out)
+    /// (`synchronous=FULL`) and answers once that transaction committed. Concurrent callers
+    /// share one commit (group commit, `group.rs`), each under its own savepoint: an `Err`
+    /// from `f` rolls back only `f`'s writes. Blocking; see [`Storage::control`] for async
+    /// callers.
+    pub(crate) fn control_blocking<T, F>(&self, f: F) -> Result<T, StorageError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
+    {
+        self.control_waiting(self.inner.config.busy_timeout, f)
+    }
+
+    /// [`Storage::control_blocking`] with a busy wait of `wait` instead of `busy_timeout`.
+    pub(crate) fn control_waiting<T, F>(&self, wait: Duration, f: F) -> Result<T, StorageError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
+    {
+        let inner = &self.inner;
+        inner.pending.run(
+            &inner.control,
+            wait,
+            inner.config.busy_timeout,
+            || inner.telemetry.note_commit(),
+            f,
+        )
     }
 
     /// Async form of [`Storage::control_blocking`], run on tokio's blocking pool.
@@ -195,5 +280,37 @@ impl Storage {
         self.flush_held_until(std::time::Instant::now() + SHUTDOWN_HELD_WAIT)
             .await;
         self.inner.telemetry.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn database_wal_and_shm_are_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("stallwatch.db");
+        let s = Storage::open(StorageConfig::new(db.clone())).unwrap();
+        s.control(|tx| Ok(tx.execute("CREATE TABLE mode_probe (x)", [])?))
+            .await
+            .unwrap();
+        for suffix in SIDE_FILES {
+            let p = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+            assert!(p.exists(), "{} missing", p.display());
+            assert_eq!(mode(&p), DB_FILE_MODE, "{}", p.display());
+        }
+        s.shutdown().await;
+        drop(s);
+        // A database left 0644 by an older version is narrowed at open.
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = Storage::open(StorageConfig::new(db.clone())).unwrap();
+        assert_eq!(mode(&db), DB_FILE_MODE);
+        drop(s);
     }
 }

@@ -9,8 +9,6 @@
 //! the incident joins the storage's ordered queue of held control records (`held.rs`),
 //! behind any action or runner row held before it.
 
-use std::sync::{Arc, Mutex};
-
 use tokio::sync::broadcast;
 
 use crate::db::Storage;
@@ -25,18 +23,13 @@ pub const EVENT_BUS_CAPACITY: usize = 1024;
 pub struct EventBus {
     storage: Storage,
     tx: broadcast::Sender<Incident>,
-    pending: Arc<Mutex<Vec<NewIncident>>>,
 }
 
 impl EventBus {
     /// A bus writing to `storage`.
     pub fn new(storage: Storage) -> Self {
         let (tx, _) = broadcast::channel(EVENT_BUS_CAPACITY);
-        Self {
-            storage,
-            tx,
-            pending: Arc::new(Mutex::new(Vec::new())),
-        }
+        Self { storage, tx }
     }
 
     /// Follows every incident published from now on.
@@ -47,10 +40,11 @@ impl EventBus {
     /// Records `incident` and broadcasts it. Answers `Ok(None)` when an incident with the
     /// same idempotency key was already recorded (nothing is broadcast then).
     ///
-    /// On a full disk the incident is held in memory (id 0 until written), broadcast, and
-    /// retried by [`EventBus::flush_pending`]; other errors are returned.
+    /// On a full disk or another transient condition the incident is held in memory (id 0
+    /// until written) in the one ordered queue of held control records, behind any ledger
+    /// step, runner row or checkpoint move held before it, and broadcast; other errors are
+    /// returned.
     pub async fn publish(&self, incident: NewIncident) -> Result<Option<Incident>, StorageError> {
-        self.flush_pending().await;
         log_incident(&incident);
         if self.storage.holding() {
             // Records are held (or the file is locked): queue behind them, act now.
@@ -66,15 +60,6 @@ impl EventBus {
                 Ok(Some(recorded))
             }
             Ok(None) => Ok(None),
-            Err(e) if e.is_full() => {
-                tracing::error!(kind = %incident.kind, reason = %incident.reason, "incident held in memory: {e}");
-                if let Ok(mut p) = self.pending.lock() {
-                    p.push(incident.clone());
-                }
-                let held = Incident { id: 0, incident };
-                let _ = self.tx.send(held.clone());
-                Ok(Some(held))
-            }
             Err(e) if e.transient().is_some() => {
                 tracing::error!(kind = %incident.kind, reason = %incident.reason, "incident held in memory: {e}");
                 self.storage
@@ -87,27 +72,15 @@ impl EventBus {
         }
     }
 
-    /// Writes incidents held in memory during a full disk; keeps those that still fail.
+    /// Writes the control records held in memory (incidents among them), oldest first;
+    /// keeps those that still fail.
     pub async fn flush_pending(&self) {
-        let held: Vec<NewIncident> = match self.pending.lock() {
-            Ok(mut p) if !p.is_empty() => std::mem::take(&mut *p),
-            _ => return,
-        };
-        let mut still = Vec::new();
-        for inc in held {
-            if self.storage.record_incident(inc.clone()).await.is_err() {
-                still.push(inc);
-            }
-        }
-        if let Ok(mut p) = self.pending.lock() {
-            still.append(&mut p);
-            *p = still;
-        }
+        self.storage.flush_held().await;
     }
 
-    /// Number of incidents held in memory awaiting disk space.
+    /// Number of control records held in memory awaiting storage.
     pub fn pending_len(&self) -> usize {
-        self.pending.lock().map(|p| p.len()).unwrap_or(0)
+        self.storage.held_len()
     }
 }
 

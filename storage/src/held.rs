@@ -2,7 +2,8 @@
 //!
 //! The watchdog and reaper must act on time while another process holds the SQLite lock,
 //! the disk is full, or the file went away (docs/design.md, Durability levels). Their
-//! records (incidents, the action ledger, runner rows) go through
+//! records (incidents, the action ledger, runner rows and their state changes, checkpoint
+//! state changes) go through
 //! [`Storage::control_or_hold`]: written at once when storage is healthy; otherwise, or when
 //! the write fails transiently, queued here **in arrival order**, bounded, and written by a
 //! background flusher (every [`FLUSH_EVERY`]) before any newer record, once storage is back.
@@ -16,8 +17,6 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-use rusqlite::TransactionBehavior;
 
 use crate::db::Storage;
 use crate::error::StorageError;
@@ -42,6 +41,31 @@ pub enum Held {
     Action(ActionRecord),
     /// A runner row (registration, restart, state change).
     Runner(RunnerRow),
+    /// A runner's state change ([`Storage::set_runner_state`]).
+    RunnerState {
+        /// Runner id.
+        id: String,
+        /// New state.
+        state: crate::runners::RunnerRowState,
+        /// New detail.
+        detail: serde_json::Value,
+        /// When, ns since the Unix epoch.
+        at_unix_nano: u64,
+    },
+    /// A checkpoint's move to a terminal state after its files were settled
+    /// ([`Storage::finish_checkpoint`]), applied only from one of `from`.
+    CheckpointFinish {
+        /// Checkpoint id.
+        id: String,
+        /// States it may move from.
+        from: Vec<crate::checkpoints::CheckpointState>,
+        /// State it moves to.
+        to: crate::checkpoints::CheckpointState,
+        /// New detail.
+        detail: serde_json::Value,
+        /// When, ns since the Unix epoch.
+        at_unix_nano: u64,
+    },
 }
 
 impl Held {
@@ -50,6 +74,19 @@ impl Held {
             Held::Incident(i) => Ok(crate::incidents::insert_incident_tx(tx, i.clone())?.is_some()),
             Held::Action(a) => crate::runners::insert_action_tx(tx, a),
             Held::Runner(r) => crate::runners::upsert_runner_tx(tx, r).map(|_| true),
+            Held::RunnerState {
+                id,
+                state,
+                detail,
+                at_unix_nano,
+            } => crate::runners::set_runner_state_tx(tx, id, *state, detail, *at_unix_nano),
+            Held::CheckpointFinish {
+                id,
+                from,
+                to,
+                detail,
+                at_unix_nano,
+            } => crate::checkpoints::finish_checkpoint_tx(tx, id, from, *to, detail, *at_unix_nano),
         }
     }
 
@@ -67,6 +104,12 @@ impl Held {
                 a.runner_id, a.termination_id, a.step, a.phase
             ),
             Held::Runner(r) => format!("runner row runner={} state={}", r.id, r.state.as_str()),
+            Held::RunnerState { id, state, .. } => {
+                format!("runner state runner={id} state={}", state.as_str())
+            }
+            Held::CheckpointFinish { id, to, .. } => {
+                format!("checkpoint state checkpoint={id} state={}", to.as_str())
+            }
         }
     }
 }
@@ -265,27 +308,9 @@ impl Storage {
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
     {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = this
-                .inner
-                .control
-                .lock()
-                .map_err(|_| StorageError::Task("control connection poisoned".into()))?;
-            conn.busy_timeout(wait)?;
-            let out = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let out = f(&tx)?;
-                tx.commit()?;
-                Ok(out)
-            })();
-            conn.busy_timeout(this.inner.config.busy_timeout)?;
-            if out.is_ok() {
-                this.inner.telemetry.note_commit();
-            }
-            out
-        })
-        .await
-        .map_err(|e| StorageError::Task(e.to_string()))?
+        tokio::task::spawn_blocking(move || this.control_waiting(wait, f))
+            .await
+            .map_err(|e| StorageError::Task(e.to_string()))?
     }
 }
 

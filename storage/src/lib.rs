@@ -21,6 +21,7 @@ mod db;
 pub mod error;
 pub mod events;
 pub mod forward;
+mod group;
 mod held;
 pub mod hosts;
 pub mod incidents;

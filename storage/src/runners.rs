@@ -212,7 +212,9 @@ impl Storage {
             .map(|_| ())
     }
 
-    /// Sets a runner's state and detail. Answers false when no row has that id.
+    /// Sets a runner's state and detail. Answers false when no row has that id. Held in
+    /// order with the other control records while storage cannot be written (`held.rs`);
+    /// answers true then.
     pub async fn set_runner_state(
         &self,
         id: String,
@@ -220,12 +222,11 @@ impl Storage {
         detail: serde_json::Value,
         at_unix_nano: u64,
     ) -> Result<bool, StorageError> {
-        self.control(move |tx| {
-            let n = tx.execute(
-                "UPDATE runners SET state = ?2, detail = ?3, updated_unix_nano = ?4 WHERE id = ?1",
-                params![id, state.as_str(), detail.to_string(), at_unix_nano as i64],
-            )?;
-            Ok(n > 0)
+        self.control_or_hold(crate::held::Held::RunnerState {
+            id,
+            state,
+            detail,
+            at_unix_nano,
         })
         .await
     }
@@ -340,6 +341,21 @@ pub(crate) fn upsert_runner_tx(tx: &Transaction<'_>, row: &RunnerRow) -> Result<
         ],
     )?;
     Ok(())
+}
+
+/// The runner state change, inside a control transaction; false when no row has that id.
+pub(crate) fn set_runner_state_tx(
+    tx: &Transaction<'_>,
+    id: &str,
+    state: RunnerRowState,
+    detail: &serde_json::Value,
+    at_unix_nano: u64,
+) -> Result<bool, StorageError> {
+    let n = tx.execute(
+        "UPDATE runners SET state = ?2, detail = ?3, updated_unix_nano = ?4 WHERE id = ?1",
+        params![id, state.as_str(), detail.to_string(), at_unix_nano as i64],
+    )?;
+    Ok(n > 0)
 }
 
 /// The action ledger insert, inside a control transaction; false when its idempotency key

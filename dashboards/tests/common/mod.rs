@@ -379,7 +379,7 @@ pub async fn seed(h: &Harness) {
         .await
         .unwrap();
     let mut term = incident(EventKind::RunnerTerminated, "seed-2");
-    // The reaper's evidence shape (reaper/src/service.rs: cause, report, rollbacks).
+    // The reaper's evidence shape (reaper/src/service/stop.rs: cause, report, rollbacks).
     term.evidence = serde_json::json!({
         "cause": "trip",
         "report": {

@@ -265,6 +265,9 @@ impl Storage {
     pub async fn write_traces(&self, batch: Arc<TraceBatch>) -> Result<(), WriteError> {
         let w = &self.inner.telemetry;
         w.precheck()?;
+        if let Some(why) = self.ingest_paused() {
+            return Err(WriteError::Full(why));
+        }
         if batch.span_count() == 0 {
             return Ok(());
         }
@@ -277,6 +280,9 @@ impl Storage {
     pub async fn write_logs(&self, batch: Arc<LogBatch>) -> Result<(), WriteError> {
         let w = &self.inner.telemetry;
         w.precheck()?;
+        if let Some(why) = self.ingest_paused() {
+            return Err(WriteError::Full(why));
+        }
         if batch.record_count() == 0 {
             return Ok(());
         }
@@ -289,6 +295,9 @@ impl Storage {
     pub async fn write_metrics(&self, batch: Arc<MetricBatch>) -> Result<(), WriteError> {
         let w = &self.inner.telemetry;
         w.precheck()?;
+        if let Some(why) = self.ingest_paused() {
+            return Err(WriteError::Full(why));
+        }
         if batch.point_count() == 0 {
             return Ok(());
         }

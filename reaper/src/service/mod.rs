@@ -1,0 +1,431 @@
+//! The reaper task: owns every runner, answers control requests, acts on trips, restarts
+//! spawned runners under the restart policy, and reaps zombie children nobody owns.
+//!
+//! Each runner has one lock around its process state. Whoever holds it (the exit monitor,
+//! a termination) is the only one allowed to reap the leader, so `kill(-pgid)` is only sent
+//! while the leader is an unreaped child. Unowned zombies (descendants re-parented to
+//! stallwatch, a child subreaper) are found by peeking with `waitid(P_ALL, WNOHANG |
+//! WNOWAIT)`, then reaped by pid only when no runner owns them and they were already seen on
+//! the previous pass, so another owner's `wait` always wins the race (docs/design.md, Linux notes).
+
+mod exits;
+mod output;
+mod register;
+mod restart;
+mod stop;
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use stallwatch_storage::control::{ControlRequest, RegisterError, RunnerChange, RunnerSpec, Trip};
+use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
+use stallwatch_storage::{EventBus, Storage};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::Checkpoints;
+use crate::checkpoint_edge;
+use crate::config::ReaperConfig;
+use crate::error::ReaperError;
+use crate::platform::{self};
+use crate::runner::OutputTail;
+use crate::stats::ReaperStats;
+use crate::terminate::TerminationReport;
+
+pub use restart::allow_restart;
+
+/// Pids of spawned runners not yet reaped, process-wide: the unowned-zombie reaper of any
+/// reaper instance must never take them (their owner reaps them with their status).
+static OWNED_PIDS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// The process side of a runner, behind its lock.
+struct ProcState {
+    /// Pidfd held since spawn/attach; `None` when identity cannot be proven.
+    pidfd: Option<OwnedFd>,
+    /// Set once the leader was reaped (spawned) or seen gone (attached).
+    finished: bool,
+    /// A termination owns the outcome (no restart / crash incident from the monitor).
+    stopping: bool,
+    /// The last termination's report.
+    last_report: Option<TerminationReport>,
+}
+
+struct Entry {
+    id: String,
+    spec: RunnerSpec,
+    spawned: bool,
+    /// Started by stallwatch, in this run or (re-adopted after a crash) an earlier one:
+    /// stopped at shutdown. An adopted one is no longer our child, so it is signalled only
+    /// through its pidfd after the identity checks, never by process group.
+    stop_at_shutdown: bool,
+    pid: u32,
+    start_time_ticks: Option<u64>,
+    instance_id: String,
+    heartbeat_socket: Option<PathBuf>,
+    tail: OutputTail,
+    readers: Mutex<Vec<JoinHandle<()>>>,
+    proc: tokio::sync::Mutex<ProcState>,
+    alive: AtomicBool,
+}
+
+impl Entry {
+    /// The instance mark its descendants carry: spawned runners (of this run or re-adopted)
+    /// got `STALLWATCH_RUNNER_INSTANCE=<instance_id>`; an attached process did not.
+    fn mark(&self) -> Option<&str> {
+        (self.spawned || self.stop_at_shutdown).then_some(self.instance_id.as_str())
+    }
+}
+
+struct Inner {
+    config: ReaperConfig,
+    storage: Storage,
+    events: EventBus,
+    changes: mpsc::Sender<RunnerChange>,
+    shutdown: CancellationToken,
+    stats: Arc<ReaperStats>,
+    checkpoints: Checkpoints,
+    runners: Mutex<HashMap<String, Arc<Entry>>>,
+    restarts: Mutex<HashMap<String, VecDeque<Instant>>>,
+    stopping_all: AtomicBool,
+    boot_id: String,
+    started_unix_nano: u64,
+    forensics: Arc<crate::forensics::Forensics>,
+}
+
+/// The reaper (see the crate docs). Built with [`Reaper::start`].
+pub struct Reaper;
+
+/// A cheap handle to the running reaper, for `src/` wiring.
+#[derive(Clone)]
+pub struct ReaperHandle {
+    inner: Arc<Inner>,
+}
+
+fn internal(e: impl std::fmt::Display) -> RegisterError {
+    RegisterError::Internal(e.to_string())
+}
+
+impl Reaper {
+    /// Becomes a child subreaper, spawns the config runners, starts the orphan sweep in the
+    /// background, and runs the task that acts on `trips`, reaps unowned zombies, and stops
+    /// spawned runners when `shutdown` is cancelled. Must be called inside a tokio runtime.
+    ///
+    /// Errors: [`ReaperError::Os`] when the subreaper flag or the boot id is refused;
+    /// [`ReaperError::Config`] when a config runner cannot be started.
+    pub async fn start(
+        config: ReaperConfig,
+        storage: Storage,
+        events: EventBus,
+        mut trips: mpsc::Receiver<Trip>,
+        changes: mpsc::Sender<RunnerChange>,
+        shutdown: CancellationToken,
+    ) -> Result<(ReaperHandle, JoinHandle<()>), ReaperError> {
+        platform::set_child_subreaper()?;
+        let boot_id = platform::boot_id()?;
+        let stats = Arc::new(ReaperStats::default());
+        let inner = Arc::new(Inner {
+            checkpoints: Checkpoints::new(storage.clone(), events.clone(), stats.clone())
+                .with_data_dir(&config.data_dir),
+            config: config.clone(),
+            storage,
+            events,
+            changes,
+            shutdown: shutdown.clone(),
+            stats,
+            runners: Mutex::new(HashMap::new()),
+            restarts: Mutex::new(HashMap::new()),
+            stopping_all: AtomicBool::new(false),
+            boot_id,
+            started_unix_nano: now_unix_nano(),
+            forensics: Arc::new(crate::forensics::Forensics::new(&config)),
+        });
+        let handle = ReaperHandle { inner };
+        // Before anything else touches a workspace: finish the commits and rollbacks a crash
+        // interrupted, whether or not their runners live (issue 17 #1).
+        let (recovered, errors) = handle
+            .inner
+            .checkpoints
+            .recover(handle.inner.config.sweep_batch)
+            .await;
+        if !recovered.is_empty() || !errors.is_empty() {
+            tracing::info!(
+                ?recovered,
+                ?errors,
+                "checkpoints interrupted by a crash settled"
+            );
+        }
+        crate::forensics::start(handle.clone());
+        for spec in &config.runners {
+            // A process of this id left by a crashed run is settled first, so the sweep
+            // and this registration never race over the same id.
+            crate::sweep::settle_config_runner(&handle, &spec.id).await;
+            handle
+                .register(spec.clone(), false)
+                .await
+                .map_err(|e| ReaperError::Config(e.to_string()))?;
+        }
+        // The sweep reads rows left by the previous run; it skips runners of this run, so it
+        // starts once the config runners are settled and registered.
+        let sweeper = handle.clone();
+        let sweep_task = tokio::spawn(async move {
+            let report = crate::sweep::sweep(&sweeper).await;
+            let orphaned: Vec<String> = report
+                .orphaned
+                .iter()
+                .map(|(id, why)| format!("{id} ({why})"))
+                .collect();
+            tracing::info!(
+                adopted = report.adopted.len(),
+                adopted_ids = %report.adopted.join(","),
+                orphaned = report.orphaned.len(),
+                orphaned_ids = %orphaned.join(", "),
+                checkpoints_settled = report.checkpoints.len(),
+                spans_closed = report.spans_closed,
+                errors = report.errors.len(),
+                first_error = %report.errors.first().map(String::as_str).unwrap_or(""),
+                "orphan sweep finished"
+            );
+        });
+        let h = handle.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(h.inner.config.zombie_interval);
+            let mut seen: HashSet<u32> = HashSet::new();
+            loop {
+                tokio::select! {
+                    _ = h.inner.shutdown.cancelled() => break,
+                    t = trips.recv() => match t {
+                        Some(trip) => {
+                            let h2 = h.clone();
+                            tokio::spawn(async move { h2.on_trip(trip).await; });
+                        }
+                        None => {
+                            // No more trips; keep reaping until shutdown.
+                            h.inner.shutdown.cancelled().await;
+                            break;
+                        }
+                    },
+                    _ = tick.tick() => { h.reap_unowned(&mut seen, false); }
+                }
+            }
+            h.stop_spawned_runners().await;
+            sweep_task.abort();
+            let mut none = HashSet::new();
+            h.reap_unowned(&mut none, true);
+        });
+        Ok((handle, task))
+    }
+}
+
+impl ReaperHandle {
+    /// The reaper's counters (a [`stallwatch_storage::MetricsSource`]).
+    pub fn stats(&self) -> Arc<ReaperStats> {
+        self.inner.stats.clone()
+    }
+
+    /// Answers one control request: `RegisterRunner`, `DeleteRunner`, `CreateCheckpoint`,
+    /// `CommitCheckpoint`, `RollbackCheckpoint` (through its oneshot, with the typed answer or
+    /// error of each operation). Other requests are ignored (they belong to the watchdog or `src/`).
+    pub async fn handle(&self, req: ControlRequest) {
+        match req {
+            ControlRequest::RegisterRunner { spec, reply } => {
+                let _ = reply.send(self.register(spec, true).await);
+            }
+            ControlRequest::DeleteRunner { id, reply } => {
+                let _ = reply.send(self.delete(&id).await);
+            }
+            ControlRequest::CreateCheckpoint {
+                runner_id,
+                workspace,
+                reply,
+            } => {
+                let r = if self.entry(&runner_id).is_none() {
+                    Err(crate::checkpoint::CheckpointError::RunnerNotFound(
+                        runner_id,
+                    ))
+                } else {
+                    self.inner.checkpoints.create(&runner_id, &workspace).await
+                };
+                let _ = reply.send(checkpoint_edge::reply(r));
+            }
+            ControlRequest::CommitCheckpoint { id, reply } => {
+                let r = self.inner.checkpoints.commit(&id).await;
+                let _ = reply.send(checkpoint_edge::reply(r));
+            }
+            ControlRequest::RollbackCheckpoint { id, reply } => {
+                let r = self.inner.checkpoints.rollback(&id, "requested").await;
+                let _ = reply.send(checkpoint_edge::reply(r));
+            }
+            _ => {}
+        }
+    }
+    /// The termination report of `id`'s last stop, if any (for tests and the DELETE answer).
+    pub async fn last_report(&self, id: &str) -> Option<TerminationReport> {
+        let e = self.entry(id)?;
+        let st = e.proc.lock().await;
+        st.last_report.clone()
+    }
+
+    /// What the reaper knows of runner `id`: `{"id","spawned","pid","start_time_ticks",
+    /// "instance_id","heartbeat_socket","alive"}`; `None` when it is not registered.
+    pub fn runner_info(&self, id: &str) -> Option<serde_json::Value> {
+        let e = self.entry(id)?;
+        Some(serde_json::json!({
+            "id": e.id, "spawned": e.spawned, "pid": e.pid,
+            "start_time_ticks": e.start_time_ticks, "instance_id": e.instance_id,
+            "heartbeat_socket": e.heartbeat_socket, "alive": e.alive.load(Ordering::SeqCst),
+        }))
+    }
+
+    /// The last stdout lines of runner `id` (bounded by `tail_lines`), oldest first.
+    pub fn runner_output(&self, id: &str, stream: &str) -> Vec<String> {
+        self.entry(id)
+            .map(|e| e.tail.lines(stream))
+            .unwrap_or_default()
+    }
+
+    /// The pid of runner `id` while it is registered.
+    pub fn runner_pid(&self, id: &str) -> Option<u32> {
+        self.entry(id).map(|e| e.pid)
+    }
+
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.inner.storage
+    }
+    pub(crate) fn checkpoints(&self) -> &Checkpoints {
+        &self.inner.checkpoints
+    }
+    pub(crate) fn config(&self) -> &ReaperConfig {
+        &self.inner.config
+    }
+    pub(crate) fn boot_id(&self) -> &str {
+        &self.inner.boot_id
+    }
+    pub(crate) fn started_unix_nano(&self) -> u64 {
+        self.inner.started_unix_nano
+    }
+    pub(crate) fn stats_ref(&self) -> &ReaperStats {
+        &self.inner.stats
+    }
+    pub(crate) fn forensics(&self) -> Arc<crate::forensics::Forensics> {
+        self.inner.forensics.clone()
+    }
+    pub(crate) fn events(&self) -> &EventBus {
+        &self.inner.events
+    }
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+    /// `(id, pid, instance_id)` of every live runner (the forensics CPU sampler's list).
+    pub(crate) fn forensics_runners(&self) -> Vec<(String, u32, String)> {
+        let live = self
+            .entries()
+            .into_iter()
+            .filter(|e| e.alive.load(Ordering::SeqCst));
+        live.map(|e| (e.id.clone(), e.pid, e.instance_id.clone()))
+            .collect()
+    }
+    /// What forensics needs of live runner `id`; its pidfd only when no termination holds
+    /// the runner's lock (so forensics never waits for one).
+    pub(crate) async fn forensics_subject(&self, id: &str) -> Option<crate::forensics::Subject> {
+        let e = self.entry(id).filter(|e| e.alive.load(Ordering::SeqCst))?;
+        let pidfd = e
+            .proc
+            .try_lock()
+            .ok()
+            .and_then(|st| st.pidfd.as_ref()?.try_clone().ok());
+        let argv = e
+            .spec
+            .spawn
+            .as_ref()
+            .map(|s| s.argv.clone())
+            .unwrap_or_default();
+        let (pid, instance_id) = (e.pid, e.instance_id.clone());
+        Some(crate::forensics::Subject {
+            runner_id: e.id.clone(),
+            instance_id,
+            pid,
+            pidfd,
+            spawned: e.spawned,
+            argv,
+        })
+    }
+
+    fn entries(&self) -> Vec<Arc<Entry>> {
+        self.inner
+            .runners
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+    fn entry(&self, id: &str) -> Option<Arc<Entry>> {
+        self.inner.runners.lock().ok()?.get(id).cloned()
+    }
+    pub(crate) fn is_current(&self, id: &str, instance_id: Option<&str>) -> bool {
+        self.entry(id)
+            .is_some_and(|e| Some(e.instance_id.as_str()) == instance_id)
+    }
+
+    pub(crate) async fn notify(&self, change: RunnerChange) {
+        if self.inner.changes.send(change).await.is_err() {
+            tracing::debug!("runner change not delivered: receiver gone");
+        }
+    }
+
+    pub(crate) async fn incident(
+        &self,
+        kind: EventKind,
+        runner_id: &str,
+        reason: String,
+        evidence: serde_json::Value,
+        key: String,
+    ) {
+        let inc = NewIncident {
+            kind,
+            runner_id: Some(runner_id.to_string()),
+            tool_name: None,
+            trace_id: None,
+            span_id: None,
+            reason,
+            evidence,
+            idempotency_key: key,
+            at_unix_nano: now_unix_nano(),
+        };
+        if let Err(e) = self.inner.events.publish(inc).await {
+            tracing::warn!(runner = runner_id, "incident not recorded: {e}");
+        }
+    }
+
+    fn owns(&self, pid: u32) -> bool {
+        OWNED_PIDS.lock().map(|o| o.contains(&pid)).unwrap_or(false)
+    }
+
+    /// Reaps zombie children no runner owns. Without `now`, a zombie is reaped only when it
+    /// was already seen on the previous pass (another owner's `wait` wins the race).
+    fn reap_unowned(&self, seen: &mut HashSet<u32>, now: bool) {
+        if !platform::any_child_exited() {
+            seen.clear();
+            return;
+        }
+        let Ok(owned) = OWNED_PIDS.lock() else { return };
+        let zombies: HashSet<u32> = platform::zombie_children()
+            .into_iter()
+            .filter(|p| !owned.contains(p))
+            .collect();
+        for pid in &zombies {
+            if now || seen.contains(pid) {
+                if let Ok(Some(_)) = platform::reap_child(*pid) {
+                    self.inner
+                        .stats
+                        .zombies_reaped
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        *seen = zombies;
+    }
+}

@@ -1,0 +1,435 @@
+//! Stopping runners: one runner (trip, DELETE, resumed termination) under its lock, what
+//! follows a stop (checkpoint rollback, span ends, `runner.terminated`, row, watchdog notice),
+//! and every spawned runner at ordered shutdown, together (issue 17 #10). docs/design.md:
+//! Reaper, Termination.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stallwatch_storage::control::{
+    RunnerChange, RunnerDeleted, RunnerError, RunnerLifecycle, Trip,
+};
+use stallwatch_storage::model::{now_unix_nano, EventKind, SpanId, TraceId};
+use stallwatch_storage::runners::{ActionRecord, RunnerRowState};
+
+use super::{Entry, ReaperHandle, OWNED_PIDS};
+use crate::ends::EndCause;
+use crate::platform::{self};
+use crate::spans::EndEvent;
+use crate::terminate::{self, Resume, Target, TerminationReport};
+
+impl ReaperHandle {
+    /// Stops every spawned runner at shutdown, including spawned runners of an earlier run
+    /// re-adopted by the orphan sweep; attached runners are left alone. All are stopped
+    /// together (`shutdown::stop_all`: SIGTERM to all, one grace period, SIGKILL
+    /// to survivors), so this takes about one grace period whatever the count (issue 17
+    /// #10). A runner whose lock a DELETE or trip holds finishes its own sequence
+    /// concurrently. Answers the reports. No restarts happen afterwards.
+    pub async fn stop_spawned_runners(&self) -> Vec<TerminationReport> {
+        self.inner.stopping_all.store(true, Ordering::SeqCst);
+        let entries: Vec<Arc<Entry>> = self
+            .entries()
+            .into_iter()
+            .filter(|e| e.stop_at_shutdown)
+            .collect();
+        let mut others = tokio::task::JoinSet::new();
+        let mut held = Vec::new();
+        for e in &entries {
+            match e.proc.try_lock() {
+                Ok(g) if g.finished => {}
+                Ok(g) if g.pidfd.is_some() => held.push((e, g)),
+                _ => {
+                    let (h, e) = (self.clone(), e.clone());
+                    others.spawn(async move {
+                        let r = h.stop(&e, "shutdown", None).await;
+                        if let Some(r) = &r {
+                            h.after_stop(&e, r, "shutdown", &[]).await;
+                        }
+                        r
+                    });
+                }
+            }
+        }
+        let owned: Vec<bool> = held
+            .iter()
+            .map(|(e, _)| e.spawned && self.owns(e.pid))
+            .collect();
+        let members: Vec<crate::shutdown::Member<'_>> = held
+            .iter()
+            .zip(&owned)
+            .filter_map(|((e, g), own)| {
+                Some(crate::shutdown::Member {
+                    runner_id: &e.id,
+                    pid: e.pid,
+                    pidfd: g.pidfd.as_ref()?,
+                    mark: e.mark(),
+                    own_child_group: *own,
+                })
+            })
+            .collect();
+        let reports = crate::shutdown::stop_all(
+            &self.inner.storage,
+            &self.inner.stats,
+            self.inner.config.grace,
+            &members,
+            "shutdown",
+        )
+        .await;
+        drop(members);
+        let mut after = tokio::task::JoinSet::new();
+        let mut out = Vec::new();
+        for ((e, mut g), r) in held.into_iter().zip(reports) {
+            g.stopping = true;
+            g.finished = true;
+            g.last_report = Some(r.clone());
+            e.alive.store(false, Ordering::SeqCst);
+            if let Ok(mut o) = OWNED_PIDS.lock() {
+                o.remove(&e.pid);
+            }
+            drop(g);
+            let (h, e, r2) = (self.clone(), e.clone(), r.clone());
+            after.spawn(async move {
+                h.wait_readers(&e).await;
+                h.after_stop(&e, &r2, "shutdown", &[]).await;
+            });
+            out.push(r);
+        }
+        while let Some(r) = others.join_next().await {
+            if let Ok(Some(r)) = r {
+                out.push(r);
+            }
+        }
+        while after.join_next().await.is_some() {}
+        out
+    }
+
+    /// Past the shutdown deadline: SIGKILL every spawned runner still registered (its group
+    /// while it is our unreaped child, else through its pidfd) and reap our own, so
+    /// stallwatch never exits with a spawned runner alive (issue 17 #10). Never waits on a
+    /// runner's lock. Answers how many were signalled.
+    pub async fn kill_all_registered(&self) -> usize {
+        let mut n = 0;
+        let mut reap = Vec::new();
+        for e in self.entries().into_iter().filter(|e| e.stop_at_shutdown) {
+            let own = e.spawned && self.owns(e.pid);
+            let Ok(g) = e.proc.try_lock() else {
+                if own {
+                    // Held by a sequence that missed the deadline: the group is still pinned.
+                    let pgid = e.pid;
+                    n += usize::from(
+                        platform::send_signal(
+                            platform::SignalTarget::Group { pgid },
+                            platform::Sig::Kill,
+                        )
+                        .is_ok(),
+                    );
+                    reap.push(e.pid);
+                }
+                continue;
+            };
+            let Some(fd) = g.pidfd.as_ref() else { continue };
+            if g.finished || platform::pidfd_exited(platform::borrow(fd)) {
+                continue;
+            }
+            let target = if own {
+                platform::SignalTarget::Group { pgid: e.pid }
+            } else {
+                platform::SignalTarget::Pidfd {
+                    fd: platform::borrow(fd),
+                    pid: e.pid,
+                }
+            };
+            n += usize::from(platform::send_signal(target, platform::Sig::Kill).is_ok());
+            if own {
+                reap.push(e.pid);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !reap.is_empty() && Instant::now() < deadline {
+            reap.retain(|pid| !matches!(platform::reap_child(*pid), Ok(Some(_))));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        n
+    }
+}
+
+impl ReaperHandle {
+    /// Runs the termination sequence on `entry` (holding its lock), unless it is already
+    /// finished. Answers `None` when there was nothing to stop.
+    pub(super) async fn stop(
+        &self,
+        entry: &Arc<Entry>,
+        cause: &str,
+        resume: Option<Resume>,
+    ) -> Option<TerminationReport> {
+        let mut st = entry.proc.lock().await;
+        if st.finished {
+            return None;
+        }
+        st.stopping = true;
+        self.lifecycle(&entry.id, RunnerLifecycle::Stopping).await;
+        let _ = self
+            .inner
+            .storage
+            .set_runner_state(
+                entry.id.clone(),
+                RunnerRowState::Stopping,
+                serde_json::json!({"cause": cause}),
+                now_unix_nano(),
+            )
+            .await;
+        let own_child = entry.spawned && self.owns(entry.pid);
+        let report = terminate::terminate(
+            &self.inner.storage,
+            &self.inner.stats,
+            self.inner.config.grace,
+            Target {
+                runner_id: &entry.id,
+                mark: entry.mark(),
+                pid: entry.pid,
+                pidfd: st.pidfd.as_ref(),
+                own_child_group: own_child,
+            },
+            cause,
+            resume,
+        )
+        .await;
+        if report.ended_by == "not_signalled" {
+            st.stopping = false;
+            st.last_report = Some(report.clone());
+            return Some(report);
+        }
+        st.finished = true;
+        st.last_report = Some(report.clone());
+        entry.alive.store(false, Ordering::SeqCst);
+        if let Ok(mut o) = OWNED_PIDS.lock() {
+            o.remove(&entry.pid);
+        }
+        drop(st);
+        self.wait_readers(entry).await;
+        Some(report)
+    }
+}
+
+impl ReaperHandle {
+    /// After a stop: roll back the runner's open checkpoints, write the missing span ends,
+    /// record `runner.terminated`, update the row, tell the watchdog.
+    pub(super) async fn after_stop(
+        &self,
+        entry: &Arc<Entry>,
+        report: &TerminationReport,
+        cause: &str,
+        open_spans: &[(TraceId, SpanId)],
+    ) {
+        let id = entry.id.clone();
+        let (rolled, errors) = self
+            .inner
+            .checkpoints
+            .settle_runner(
+                Some(&id),
+                &format!("runner {id} stopped ({cause})"),
+                self.inner.config.sweep_batch,
+            )
+            .await;
+        let rollback_at = now_unix_nano();
+        let mut events = vec![EndEvent {
+            name: "SIGTERM".into(),
+            at_unix_nano: report.sigterm_unix_nano,
+        }];
+        if let Some(k) = report.sigkill_unix_nano {
+            events.push(EndEvent {
+                name: "SIGKILL".into(),
+                at_unix_nano: k,
+            });
+        }
+        if !rolled.is_empty() {
+            events.push(EndEvent {
+                name: "rollback".into(),
+                at_unix_nano: rollback_at,
+            });
+        }
+        let end_cause = if cause == "delete" {
+            EndCause::Killed
+        } else {
+            EndCause::Timeout
+        };
+        let why = format!("runner {id} stopped by stallwatch ({cause})");
+        let exit = report.exit.as_ref();
+        let at = report.sigterm_unix_nano;
+        let closed = self
+            .end_runner_spans(&id, end_cause, &why, exit, at, events, open_spans)
+            .await;
+        if !open_spans.is_empty() {
+            let _ = self
+                .inner
+                .storage
+                .record_action(ActionRecord {
+                    runner_id: id.clone(),
+                    termination_id: report.termination_id.clone(),
+                    step: "spans_closed".into(),
+                    phase: "done".into(),
+                    pid: None,
+                    detail: serde_json::json!({"written": closed}),
+                    at_unix_nano: now_unix_nano(),
+                })
+                .await;
+        }
+        let forensics = self
+            .inner
+            .forensics
+            .take(&id)
+            .filter(|_| cause.starts_with("trip"));
+        let state = if cause == "delete" {
+            RunnerRowState::Removed
+        } else if report.ended_by == "not_signalled" {
+            // Watched, never signalled (no proof of identity): it may still be running.
+            RunnerRowState::Running
+        } else {
+            RunnerRowState::Terminated
+        };
+        let mut evidence = serde_json::json!({
+            "cause": cause, "report": report, "checkpoints_rolled_back": rolled,
+            "checkpoint_errors": errors, "spans_closed": closed,
+            "last_stderr": entry.tail.lines("stderr"),
+        });
+        if let (Some(fx), Some(obj)) = (&forensics, evidence.as_object_mut()) {
+            obj.extend(fx.fields.clone());
+        }
+        let _ = self
+            .inner
+            .storage
+            .set_runner_state(id.clone(), state, evidence.clone(), now_unix_nano())
+            .await;
+        if report.ended_by != "not_signalled" {
+            self.incident(
+                EventKind::RunnerTerminated,
+                &id,
+                format!(
+                    "runner {id} stopped ({cause}): ended by {} after {} ms{}{}",
+                    report.ended_by,
+                    report.duration_ms,
+                    if report.survivors.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {} survivors", report.survivors.len())
+                    },
+                    forensics
+                        .map(|f| format!("; why: {}", f.reason_line))
+                        .unwrap_or_default()
+                ),
+                evidence,
+                format!("runner.terminated:{id}:{}", report.termination_id),
+            )
+            .await;
+        }
+        if report.ended_by == "not_signalled" && cause != "delete" {
+            // still running, never signalled: watched on, its breaker recovers as usual
+            self.lifecycle(&id, RunnerLifecycle::Detached).await;
+            return;
+        }
+        self.notify(RunnerChange::Gone {
+            id,
+            removed: cause == "delete",
+        })
+        .await;
+    }
+
+    #[tracing::instrument(name = "reaper.trip", level = "info", skip_all, fields(runner_id = %trip.runner_id, verdict = %trip.verdict))]
+    pub(super) async fn on_trip(&self, trip: Trip) {
+        let Some(entry) = self.entry(&trip.runner_id) else {
+            tracing::warn!(runner = %trip.runner_id, "trip for an unknown runner ignored");
+            return;
+        };
+        let _ = self
+            .inner
+            .storage
+            .record_action(ActionRecord {
+                runner_id: entry.id.clone(),
+                termination_id: format!("trip-{}-{}", entry.instance_id, trip.at_unix_nano),
+                step: "open_spans".into(),
+                phase: "done".into(),
+                pid: Some(entry.pid),
+                detail: serde_json::json!({
+                    "verdict": trip.verdict, "reason": trip.reason, "incident_id": trip.incident_id,
+                    "spans": trip.open_spans.iter().map(|(t, s)| [t.to_hex(), s.to_hex()]).collect::<Vec<_>>(),
+                }),
+                at_unix_nano: now_unix_nano(),
+            })
+            .await;
+        let cause = format!("trip: {}", trip.verdict);
+        let fx = self.inner.forensics.enabled();
+        if let Some(subject) = self.forensics_subject(&entry.id).await.filter(|_| fx) {
+            self.inner
+                .forensics
+                .before_kill(&self.inner.storage, &trip, subject)
+                .await;
+        }
+        let stopped = self.stop(&entry, &cause, None).await;
+        if stopped
+            .as_ref()
+            .is_none_or(|r| r.ended_by == "not_signalled")
+        {
+            self.inner.forensics.take(&entry.id);
+        }
+        if let Some(report) = stopped {
+            self.after_stop(&entry, &report, &cause, &trip.open_spans)
+                .await;
+            if report.ended_by != "not_signalled" {
+                self.maybe_restart(&entry, &format!("was stopped by a trip ({})", trip.verdict))
+                    .await;
+            }
+        }
+    }
+
+    pub(crate) async fn delete(&self, id: &str) -> Result<RunnerDeleted, RunnerError> {
+        let Some(entry) = self.entry(id) else {
+            return Err(RunnerError::NotFound(format!("no runner {id}")));
+        };
+        let report = self.stop(&entry, "delete", None).await;
+        if let Some(r) = &report {
+            self.after_stop(&entry, r, "delete", &[]).await;
+        } else {
+            let _ = self
+                .inner
+                .storage
+                .set_runner_state(
+                    id.to_string(),
+                    RunnerRowState::Removed,
+                    serde_json::json!({"cause": "delete"}),
+                    now_unix_nano(),
+                )
+                .await;
+            self.notify(RunnerChange::Gone {
+                id: id.to_string(),
+                removed: true,
+            })
+            .await;
+        }
+        if let Ok(mut m) = self.inner.runners.lock() {
+            if m.get(id).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+                m.remove(id);
+            }
+        }
+        Ok(deleted_answer(id, report.as_ref()))
+    }
+}
+
+/// The DELETE answer: the termination report travels as its serialized JSON (its types are
+/// the termination module's own).
+fn deleted_answer(id: &str, report: Option<&TerminationReport>) -> RunnerDeleted {
+    fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+        serde_json::to_value(v).unwrap_or_default()
+    }
+    RunnerDeleted {
+        id: id.to_string(),
+        removed: true,
+        termination: report.map(json),
+        steps: report
+            .map(|r| r.steps.iter().map(json).collect())
+            .unwrap_or_default(),
+        survivors: report
+            .map(|r| r.survivors.iter().map(json).collect())
+            .unwrap_or_default(),
+    }
+}
