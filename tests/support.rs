@@ -24,8 +24,13 @@ macro_rules! wait_until {
     }};
 }
 
+/// The binary under test: `STALLWATCH_BIN` when set (e.g. a release build for the
+/// benchmarks), else the one Cargo built for this test target.
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_stallwatch")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("STALLWATCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_stallwatch").into())
+    })
 }
 
 /// The Python interpreter with the OpenTelemetry SDK: `STALLWATCH_TEST_PYTHON`, else the
