@@ -539,13 +539,22 @@ struct StepState {
     hist: Option<Hist>,
     hist_start: u64,
     hist_bad: bool,
+    /// Cumulative histograms: the payload of the step's last point, decoded only when the
+    /// step closes (the earlier points of the step are covered by it).
+    last_cumulative: Option<Vec<u8>>,
 }
 
 impl Acc {
-    fn close(&mut self, from: u64, step_ns: u64) {
-        let Some((k, st)) = self.step.take() else {
-            return;
+    fn close(&mut self, from: u64, step_ns: u64) -> Result<(), StorageError> {
+        let Some((k, mut st)) = self.step.take() else {
+            return Ok(());
         };
+        if let Some(payload) = st.last_cumulative.take() {
+            let (_, _, p) = decode_point(&payload)?;
+            st.hist_start = p.start_time_unix_nano;
+            st.hist = Hist::from_point(&p);
+            st.hist_bad = st.hist.is_none();
+        }
         let mut out = StepValue {
             start_unix_nano: from + k * step_ns,
             points: st.points,
@@ -576,6 +585,7 @@ impl Acc {
             }
         }
         self.series.steps.push(out);
+        Ok(())
     }
 }
 
@@ -641,7 +651,7 @@ pub(super) fn metric_series(
                 }
             };
             if acc.step.as_ref().is_some_and(|(sk, _)| *sk != k) {
-                acc.close(q.from_unix_nano, step_ns);
+                acc.close(q.from_unix_nano, step_ns)?;
             }
             let kind = acc.series.kind;
             let delta = acc.delta;
@@ -657,11 +667,15 @@ pub(super) fn metric_series(
                     s.count = count.map(|c| c as u64);
                     s.sum = sum;
                 }
+                MetricKind::Histogram | MetricKind::ExponentialHistogram if !delta => {
+                    s.last_cumulative = Some(r.get(5)?);
+                }
                 MetricKind::Histogram | MetricKind::ExponentialHistogram => {
                     let payload: Vec<u8> = r.get(5)?;
                     let (_, _, p) = decode_point(&payload)?;
+                    // delta points: the step's distribution is all of them merged
                     match Hist::from_point(&p) {
-                        Some(h) if delta => {
+                        Some(h) => {
                             s.hist = match s.hist.take() {
                                 None => Some(h),
                                 Some(prev) => {
@@ -673,10 +687,6 @@ pub(super) fn metric_series(
                                 }
                             };
                         }
-                        Some(h) => {
-                            s.hist_start = p.start_time_unix_nano;
-                            s.hist = Some(h);
-                        }
                         None => s.hist_bad = true,
                     }
                 }
@@ -685,7 +695,7 @@ pub(super) fn metric_series(
         let mut out = Vec::with_capacity(order.len());
         for key in order {
             if let Some(mut a) = accs.remove(&key) {
-                a.close(q.from_unix_nano, step_ns);
+                a.close(q.from_unix_nano, step_ns)?;
                 out.push(a.series);
             }
         }
