@@ -520,7 +520,7 @@ fn trace_import_goes_through_the_otlp_ingest_with_its_limits_and_answer() {
     let origin = format!("http://{}", server.dashboard);
 
     // no token: refused before anything is stored
-    let (st, v) = import(&server, &[json.clone()], body.clone());
+    let (st, v) = import(&server, std::slice::from_ref(&json), body.clone());
     assert_eq!(st, 401, "{v}");
     assert_eq!(v["error"]["code"], "unauthorized");
     // the dashboard's own page is not enough while an ingest token guards /v1/traces

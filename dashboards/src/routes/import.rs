@@ -78,7 +78,9 @@ pub(crate) async fn traces(
     };
     let (parts, body) = req.into_parts();
     let open_ingest = import.ingest_token.is_none();
-    if !has_token(&parts.headers, &ctx.app.token) && !(open_ingest && same_origin(&parts.headers)) {
+    let allowed =
+        has_token(&parts.headers, &ctx.app.token) || (open_ingest && same_origin(&parts.headers));
+    if !allowed {
         tracing::warn!(
             "trace import refused: neither the bearer token nor (with open ingest) a same-origin page"
         );
