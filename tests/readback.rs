@@ -700,6 +700,58 @@ fn ui_logs_metrics_and_a_10000_span_trace_in_chromium() {
     });
     let tid = "ab".repeat(16);
     post_json(&server, "/v1/traces", &big_trace_json(&tid, 10_000));
+    // the lean trace JSON the view asks for: the same spans in fewer bytes
+    let size = |q: &str| {
+        let b = http_client()
+            .get(server.api(&format!("/api/v1/traces/{tid}{q}")))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        (b.len(), v)
+    };
+    let (full_bytes, full) = size("");
+    let (lean_bytes, lean) = size("?lean=true");
+    assert!(
+        lean_bytes * 10 < full_bytes * 6,
+        "lean {lean_bytes} vs full {full_bytes} bytes"
+    );
+    let (f0, l0) = (&full["spans"][0], &lean["spans"][0]);
+    for k in [
+        "span_id",
+        "name",
+        "start_time_unix_nano",
+        "end_time_unix_nano",
+        "duration_ms",
+        "state",
+        "attributes",
+        "resource_index",
+    ] {
+        assert_eq!(f0[k], l0[k], "{k}");
+    }
+    for k in [
+        "trace_id",
+        "kind_name",
+        "service_name",
+        "events",
+        "links",
+        "received_unix_nano",
+    ] {
+        assert!(l0.get(k).is_none(), "lean leaves out {k}: {l0}");
+    }
+    assert_eq!(l0["status"], serde_json::json!({"code": 0}));
+    assert_eq!(
+        full["spans"].as_array().unwrap().len(),
+        lean["spans"].as_array().unwrap().len()
+    );
+    assert_eq!(
+        server.get_json(&format!("/api/v1/traces/{tid}?lean=yes")).0,
+        400
+    );
+    println!(
+        "readback figures: 10,000-span trace JSON {full_bytes} bytes, lean {lean_bytes} bytes"
+    );
     let ui = |hash: &str| server.api(&format!("/{hash}"));
     let profile = tempfile::tempdir().unwrap();
     let d = Driver::start(profile.path());
