@@ -11,7 +11,8 @@
 //! exponential histograms) × 10 series × 10,000 points each, 10 s apart (~28 h).
 //!
 //! Run: `cargo bench -p stallwatch-dashboards --bench readback`. `STALLWATCH_BENCH_DB`
-//! keeps the database at that path (filled only when it is new).
+//! keeps the database at that path (filled only when it is new); `STALLWATCH_BENCH_RUNS`
+//! sets the requests per query (default 30).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -286,13 +287,14 @@ async fn main() {
             metric_end - window
         ));
     }
+    let runs = env_u64("STALLWATCH_BENCH_RUNS", 30);
     let run = |label: &'static str, path: String| {
         let client = client.clone();
         async move {
             let mut v = Vec::new();
             let mut bytes = 0;
             let mut items = 0;
-            for _ in 0..30 {
+            for _ in 0..runs {
                 let t = Instant::now();
                 let r = client
                     .get(format!("http://{addr}{path}"))
