@@ -664,7 +664,7 @@ pub(crate) fn big_trace_json(trace_hex: &str, n: usize) -> Value {
 
 /// POSTs an OTLP/JSON traces document in requests of at most 1,000 spans (a debug build
 /// under a loaded machine decodes a 10,000-span body slowly).
-fn post_json(server: &Server, path: &str, doc: &Value) {
+fn post_otlp_json(server: &Server, path: &str, doc: &Value) {
     let client = reqwest::blocking::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(180))
@@ -699,7 +699,7 @@ fn ui_logs_metrics_and_a_10000_span_trace_in_chromium() {
             && items(&server.get_json("/api/v1/metrics").1).len() == 5
     });
     let tid = "ab".repeat(16);
-    post_json(&server, "/v1/traces", &big_trace_json(&tid, 10_000));
+    post_otlp_json(&server, "/v1/traces", &big_trace_json(&tid, 10_000));
     // the lean trace JSON the view asks for: the same spans in fewer bytes
     let size = |q: &str| {
         let b = http_client()
@@ -820,7 +820,7 @@ fn ui_logs_metrics_and_a_10000_span_trace_in_chromium() {
     // Drop-to-import on the Traces page: a trace's downloaded OTLP file, given new trace
     // ids, once chosen through the file input and once dropped.
     let small = "5e".repeat(16);
-    post_json(&server, "/v1/traces", &big_trace_json(&small, 12));
+    post_otlp_json(&server, "/v1/traces", &big_trace_json(&small, 12));
     let file = http_client()
         .get(server.api(&format!("/api/v1/traces/{small}/otlp")))
         .send()
@@ -1088,7 +1088,7 @@ fn bench_trace_view_10000_spans() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let tid = "ab".repeat(16);
-    post_json(&server, "/v1/traces", &big_trace_json(&tid, 10_000));
+    post_otlp_json(&server, "/v1/traces", &big_trace_json(&tid, 10_000));
     let json_bytes = http_client()
         .get(server.api(&format!("/api/v1/traces/{tid}")))
         .send()
@@ -1130,7 +1130,7 @@ fn bench_trace_view_10000_spans() {
     };
     println!(
         "bench trace view 10,000 spans: binary {}, trace JSON {} KiB ({} bytes/span), {runs} runs",
-        bin(),
+        stallwatch_testkit::stallwatch_bin().display(),
         json_bytes / 1024,
         json_bytes / 10_000
     );

@@ -20,6 +20,7 @@ mod runners;
 mod traces;
 mod ui;
 
+pub use control::MAX_CONTROL_BODY_BYTES;
 pub use import::OtlpImport;
 pub use ui::OPENAPI;
 
