@@ -266,6 +266,11 @@ async fn serve(
         metrics,
         ready: ready_rx,
         config: dash_config.clone(),
+        // Drop-to-import replays on the collector's own OTLP/HTTP router (same ingest path).
+        otlp_import: Some(stallwatch_dashboards::OtlpImport {
+            router: stallwatch_collector::http_app(collector.state()),
+            ingest_token: ingest_token.clone(),
+        }),
     };
     let dash_token = CancellationToken::new();
     let app = stallwatch_dashboards::app(state);

@@ -152,6 +152,7 @@ async fn main() {
         metrics: vec![],
         ready,
         config: Arc::new(DashboardConfig::default()),
+        otlp_import: None,
     };
     let stop = CancellationToken::new();
     tokio::spawn(serve(listener, app(state), stop.clone()));

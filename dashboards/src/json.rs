@@ -75,6 +75,7 @@ pub fn inferred_span(trace_id: TraceId, span_id: SpanId, start_unix_nano: u64) -
         stored: None,
         parent_state: None,
         indexed: None,
+        lean: false,
     })
     .unwrap_or(Value::Null)
 }

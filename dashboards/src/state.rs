@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::DashboardConfig;
 use crate::metrics::HttpMetrics;
+use crate::routes::OtlpImport;
 
 /// Everything the dashboard reads from and writes to; `src/` builds it once.
 #[derive(Clone)]
@@ -30,6 +31,9 @@ pub struct AppState {
     pub ready: watch::Receiver<bool>,
     /// The validated configuration.
     pub config: Arc<DashboardConfig>,
+    /// The OTLP/HTTP ingest behind `POST /api/v1/import/traces` (the collector's router);
+    /// `None` answers that route with 404.
+    pub otlp_import: Option<OtlpImport>,
 }
 
 /// The shutdown token [`crate::serve`] puts in every request's extensions: open SSE streams

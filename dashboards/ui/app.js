@@ -1,7 +1,7 @@
 // stallwatch dashboard: a dependency-free single-page UI over /api/v1.
 // Views by URL hash: #/now, #/incidents, #/incident/<id>, #/traces?..., #/trace/<id>,
 // #/logs?..., #/metrics?... (readback.js; the trace view is traceview.js),
-// #/span/<trace>/<span>, #/runner/<id>, #/webhooks. Live updates come from one
+// #/span/<trace>/<span>, #/runner/<id>, #/breakers (readback.js), #/webhooks. Live updates come from one
 // EventSource on /api/v1/events?board=1 (incidents by id, and the runner board), never polling.
 "use strict";
 
@@ -294,7 +294,7 @@ async function viewTraces(params) {
     services, names);
   const results = h("div", { class: "panel" }, h("div", { class: "empty" }, "searching…"));
   const pager = h("div", { class: "pager" });
-  mount(h("h2", {}, "Traces"), form, results, pager);
+  mount(h("h2", {}, "Traces"), form, importPanel(() => load(null)), results, pager);
   state.render = null;
   api("/api/v1/services").then(r => services.replaceChildren(...r.items.map(s => h("option", { value: s })))).catch(() => {});
   api("/api/v1/span-names").then(r => names.replaceChildren(...r.items.map(s => h("option", { value: s })))).catch(() => {});
@@ -383,6 +383,7 @@ async function route() {
     case "logs": return viewLogs(params);
     case "metrics": return viewMetrics(params);
     case "runner": return viewRunner(parts[1]);
+    case "breakers": return viewBreakers();
     case "webhooks": return viewWebhooks();
     default: return viewNow();
   }

@@ -1,9 +1,10 @@
 // stallwatch Logs and Metrics pages, and the theme toggle (issue 13).
 // Logs: #/logs?service=&min_severity=&body=&attr=&trace_id=&span_id=&runner_id= with paging
 // and a live tail (GET /api/v1/logs/stream). Metrics: #/metrics?range=15m|1h|24h|custom
-// [&from=&to=] (datetime-local) [&service=] [&live=1]: the instrument list and one SVG line
+// [&from=&to=] (datetime-local) [&service=] [&live=1]: the instrument list and one uPlot
 // chart per instrument, one line per series (attribute set): value for sums and gauges,
-// the estimated p50 for histograms.
+// the estimated p50 for histograms, the count for summaries. Traces page: drop-to-import
+// (importPanel, POST /api/v1/import/traces).
 "use strict";
 
 const SEV_NAMES = [["", "any"], ["trace", "trace+"], ["debug", "debug+"], ["info", "info+"], ["warn", "warn+"], ["error", "error+"], ["fatal", "fatal"]];
@@ -76,28 +77,28 @@ function seriesLabel(s) {
   return a || "(no attributes)";
 }
 
-function lineChart(data) {
-  const W = 560, H = 180, P = 34;
-  const all = [];
-  const lines = data.series.map(s => s.points.map(p => [Number(BigInt(p.time_unix_nano) / 1000000n), s.type.includes("histogram") ? p.p50 : s.type === "summary" ? p.count : p.value]).filter(([, v]) => v !== null && v !== undefined));
-  for (const l of lines) for (const pt of l) all.push(pt);
-  const x0 = Number(BigInt(data.from_unix_nano) / 1000000n), x1 = Number(BigInt(data.to_unix_nano) / 1000000n);
-  let y0 = Math.min(0, ...all.map(p => p[1])), y1 = Math.max(1e-9, ...all.map(p => p[1]));
-  if (y1 === y0) y1 = y0 + 1;
-  const X = x => P + ((x - x0) / (x1 - x0 || 1)) * (W - P - 8), Y = y => H - 18 - ((y - y0) / (y1 - y0)) * (H - 28);
-  const g = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, "data-series": String(data.series.length), role: "img" },
-    svg("line", { x1: P, y1: H - 18, x2: W - 8, y2: H - 18, class: "axis" }),
-    svg("line", { x1: P, y1: 8, x2: P, y2: H - 18, class: "axis" }),
-    svg("text", { x: 2, y: 14, class: "tick" }, String(+y1.toPrecision(3))),
-    svg("text", { x: 2, y: H - 18, class: "tick" }, String(+y0.toPrecision(3))),
-    svg("text", { x: P, y: H - 4, class: "tick" }, new Date(x0).toLocaleTimeString()),
-    svg("text", { x: W - 90, y: H - 4, class: "tick" }, new Date(x1).toLocaleTimeString()),
-    ...lines.map((l, i) => l.length === 1
-      ? svg("circle", { class: "series", cx: X(l[0][0]), cy: Y(l[0][1]), r: 3, fill: PALETTE[i % PALETTE.length], "data-series-index": String(i) })
-      : svg("polyline", { class: "series", fill: "none", stroke: PALETTE[i % PALETTE.length], "stroke-width": 2, "data-series-index": String(i), points: l.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" ") })));
-  const legend = h("div", { class: "legend" }, data.series.map((s, i) => h("span", { class: "legend-item" }, h("i", { style: { background: PALETTE[i % PALETTE.length] } }), seriesLabel(s),
-    s.points.length ? h("span", { class: "muted" }, ` ${fmtLast(s)}`) : null)));
-  return h("div", { class: "chart-box" }, g, legend);
+// One uPlot chart (vendored, /ui/uPlot.iife.min.js, MIT) per instrument: one line per
+// series, on the union of the series' step times (seconds); a series without a point at a
+// time is a gap that the line spans.
+function seriesValue(s, p) { return s.type.includes("histogram") ? p.p50 : s.type === "summary" ? p.count : p.value; }
+function uplotChart(data, width) {
+  const toS = ns => Number(BigInt(ns) / 1000000n) / 1000;
+  const xs = [...new Set(data.series.flatMap(s => s.points.map(p => toS(p.time_unix_nano))))].sort((a, b) => a - b);
+  const ys = data.series.map(s => { const m = new Map(s.points.map(p => [toS(p.time_unix_nano), seriesValue(s, p)])); return xs.map(x => { const v = m.get(x); return v === undefined || v === null ? null : Number(v); }); });
+  const ink = getComputedStyle(document.body).color;
+  const grid = { stroke: "rgba(128,128,128,0.2)", width: 1 };
+  const axis = { stroke: ink, grid, ticks: grid };
+  const opts = {
+    width: Math.max(320, width), height: 200,
+    scales: { x: { time: true, range: [toS(data.from_unix_nano), toS(data.to_unix_nano)] } },
+    series: [{ label: "time" }, ...data.series.map((s, i) => ({ label: s.points.length ? `${seriesLabel(s)} · ${fmtLast(s)}` : seriesLabel(s), stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true, points: { show: true, size: 6 } }))],
+    axes: [axis, axis],
+    legend: { live: false },
+  };
+  const box = h("div", { class: "chart-box", dataset: { series: String(data.series.length) } });
+  const u = new uPlot(opts, [xs, ...ys], box);
+  box.__uplot = u;
+  return box;
 }
 
 function fmtLast(s) {
@@ -126,14 +127,18 @@ async function viewMetrics(params) {
   let to = Date.now(), from = to - (RANGES[range] || 3600e3);
   if (range === "custom") { const f = new Date(params.get("from")).getTime(), t = new Date(params.get("to")).getTime(); if (!isNaN(f) && !isNaN(t) && t > f) { from = f; to = t; } }
   const ns = ms => (BigInt(Math.floor(ms)) * 1000000n).toString();
+  let plots = [];
   const draw = async () => {
     if (range !== "custom") { to = Date.now(); from = to - (RANGES[range] || 3600e3); }
     let inst;
     try { inst = (await api(`/api/v1/metrics${service ? `?service=${encodeURIComponent(service)}` : ""}`)).items; } catch (e) { list.replaceChildren(errorBox(e)); return; }
-    list.replaceChildren(inst.length ? h("table", { id: "instrument-table" }, h("thead", {}, h("tr", {}, ["name", "type", "unit", "service", "points"].map(t => h("th", {}, t)))),
-      h("tbody", {}, inst.map(i => h("tr", { class: "clickable", onclick: () => { const el = document.getElementById(`chart-${i.name}-${i.service_name}`); if (el) el.scrollIntoView(); } },
-        h("td", {}, i.name), h("td", {}, i.type), h("td", {}, i.unit), h("td", {}, i.service_name), h("td", {}, String(i.point_count)))))) : h("div", { class: "empty" }, "no metrics stored"));
+    list.replaceChildren(inst.length ? h("table", { id: "instrument-table" }, h("thead", {}, h("tr", {}, ["instrument", "type", "points"].map(t => h("th", {}, t)))),
+      h("tbody", {}, inst.map(i => h("tr", { class: "clickable", title: i.description || i.name, onclick: () => { const el = document.getElementById(`chart-${i.name}-${i.service_name}`); if (el) el.scrollIntoView(); } },
+        h("td", {}, h("div", {}, i.name), h("div", { class: "muted small" }, `${i.service_name}${i.unit ? ` · ${i.unit}` : ""}`)), h("td", {}, i.type.replace("exponential_histogram", "exp. histogram")), h("td", {}, String(i.point_count)))))) : h("div", { class: "empty" }, "no metrics stored"));
     const boxes = [];
+    const width = (charts.clientWidth || 600) - 40;
+    for (const u of plots) u.destroy();
+    plots = [];
     for (const i of inst.slice(0, 24)) {
       const q = new URLSearchParams({ service: i.service_name, from: ns(from), to: ns(to) });
       let d;
@@ -141,7 +146,7 @@ async function viewMetrics(params) {
       boxes.push(h("div", { class: "panel metric-chart", id: `chart-${i.name}-${i.service_name}`, dataset: { metric: i.name, service: i.service_name } },
         h("h3", {}, i.name, " ", h("span", { class: "muted" }, `${i.type} · ${i.unit || "no unit"} · ${i.service_name}`)),
         i.description ? h("div", { class: "muted" }, i.description) : null,
-        d.series.length ? lineChart(d) : h("div", { class: "empty" }, "no points in this range")));
+        d.series.length ? (() => { const c = uplotChart(d, width); plots.push(c.__uplot); return c; })() : h("div", { class: "empty" }, "no points in this range")));
     }
     charts.replaceChildren(...boxes);
     window.__metricsDrawn = (window.__metricsDrawn || 0) + 1;
@@ -172,3 +177,77 @@ function setupTheme() {
   });
 }
 window.addEventListener("DOMContentLoaded", setupTheme);
+
+// ---------- Traces page: drop-to-import ----------
+// Drop an OTLP/JSON TracesData file (e.g. a trace's "download OTLP JSON") on the zone, or
+// choose it: it is POSTed to /api/v1/import/traces, which stores it through the same ingest
+// as /v1/traces. The dashboard's own page needs no token unless an ingest token is set;
+// then the token field (the data folder's `token` file) is sent as a bearer token.
+function countSpans(doc) {
+  let n = 0;
+  for (const rs of (doc && doc.resourceSpans) || []) for (const ss of rs.scopeSpans || []) n += (ss.spans || []).length;
+  return n;
+}
+function importPanel(onImported) {
+  const status = h("div", { id: "trace-import-status", class: "muted" }, "");
+  const token = h("input", { type: "password", id: "trace-import-token", autocomplete: "off", placeholder: "if an ingest token is set" });
+  try { token.value = sessionStorage.getItem("stallwatch.token") || ""; } catch { /* storage off */ }
+  const send = async (file) => {
+    if (!file) return;
+    status.className = "muted"; status.textContent = `importing ${file.name}…`;
+    let text;
+    try { text = await file.text(); } catch (e) { status.className = "error-box"; status.textContent = `cannot read ${file.name}: ${e}`; return; }
+    let spans = null;
+    try { spans = countSpans(JSON.parse(text)); } catch { /* the server names what is wrong */ }
+    const headers = { "content-type": "application/json", accept: "application/json" };
+    if (token.value) { headers.authorization = `Bearer ${token.value.trim()}`; try { sessionStorage.setItem("stallwatch.token", token.value.trim()); } catch { /* storage off */ } }
+    let r, body;
+    try { r = await fetch("/api/v1/import/traces", { method: "POST", headers, body: text }); body = await r.json().catch(() => ({})); }
+    catch (e) { status.className = "error-box"; status.textContent = `import failed: ${e}`; return; }
+    if (!r.ok) {
+      const msg = body.error ? `${body.error.code}: ${body.error.message}` : body.message || `HTTP ${r.status}`;
+      const retry = r.headers.get("retry-after");
+      status.className = "error-box";
+      status.textContent = `import of ${file.name} refused (HTTP ${r.status}): ${msg}${retry ? ` — retry in ${retry} s` : ""}${r.status === 401 ? " — paste the token from the data folder's token file" : ""}`;
+      return;
+    }
+    const ps = body.partialSuccess || {};
+    const rejected = Number(ps.rejectedSpans || 0);
+    const accepted = spans === null ? null : spans - rejected;
+    status.className = rejected ? "error-box" : "ok-box";
+    status.dataset.accepted = String(accepted);
+    status.dataset.rejected = String(rejected);
+    status.textContent = `${file.name}: ${accepted === null ? "?" : accepted} spans imported, ${rejected} rejected${ps.errorMessage ? ` (${ps.errorMessage})` : ""}`;
+    onImported();
+  };
+  const input = h("input", { type: "file", id: "trace-import-file", accept: ".json,application/json", onchange: () => { send(input.files[0]); input.value = ""; } });
+  const zone = h("div", { id: "trace-drop", class: "drop-zone", tabindex: "0" },
+    h("strong", {}, "Import a trace: "), "drop an OTLP/JSON file here, or ", h("label", { class: "inline file-pick" }, "choose one ", input));
+  zone.addEventListener("dragover", (ev) => { ev.preventDefault(); zone.classList.add("over"); });
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (ev) => { ev.preventDefault(); zone.classList.remove("over"); const f = ev.dataTransfer && ev.dataTransfer.files[0]; send(f); });
+  return h("div", { class: "panel import" }, zone, h("label", { class: "inline" }, "token ", token), status);
+}
+
+// ---------- Breakers: #/breakers (GET /api/v1/breakers; redrawn on live board events) ----------
+function breakerBadge(s) { return badge(s); }
+async function viewBreakers() {
+  const box = h("div", { class: "panel" }, h("div", { class: "empty" }, "loading…"));
+  mount(h("h2", {}, "Circuit breakers"),
+    h("p", { class: "muted" }, "One breaker per runner: CLOSED admits work; OPEN refuses it after a trip until the cooldown ends; HALF_OPEN admits one probe. Tools ask GET /api/v1/runners/{id}/admit."),
+    box);
+  const load = async () => {
+    try {
+      const items = (await api("/api/v1/breakers")).items;
+      box.replaceChildren(items.length ? h("table", { id: "breaker-list" },
+        h("thead", {}, h("tr", {}, ["runner", "breaker", "verdict", "reason", "retry after"].map(t => h("th", {}, t)))),
+        h("tbody", {}, items.map(b => h("tr", { class: "breaker-row", dataset: { runnerId: b.runner_id, state: b.state } },
+          h("td", {}, h("a", { href: `#/runner/${b.runner_id}` }, b.runner_id)), h("td", {}, breakerBadge(b.state)),
+          h("td", {}, b.verdict ? badge(b.verdict, b.verdict === "healthy" ? "ok" : "warn") : "—"), h("td", {}, b.reason || "—"),
+          h("td", {}, b.retry_after_ms ? fmtDur(b.retry_after_ms) : "—"))))) : h("div", { class: "empty" }, "no runners registered"));
+    } catch (e) { box.replaceChildren(errorBox(e)); }
+  };
+  let t = null;
+  state.render = (what) => { if (what === "board") { clearTimeout(t); t = setTimeout(load, 300); } };
+  await load();
+}

@@ -406,6 +406,11 @@ async fn metric_points_aggregate_per_series_and_step() {
     assert_eq!(l[1].count, Some(4));
     assert_eq!(l[1].p50, Some(15.0));
     assert_eq!(l[1].p99, Some(19.9));
+    // one step holding both cumulative points: the last one as it is (only it is decoded)
+    let one = st.metric_series(q("latency", 10 * sec)).await.unwrap();
+    let o = &one[0].steps;
+    assert_eq!(o.len(), 1);
+    assert_eq!((o[0].points, o[0].count, o[0].sum), (2, Some(6), Some(2.0)));
 
     let size = st.metric_series(q("size", 10 * sec)).await.unwrap();
     let z = &size[0].steps[0];

@@ -204,7 +204,8 @@ impl Driver {
         }
     }
 
-    /// Saves a PNG of the viewport to `tests/artifacts/{name}`; answers its path.
+    /// Saves a PNG of the viewport to `tests/artifacts/{name}` (`name` may hold a folder);
+    /// answers its path.
     pub fn screenshot(&self, name: &str) -> PathBuf {
         let v = self.cmd(reqwest::Method::GET, "/screenshot", None);
         let png = base64_decode(v.as_str().unwrap());
@@ -212,10 +213,43 @@ impl Driver {
             png.starts_with(b"\x89PNG\r\n\x1a\n"),
             "screenshot is not a PNG"
         );
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/artifacts");
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/artifacts")
+            .join(name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
         std::fs::write(&path, png).unwrap();
         path
+    }
+
+    /// Runs `script` with `args` (its `arguments`); answers what it returns.
+    pub fn js_with(&self, script: &str, args: Value) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": args })),
+        )
+    }
+
+    /// Types `text` into the element `css` (for an `<input type=file>`: the path of a
+    /// file to choose, as a user picking it would).
+    pub fn send_keys(&self, css: &str, text: &str) {
+        let el = self.cmd(
+            reqwest::Method::POST,
+            "/element",
+            Some(json!({ "using": "css selector", "value": css })),
+        );
+        let id = el
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no element {css}: {el}"))
+            .to_string();
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{id}/value"),
+            Some(json!({ "text": text })),
+        );
     }
 }

@@ -170,7 +170,7 @@ impl StallwatchMcp {
             "get_trace" => {
                 let id = string("trace_id")?;
                 answer(
-                    super::traces::trace(State(ctx), Path(id))
+                    super::traces::trace(State(ctx), Path(id), Query(Vec::new()))
                         .await
                         .into_response(),
                 )
@@ -210,7 +210,7 @@ impl StallwatchMcp {
                     return Err(format!("unknown argument {k:?}"));
                 }
                 let trace = answer(
-                    super::traces::trace(State(ctx), Path(id.clone()))
+                    super::traces::trace(State(ctx), Path(id.clone()), Query(Vec::new()))
                         .await
                         .into_response(),
                 )

@@ -11,6 +11,7 @@ mod checkpoints;
 mod control;
 mod events;
 mod health;
+mod import;
 mod incidents;
 mod logs;
 mod mcp;
@@ -20,6 +21,7 @@ mod traces;
 mod ui;
 
 pub use control::MAX_CONTROL_BODY_BYTES;
+pub use import::OtlpImport;
 pub use ui::OPENAPI;
 
 /// Every routed path under `/api/v1` (axum syntax), for the OpenAPI completeness test.
@@ -28,6 +30,7 @@ pub const ROUTES: &[&str] = &[
     "/api/v1/traces/{trace_id}",
     "/api/v1/traces/{trace_id}/spans/{span_id}",
     "/api/v1/traces/{trace_id}/otlp",
+    "/api/v1/import/traces",
     "/api/v1/logs",
     "/api/v1/logs/stream",
     "/api/v1/metrics",
@@ -67,6 +70,7 @@ pub(crate) fn router() -> Router<Shared> {
             get(traces::span),
         )
         .route("/api/v1/traces/{trace_id}/otlp", get(traces::otlp))
+        .route("/api/v1/import/traces", post(import::traces))
         .route("/api/v1/logs", get(logs::search))
         .route("/api/v1/logs/stream", get(logs::stream))
         .route("/api/v1/metrics", get(metrics::list))

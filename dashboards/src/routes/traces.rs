@@ -170,14 +170,28 @@ pub(crate) async fn otlp(
 }
 
 /// `GET /api/v1/traces/{trace_id}` → `{"trace_id","resources","scopes","spans","logs"}`
-/// (spans and logs point at `resources`/`scopes` by index, see `wire.rs`); 404 when unknown.
+/// (spans and logs point at `resources`/`scopes` by index, see `wire.rs`); `?lean=true`
+/// leaves out per-span keys that hold defaults or repeat the answer (`TraceJ::lean`); 404
+/// when unknown.
 pub(crate) async fn trace(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Response, DashboardError> {
     let id = trace_id(&id)?;
+    let mut p = Params::new(q)?;
+    let lean = match p.string("lean")?.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return Err(DashboardError::bad_param(format!(
+                "query parameter \"lean\" must be true or false, got {v:?}"
+            )))
+        }
+    };
+    p.finish()?;
     match ctx.app.storage.trace(id).await? {
-        Some(v) => Ok(Json(TraceJ::new(&v)).into_response()),
+        Some(v) => Ok(Json(TraceJ::new(&v).lean(lean)).into_response()),
         None => Err(DashboardError::NotFound(format!("trace {id} not found"))),
     }
 }

@@ -17,6 +17,12 @@ const APP_CSS: &str = include_str!("../../ui/app.css");
 const FORENSICS_JS: &str = include_str!("../../ui/forensics.js");
 const TRACEVIEW_JS: &str = include_str!("../../ui/traceview.js");
 const READBACK_JS: &str = include_str!("../../ui/readback.js");
+/// uPlot 1.6.32 (<https://github.com/leeoniya/uPlot>, MIT), vendored unchanged from the npm
+/// package's `dist/`: the Metrics page's charts. No CDN: the CSP stays `'self'`.
+const UPLOT_JS: &str = include_str!("../../ui/vendor/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../../ui/vendor/uPlot.min.css");
+/// uPlot's MIT licence, served beside it as its terms ask.
+const UPLOT_LICENSE: &str = include_str!("../../ui/vendor/uPlot.LICENSE");
 
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'";
 
@@ -40,7 +46,8 @@ pub(crate) async fn index() -> Response {
 }
 
 /// `GET /ui/{file}` → `app.js`, `traceview.js`, `readback.js`, `forensics.js` (the
-/// stall-forensics panel) or `app.css`.
+/// stall-forensics panel), `app.css`, or the vendored uPlot (`uPlot.iife.min.js`,
+/// `uPlot.min.css`, `uPlot.LICENSE`).
 pub(crate) async fn asset(Path(file): Path<String>) -> Result<Response, DashboardError> {
     match file.as_str() {
         "app.js" => Ok(page("text/javascript; charset=utf-8", APP_JS)),
@@ -48,6 +55,9 @@ pub(crate) async fn asset(Path(file): Path<String>) -> Result<Response, Dashboar
         "forensics.js" => Ok(page("text/javascript; charset=utf-8", FORENSICS_JS)),
         "traceview.js" => Ok(page("text/javascript; charset=utf-8", TRACEVIEW_JS)),
         "readback.js" => Ok(page("text/javascript; charset=utf-8", READBACK_JS)),
+        "uPlot.iife.min.js" => Ok(page("text/javascript; charset=utf-8", UPLOT_JS)),
+        "uPlot.min.css" => Ok(page("text/css; charset=utf-8", UPLOT_CSS)),
+        "uPlot.LICENSE" => Ok(page("text/plain; charset=utf-8", UPLOT_LICENSE)),
         _ => Err(DashboardError::NotFound(format!("no UI file {file:?}"))),
     }
 }

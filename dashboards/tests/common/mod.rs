@@ -84,6 +84,7 @@ impl Harness {
             metrics: vec![Arc::new(FixedMetrics)],
             ready: ready_rx,
             config: Arc::new(config),
+            otlp_import: None,
         };
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(listener, app(state), shutdown.clone()));

@@ -310,49 +310,9 @@ impl Hist {
 
     /// `self + other` (delta points of one step), `None` when the layouts differ.
     pub(crate) fn add(&self, o: &Hist) -> Option<Hist> {
-        let dist = match (&self.dist, &o.dist) {
-            (
-                Dist::Explicit { bounds, counts },
-                Dist::Explicit {
-                    bounds: b2,
-                    counts: c2,
-                },
-            ) if bounds == b2 && counts.len() == c2.len() => Dist::Explicit {
-                bounds: bounds.clone(),
-                counts: counts.iter().zip(c2).map(|(a, b)| a + b).collect(),
-            },
-            (Dist::Exp { scale: s1, .. }, Dist::Exp { scale: s2, .. }) => {
-                let s = (*s1).min(*s2);
-                let (
-                    Dist::Exp { zero, pos, neg, .. },
-                    Dist::Exp {
-                        zero: z2,
-                        pos: p2,
-                        neg: n2,
-                        ..
-                    },
-                ) = (self.dist.downscale(s), o.dist.downscale(s))
-                else {
-                    return None;
-                };
-                let merge = |mut a: BTreeMap<i32, u64>, b: BTreeMap<i32, u64>| {
-                    for (k, v) in b {
-                        *a.entry(k).or_default() += v;
-                    }
-                    a
-                };
-                Dist::Exp {
-                    scale: s,
-                    zero: zero + z2,
-                    pos: merge(pos, p2),
-                    neg: merge(neg, n2),
-                }
-            }
-            _ => return None,
-        };
         Some(Hist {
-            dist,
-            count: self.count + o.count,
+            dist: self.dist.bucketwise(&o.dist, |a, b| a.checked_add(b))?,
+            count: self.count.checked_add(o.count)?,
             sum: match (self.sum, o.sum) {
                 (Some(a), Some(b)) => Some(a + b),
                 _ => None,
@@ -365,56 +325,9 @@ impl Hist {
     /// `self - earlier` (cumulative points), `None` when the layouts differ or a count
     /// went down (a reset).
     pub(crate) fn minus(&self, e: &Hist) -> Option<Hist> {
-        let sub = |a: u64, b: u64| a.checked_sub(b);
-        let dist = match (&self.dist, &e.dist) {
-            (
-                Dist::Explicit { bounds, counts },
-                Dist::Explicit {
-                    bounds: b2,
-                    counts: c2,
-                },
-            ) if bounds == b2 && counts.len() == c2.len() => Dist::Explicit {
-                bounds: bounds.clone(),
-                counts: counts
-                    .iter()
-                    .zip(c2)
-                    .map(|(a, b)| sub(*a, *b))
-                    .collect::<Option<_>>()?,
-            },
-            (Dist::Exp { scale: s1, .. }, Dist::Exp { scale: s2, .. }) => {
-                let s = (*s1).min(*s2);
-                let (
-                    Dist::Exp { zero, pos, neg, .. },
-                    Dist::Exp {
-                        zero: z2,
-                        pos: p2,
-                        neg: n2,
-                        ..
-                    },
-                ) = (self.dist.downscale(s), e.dist.downscale(s))
-                else {
-                    return None;
-                };
-                let diff = |mut a: BTreeMap<i32, u64>, b: BTreeMap<i32, u64>| {
-                    for (k, v) in b {
-                        let x = a.entry(k).or_default();
-                        *x = x.checked_sub(v)?;
-                    }
-                    a.retain(|_, v| *v > 0);
-                    Some(a)
-                };
-                Dist::Exp {
-                    scale: s,
-                    zero: sub(zero, z2)?,
-                    pos: diff(pos, p2)?,
-                    neg: diff(neg, n2)?,
-                }
-            }
-            _ => return None,
-        };
         Some(Hist {
-            dist,
-            count: sub(self.count, e.count)?,
+            dist: self.dist.bucketwise(&e.dist, u64::checked_sub)?,
+            count: self.count.checked_sub(e.count)?,
             sum: match (self.sum, e.sum) {
                 (Some(a), Some(b)) => Some(a - b),
                 _ => None,
@@ -448,6 +361,60 @@ fn opt_fold(a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64) -> Option<f6
 }
 
 impl Dist {
+    /// `op` applied bucket by bucket to `self` and `other` (the one bookkeeping behind
+    /// [`Hist::add`] and [`Hist::minus`]): explicit layouts must have the same bounds;
+    /// exponential ones are first downscaled to the smaller scale, a bucket missing on
+    /// one side counts 0 and empty buckets are dropped. `None` when the layouts differ or
+    /// `op` refuses a bucket (an overflow, or a count that went down).
+    fn bucketwise(&self, other: &Dist, op: impl Fn(u64, u64) -> Option<u64>) -> Option<Dist> {
+        match (self, other) {
+            (
+                Dist::Explicit { bounds, counts },
+                Dist::Explicit {
+                    bounds: b2,
+                    counts: c2,
+                },
+            ) if bounds == b2 && counts.len() == c2.len() => Some(Dist::Explicit {
+                bounds: bounds.clone(),
+                counts: counts
+                    .iter()
+                    .zip(c2)
+                    .map(|(a, b)| op(*a, *b))
+                    .collect::<Option<_>>()?,
+            }),
+            (Dist::Exp { scale: s1, .. }, Dist::Exp { scale: s2, .. }) => {
+                let s = (*s1).min(*s2);
+                let (
+                    Dist::Exp { zero, pos, neg, .. },
+                    Dist::Exp {
+                        zero: z2,
+                        pos: p2,
+                        neg: n2,
+                        ..
+                    },
+                ) = (self.downscale(s), other.downscale(s))
+                else {
+                    return None;
+                };
+                let each = |mut a: BTreeMap<i32, u64>, b: BTreeMap<i32, u64>| {
+                    for (k, v) in b {
+                        let x = a.entry(k).or_default();
+                        *x = op(*x, v)?;
+                    }
+                    a.retain(|_, v| *v > 0);
+                    Some(a)
+                };
+                Some(Dist::Exp {
+                    scale: s,
+                    zero: op(zero, z2)?,
+                    pos: each(pos, p2)?,
+                    neg: each(neg, n2)?,
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// The same distribution at a smaller (or equal) `scale`: index `i` becomes
     /// `i >> (old - new)` (OTLP data model, exponential histogram downscaling).
     fn downscale(&self, to: i32) -> Dist {
@@ -572,13 +539,22 @@ struct StepState {
     hist: Option<Hist>,
     hist_start: u64,
     hist_bad: bool,
+    /// Cumulative histograms: the payload of the step's last point, decoded only when the
+    /// step closes (the earlier points of the step are covered by it).
+    last_cumulative: Option<Vec<u8>>,
 }
 
 impl Acc {
-    fn close(&mut self, from: u64, step_ns: u64) {
-        let Some((k, st)) = self.step.take() else {
-            return;
+    fn close(&mut self, from: u64, step_ns: u64) -> Result<(), StorageError> {
+        let Some((k, mut st)) = self.step.take() else {
+            return Ok(());
         };
+        if let Some(payload) = st.last_cumulative.take() {
+            let (_, _, p) = decode_point(&payload)?;
+            st.hist_start = p.start_time_unix_nano;
+            st.hist = Hist::from_point(&p);
+            st.hist_bad = st.hist.is_none();
+        }
         let mut out = StepValue {
             start_unix_nano: from + k * step_ns,
             points: st.points,
@@ -609,6 +585,7 @@ impl Acc {
             }
         }
         self.series.steps.push(out);
+        Ok(())
     }
 }
 
@@ -674,7 +651,7 @@ pub(super) fn metric_series(
                 }
             };
             if acc.step.as_ref().is_some_and(|(sk, _)| *sk != k) {
-                acc.close(q.from_unix_nano, step_ns);
+                acc.close(q.from_unix_nano, step_ns)?;
             }
             let kind = acc.series.kind;
             let delta = acc.delta;
@@ -690,11 +667,15 @@ pub(super) fn metric_series(
                     s.count = count.map(|c| c as u64);
                     s.sum = sum;
                 }
+                MetricKind::Histogram | MetricKind::ExponentialHistogram if !delta => {
+                    s.last_cumulative = Some(r.get(5)?);
+                }
                 MetricKind::Histogram | MetricKind::ExponentialHistogram => {
                     let payload: Vec<u8> = r.get(5)?;
                     let (_, _, p) = decode_point(&payload)?;
+                    // delta points: the step's distribution is all of them merged
                     match Hist::from_point(&p) {
-                        Some(h) if delta => {
+                        Some(h) => {
                             s.hist = match s.hist.take() {
                                 None => Some(h),
                                 Some(prev) => {
@@ -706,10 +687,6 @@ pub(super) fn metric_series(
                                 }
                             };
                         }
-                        Some(h) => {
-                            s.hist_start = p.start_time_unix_nano;
-                            s.hist = Some(h);
-                        }
                         None => s.hist_bad = true,
                     }
                 }
@@ -718,7 +695,7 @@ pub(super) fn metric_series(
         let mut out = Vec::with_capacity(order.len());
         for key in order {
             if let Some(mut a) = accs.remove(&key) {
-                a.close(q.from_unix_nano, step_ns);
+                a.close(q.from_unix_nano, step_ns)?;
                 out.push(a.series);
             }
         }
