@@ -124,6 +124,29 @@ fn non_hex_and_wrong_length_ids_are_refused() {
 }
 
 #[test]
+fn a_span_ending_before_it_starts_is_refused_naming_it() {
+    let v = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203331",
+         "name": "backwards", "startTimeUnixNano": "2000", "endTimeUnixNano": "1000"},
+        {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203332",
+         "name": "instant", "startTimeUnixNano": "1000", "endTimeUnixNano": "1000"},
+        {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203333",
+         "name": "open", "startTimeUnixNano": "1000", "endTimeUnixNano": "0"}
+    ]}]}]});
+    let d = traces_json(&v).unwrap();
+    // Zero-length and open (end 0) spans are healthy; only the backwards one goes.
+    assert_eq!((d.batch.span_count(), d.rejected), (2, 1));
+    assert_eq!(d.rejected_end_before_start, 1);
+    assert!(
+        d.message.starts_with(
+            "1 span refused: span \"backwards\" (spanId b7ad6b7169203331) ends before it starts"
+        ),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
 fn empty_and_all_zero_ids_refuse_the_span_with_a_count() {
     let d = decode_traces(
         case!("crafted/c09_trace_id_empty_string.json"),
