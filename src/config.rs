@@ -71,6 +71,33 @@ pub struct OtlpSection {
     pub cors_allowed_origins: Option<Vec<String>>,
     /// When set, OTLP requests must carry `Authorization: Bearer <ingest_token>`.
     pub ingest_token: Option<String>,
+    /// Longest time to receive a request's headers, ms (default 10000; docs/design.md,
+    /// "Back-pressure and limits").
+    pub header_read_timeout_ms: Option<u64>,
+    /// A connection with no request in flight this long is closed, ms (default 60000).
+    pub idle_timeout_ms: Option<u64>,
+    /// HTTP/2 keepalive PING interval, ms (default 20000).
+    pub keepalive_interval_ms: Option<u64>,
+    /// An unanswered PING closes the connection after this, ms (default 10000).
+    pub keepalive_timeout_ms: Option<u64>,
+    /// Open connections per listener (each of gRPC and HTTP), SSE and long-polls included (default 512).
+    pub max_connections: Option<usize>,
+    /// Longest life of one connection, ms (default 3600000).
+    pub max_connection_age_ms: Option<u64>,
+}
+
+impl OtlpSection {
+    /// The connection-limit keys of this section.
+    pub fn listen_limits(&self) -> stallwatch_storage::listen::RawListenLimits {
+        stallwatch_storage::listen::RawListenLimits {
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            idle_timeout_ms: self.idle_timeout_ms,
+            keepalive_interval_ms: self.keepalive_interval_ms,
+            keepalive_timeout_ms: self.keepalive_timeout_ms,
+            max_connections: self.max_connections,
+            max_connection_age_ms: self.max_connection_age_ms,
+        }
+    }
 }
 
 /// `[storage]`.

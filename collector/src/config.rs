@@ -5,6 +5,8 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
+use stallwatch_storage::listen::ListenLimits;
+
 use crate::error::CollectorError;
 
 /// Default OTLP/gRPC listen address: `127.0.0.1:4317` (docs/design.md, Defaults).
@@ -78,6 +80,10 @@ pub struct CollectorConfig {
     /// `src/` fills it from `[dashboard] allowed_hosts`, the one place every listener's
     /// rule is configured (`stallwatch_storage::hosts`). Default empty.
     pub allowed_hosts: Vec<String>,
+    /// Connection limits of both OTLP listeners (`[otlp] header_read_timeout_ms`,
+    /// `idle_timeout_ms`, `keepalive_interval_ms`, `keepalive_timeout_ms`, `max_connections`
+    /// per listener, `max_connection_age_ms`). Default [`ListenLimits::default`].
+    pub listen: ListenLimits,
 }
 
 impl Default for CollectorConfig {
@@ -96,6 +102,7 @@ impl Default for CollectorConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             allowed_hosts: Vec::new(),
+            listen: ListenLimits::default(),
         }
     }
 }

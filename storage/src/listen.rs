@@ -208,7 +208,10 @@ impl ListenerStats {
     }
 
     fn closed(&self, reason: CloseReason) {
-        let i = CloseReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        let i = CloseReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
         self.closed[i].fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -224,23 +227,50 @@ impl MetricsSource for ListenerMetrics {
     fn render_prometheus(&self, out: &mut String) {
         use std::fmt::Write as _;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(out, "# HELP stallwatch_listener_connections Connections open now, by listener.");
+        let _ = writeln!(
+            out,
+            "# HELP stallwatch_listener_connections Connections open now, by listener."
+        );
         let _ = writeln!(out, "# TYPE stallwatch_listener_connections gauge");
         for s in &self.0 {
-            let _ = writeln!(out, "stallwatch_listener_connections{{listener=\"{}\"}} {}", s.name, l(&s.open));
+            let _ = writeln!(
+                out,
+                "stallwatch_listener_connections{{listener=\"{}\"}} {}",
+                s.name,
+                l(&s.open)
+            );
         }
         let _ = writeln!(out, "# HELP stallwatch_listener_connections_accepted_total Connections accepted, by listener.");
-        let _ = writeln!(out, "# TYPE stallwatch_listener_connections_accepted_total counter");
+        let _ = writeln!(
+            out,
+            "# TYPE stallwatch_listener_connections_accepted_total counter"
+        );
         for s in &self.0 {
-            let _ = writeln!(out, "stallwatch_listener_connections_accepted_total{{listener=\"{}\"}} {}", s.name, l(&s.accepted));
+            let _ = writeln!(
+                out,
+                "stallwatch_listener_connections_accepted_total{{listener=\"{}\"}} {}",
+                s.name,
+                l(&s.accepted)
+            );
         }
         let _ = writeln!(out, "# HELP stallwatch_listener_connections_refused_total Connections closed at once because max_connections were open.");
-        let _ = writeln!(out, "# TYPE stallwatch_listener_connections_refused_total counter");
+        let _ = writeln!(
+            out,
+            "# TYPE stallwatch_listener_connections_refused_total counter"
+        );
         for s in &self.0 {
-            let _ = writeln!(out, "stallwatch_listener_connections_refused_total{{listener=\"{}\"}} {}", s.name, l(&s.refused));
+            let _ = writeln!(
+                out,
+                "stallwatch_listener_connections_refused_total{{listener=\"{}\"}} {}",
+                s.name,
+                l(&s.refused)
+            );
         }
         let _ = writeln!(out, "# HELP stallwatch_listener_connections_closed_total Connections the server closed, by listener and reason.");
-        let _ = writeln!(out, "# TYPE stallwatch_listener_connections_closed_total counter");
+        let _ = writeln!(
+            out,
+            "# TYPE stallwatch_listener_connections_closed_total counter"
+        );
         for s in &self.0 {
             for (i, r) in CloseReason::ALL.iter().enumerate() {
                 let _ = writeln!(
