@@ -127,6 +127,11 @@ async fn serve(
         Some(_) => {
             let raw: stallwatch_collector::RawForwardConfig =
                 config::section("forward", &file.forward)?;
+            // Keys the section leaves unset come from the standard OTEL_EXPORTER_OTLP_*
+            // variables (runners never inherit those: the reaper scrubs them).
+            let raw = raw
+                .with_env(|k| std::env::var(k).ok())
+                .context("invalid [forward] section")?;
             let fc = stallwatch_collector::ForwardConfig::try_from(raw)
                 .context("invalid [forward] section")?;
             Some(stallwatch_collector::Forwarder::start(fc, storage.clone())?)
@@ -217,8 +222,15 @@ async fn serve(
     let dashboard_addr = listener.local_addr()?;
     dash_config.listen = dashboard_addr;
     let (ready_tx, ready_rx) = watch::channel(false);
+    let [grpc_stats, http_stats] = collector.listener_stats();
+    let dash_stats = stallwatch_storage::listen::ListenerStats::new("dashboard");
     let mut metrics: Vec<Arc<dyn MetricsSource>> = vec![
         collector.stats(),
+        Arc::new(stallwatch_storage::listen::ListenerMetrics(vec![
+            grpc_stats,
+            http_stats,
+            dash_stats.clone(),
+        ])),
         storage.telemetry_stats(),
         watchdog.stats(),
         reaper.stats(),
@@ -239,9 +251,11 @@ async fn serve(
     };
     let dash_token = CancellationToken::new();
     let app = stallwatch_dashboards::app(state);
-    let dash_task = tokio::spawn(stallwatch_dashboards::serve(
+    let dash_task = tokio::spawn(stallwatch_dashboards::serve_with(
         listener,
         app,
+        dash_config.listen_limits,
+        dash_stats,
         dash_token.clone(),
     ));
     let webhooks = stallwatch_dashboards::start_webhooks(
@@ -458,6 +472,8 @@ fn collector_config(settings: &Settings) -> Result<CollectorConfig> {
         c.cors_allowed_origins = v.clone();
     }
     c.ingest_token = o.ingest_token.clone();
+    c.listen = stallwatch_storage::listen::ListenLimits::try_from(&o.listen_limits())
+        .map_err(|e| anyhow::anyhow!("[otlp] {e}"))?;
     Ok(c)
 }
 
