@@ -42,6 +42,17 @@ pub enum Held {
     Action(ActionRecord),
     /// A runner row (registration, restart, state change).
     Runner(RunnerRow),
+    /// A runner's state and detail ([`Storage::set_runner_state`]).
+    RunnerState {
+        /// Runner id.
+        id: String,
+        /// The new state.
+        state: crate::runners::RunnerRowState,
+        /// Its detail.
+        detail: serde_json::Value,
+        /// When, ns since the Unix epoch.
+        at_unix_nano: u64,
+    },
 }
 
 impl Held {
@@ -50,6 +61,12 @@ impl Held {
             Held::Incident(i) => Ok(crate::incidents::insert_incident_tx(tx, i.clone())?.is_some()),
             Held::Action(a) => crate::runners::insert_action_tx(tx, a),
             Held::Runner(r) => crate::runners::upsert_runner_tx(tx, r).map(|_| true),
+            Held::RunnerState {
+                id,
+                state,
+                detail,
+                at_unix_nano,
+            } => crate::runners::set_runner_state_tx(tx, id, *state, detail, *at_unix_nano),
         }
     }
 
@@ -67,6 +84,9 @@ impl Held {
                 a.runner_id, a.termination_id, a.step, a.phase
             ),
             Held::Runner(r) => format!("runner row runner={} state={}", r.id, r.state.as_str()),
+            Held::RunnerState { id, state, .. } => {
+                format!("runner state runner={id} state={}", state.as_str())
+            }
         }
     }
 }
@@ -259,7 +279,11 @@ impl Storage {
     }
 
     /// [`Storage::control`] with a busy wait of `wait` instead of `busy_timeout`.
-    async fn control_with_busy_wait<T, F>(&self, wait: Duration, f: F) -> Result<T, StorageError>
+    pub(crate) async fn control_with_busy_wait<T, F>(
+        &self,
+        wait: Duration,
+        f: F,
+    ) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StorageError> + Send + 'static,

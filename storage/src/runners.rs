@@ -212,7 +212,8 @@ impl Storage {
             .map(|_| ())
     }
 
-    /// Sets a runner's state and detail. Answers false when no row has that id.
+    /// Sets a runner's state and detail. Answers false when no row has that id (true while
+    /// the change is held in memory for a locked, full or failing file).
     pub async fn set_runner_state(
         &self,
         id: String,
@@ -220,12 +221,13 @@ impl Storage {
         detail: serde_json::Value,
         at_unix_nano: u64,
     ) -> Result<bool, StorageError> {
-        self.control(move |tx| {
-            let n = tx.execute(
-                "UPDATE runners SET state = ?2, detail = ?3, updated_unix_nano = ?4 WHERE id = ?1",
-                params![id, state.as_str(), detail.to_string(), at_unix_nano as i64],
-            )?;
-            Ok(n > 0)
+        // Held like every control record of the watchdog and reaper: a locked file must
+        // not delay a termination (docs/design.md, Durability levels).
+        self.control_or_hold(crate::held::Held::RunnerState {
+            id,
+            state,
+            detail,
+            at_unix_nano,
         })
         .await
     }
@@ -317,6 +319,20 @@ impl Storage {
 }
 
 /// The runner row upsert, inside a control transaction.
+pub(crate) fn set_runner_state_tx(
+    tx: &Transaction<'_>,
+    id: &str,
+    state: RunnerRowState,
+    detail: &serde_json::Value,
+    at_unix_nano: u64,
+) -> Result<bool, StorageError> {
+    let n = tx.execute(
+        "UPDATE runners SET state = ?2, detail = ?3, updated_unix_nano = ?4 WHERE id = ?1",
+        params![id, state.as_str(), detail.to_string(), at_unix_nano as i64],
+    )?;
+    Ok(n > 0)
+}
+
 pub(crate) fn upsert_runner_tx(tx: &Transaction<'_>, row: &RunnerRow) -> Result<(), StorageError> {
     tx.execute(
         &format!(
