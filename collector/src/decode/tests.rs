@@ -267,7 +267,10 @@ fn out_of_range_and_fractional_ints_are_refused() {
     assert!(traces_json(&one_span(json!({"flags": 4294967296u64}))).is_err());
     assert!(traces_json(&attr_value(json!({"intValue": "-9223372036854775809"}))).is_err());
     // Integral exponent forms within 2^53 are exact and accepted.
-    let d = traces_json(&one_span(json!({"startTimeUnixNano": 1e3}))).unwrap();
+    let d = traces_json(&one_span(
+        json!({"startTimeUnixNano": 1e3, "endTimeUnixNano": 2e3}),
+    ))
+    .unwrap();
     assert_eq!(d.batch.spans().next().unwrap().2.start_time_unix_nano, 1000);
 }
 
