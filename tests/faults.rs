@@ -1091,9 +1091,10 @@ fn steps_in(v: &serde_json::Value, out: &mut Vec<(String, u64)>) {
 
 /// Issue 11, "act without waiting on the database" and "Trips are silent in the log": a
 /// runner deadlocks inside a tool span, then another process holds `BEGIN IMMEDIATE` on
-/// the database. The trip and the termination still happen on time (SLA + heartbeat bound
-/// + grace, while the lock is held), the incidents appear once the lock ends, and the trip
-/// is exactly one WARN line naming the runner, the verdict and the reason.
+/// the database. The trip and the termination still happen on time (within the SLA plus
+/// the heartbeat bound plus the grace, while the lock is held), the incidents appear once
+/// the lock ends, and the trip is exactly one WARN line naming the runner, the verdict and
+/// the reason.
 #[test]
 fn a_runner_stalled_while_the_database_is_locked_is_stopped_on_time_and_logged() {
     use crate::chain::{chain_config, incidents, process_alive, python_runner, wait_incident};
