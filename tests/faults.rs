@@ -242,7 +242,12 @@ fn foreign_host_is_refused_on_every_listener() {
     };
     let r = post("attacker.example:4318");
     assert_eq!(r.status().as_u16(), 421);
-    assert!(r.text().unwrap().contains("DNS rebinding"));
+    let otlp: serde_json::Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert!(otlp["message"].as_str().unwrap().contains("DNS rebinding"));
+    assert_eq!(
+        otlp["message"],
+        stallwatch_storage::hosts::refusal_message("attacker.example:4318")
+    );
     let (_, t) = server.get_json("/api/v1/traces/6b8efff798038103d269b633813fc60c");
     assert!(
         t["spans"].as_array().is_none_or(|s| s.is_empty()),
@@ -257,6 +262,12 @@ fn foreign_host_is_refused_on_every_listener() {
         .send()
         .unwrap();
     assert_eq!(dash.status().as_u16(), 421);
+    // One rule, one message on every listener (each in its own envelope).
+    let dash: serde_json::Value = dash.json().unwrap();
+    assert_eq!(
+        dash["error"]["message"],
+        stallwatch_storage::hosts::refusal_message("attacker.example")
+    );
 
     // gRPC with a foreign :authority, through the real Python SDK's grpc channel option.
     let script = format!(
@@ -1097,7 +1108,7 @@ fn steps_in(v: &serde_json::Value, out: &mut Vec<(String, u64)>) {
 /// the reason.
 #[test]
 fn a_runner_stalled_while_the_database_is_locked_is_stopped_on_time_and_logged() {
-    use crate::chain::{chain_config, incidents, process_alive, python_runner, wait_incident};
+    use crate::chain::{chain_config, python_runner};
     let dir = tempfile::tempdir().unwrap();
     let server =
         Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&chain_config("")));
@@ -1187,7 +1198,7 @@ fn a_runner_stalled_while_the_database_is_locked_is_stopped_on_time_and_logged()
 /// the SIGTERM within 100 ms, measured on the termination's own step clock.
 #[test]
 fn a_sigstopped_runner_ends_by_sigterm_within_100_ms() {
-    use crate::chain::{chain_config, process_alive, python_runner, wait_incident};
+    use crate::chain::{chain_config, python_runner};
     let dir = tempfile::tempdir().unwrap();
     // A grace far longer than 100 ms, so SIGKILL cannot be what ends it.
     let server = Server::start_with(

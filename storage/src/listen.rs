@@ -225,60 +225,45 @@ pub struct ListenerMetrics(pub Vec<Arc<ListenerStats>>);
 
 impl MetricsSource for ListenerMetrics {
     fn render_prometheus(&self, out: &mut String) {
-        use std::fmt::Write as _;
+        use crate::prometheus::{family, Kind};
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP stallwatch_listener_connections Connections open now, by listener."
-        );
-        let _ = writeln!(out, "# TYPE stallwatch_listener_connections gauge");
-        for s in &self.0 {
-            let _ = writeln!(
-                out,
-                "stallwatch_listener_connections{{listener=\"{}\"}} {}",
-                s.name,
-                l(&s.open)
-            );
+        let simple: [(&str, Kind, &str, fn(&ListenerStats) -> &AtomicU64); 3] = [
+            (
+                "stallwatch_listener_connections",
+                Kind::Gauge,
+                "Connections open now, by listener.",
+                |s| &s.open,
+            ),
+            (
+                "stallwatch_listener_connections_accepted_total",
+                Kind::Counter,
+                "Connections accepted, by listener.",
+                |s| &s.accepted,
+            ),
+            (
+                "stallwatch_listener_connections_refused_total",
+                Kind::Counter,
+                "Connections closed at once because max_connections were open.",
+                |s| &s.refused,
+            ),
+        ];
+        for (name, kind, help, field) in simple {
+            let mut f = family(out, name, kind, help);
+            for s in &self.0 {
+                f.sample(&[("listener", s.name)], l(field(s)));
+            }
         }
-        let _ = writeln!(out, "# HELP stallwatch_listener_connections_accepted_total Connections accepted, by listener.");
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# TYPE stallwatch_listener_connections_accepted_total counter"
-        );
-        for s in &self.0 {
-            let _ = writeln!(
-                out,
-                "stallwatch_listener_connections_accepted_total{{listener=\"{}\"}} {}",
-                s.name,
-                l(&s.accepted)
-            );
-        }
-        let _ = writeln!(out, "# HELP stallwatch_listener_connections_refused_total Connections closed at once because max_connections were open.");
-        let _ = writeln!(
-            out,
-            "# TYPE stallwatch_listener_connections_refused_total counter"
-        );
-        for s in &self.0 {
-            let _ = writeln!(
-                out,
-                "stallwatch_listener_connections_refused_total{{listener=\"{}\"}} {}",
-                s.name,
-                l(&s.refused)
-            );
-        }
-        let _ = writeln!(out, "# HELP stallwatch_listener_connections_closed_total Connections the server closed, by listener and reason.");
-        let _ = writeln!(
-            out,
-            "# TYPE stallwatch_listener_connections_closed_total counter"
+            "stallwatch_listener_connections_closed_total",
+            Kind::Counter,
+            "Connections the server closed, by listener and reason.",
         );
         for s in &self.0 {
             for (i, r) in CloseReason::ALL.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "stallwatch_listener_connections_closed_total{{listener=\"{}\",reason=\"{}\"}} {}",
-                    s.name,
-                    r.as_str(),
-                    l(&s.closed[i])
+                f.sample(
+                    &[("listener", s.name), ("reason", r.as_str())],
+                    l(&s.closed[i]),
                 );
             }
         }
