@@ -223,11 +223,14 @@ impl ListenerStats {
 /// `idle`, `max_age`).
 pub struct ListenerMetrics(pub Vec<Arc<ListenerStats>>);
 
+/// Which counter of a [`ListenerStats`] a family shows.
+type CounterOf = fn(&ListenerStats) -> &AtomicU64;
+
 impl MetricsSource for ListenerMetrics {
     fn render_prometheus(&self, out: &mut String) {
         use crate::prometheus::{family, Kind};
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let simple: [(&str, Kind, &str, fn(&ListenerStats) -> &AtomicU64); 3] = [
+        let simple: [(&str, Kind, &str, CounterOf); 3] = [
             (
                 "stallwatch_listener_connections",
                 Kind::Gauge,
