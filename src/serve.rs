@@ -162,6 +162,11 @@ async fn serve(
     let forwarder = match settings.forward {
         None => None,
         Some(raw) => {
+            // Keys the section leaves unset come from the standard OTEL_EXPORTER_OTLP_*
+            // variables (runners never inherit those: the reaper scrubs them).
+            let raw = raw
+                .with_env(|k| std::env::var(k).ok())
+                .context("invalid [forward] section")?;
             let fc = stallwatch_collector::ForwardConfig::try_from(raw)
                 .context("invalid [forward] section")?;
             Some(stallwatch_collector::Forwarder::start(fc, storage.clone())?)
@@ -247,8 +252,15 @@ async fn serve(
     let dashboard_addr = listener.local_addr()?;
     dash_config.listen = dashboard_addr;
     let (ready_tx, ready_rx) = watch::channel(false);
+    let [grpc_stats, http_stats] = collector.listener_stats();
+    let dash_stats = stallwatch_storage::listen::ListenerStats::new("dashboard");
     let mut metrics: Vec<Arc<dyn MetricsSource>> = vec![
         collector.stats(),
+        Arc::new(stallwatch_storage::listen::ListenerMetrics(vec![
+            grpc_stats,
+            http_stats,
+            dash_stats.clone(),
+        ])),
         storage.telemetry_stats(),
         watchdog.stats(),
         reaper.stats(),
@@ -274,9 +286,11 @@ async fn serve(
     };
     let dash_token = CancellationToken::new();
     let app = stallwatch_dashboards::app(state);
-    let dash_task = tokio::spawn(stallwatch_dashboards::serve(
+    let dash_task = tokio::spawn(stallwatch_dashboards::serve_with(
         listener,
         app,
+        dash_config.listen_limits,
+        dash_stats,
         dash_token.clone(),
     ));
     let webhooks = stallwatch_dashboards::start_webhooks(

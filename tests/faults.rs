@@ -615,3 +615,640 @@ fn http1_on_the_grpc_port_names_the_otlp_http_address() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The `/metrics` text of `server`.
+fn metrics_text(server: &Server) -> String {
+    http_client()
+        .get(server.api("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap()
+}
+
+/// Open file descriptors of process `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Issue 11, "Slow and idle clients": 1,000 sockets spread over the three listeners send
+/// their request headers one byte per second. While they are all open, a real Python SDK
+/// export and the dashboard answer promptly; the server closes every one of them within
+/// the header read timeout (10 s) plus the close grace, and stallwatch's descriptors
+/// come back down.
+#[test]
+fn a_thousand_slow_clients_are_closed_and_no_one_waits_for_them() {
+    use std::io::{Read, Write};
+    const SLOW: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let pid = server.child.id();
+    wait_until!(
+        Duration::from_secs(30),
+        "readyz 200",
+        server.get_json("/readyz").0 == 200
+    );
+    let fds_before = fd_count(pid);
+
+    let targets = [server.http, server.dashboard, server.grpc];
+    let opened = Instant::now();
+    let mut socks: Vec<std::net::TcpStream> = (0..SLOW)
+        .map(|i| {
+            let s = std::net::TcpStream::connect(targets[i % 3]).expect("connect a slow client");
+            s.set_nodelay(true).unwrap();
+            s
+        })
+        .collect();
+    let request =
+        b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+    // Drip: one byte per socket per second, on a thread, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dripper = {
+        let stop = stop.clone();
+        let mut writers: Vec<_> = socks.iter().map(|s| s.try_clone().unwrap()).collect();
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < request.len() {
+                for w in &mut writers {
+                    let _ = w.write_all(&request[i..i + 1]);
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    // All 1,000 are open at the server.
+    wait_until!(
+        Duration::from_secs(10),
+        "1,000 open connections in /metrics",
+        {
+            let m = metrics_text(&server);
+            let open: u64 = m
+                .lines()
+                .filter(|l| l.starts_with("stallwatch_listener_connections{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum();
+            open >= SLOW as u64
+        }
+    );
+    let fds_held = fd_count(pid);
+    eprintln!("stallwatch descriptors: {fds_before} before, {fds_held} with the slow clients");
+    assert!(
+        fds_held + 20 >= fds_before + SLOW,
+        "the slow sockets are not held: {fds_before} → {fds_held}"
+    );
+
+    // A normal export over OTLP/HTTP through the real SDK, and the dashboard, meanwhile.
+    let t = Instant::now();
+    let (st, _) = server.get_json("/readyz");
+    let readyz_took = t.elapsed();
+    assert_eq!(st, 200);
+    let t = Instant::now();
+    let sdk = export_under_fault("http/protobuf", format!("http://{}", server.http), 3)
+        .join()
+        .unwrap();
+    let export_took = t.elapsed();
+    assert_eq!(sdk["accepted"].as_array().unwrap().len(), 3, "{sdk}");
+    let still_open = opened.elapsed();
+    eprintln!("readyz {readyz_took:?}, SDK export of 3 spans {export_took:?} (python start included), with {SLOW} slow clients open for {still_open:?}");
+    assert!(
+        readyz_took < Duration::from_secs(2),
+        "dashboard waited {readyz_took:?}"
+    );
+    assert!(
+        still_open < Duration::from_secs(10),
+        "the export finished only after the slow clients were closed ({still_open:?}); not a test of responsiveness"
+    );
+    for s in [&sdk["accepted"][0], &sdk["accepted"][2]] {
+        assert!(stored(
+            &server,
+            s["trace_id"].as_str().unwrap(),
+            s["span_id"].as_str().unwrap()
+        ));
+    }
+
+    // Every slow socket is closed by the server: a read sees EOF (or a reset).
+    let limit = Duration::from_secs(10) + Duration::from_secs(10) + Duration::from_secs(8);
+    let mut latest = Duration::ZERO;
+    for s in &mut socks {
+        let left = limit
+            .saturating_sub(opened.elapsed())
+            .max(Duration::from_millis(10));
+        s.set_read_timeout(Some(left)).unwrap();
+        let mut buf = [0u8; 512];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue, // an error answer before the close is fine
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    panic!(
+                        "a slow client was still open {:?} after connecting",
+                        opened.elapsed()
+                    )
+                }
+                Err(_) => break, // reset
+            }
+        }
+        latest = latest.max(opened.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    dripper.join().unwrap();
+    eprintln!("all {SLOW} slow clients closed by the server within {latest:?} of connecting");
+    drop(socks);
+    wait_until!(
+        Duration::from_secs(10),
+        "stallwatch's descriptors to come back",
+        fd_count(pid) <= fds_before + 10
+    );
+    let m = metrics_text(&server);
+    let timed_out: u64 = m
+        .lines()
+        .filter(|l| {
+            l.starts_with("stallwatch_listener_connections_closed_total{")
+                && l.contains("reason=\"header_timeout\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        timed_out >= SLOW as u64,
+        "header timeouts counted: {timed_out}\n{m}"
+    );
+}
+
+/// Issue 11, "Slow and idle clients": the per-listener connection cap closes a connection
+/// over it at once (counted), the idle timeout closes a kept-alive connection, and once
+/// the holders are gone the listener serves again (the healthy case).
+#[test]
+fn the_connection_cap_and_the_idle_timeout_hold_per_listener() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(
+        "[otlp]\nmax_connections = 20\nidle_timeout_ms = 1500\nheader_read_timeout_ms = 30000\n",
+    ));
+    let holders: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(server.http).unwrap())
+        .collect();
+    wait_until!(Duration::from_secs(5), "20 open OTLP/HTTP connections", {
+        metrics_text(&server).contains("stallwatch_listener_connections{listener=\"otlp_http\"} 20")
+    });
+    let mut over = std::net::TcpStream::connect(server.http).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = over.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the connection over the cap was answered");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "closed only after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        metrics_text(&server)
+            .contains("stallwatch_listener_connections_refused_total{listener=\"otlp_http\"} 1"),
+        "{}",
+        metrics_text(&server)
+    );
+    // The dashboard has its own cap: it is not affected.
+    assert_eq!(server.get_json("/readyz").0, 200);
+    drop(holders);
+
+    // Healthy: a keep-alive client is served, then closed after 1.5 s without a request.
+    let mut c = None;
+    wait_until!(Duration::from_secs(5), "the listener to serve again", {
+        let mut s = std::net::TcpStream::connect(server.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let body = r#"{"resourceSpans":[]}"#;
+        let req = format!(
+            "POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut got = [0u8; 12];
+        let ok = s.read_exact(&mut got).is_ok() && &got == b"HTTP/1.1 200";
+        if ok {
+            c = Some(s);
+        }
+        ok
+    });
+    let mut c = c.unwrap();
+    let served = Instant::now();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    let idle = served.elapsed();
+    assert!(
+        idle >= Duration::from_millis(1000) && idle < Duration::from_secs(6),
+        "idle keep-alive connection closed after {idle:?}, want about 1.5 s"
+    );
+    assert!(metrics_text(&server).contains(
+        "stallwatch_listener_connections_closed_total{listener=\"otlp_http\",reason=\"idle\"} 1"
+    ));
+}
+
+/// A test CA and a server certificate for `localhost` / 127.0.0.1 signed by it, written as
+/// PEM files into `dir`: (ca.pem, server.pem, server.key).
+fn test_ca(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "stallwatch test CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
+    std::fs::write(&paths.1, leaf.pem()).unwrap();
+    std::fs::write(&paths.2, leaf_key.serialize_pem()).unwrap();
+    paths
+}
+
+/// A running `tests/python/tls_otlp_receiver.py`; its export lines arrive on `lines`.
+struct TlsReceiver {
+    child: std::process::Child,
+    port: u16,
+    lines: std::sync::mpsc::Receiver<serde_json::Value>,
+}
+
+impl TlsReceiver {
+    fn start(mode: &str, cert: &std::path::Path, key: &std::path::Path) -> TlsReceiver {
+        let mut child = Command::new(python())
+            .arg(test_data("python/tls_otlp_receiver.py"))
+            .arg(mode)
+            .arg(cert)
+            .arg(key)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run the python TLS receiver");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let port = first
+            .trim()
+            .strip_prefix("port ")
+            .unwrap_or_else(|| {
+                panic!("TLS receiver ({mode}) did not start (is grpcio in the venv?): {first:?}")
+            })
+            .parse()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        TlsReceiver { child, port, lines }
+    }
+}
+
+impl Drop for TlsReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn post_one_span(server: &Server, span_id: &str) {
+    let body = format!(
+        r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"7b8efff798038103d269b633813fc60d","spanId":"{span_id}","name":"tls","startTimeUnixNano":"1","endTimeUnixNano":"2"}}]}}]}}]}}"#
+    );
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+/// Issue 11, "Forwarding": an `https://` upstream over rustls, trusting a test CA from
+/// `[forward] ca_file` (HTTP/protobuf), and the same from the standard
+/// `OTEL_EXPORTER_OTLP_*` variables alone (gRPC, headers percent-decoded); without the CA
+/// the upstream's certificate is refused and nothing is delivered.
+#[test]
+fn forwarder_speaks_tls_with_a_configured_ca_and_reads_the_standard_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_ca(dir.path());
+
+    // HTTP/protobuf, CA from the section.
+    let http_up = TlsReceiver::start("http", &cert, &key);
+    let a = Server::start_with(ServerOpts::new(&dir.path().join("a")).config(&format!(
+        "[forward]\nendpoint = \"https://localhost:{}\"\nprotocol = \"http/protobuf\"\nca_file = {:?}\npoll_interval_ms = 50\nretry_initial_ms = 100\n[forward.headers]\nx-test = \"section\"\n",
+        http_up.port,
+        ca.display().to_string()
+    )));
+    post_one_span(&a, "eee19b7ec3c1b101");
+    let got = http_up
+        .lines
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("nothing reached the TLS upstream; stderr:\n{}", a.stderr()));
+    assert_eq!(got["spans"], 1, "{got}");
+    assert_eq!(got["x-test"], "section", "{got}");
+    drop(a);
+
+    // gRPC, everything from the standard variables (the section only turns forwarding on).
+    let grpc_up = TlsReceiver::start("grpc", &cert, &key);
+    let mut opts = ServerOpts::new(&dir.path().join("b"))
+        .config("[forward]\npoll_interval_ms = 50\nretry_initial_ms = 100\n");
+    opts.env = vec![
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            format!("https://localhost:{}", grpc_up.port),
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "grpc".into()),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE".into(),
+            ca.display().to_string(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS".into(),
+            "x-test=from%20env".into(),
+        ),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT".into(), "5000".into()),
+    ];
+    let b = Server::start_with(opts);
+    post_one_span(&b, "eee19b7ec3c1b102");
+    let got = grpc_up
+        .lines
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| {
+            panic!(
+                "nothing reached the TLS gRPC upstream; stderr:\n{}",
+                b.stderr()
+            )
+        });
+    assert_eq!(got["spans"], 1, "{got}");
+    assert_eq!(got["x-test"], "from env", "{got}");
+    drop(b);
+
+    // No CA: the test CA is not among the web PKI roots, so nothing is accepted upstream.
+    let c = Server::start_with(ServerOpts::new(&dir.path().join("c")).config(&format!(
+        "[forward]\nendpoint = \"https://localhost:{}\"\nprotocol = \"http/protobuf\"\npoll_interval_ms = 50\nretry_initial_ms = 100\n",
+        http_up.port
+    )));
+    post_one_span(&c, "eee19b7ec3c1b103");
+    assert!(
+        http_up.lines.recv_timeout(Duration::from_secs(4)).is_err(),
+        "an upstream with an unknown CA was trusted"
+    );
+}
+
+/// Issue 11 new-user finding: a span whose end is before its start is refused one by one
+/// on both transports (`partial_success.rejected_spans`, a message naming the span,
+/// counted as `end_before_start`), while a zero-length span next to it is stored.
+#[test]
+fn a_span_ending_before_it_starts_is_refused_on_both_transports() {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let span = |sid: u8, name: &str, start: u64, end: u64| Span {
+        trace_id: vec![0x5a; 16],
+        span_id: vec![sid; 8],
+        name: name.into(),
+        start_time_unix_nano: start,
+        end_time_unix_nano: end,
+        ..Default::default()
+    };
+    let req = |a: u8, b: u8| ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans: vec![
+                    span(a, "backwards", 2_000_000_000, 1_000_000_000),
+                    span(b, "instant", 1_000_000_000, 1_000_000_000),
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    // OTLP/HTTP (protobuf).
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .body(req(0x11, 0x12).encode_to_vec())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let resp = ExportTraceServiceResponse::decode(r.bytes().unwrap()).unwrap();
+    let p = resp.partial_success.expect("partial_success");
+    assert_eq!(p.rejected_spans, 1, "{p:?}");
+    assert!(
+        p.error_message.contains("\"backwards\"")
+            && p.error_message.contains("1111111111111111")
+            && p.error_message.contains("ends before it starts"),
+        "{p:?}"
+    );
+    // OTLP/gRPC.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let p = rt.block_on(async {
+        let mut c = TraceServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .unwrap();
+        c.export(req(0x21, 0x22))
+            .await
+            .unwrap()
+            .into_inner()
+            .partial_success
+            .unwrap()
+    });
+    assert_eq!(p.rejected_spans, 1, "{p:?}");
+    assert!(p.error_message.contains("2121212121212121"), "{p:?}");
+    let trace = "5a".repeat(16);
+    assert!(stored(&server, &trace, &"12".repeat(8)));
+    assert!(stored(&server, &trace, &"22".repeat(8)));
+    assert!(!stored(&server, &trace, &"11".repeat(8)));
+    assert!(!stored(&server, &trace, &"21".repeat(8)));
+    assert!(metrics_text(&server)
+        .contains("stallwatch_otlp_records_refused_total{reason=\"end_before_start\"} 2"));
+}
+
+/// Every `{"step": .., "at_ms": ..}` object inside `v`, in document order.
+fn steps_in(v: &serde_json::Value, out: &mut Vec<(String, u64)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if let (Some(s), Some(at)) = (
+                m.get("step").and_then(|s| s.as_str()),
+                m.get("at_ms").and_then(|a| a.as_u64()),
+            ) {
+                out.push((s.to_string(), at));
+            }
+            m.values().for_each(|x| steps_in(x, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| steps_in(x, out)),
+        _ => {}
+    }
+}
+
+/// Issue 11, "act without waiting on the database" and "Trips are silent in the log": a
+/// runner deadlocks inside a tool span, then another process holds `BEGIN IMMEDIATE` on
+/// the database. The trip and the termination still happen on time (within the SLA plus
+/// the heartbeat bound plus the grace, while the lock is held), the incidents appear once
+/// the lock ends, and the trip is exactly one WARN line naming the runner, the verdict and
+/// the reason.
+#[test]
+fn a_runner_stalled_while_the_database_is_locked_is_stopped_on_time_and_logged() {
+    use crate::chain::{chain_config, python_runner};
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&chain_config("")));
+    let reg = python_runner(&server, "py-locked", "deadlock", None, &[]);
+    let pid = reg["pid"].as_u64().unwrap();
+    // The tool span's start is committed (the runner's worst open span) before the lock.
+    wait_until!(Duration::from_secs(30), "the runner's open tool span", {
+        server.get_json("/api/v1/runners/py-locked").1["worst_span"].is_object()
+    });
+    const LOCK_S: f64 = 14.0;
+    let lock = hold_write_lock(&server.data_dir.join("stallwatch.db"), LOCK_S);
+    let locked_at = Instant::now();
+    // SLA 2 s + heartbeat bound 3 s + grace 1 s, plus slack for a loaded machine.
+    let bound = Duration::from_millis(crate::chain::SLA_MS + 3000 + 1000 + 4000);
+    while process_alive(pid) {
+        assert!(
+            locked_at.elapsed() < bound,
+            "the stalled runner still runs {:?} into the lock; stderr:\n{}",
+            locked_at.elapsed(),
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped_after = locked_at.elapsed();
+    assert!(
+        stopped_after < Duration::from_secs_f64(LOCK_S - 1.0),
+        "stopped only after the lock ended ({stopped_after:?})"
+    );
+    eprintln!("stalled runner stopped {stopped_after:?} into the database lock");
+    // Held, not lost: nothing is in the file yet, everything is once the lock ends.
+    assert!(
+        !incidents(&server, "py-locked")
+            .iter()
+            .any(|i| i["event"] == "breaker.opened"),
+        "the incident was written through the lock?"
+    );
+    let mut lock = lock;
+    lock.wait().unwrap();
+    let opened = wait_incident(
+        &server,
+        "py-locked",
+        "breaker.opened",
+        Duration::from_secs(30),
+    );
+    wait_incident(
+        &server,
+        "py-locked",
+        "runner.terminated",
+        Duration::from_secs(30),
+    );
+    let reason = opened["reason"].as_str().unwrap().to_string();
+
+    // One WARN line for the trip, naming runner, verdict (event) and reason.
+    let stderr = server.stderr();
+    let trip_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("stallwatch::incident")
+                && l.contains("breaker.opened")
+                && l.contains("py-locked")
+        })
+        .collect();
+    assert_eq!(
+        trip_lines.len(),
+        1,
+        "trip log lines: {trip_lines:#?}\n{stderr}"
+    );
+    let line = trip_lines[0];
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("event=breaker.opened") && line.contains("reason="),
+        "{line}"
+    );
+    let first_words: String = reason
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        line.contains(&first_words),
+        "the line does not carry the reason {reason:?}: {line}"
+    );
+}
+
+/// Issue 11, "A stopped (SIGSTOP) runner waits out the whole grace period": stallwatch
+/// sends SIGCONT right after SIGTERM, so a SIGSTOPped runner (its heartbeat lost) ends by
+/// the SIGTERM within 100 ms, measured on the termination's own step clock.
+#[test]
+fn a_sigstopped_runner_ends_by_sigterm_within_100_ms() {
+    use crate::chain::{chain_config, python_runner};
+    let dir = tempfile::tempdir().unwrap();
+    // A grace far longer than 100 ms, so SIGKILL cannot be what ends it.
+    let server = Server::start_with(
+        ServerOpts::new(&dir.path().join("data"))
+            .config(&chain_config("").replace("grace_ms = 1000", "grace_ms = 5000")),
+    );
+    let reg = python_runner(&server, "py-stopped", "healthy", None, &[]);
+    let pid = reg["pid"].as_u64().unwrap();
+    wait_until!(Duration::from_secs(30), "the runner to be running", {
+        server.get_json("/api/v1/runners/py-stopped").1["lifecycle"] == "running"
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let st = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let terminated = wait_incident(
+        &server,
+        "py-stopped",
+        "runner.terminated",
+        Duration::from_secs(40),
+    );
+    wait_until!(
+        Duration::from_secs(10),
+        "the runner process to be gone",
+        !process_alive(pid)
+    );
+    let mut steps = Vec::new();
+    steps_in(&terminated["evidence"], &mut steps);
+    let at = |name: &str| {
+        steps
+            .iter()
+            .find(|(s, _)| s == name)
+            .map(|(_, at)| *at)
+            .unwrap_or_else(|| panic!("no {name} step in {terminated:#}"))
+    };
+    let term = at("sigterm_sent");
+    let exited = at("exited");
+    assert!(
+        !steps.iter().any(|(s, _)| s == "sigkill_sent"),
+        "SIGKILL was needed: {terminated:#}"
+    );
+    eprintln!(
+        "SIGSTOPped runner exited {} ms after SIGTERM",
+        exited - term
+    );
+    assert!(
+        exited >= term && exited - term < 100,
+        "exited {} ms after SIGTERM: {terminated:#}",
+        exited.saturating_sub(term)
+    );
+}

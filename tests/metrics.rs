@@ -91,6 +91,22 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ),
     // Only after an upstream error: its label carries free error text (quotes, colons).
     ("stallwatch_forward_last_error_info", "gauge", "error"),
+    ("stallwatch_listener_connections", "gauge", "listener"),
+    (
+        "stallwatch_listener_connections_accepted",
+        "counter",
+        "listener",
+    ),
+    (
+        "stallwatch_listener_connections_refused",
+        "counter",
+        "listener",
+    ),
+    (
+        "stallwatch_listener_connections_closed",
+        "counter",
+        "listener,reason",
+    ),
 ];
 
 /// Parses an exposition with `prometheus_client.parser`; answers one line per family:

@@ -9,6 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use serde::Deserialize;
+use stallwatch_storage::listen::ListenLimits;
 
 use crate::error::CollectorError;
 
@@ -66,6 +67,37 @@ pub struct RawOtlpConfig {
     pub cors_allowed_origins: Option<Vec<String>>,
     /// When set, OTLP requests must carry `Authorization: Bearer <ingest_token>`.
     pub ingest_token: Option<String>,
+    /// Longest time to receive a request's headers, ms; default
+    /// `stallwatch_storage::listen::DEFAULT_HEADER_READ_TIMEOUT` (docs/design.md, Every
+    /// HTTP listener; the same keys in `[dashboard]`).
+    pub header_read_timeout_ms: Option<u64>,
+    /// No request in flight this long closes a connection, ms; default
+    /// `listen::DEFAULT_IDLE_TIMEOUT`.
+    pub idle_timeout_ms: Option<u64>,
+    /// HTTP/2 keepalive PING interval, ms; default `listen::DEFAULT_KEEPALIVE_INTERVAL`.
+    pub keepalive_interval_ms: Option<u64>,
+    /// An unanswered PING closes the connection after this, ms; default
+    /// `listen::DEFAULT_KEEPALIVE_TIMEOUT`.
+    pub keepalive_timeout_ms: Option<u64>,
+    /// Open connections per OTLP listener (each of gRPC and HTTP); default
+    /// `listen::DEFAULT_MAX_CONNECTIONS`.
+    pub max_connections: Option<usize>,
+    /// Longest life of one connection, ms; default `listen::DEFAULT_MAX_CONNECTION_AGE`.
+    pub max_connection_age_ms: Option<u64>,
+}
+
+impl RawOtlpConfig {
+    /// The connection-limit keys of this section.
+    pub fn listen_limits(&self) -> stallwatch_storage::listen::RawListenLimits {
+        stallwatch_storage::listen::RawListenLimits {
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            idle_timeout_ms: self.idle_timeout_ms,
+            keepalive_interval_ms: self.keepalive_interval_ms,
+            keepalive_timeout_ms: self.keepalive_timeout_ms,
+            max_connections: self.max_connections,
+            max_connection_age_ms: self.max_connection_age_ms,
+        }
+    }
 }
 
 impl TryFrom<RawOtlpConfig> for CollectorConfig {
@@ -75,6 +107,8 @@ impl TryFrom<RawOtlpConfig> for CollectorConfig {
     /// `allowed_hosts` stays empty: `src/` copies it from `[dashboard] allowed_hosts`.
     fn try_from(raw: RawOtlpConfig) -> Result<Self, Self::Error> {
         let d = CollectorConfig::default();
+        let listen = ListenLimits::try_from(&raw.listen_limits())
+            .map_err(|e| CollectorError::Config(format!("[otlp] {e}")))?;
         let c = CollectorConfig {
             grpc_listen: raw.grpc_listen.unwrap_or(d.grpc_listen),
             http_listen: raw.http_listen.unwrap_or(d.http_listen),
@@ -83,6 +117,7 @@ impl TryFrom<RawOtlpConfig> for CollectorConfig {
             max_nesting_depth: raw.max_nesting_depth.unwrap_or(d.max_nesting_depth),
             cors_allowed_origins: raw.cors_allowed_origins.unwrap_or(d.cors_allowed_origins),
             ingest_token: raw.ingest_token,
+            listen,
             ..d
         };
         c.validate()?;
@@ -128,6 +163,10 @@ pub struct CollectorConfig {
     /// `src/` fills it from `[dashboard] allowed_hosts`, the one place every listener's
     /// rule is configured (`stallwatch_storage::hosts`). Default empty.
     pub allowed_hosts: Vec<String>,
+    /// Connection limits of both OTLP listeners (`[otlp] header_read_timeout_ms`,
+    /// `idle_timeout_ms`, `keepalive_interval_ms`, `keepalive_timeout_ms`, `max_connections`
+    /// per listener, `max_connection_age_ms`). Default [`ListenLimits::default`].
+    pub listen: ListenLimits,
 }
 
 impl Default for CollectorConfig {
@@ -146,6 +185,7 @@ impl Default for CollectorConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             body_idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
             allowed_hosts: Vec::new(),
+            listen: ListenLimits::default(),
         }
     }
 }

@@ -447,7 +447,11 @@ impl IngestState {
         let (accepted, data) = match batch {
             Batch::Traces(d) => {
                 let n = d.batch.span_count();
-                stats.refuse_records(RefuseReason::InvalidId, d.rejected);
+                stats.refuse_records(
+                    RefuseReason::InvalidId,
+                    d.rejected - d.rejected_end_before_start,
+                );
+                stats.refuse_records(RefuseReason::EndBeforeStart, d.rejected_end_before_start);
                 let b = Arc::new(d.batch);
                 if n > 0 {
                     self.write(n, storage.write_traces(Arc::clone(&b)).await)?;

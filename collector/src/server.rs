@@ -1,19 +1,20 @@
 //! [`Collector`]: binds the OTLP/gRPC and OTLP/HTTP listeners and serves both until
 //! cancelled, then stops accepting and lets in-flight requests finish (bounded by
-//! `drain_timeout`). TCP_NODELAY is set on every accepted socket: without it a gRPC server
-//! shows a fixed ~43 ms p99 at concurrency 1 (Nagle + delayed ACK).
+//! `drain_timeout`). Both run on the shared connection loop
+//! (`stallwatch_storage::listen`: header read and idle timeouts, HTTP/2 keepalive PINGs, a
+//! connection cap and lifetime, TCP_NODELAY on every accepted socket: without it a gRPC
+//! server shows a fixed ~43 ms p99 at concurrency 1, Nagle + delayed ACK).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use stallwatch_storage::control::Observation;
+use stallwatch_storage::listen::{self, ListenLimits, ListenerStats};
 use stallwatch_storage::Storage;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 
 use crate::config::CollectorConfig;
 use crate::error::CollectorError;
@@ -30,6 +31,9 @@ pub struct Collector {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     drain_timeout: Duration,
+    limits: ListenLimits,
+    grpc_stats: Arc<ListenerStats>,
+    http_stats: Arc<ListenerStats>,
 }
 
 async fn bind_one(
@@ -75,6 +79,9 @@ impl Collector {
             grpc_addr,
             http_addr,
             drain_timeout: config.drain_timeout,
+            limits: config.listen,
+            grpc_stats: ListenerStats::new("otlp_grpc"),
+            http_stats: ListenerStats::new("otlp_http"),
         })
     }
 
@@ -93,6 +100,12 @@ impl Collector {
         self.state.stats()
     }
 
+    /// The connection counters of the OTLP/gRPC and OTLP/HTTP listeners, for
+    /// [`stallwatch_storage::listen::ListenerMetrics`].
+    pub fn listener_stats(&self) -> [Arc<ListenerStats>; 2] {
+        [self.grpc_stats.clone(), self.http_stats.clone()]
+    }
+
     /// The shared ingest state (for [`crate::http_app`] in tests).
     pub fn state(&self) -> IngestState {
         self.state.clone()
@@ -103,33 +116,30 @@ impl Collector {
     ///
     /// Errors: [`CollectorError::Serve`] when a server fails while serving.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), CollectorError> {
-        let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
-        // HTTP/1.1 is accepted only to answer it with a readable 4xx naming the OTLP/HTTP
-        // address (a common exporter misconfiguration got a raw HTTP/2 SETTINGS frame).
-        let grpc = tonic::transport::Server::builder()
-            .accept_http1(true)
-            .serve_with_incoming_shutdown(
-                GrpcService::new(self.state.clone(), self.http_addr),
-                incoming,
-                shutdown.clone().cancelled_owned(),
-            );
-        let listener = self.http.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let http = axum::serve(listener, http_app(self.state.clone()))
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        // HTTP/1.1 reaches the gRPC service only to be answered with a readable 4xx naming
+        // the OTLP/HTTP address (a common exporter misconfiguration got a raw HTTP/2
+        // SETTINGS frame).
+        let grpc_service = GrpcService::new(self.state.clone(), self.http_addr);
+        let grpc_service = tower::ServiceBuilder::new()
+            .map_request(|r: http::Request<hyper::body::Incoming>| r.map(tonic::body::Body::new))
+            .service(grpc_service);
+        let grpc = listen::serve(
+            self.grpc,
+            grpc_service,
+            self.limits,
+            self.grpc_stats.clone(),
+            shutdown.clone(),
+        );
+        let http = listen::serve(
+            self.http,
+            http_app(self.state.clone()),
+            self.limits,
+            self.http_stats.clone(),
+            shutdown.clone(),
+        );
         let both = async {
-            let (g, h) = tokio::join!(grpc, http);
-            g.map_err(|e| CollectorError::Serve {
-                transport: "grpc",
-                message: e.to_string(),
-            })?;
-            h.map_err(|e| CollectorError::Serve {
-                transport: "http",
-                message: e.to_string(),
-            })
+            tokio::join!(grpc, http);
+            Ok(())
         };
         let deadline = async {
             shutdown.cancelled().await;

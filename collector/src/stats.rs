@@ -35,6 +35,8 @@ pub enum RefuseReason {
     Internal,
     /// A record with an empty or all-zero id (partial success).
     InvalidId,
+    /// A span whose end time is before its start time (partial success).
+    EndBeforeStart,
     /// Another process held the SQLite write lock (HTTP 503 / `UNAVAILABLE`).
     StorageBusy,
     /// `SQLITE_LOCKED` (HTTP 503 / `UNAVAILABLE`).
@@ -53,7 +55,7 @@ const REASONS: usize = RefuseReason::ALL.len();
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 18] = [
+    pub const ALL: [RefuseReason; 19] = [
         RefuseReason::BadRequest,
         RefuseReason::TooLarge,
         RefuseReason::UnsupportedMediaType,
@@ -67,6 +69,7 @@ impl RefuseReason {
         RefuseReason::ShuttingDown,
         RefuseReason::Internal,
         RefuseReason::InvalidId,
+        RefuseReason::EndBeforeStart,
         RefuseReason::StorageBusy,
         RefuseReason::StorageLocked,
         RefuseReason::StorageIo,
@@ -90,6 +93,7 @@ impl RefuseReason {
             RefuseReason::ShuttingDown => "shutting_down",
             RefuseReason::Internal => "internal",
             RefuseReason::InvalidId => "invalid_id",
+            RefuseReason::EndBeforeStart => "end_before_start",
             RefuseReason::StorageBusy => "storage_busy",
             RefuseReason::StorageLocked => "storage_locked",
             RefuseReason::StorageIo => "storage_io",

@@ -12,6 +12,7 @@ use axum::http::{HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use stallwatch_storage::listen::{self, ListenLimits, ListenerStats};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -47,20 +48,37 @@ pub fn app(state: AppState) -> Router {
     router.layer(middleware::from_fn_with_state(config, check_host))
 }
 
-/// Serves `app` on `listener` until `shutdown` is cancelled, then waits at most
-/// [`SHUTDOWN_DEADLINE`] for open connections (SSE streams end at once on `shutdown`).
+/// Serves `app` on `listener` with the default connection limits; see [`serve_with`].
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_with(
+        listener,
+        app,
+        ListenLimits::default(),
+        ListenerStats::new("dashboard"),
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `app` on `listener` under `limits` (the shared connection loop,
+/// `stallwatch_storage::listen`: SSE streams and `/mcp` count against `max_connections`)
+/// until `shutdown` is cancelled, then waits at most [`SHUTDOWN_DEADLINE`] for open
+/// connections (SSE streams end at once on `shutdown`).
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    limits: ListenLimits,
+    stats: Arc<ListenerStats>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let app = app.layer(axum::Extension(ShutdownSignal(shutdown.clone())));
-    let graceful = shutdown.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        graceful.cancelled().await;
-    });
+    let server = listen::serve(listener, app, limits, stats, shutdown.clone());
     tokio::select! {
-        r = server => r,
+        () = server => Ok(()),
         _ = async {
             shutdown.cancelled().await;
             tokio::time::sleep(SHUTDOWN_DEADLINE).await;

@@ -4,6 +4,7 @@
 //! Edge names carry their units (`retry_initial_ms`); inside, durations are `Duration`.
 //! Unknown keys are refused by name (`deny_unknown_fields`, docs/design.md "CLI").
 
+use stallwatch_storage::listen::ListenLimits;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -40,6 +41,39 @@ pub struct RawDashboardConfig {
     /// Base URL used for links in webhook bodies; default `http://<listen>`.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Longest time to receive a request's headers, ms (default 10000; docs/design.md,
+    /// "Back-pressure and limits").
+    #[serde(default)]
+    pub header_read_timeout_ms: Option<u64>,
+    /// A connection with no request in flight this long is closed, ms (default 60000).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// HTTP/2 keepalive PING interval, ms (default 20000).
+    #[serde(default)]
+    pub keepalive_interval_ms: Option<u64>,
+    /// An unanswered PING closes the connection after this, ms (default 10000).
+    #[serde(default)]
+    pub keepalive_timeout_ms: Option<u64>,
+    /// Open connections per listener, SSE and long-polls included (default 512).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Longest life of one connection, ms (default 3600000).
+    #[serde(default)]
+    pub max_connection_age_ms: Option<u64>,
+}
+
+impl RawDashboardConfig {
+    /// The connection-limit keys of this section.
+    pub fn listen_limits(&self) -> stallwatch_storage::listen::RawListenLimits {
+        stallwatch_storage::listen::RawListenLimits {
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            idle_timeout_ms: self.idle_timeout_ms,
+            keepalive_interval_ms: self.keepalive_interval_ms,
+            keepalive_timeout_ms: self.keepalive_timeout_ms,
+            max_connections: self.max_connections,
+            max_connection_age_ms: self.max_connection_age_ms,
+        }
+    }
 }
 
 /// Raw `[[alerts.webhook]]` entry as written in TOML.
@@ -178,6 +212,8 @@ pub struct DashboardConfig {
     pub public_url: Option<String>,
     /// Alert webhooks.
     pub webhooks: Vec<WebhookConfig>,
+    /// Connection limits of the dashboard listener (SSE streams and `/mcp` count).
+    pub listen_limits: ListenLimits,
 }
 
 impl Default for DashboardConfig {
@@ -188,6 +224,7 @@ impl Default for DashboardConfig {
             cors_allowed_origins: Vec::new(),
             public_url: None,
             webhooks: Vec::new(),
+            listen_limits: ListenLimits::default(),
         }
     }
 }
@@ -205,6 +242,8 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
     type Error = DashboardError;
 
     fn try_from((raw, alerts): (RawDashboardConfig, RawAlertsConfig)) -> Result<Self, Self::Error> {
+        let listen_limits = ListenLimits::try_from(&raw.listen_limits())
+            .map_err(|e| DashboardError::Config(format!("dashboard.{e}")))?;
         let listen = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let listen: SocketAddr = listen
             .parse()
@@ -251,6 +290,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
             cors_allowed_origins: raw.cors_allowed_origins,
             public_url,
             webhooks,
+            listen_limits,
         })
     }
 }

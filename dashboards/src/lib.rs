@@ -18,7 +18,7 @@ mod state;
 pub mod webhooks;
 mod wire;
 
-pub use app::{app, host_allowed, origin_matches, serve, SHUTDOWN_DEADLINE};
+pub use app::{app, host_allowed, origin_matches, serve, serve_with, SHUTDOWN_DEADLINE};
 pub use config::{
     DashboardConfig, RawAlertsConfig, RawDashboardConfig, RawWebhookConfig, WebhookConfig,
 };

@@ -66,13 +66,16 @@ const COLUMNS: &str = "id, kind, runner_id, tool_name, trace_id, span_id, reason
 
 impl Storage {
     /// Records an incident (`synchronous=FULL`). `Ok(None)` when its idempotency key was
-    /// already recorded.
+    /// already recorded. A locked file is given `HOLD_BUSY_WAIT` (250 ms), not the
+    /// full `busy_timeout`: the caller (a trip, a termination) holds the incident and acts.
     pub async fn record_incident(
         &self,
         incident: NewIncident,
     ) -> Result<Option<Incident>, StorageError> {
-        self.control(move |tx| insert_incident_tx(tx, incident))
-            .await
+        self.control_with_busy_wait(crate::held::HOLD_BUSY_WAIT, move |tx| {
+            insert_incident_tx(tx, incident)
+        })
+        .await
     }
 
     /// Incidents with id greater than `after_id`, oldest first (SSE `Last-Event-ID` replay,

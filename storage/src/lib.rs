@@ -26,6 +26,7 @@ mod held;
 pub mod hosts;
 pub mod incidents;
 pub mod ledger;
+pub mod listen;
 pub mod outbox;
 pub mod runners;
 mod schema;

@@ -27,6 +27,7 @@ use super::{DecodeError, Decoded, Limits};
 #[derive(Default)]
 struct Refusals {
     count: u64,
+    end_before_start: u64,
     first: Option<String>,
     warnings: Vec<String>,
 }
@@ -58,6 +59,7 @@ impl Refusals {
         Decoded {
             batch,
             rejected: self.count,
+            rejected_end_before_start: self.end_before_start,
             message,
         }
     }
@@ -386,6 +388,19 @@ fn span(
         refusals.refuse(format!("{which} empty or all zero (first at {p}.{which})"));
         return Ok(None);
     };
+    // An end before the start is no duration at all: refused one by one like a bad id
+    // (docs/design.md, "Back-pressure and limits"). `end == 0` is an open-span snapshot.
+    if sp.end_time_unix_nano != 0 && sp.end_time_unix_nano < sp.start_time_unix_nano {
+        refusals.end_before_start += 1;
+        refusals.refuse(format!(
+            "span {:?} (spanId {}) ends before it starts: endTimeUnixNano {} < startTimeUnixNano {} (first at {p})",
+            sp.name,
+            hex::encode(span_id.0),
+            sp.end_time_unix_nano,
+            sp.start_time_unix_nano
+        ));
+        return Ok(None);
+    }
     let status = sp.status.unwrap_or_default();
     Ok(Some(Span {
         trace_id,

@@ -84,6 +84,9 @@ pub struct Decoded<T> {
     /// Records refused (OTLP `rejected_spans` / `rejected_log_records` /
     /// `rejected_data_points`).
     pub rejected: u64,
+    /// Of `rejected`, the spans refused because their end time is before their start
+    /// time (counted apart in `/metrics`, reason `end_before_start`).
+    pub rejected_end_before_start: u64,
     /// Why, for `partial_success.error_message`; empty when everything was accepted.
     /// May be non-empty with `rejected == 0` (a warning).
     pub message: String,

@@ -124,6 +124,29 @@ fn non_hex_and_wrong_length_ids_are_refused() {
 }
 
 #[test]
+fn a_span_ending_before_it_starts_is_refused_naming_it() {
+    let v = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203331",
+         "name": "backwards", "startTimeUnixNano": "2000", "endTimeUnixNano": "1000"},
+        {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203332",
+         "name": "instant", "startTimeUnixNano": "1000", "endTimeUnixNano": "1000"},
+        {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "b7ad6b7169203333",
+         "name": "open", "startTimeUnixNano": "1000", "endTimeUnixNano": "0"}
+    ]}]}]});
+    let d = traces_json(&v).unwrap();
+    // Zero-length and open (end 0) spans are healthy; only the backwards one goes.
+    assert_eq!((d.batch.span_count(), d.rejected), (2, 1));
+    assert_eq!(d.rejected_end_before_start, 1);
+    assert!(
+        d.message.starts_with(
+            "1 span refused: span \"backwards\" (spanId b7ad6b7169203331) ends before it starts"
+        ),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
 fn empty_and_all_zero_ids_refuse_the_span_with_a_count() {
     let d = decode_traces(
         case!("crafted/c09_trace_id_empty_string.json"),
@@ -244,7 +267,10 @@ fn out_of_range_and_fractional_ints_are_refused() {
     assert!(traces_json(&one_span(json!({"flags": 4294967296u64}))).is_err());
     assert!(traces_json(&attr_value(json!({"intValue": "-9223372036854775809"}))).is_err());
     // Integral exponent forms within 2^53 are exact and accepted.
-    let d = traces_json(&one_span(json!({"startTimeUnixNano": 1e3}))).unwrap();
+    let d = traces_json(&one_span(
+        json!({"startTimeUnixNano": 1e3, "endTimeUnixNano": 2e3}),
+    ))
+    .unwrap();
     assert_eq!(d.batch.spans().next().unwrap().2.start_time_unix_nano, 1000);
 }
 

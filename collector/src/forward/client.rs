@@ -93,12 +93,34 @@ pub enum Outcome {
 /// A client for the configured upstream.
 pub struct Exporter {
     protocol: Protocol,
-    endpoint: String,
+    /// Where each signal goes (traces, logs, metrics): the URL (HTTP) or the origin (gRPC).
+    urls: [String; 3],
     headers: Vec<(String, String)>,
     compression: Compression,
     timeout: Duration,
     http: reqwest::Client,
-    grpc: Option<Channel>,
+    /// One channel per signal (clones share one connection when the origins are equal).
+    grpc: Option<[Channel; 3]>,
+}
+
+fn signal_index(signal: Signal) -> usize {
+    match signal {
+        Signal::Traces => 0,
+        Signal::Logs => 1,
+        Signal::Metrics => 2,
+    }
+}
+
+/// The extra CA certificates of `ca_file`, as PEM bytes.
+fn read_ca(config: &ForwardConfig) -> Result<Option<Vec<u8>>, ForwardError> {
+    let Some(path) = &config.ca_file else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(path).map_err(|e| ForwardError::Config {
+        key: "ca_file",
+        message: format!("cannot read {}: {e}", path.display()),
+    })?;
+    Ok(Some(pem))
 }
 
 impl Exporter {
@@ -107,28 +129,53 @@ impl Exporter {
     /// Errors: [`ForwardError::Client`] when reqwest cannot build its client,
     /// [`ForwardError::Config`] (`endpoint`) when tonic refuses the URL.
     pub fn new(config: &ForwardConfig) -> Result<Self, ForwardError> {
-        let http = reqwest::Client::builder()
+        let ca = read_ca(config)?;
+        let mut http = reqwest::Client::builder()
+            .use_rustls_tls()
             .no_proxy()
             .timeout(config.timeout)
-            .connect_timeout(config.timeout)
+            .connect_timeout(config.timeout);
+        if let Some(pem) = &ca {
+            let certs =
+                reqwest::Certificate::from_pem_bundle(pem).map_err(|e| ForwardError::Config {
+                    key: "ca_file",
+                    message: format!("not a PEM certificate bundle: {e}"),
+                })?;
+            if certs.is_empty() {
+                return Err(ForwardError::Config {
+                    key: "ca_file",
+                    message: "holds no PEM certificate".into(),
+                });
+            }
+            for c in certs {
+                http = http.add_root_certificate(c);
+            }
+        }
+        let http = http
             .build()
             .map_err(|e| ForwardError::Client(e.to_string()))?;
+        let urls = [Signal::Traces, Signal::Logs, Signal::Metrics].map(|s| config.url(s));
         let grpc = match config.protocol {
-            Protocol::Grpc => Some(
-                Channel::from_shared(config.endpoint.clone())
-                    .map_err(|e| ForwardError::Config {
-                        key: "endpoint",
-                        message: e.to_string(),
-                    })?
-                    .connect_timeout(config.timeout)
-                    .timeout(config.timeout)
-                    .connect_lazy(),
-            ),
+            Protocol::Grpc => {
+                let mut channels = Vec::with_capacity(3);
+                for (i, url) in urls.iter().enumerate() {
+                    if let Some(j) = urls[..i].iter().position(|u| u == url) {
+                        let same: &Channel = &channels[j];
+                        channels.push(same.clone());
+                        continue;
+                    }
+                    channels.push(grpc_channel(url, config.timeout, ca.as_deref())?);
+                }
+                let [t, l, m]: [Channel; 3] = channels
+                    .try_into()
+                    .map_err(|_| ForwardError::Client("three gRPC channels expected".into()))?;
+                Some([t, l, m])
+            }
             Protocol::HttpProtobuf => None,
         };
         Ok(Self {
             protocol: config.protocol,
-            endpoint: config.endpoint.clone(),
+            urls,
             headers: config.headers.clone(),
             compression: config.compression,
             timeout: config.timeout,
@@ -140,18 +187,21 @@ impl Exporter {
     /// Sends one request and classifies the answer. Never panics on a bad answer.
     pub async fn export(&self, req: &Request) -> Outcome {
         match (&self.grpc, self.protocol) {
-            (Some(ch), Protocol::Grpc) => self.export_grpc(ch.clone(), req.clone()).await,
+            (Some(ch), Protocol::Grpc) => {
+                let ch = ch[signal_index(req.signal())].clone();
+                self.export_grpc(ch, req.clone()).await
+            }
             _ => self.export_http(req).await,
         }
     }
 
     async fn export_http(&self, req: &Request) -> Outcome {
         let signal = req.signal();
-        let url = format!("{}/v1/{}", self.endpoint, signal.as_str());
+        let url = &self.urls[signal_index(signal)];
         let mut body = req.encode();
         let mut builder = self
             .http
-            .post(&url)
+            .post(url)
             .header("content-type", "application/x-protobuf");
         if self.compression == Compression::Gzip {
             let mut enc = flate2::write::GzEncoder::new(
@@ -210,6 +260,7 @@ impl Exporter {
     }
 
     async fn export_grpc(&self, ch: Channel, req: Request) -> Outcome {
+        let endpoint = self.urls[signal_index(req.signal())].clone();
         let gzip = self.compression == Compression::Gzip;
         macro_rules! call {
             ($client:ident, $msg:expr, $rej:ident) => {{
@@ -240,9 +291,41 @@ impl Exporter {
         };
         match result {
             Ok((rejected, message)) => Outcome::Accepted { rejected, message },
-            Err(status) => classify_grpc(&status, &self.endpoint),
+            Err(status) => classify_grpc(&status, &endpoint),
         }
     }
+}
+
+/// A lazily connecting gRPC channel to `url` (only its origin counts); `https://` uses
+/// rustls with the web PKI roots plus `ca` (PEM).
+fn grpc_channel(url: &str, timeout: Duration, ca: Option<&[u8]>) -> Result<Channel, ForwardError> {
+    let bad = |message: String| ForwardError::Config {
+        key: "endpoint",
+        message,
+    };
+    let uri = http::Uri::try_from(url).map_err(|e| bad(format!("{url:?}: {e}")))?;
+    let origin = match (uri.scheme_str(), uri.authority()) {
+        (Some(scheme), Some(auth)) => format!("{scheme}://{auth}"),
+        _ => return Err(bad(format!("{url:?} has no scheme or host"))),
+    };
+    let mut ep = Channel::from_shared(origin)
+        .map_err(|e| bad(e.to_string()))?
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    if uri.scheme_str() == Some("https") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+        if let Some(pem) = ca {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        }
+        if let Some(host) = uri.host() {
+            tls = tls.domain_name(host.trim_start_matches('[').trim_end_matches(']'));
+        }
+        ep = ep.tls_config(tls).map_err(|e| ForwardError::Config {
+            key: "ca_file",
+            message: format!("TLS setup for {url:?}: {}", error_chain(&e)),
+        })?;
+    }
+    Ok(ep.connect_lazy())
 }
 
 /// The full error chain of a reqwest error (its `Display` hides "connection refused").

@@ -72,6 +72,106 @@ pub struct RawForwardConfig {
     pub timeout_ms: Option<u64>,
     /// Idle poll interval, ms (default [`DEFAULT_POLL_INTERVAL_MS`]).
     pub poll_interval_ms: Option<u64>,
+    /// PEM file of CA certificates trusted for an `https://` upstream besides the built-in
+    /// web PKI roots (`webpki-roots`).
+    pub ca_file: Option<String>,
+    /// Full URL for traces, used as is (default `endpoint` + `/v1/traces`; for `grpc`
+    /// only its scheme, host and port count).
+    pub traces_endpoint: Option<String>,
+    /// Full URL for logs (default `endpoint` + `/v1/logs`).
+    pub logs_endpoint: Option<String>,
+    /// Full URL for metrics (default `endpoint` + `/v1/metrics`).
+    pub metrics_endpoint: Option<String>,
+}
+
+impl RawForwardConfig {
+    /// Fills every key the section leaves unset from the standard OTLP exporter variables
+    /// (OTLP exporter spec, "Configuration Options"), read through `var`:
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` → `endpoint`, `OTEL_EXPORTER_OTLP_{TRACES,LOGS,
+    /// METRICS}_ENDPOINT` → `{traces,logs,metrics}_endpoint`, `OTEL_EXPORTER_OTLP_PROTOCOL`
+    /// → `protocol`, `OTEL_EXPORTER_OTLP_HEADERS` (`k=v,k2=v2`, values percent-decoded) →
+    /// `headers`, `OTEL_EXPORTER_OTLP_TIMEOUT` (ms) → `timeout_ms`,
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` → `ca_file`. Forwarding itself is still turned on
+    /// only by a `[forward]` section: stallwatch is often started with these variables
+    /// pointing at itself.
+    ///
+    /// Errors: [`ForwardError::Config`] naming the variable when `OTEL_EXPORTER_OTLP_TIMEOUT`
+    /// is not a number or `OTEL_EXPORTER_OTLP_HEADERS` has an entry without `=`.
+    pub fn with_env(mut self, var: impl Fn(&str) -> Option<String>) -> Result<Self, ForwardError> {
+        let get = |k: &str| {
+            var(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        fill(&mut self.endpoint, get("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        fill(
+            &mut self.traces_endpoint,
+            get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        );
+        fill(
+            &mut self.logs_endpoint,
+            get("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"),
+        );
+        fill(
+            &mut self.metrics_endpoint,
+            get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+        );
+        fill(&mut self.protocol, get("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        fill(&mut self.ca_file, get("OTEL_EXPORTER_OTLP_CERTIFICATE"));
+        if self.timeout_ms.is_none() {
+            if let Some(t) = get("OTEL_EXPORTER_OTLP_TIMEOUT") {
+                self.timeout_ms = Some(t.parse().map_err(|_| {
+                    bad(
+                        "timeout_ms",
+                        format!("OTEL_EXPORTER_OTLP_TIMEOUT={t:?} is not a number of milliseconds"),
+                    )
+                })?);
+            }
+        }
+        if self.headers.is_none() {
+            if let Some(h) = get("OTEL_EXPORTER_OTLP_HEADERS") {
+                let mut map = BTreeMap::new();
+                for entry in h.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                    let (k, v) = entry.split_once('=').ok_or_else(|| {
+                        bad(
+                            "headers",
+                            format!("OTEL_EXPORTER_OTLP_HEADERS entry {entry:?} has no '='"),
+                        )
+                    })?;
+                    map.insert(percent_decode(k.trim()), percent_decode(v.trim()));
+                }
+                self.headers = Some(map);
+            }
+        }
+        Ok(self)
+    }
+}
+
+fn fill(slot: &mut Option<String>, value: Option<String>) {
+    if slot.is_none() {
+        *slot = value;
+    }
+}
+
+/// `%XX` escapes decoded (W3C Baggage value encoding, as the OTLP exporter spec asks for
+/// `OTEL_EXPORTER_OTLP_HEADERS`); a malformed escape is kept as written.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(hex, 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The validated `[forward]` section.
@@ -97,6 +197,44 @@ pub struct ForwardConfig {
     pub timeout: Duration,
     /// Idle poll interval.
     pub poll_interval: Duration,
+    /// Extra trusted CA certificates (PEM) for `https://`.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Per-signal URLs (traces, logs, metrics), each `None` for `endpoint` + `/v1/<signal>`.
+    pub signal_endpoints: [Option<String>; 3],
+}
+
+impl ForwardConfig {
+    /// The URL `signal` is sent to: its own endpoint when set, else `endpoint` +
+    /// `/v1/<signal>` (HTTP) or `endpoint` (gRPC).
+    pub fn url(&self, signal: stallwatch_storage::forward::Signal) -> String {
+        use stallwatch_storage::forward::Signal;
+        let i = match signal {
+            Signal::Traces => 0,
+            Signal::Logs => 1,
+            Signal::Metrics => 2,
+        };
+        match (&self.signal_endpoints[i], self.protocol) {
+            (Some(u), _) => u.clone(),
+            (None, Protocol::Grpc) => self.endpoint.clone(),
+            (None, Protocol::HttpProtobuf) => format!("{}/v1/{}", self.endpoint, signal.as_str()),
+        }
+    }
+}
+
+/// Checks one upstream URL: `http://` or `https://` with a host.
+fn check_url(key: &'static str, url: &str) -> Result<String, ForwardError> {
+    let url = url.trim().trim_end_matches('/').to_string();
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| bad(key, format!("{url:?} must start with http:// or https://")))?;
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(bad(key, format!("{url:?} has no host")));
+    }
+    if http::Uri::try_from(url.as_str()).is_err() {
+        return Err(bad(key, format!("{url:?} is not a valid URL")));
+    }
+    Ok(url)
 }
 
 fn bad(key: &'static str, message: impl Into<String>) -> ForwardError {
@@ -117,23 +255,36 @@ impl TryFrom<RawForwardConfig> for ForwardConfig {
     type Error = ForwardError;
 
     /// Errors: [`ForwardError::Config`] naming the key: `endpoint` missing or not
-    /// `http://host[:port][/path]` (TLS is not built in), an unknown `protocol` or
+    /// `http(s)://host[:port][/path]` (so are the per-signal endpoints), a `ca_file` that is
+    /// not a file, an unknown `protocol` or
     /// `compression`, a header that is not a valid HTTP header / gRPC metadata entry, a zero
     /// size or duration, `retry_max_ms` below `retry_initial_ms`.
     fn try_from(raw: RawForwardConfig) -> Result<Self, Self::Error> {
         let endpoint = raw
             .endpoint
             .ok_or_else(|| bad("endpoint", "required (e.g. \"http://127.0.0.1:4318\")"))?;
-        let endpoint = endpoint.trim().trim_end_matches('/').to_string();
-        let rest = endpoint
-            .strip_prefix("http://")
-            .ok_or_else(|| bad("endpoint", format!("{endpoint:?} must start with http://")))?;
-        if rest.is_empty() || rest.starts_with('/') {
-            return Err(bad("endpoint", format!("{endpoint:?} has no host")));
-        }
-        if http::Uri::try_from(endpoint.as_str()).is_err() {
-            return Err(bad("endpoint", format!("{endpoint:?} is not a valid URL")));
-        }
+        let endpoint = check_url("endpoint", &endpoint)?;
+        let signal_endpoints = [
+            ("traces_endpoint", raw.traces_endpoint),
+            ("logs_endpoint", raw.logs_endpoint),
+            ("metrics_endpoint", raw.metrics_endpoint),
+        ]
+        .map(|(key, v)| v.map(|u| check_url(key, &u)).transpose());
+        let [t, l, m] = signal_endpoints;
+        let signal_endpoints = [t?, l?, m?];
+        let ca_file = match raw.ca_file {
+            None => None,
+            Some(f) => {
+                let path = std::path::PathBuf::from(f.trim());
+                if !path.is_file() {
+                    return Err(bad(
+                        "ca_file",
+                        format!("{} is not a readable file", path.display()),
+                    ));
+                }
+                Some(path)
+            }
+        };
         let protocol = match raw.protocol.as_deref().map(str::trim) {
             None => DEFAULT_PROTOCOL,
             Some("grpc") => Protocol::Grpc,
@@ -204,6 +355,8 @@ impl TryFrom<RawForwardConfig> for ForwardConfig {
                 raw.poll_interval_ms,
                 DEFAULT_POLL_INTERVAL_MS,
             )?,
+            ca_file,
+            signal_endpoints,
         })
     }
 }
@@ -234,7 +387,15 @@ mod tests {
         assert_eq!(c.headers, vec![("x-api-key".into(), "k".into())]);
         for (text, key) in [
             ("protocol = \"grpc\"", "endpoint"),
-            ("endpoint = \"https://h\"", "endpoint"),
+            ("endpoint = \"ftp://h\"", "endpoint"),
+            (
+                "endpoint = \"https://h\"\ntraces_endpoint = \"h\"",
+                "traces_endpoint",
+            ),
+            (
+                "endpoint = \"https://h\"\nca_file = \"/no/such.pem\"",
+                "ca_file",
+            ),
             ("endpoint = \"http://h\"\nprotocol = \"thrift\"", "protocol"),
             (
                 "endpoint = \"http://h\"\ncompression = \"zstd\"",
@@ -258,5 +419,50 @@ mod tests {
         }
         let e = parse("endpoint = \"http://h\"\nendpont = 1").unwrap_err();
         assert!(e.contains("endpont"), "{e}");
+    }
+
+    #[test]
+    fn standard_variables_fill_only_what_the_section_leaves_unset() {
+        let env = |k: &str| {
+            Some(
+                match k {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT" => "https://up.example:4318/",
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" => "https://t.example/custom/traces",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL" => "grpc",
+                    "OTEL_EXPORTER_OTLP_HEADERS" => "api-key=a%20b, x-team = blue",
+                    "OTEL_EXPORTER_OTLP_TIMEOUT" => "2500",
+                    _ => return None,
+                }
+                .to_string(),
+            )
+        };
+        let raw = RawForwardConfig::default().with_env(env).unwrap();
+        let c = ForwardConfig::try_from(raw).unwrap();
+        assert_eq!(c.endpoint, "https://up.example:4318");
+        assert_eq!(c.protocol, Protocol::Grpc);
+        assert_eq!(
+            c.headers,
+            vec![
+                ("api-key".into(), "a b".into()),
+                ("x-team".into(), "blue".into())
+            ]
+        );
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        use stallwatch_storage::forward::Signal;
+        assert_eq!(c.url(Signal::Traces), "https://t.example/custom/traces");
+        assert_eq!(c.url(Signal::Logs), "https://up.example:4318");
+        // The section wins over the variables.
+        let raw: RawForwardConfig =
+            toml::from_str("endpoint = \"http://mine:4318\"\ntimeout_ms = 7").unwrap();
+        let c = ForwardConfig::try_from(raw.with_env(env).unwrap()).unwrap();
+        assert_eq!(c.endpoint, "http://mine:4318");
+        assert_eq!(c.timeout, Duration::from_millis(7));
+        assert_eq!(c.url(Signal::Metrics), "http://mine:4318");
+        let bad_timeout = |k: &str| (k == "OTEL_EXPORTER_OTLP_TIMEOUT").then(|| "10s".to_string());
+        let e = RawForwardConfig::default()
+            .with_env(bad_timeout)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("OTEL_EXPORTER_OTLP_TIMEOUT"), "{e}");
     }
 }

@@ -1,0 +1,619 @@
+//! The one connection loop of every listener (OTLP/gRPC, OTLP/HTTP, dashboard with SSE and
+//! `/mcp`): slow and idle clients are bounded the same way everywhere (docs/design.md,
+//! "Back-pressure and limits", Connections).
+//!
+//! hyper does what it has options for: the HTTP/1.1 header read timeout (which also bounds
+//! the wait for the next request on a keep-alive connection), HTTP/2 keepalive PINGs and
+//! the HTTP/2 stream limit. This loop adds what hyper has no option for: a per-listener
+//! connection cap (a connection over it is closed at once and counted), a deadline for the
+//! first request (a client that never completes one, e.g. an HTTP/2 preface sent byte by
+//! byte), an idle timeout (no request in flight; a streaming response such as SSE counts as
+//! in flight until its body ends) and a connection lifetime. Each of the last three closes
+//! gracefully (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and then, after
+//! [`CLOSE_GRACE`], for good.
+//!
+//! Like hosts.rs, it lives in this ground-floor crate because every listener shares it; it
+//! knows connections, not HTTP statuses.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::MetricsSource;
+
+/// Default `header_read_timeout_ms`: 10 s to send a request's headers (and, on an idle
+/// HTTP/1.1 keep-alive connection, to start the next request).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `idle_timeout_ms`: 60 s without a request in flight closes a connection.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default `keepalive_interval_ms`: an HTTP/2 PING every 20 s on a quiet connection.
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// Default `keepalive_timeout_ms`: a PING unanswered for 10 s closes the connection.
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `max_connections`: open connections per listener (SSE streams and long-polls
+/// count). One over it is closed at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default `max_connection_age_ms`: one hour, then the connection is closed gracefully
+/// (clients reconnect; an SSE `EventSource` does so by itself).
+pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(3600);
+/// After a graceful close is started, how long the connection may still finish in-flight
+/// work before it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Concurrent HTTP/2 streams per connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// How often a connection's deadlines are looked at.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// The listener keys as written in `[otlp]` and in `[dashboard]` (same names in both; every
+/// field optional, durations in ms).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct RawListenLimits {
+    /// [`DEFAULT_HEADER_READ_TIMEOUT`].
+    pub header_read_timeout_ms: Option<u64>,
+    /// [`DEFAULT_IDLE_TIMEOUT`].
+    pub idle_timeout_ms: Option<u64>,
+    /// [`DEFAULT_KEEPALIVE_INTERVAL`].
+    pub keepalive_interval_ms: Option<u64>,
+    /// [`DEFAULT_KEEPALIVE_TIMEOUT`].
+    pub keepalive_timeout_ms: Option<u64>,
+    /// [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: Option<usize>,
+    /// [`DEFAULT_MAX_CONNECTION_AGE`].
+    pub max_connection_age_ms: Option<u64>,
+}
+
+/// Validated connection limits of one listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenLimits {
+    /// Longest time to receive a request's headers; also the longest wait for the first
+    /// request on a new connection.
+    pub header_read_timeout: Duration,
+    /// Longest time without a request in flight.
+    pub idle_timeout: Duration,
+    /// HTTP/2 PING interval.
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered.
+    pub keepalive_timeout: Duration,
+    /// Open connections at most, at least 1.
+    pub max_connections: usize,
+    /// Longest life of one connection.
+    pub max_connection_age: Duration,
+}
+
+impl Default for ListenLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connection_age: DEFAULT_MAX_CONNECTION_AGE,
+        }
+    }
+}
+
+impl TryFrom<&RawListenLimits> for ListenLimits {
+    type Error = String;
+
+    /// Errors: a message naming the key (without the section) when a duration or
+    /// `max_connections` is 0.
+    fn try_from(raw: &RawListenLimits) -> Result<Self, String> {
+        let d = DEFAULT_HEADER_READ_TIMEOUT;
+        let ms = |key: &str, v: Option<u64>, default: Duration| match v {
+            None => Ok(default),
+            Some(0) => Err(format!("{key} must be at least 1")),
+            Some(n) => Ok(Duration::from_millis(n)),
+        };
+        let max_connections = raw.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err("max_connections must be at least 1".into());
+        }
+        Ok(Self {
+            header_read_timeout: ms("header_read_timeout_ms", raw.header_read_timeout_ms, d)?,
+            idle_timeout: ms("idle_timeout_ms", raw.idle_timeout_ms, DEFAULT_IDLE_TIMEOUT)?,
+            keepalive_interval: ms(
+                "keepalive_interval_ms",
+                raw.keepalive_interval_ms,
+                DEFAULT_KEEPALIVE_INTERVAL,
+            )?,
+            keepalive_timeout: ms(
+                "keepalive_timeout_ms",
+                raw.keepalive_timeout_ms,
+                DEFAULT_KEEPALIVE_TIMEOUT,
+            )?,
+            max_connections,
+            max_connection_age: ms(
+                "max_connection_age_ms",
+                raw.max_connection_age_ms,
+                DEFAULT_MAX_CONNECTION_AGE,
+            )?,
+        })
+    }
+}
+
+/// Why the server closed a connection (label `reason` of
+/// `stallwatch_listener_connections_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CloseReason {
+    /// No complete request headers within `header_read_timeout` (hyper's HTTP/1.1 timer,
+    /// or no first request at all).
+    HeaderTimeout,
+    /// No request in flight for `idle_timeout`.
+    Idle,
+    /// Older than `max_connection_age`.
+    MaxAge,
+}
+
+impl CloseReason {
+    const ALL: [CloseReason; 3] = [Self::HeaderTimeout, Self::Idle, Self::MaxAge];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::HeaderTimeout => "header_timeout",
+            Self::Idle => "idle",
+            Self::MaxAge => "max_age",
+        }
+    }
+}
+
+/// Connection counters of one listener.
+#[derive(Debug)]
+pub struct ListenerStats {
+    name: &'static str,
+    open: AtomicU64,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    closed: [AtomicU64; 3],
+    last_cap_warning: AtomicU64,
+}
+
+impl ListenerStats {
+    /// Counters for the listener labelled `name` (`otlp_grpc`, `otlp_http`, `dashboard`).
+    pub fn new(name: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            open: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            closed: Default::default(),
+            last_cap_warning: AtomicU64::new(0),
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed at once because `max_connections` were open.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    fn closed(&self, reason: CloseReason) {
+        let i = CloseReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.closed[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `/metrics` for a set of listeners: `stallwatch_listener_connections{listener}` (gauge),
+/// `stallwatch_listener_connections_accepted_total{listener}`,
+/// `stallwatch_listener_connections_refused_total{listener}` (over `max_connections`) and
+/// `stallwatch_listener_connections_closed_total{listener,reason}` (`header_timeout`,
+/// `idle`, `max_age`).
+pub struct ListenerMetrics(pub Vec<Arc<ListenerStats>>);
+
+/// Which counter of a [`ListenerStats`] a family shows.
+type CounterOf = fn(&ListenerStats) -> &AtomicU64;
+
+impl MetricsSource for ListenerMetrics {
+    fn render_prometheus(&self, out: &mut String) {
+        use crate::prometheus::{family, Kind};
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let simple: [(&str, Kind, &str, CounterOf); 3] = [
+            (
+                "stallwatch_listener_connections",
+                Kind::Gauge,
+                "Connections open now, by listener.",
+                |s| &s.open,
+            ),
+            (
+                "stallwatch_listener_connections_accepted_total",
+                Kind::Counter,
+                "Connections accepted, by listener.",
+                |s| &s.accepted,
+            ),
+            (
+                "stallwatch_listener_connections_refused_total",
+                Kind::Counter,
+                "Connections closed at once because max_connections were open.",
+                |s| &s.refused,
+            ),
+        ];
+        for (name, kind, help, field) in simple {
+            let mut f = family(out, name, kind, help);
+            for s in &self.0 {
+                f.sample(&[("listener", s.name)], l(field(s)));
+            }
+        }
+        let mut f = family(
+            out,
+            "stallwatch_listener_connections_closed_total",
+            Kind::Counter,
+            "Connections the server closed, by listener and reason.",
+        );
+        for s in &self.0 {
+            for (i, r) in CloseReason::ALL.iter().enumerate() {
+                f.sample(
+                    &[("listener", s.name), ("reason", r.as_str())],
+                    l(&s.closed[i]),
+                );
+            }
+        }
+    }
+}
+
+/// What one connection is doing, shared by its requests and its watcher.
+struct Activity {
+    born: Instant,
+    in_flight: AtomicU64,
+    seen_request: AtomicBool,
+    /// Milliseconds after `born` when the last request (response body included) ended.
+    last_done_ms: AtomicU64,
+}
+
+impl Activity {
+    fn since_born_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Held by a request until its response body is dropped.
+struct ActiveGuard(Arc<Activity>);
+
+impl ActiveGuard {
+    fn new(a: Arc<Activity>) -> Self {
+        a.seen_request.store(true, Ordering::Relaxed);
+        a.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(a)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0
+            .last_done_ms
+            .store(self.0.since_born_ms(), Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it ends.
+pub struct TrackedBody<B> {
+    inner: B,
+    _guard: ActiveGuard,
+}
+
+impl<B: Body + Unpin> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The hyper service of one connection: the listener's tower service plus activity
+/// tracking.
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S, B> hyper::service::Service<Request<Incoming>> for Tracked<S>
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Unpin + Send + 'static,
+{
+    type Response = Response<TrackedBody<B>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let guard = ActiveGuard::new(self.activity.clone());
+        let svc = self.inner.clone();
+        Box::pin(async move {
+            let resp = tower::ServiceExt::oneshot(svc, req).await?;
+            Ok(resp.map(|inner| TrackedBody {
+                inner,
+                _guard: guard,
+            }))
+        })
+    }
+}
+
+fn builder(limits: &ListenLimits) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    b.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    b
+}
+
+/// Serves `service` on `listener` with `limits` until `shutdown` is cancelled, then stops
+/// accepting, closes every connection gracefully and returns when they are all gone
+/// (callers bound that wait). `on_accept` runs on each accepted socket (e.g. TCP_NODELAY).
+///
+/// `service` answers every request (`Infallible`); its response bodies must be `Unpin`
+/// (axum's and tonic's are).
+pub async fn serve<S, B>(
+    listener: TcpListener,
+    service: S,
+    limits: ListenLimits,
+    stats: Arc<ListenerStats>,
+    shutdown: CancellationToken,
+) where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let builder = Arc::new(builder(&limits));
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let tasks = TaskTracker::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(listener = stats.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            warn_cap(&stats, limits.max_connections);
+            drop(tcp);
+            continue;
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        tasks.spawn(connection(
+            builder.clone(),
+            tcp,
+            peer,
+            service.clone(),
+            limits,
+            stats.clone(),
+            permit,
+            shutdown.clone(),
+        ));
+    }
+    drop(listener);
+    tasks.close();
+    tasks.wait().await;
+}
+
+fn warn_cap(stats: &ListenerStats, max: usize) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let last = stats.last_cap_warning.load(Ordering::Relaxed);
+    if now >= last + 60
+        && stats
+            .last_cap_warning
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            listener = stats.name,
+            max_connections = max,
+            "connection cap reached: new connections are closed at once (more in /metrics, stallwatch_listener_connections_refused_total)"
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connection<S, B>(
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    service: S,
+    limits: ListenLimits,
+    stats: Arc<ListenerStats>,
+    _permit: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
+) where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let activity = Arc::new(Activity {
+        born: Instant::now(),
+        in_flight: AtomicU64::new(0),
+        seen_request: AtomicBool::new(false),
+        last_done_ms: AtomicU64::new(0),
+    });
+    let svc = Tracked {
+        inner: service,
+        activity: activity.clone(),
+    };
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
+    tokio::pin!(conn);
+    // When a graceful close was started: the instant it must be over.
+    let mut closing: Option<Instant> = None;
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    let timed_out = e
+                        .downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_timeout);
+                    if timed_out {
+                        stats.closed(CloseReason::HeaderTimeout);
+                    }
+                    tracing::debug!(listener = stats.name, %peer, error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            () = shutdown.cancelled(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now() + CLOSE_GRACE);
+            }
+            _ = tick.tick() => {
+                if let Some(deadline) = closing {
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    continue;
+                }
+                if let Some(reason) = due(&activity, &limits) {
+                    stats.closed(reason);
+                    tracing::debug!(listener = stats.name, %peer, reason = reason.as_str(), "closing a connection");
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now() + CLOSE_GRACE);
+                }
+            }
+        }
+    }
+    stats.open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The limit a connection has passed, if any.
+fn due(a: &Activity, limits: &ListenLimits) -> Option<CloseReason> {
+    let age = a.born.elapsed();
+    if age >= limits.max_connection_age {
+        return Some(CloseReason::MaxAge);
+    }
+    if !a.seen_request.load(Ordering::Relaxed) {
+        return (age >= limits.header_read_timeout).then_some(CloseReason::HeaderTimeout);
+    }
+    if a.in_flight.load(Ordering::Relaxed) == 0 {
+        let idle_ms = a
+            .since_born_ms()
+            .saturating_sub(a.last_done_ms.load(Ordering::Relaxed));
+        if Duration::from_millis(idle_ms) >= limits.idle_timeout {
+            return Some(CloseReason::Idle);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn defaults_and_zero_values_name_the_key() {
+        let l = ListenLimits::try_from(&RawListenLimits::default()).unwrap();
+        assert_eq!(l, ListenLimits::default());
+        assert_eq!(l.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(l.max_connections, 512);
+        let e = ListenLimits::try_from(&RawListenLimits {
+            max_connections: Some(0),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("max_connections"), "{e}");
+        let e = ListenLimits::try_from(&RawListenLimits {
+            idle_timeout_ms: Some(0),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("idle_timeout_ms"), "{e}");
+    }
+
+    fn activity(age: Duration, seen: bool, in_flight: u64, last_done: Duration) -> Activity {
+        let born = Instant::now().checked_sub(age).unwrap();
+        Activity {
+            born,
+            in_flight: AtomicU64::new(in_flight),
+            seen_request: AtomicBool::new(seen),
+            last_done_ms: AtomicU64::new(last_done.as_millis() as u64),
+        }
+    }
+
+    #[test]
+    fn deadlines_close_only_what_is_due() {
+        let l = ListenLimits::default();
+        let s = Duration::from_secs;
+        // A fresh connection and one with a request in flight are left alone.
+        assert_eq!(due(&activity(s(1), false, 0, s(0)), &l), None);
+        assert_eq!(due(&activity(s(600), true, 1, s(0)), &l), None);
+        // Recently busy: not idle yet.
+        assert_eq!(due(&activity(s(100), true, 0, s(90)), &l), None);
+        assert_eq!(
+            due(&activity(s(11), false, 0, s(0)), &l),
+            Some(CloseReason::HeaderTimeout)
+        );
+        assert_eq!(
+            due(&activity(s(100), true, 0, s(30)), &l),
+            Some(CloseReason::Idle)
+        );
+        assert_eq!(
+            due(&activity(s(3601), true, 1, s(0)), &l),
+            Some(CloseReason::MaxAge)
+        );
+    }
+}
