@@ -2,19 +2,35 @@
 //! Files). Created with mode 0700; the token with `O_EXCL` and mode 0600, kept across
 //! restarts; the lock is an `flock` held for the life of the process, so a crashed
 //! instance's lock is free again and is simply taken over.
+//!
+//! On Windows (docs/platforms.md): the folder is `%LOCALAPPDATA%\stallwatch`, the folder and
+//! token get a protected user-only DACL instead of modes, and the lock is `LockFileEx` (std's
+//! `File::try_lock`) on `lock`, released by the kernel when the process dies.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+#[cfg(unix)]
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+#[cfg(unix)]
 use rustix::fs::{flock, FlockOperation};
 
 /// Token length in hex characters (32 random bytes).
 pub const TOKEN_HEX_LEN: usize = 64;
 
+/// The default data folder on Windows: `%LOCALAPPDATA%\stallwatch`.
+#[cfg(windows)]
+pub fn default_data_dir() -> Result<PathBuf> {
+    let base = std::env::var_os("LOCALAPPDATA")
+        .filter(|v| !v.is_empty())
+        .context("LOCALAPPDATA is not set: pass --data-dir")?;
+    Ok(PathBuf::from(base).join("stallwatch"))
+}
+
 /// The default data folder: `$XDG_DATA_HOME/stallwatch`, else `~/.local/share/stallwatch`.
+#[cfg(unix)]
 pub fn default_data_dir() -> Result<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(x).join("stallwatch"));
@@ -44,8 +60,7 @@ impl DataDir {
     pub fn open(path: &Path) -> Result<Self> {
         fs::create_dir_all(path)
             .with_context(|| format!("cannot create data folder {}", path.display()))?;
-        fs::set_permissions(path, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set mode 0700 on {}", path.display()))?;
+        private_dir(path)?;
         let path = path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", path.display()))?;
@@ -53,7 +68,7 @@ impl DataDir {
         let token = load_or_create_token(&path.join("token"))?;
         fs::create_dir_all(path.join("run"))
             .with_context(|| format!("cannot create {}", path.join("run").display()))?;
-        fs::set_permissions(path.join("run"), fs::Permissions::from_mode(0o700))?;
+        private_dir(&path.join("run"))?;
         Ok(Self {
             path,
             token,
@@ -70,6 +85,7 @@ impl DataDir {
 /// Takes the instance lock: an `flock` on the data folder itself (which survives someone
 /// deleting the `lock` file) and on `lock`, which also records our pid for the message a
 /// second instance prints.
+#[cfg(unix)]
 fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
     let dir_handle =
         File::open(dir).with_context(|| format!("cannot open data folder {}", dir.display()))?;
@@ -104,13 +120,90 @@ fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
     Ok((dir_handle, f))
 }
 
-fn load_or_create_token(path: &Path) -> Result<String> {
-    match OpenOptions::new()
+/// Windows: `LockFileEx` (exclusive, fail immediately; std's `File::try_lock`) on `lock`.
+/// A directory cannot be locked there, so the second handle is the lock file again; the
+/// pid inside is read through a second handle, since a locked range cannot be read
+/// through another handle.
+#[cfg(windows)]
+fn take_lock(_dir: &Path, path: &Path) -> Result<(File, File)> {
+    let mut f = OpenOptions::new()
+        .read(true)
         .write(true)
-        .create_new(true)
-        .mode(0o600)
+        .create(true)
+        .truncate(false)
         .open(path)
-    {
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    if f.try_lock().is_err() {
+        let holder = fs::read_to_string(path.with_file_name("lock.pid")).unwrap_or_default();
+        let holder = holder.trim();
+        let who = if holder.is_empty() {
+            "another process".to_string()
+        } else {
+            format!("stallwatch pid {holder}")
+        };
+        bail!(
+            "data folder {} is in use by {who}; stop it or pass another --data-dir",
+            path.parent().unwrap_or(path).display()
+        );
+    }
+    f.set_len(0)?;
+    f.seek(SeekFrom::Start(0))?;
+    writeln!(f, "{}", std::process::id())?;
+    f.sync_all()?;
+    let pid_path = path.with_file_name("lock.pid");
+    fs::write(&pid_path, format!("{}\n", std::process::id()))
+        .with_context(|| format!("cannot write {}", pid_path.display()))?;
+    let again = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    Ok((again, f))
+}
+
+/// Makes `path` private to the user: mode 0700.
+#[cfg(unix)]
+fn private_dir(path: &Path) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot set mode 0700 on {}", path.display()))
+}
+
+/// Makes `path` private to the user: a protected DACL granting only the user (and
+/// SYSTEM) full control, inherited by what is created inside.
+#[cfg(windows)]
+fn private_dir(path: &Path) -> Result<()> {
+    crate::acl::restrict_to_user(path, true)
+        .with_context(|| format!("cannot set a user-only ACL on {}", path.display()))
+}
+
+/// Creates the token file exclusively (mode 0600 on Unix; the folder's user-only DACL on
+/// Windows, set again on the file itself).
+fn create_token_file(path: &Path) -> std::io::Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    let f = opts.open(path)?;
+    #[cfg(windows)]
+    crate::acl::restrict_to_user(path, false)?;
+    Ok(f)
+}
+
+/// Tightens a token file that others could read (Unix: group/other mode bits).
+#[cfg(unix)]
+fn tighten_token(path: &Path, meta: &fs::Metadata) -> Result<()> {
+    if meta.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), "token file was readable by others; setting mode 0600");
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+/// Windows: the user-only DACL is (re)applied to an existing token.
+#[cfg(windows)]
+fn tighten_token(path: &Path, _meta: &fs::Metadata) -> Result<()> {
+    crate::acl::restrict_to_user(path, false)
+        .with_context(|| format!("cannot set a user-only ACL on {}", path.display()))
+}
+
+fn load_or_create_token(path: &Path) -> Result<String> {
+    match create_token_file(path) {
         Ok(mut f) => {
             let mut bytes = [0u8; TOKEN_HEX_LEN / 2];
             rand::fill(&mut bytes);
@@ -128,10 +221,7 @@ fn load_or_create_token(path: &Path) -> Result<String> {
                     path.display()
                 );
             }
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(path = %path.display(), "token file was readable by others; setting mode 0600");
-                fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-            }
+            tighten_token(path, &meta)?;
             let token = fs::read_to_string(path)
                 .with_context(|| format!("cannot read token {}", path.display()))?
                 .trim()
