@@ -61,9 +61,13 @@ impl DataDir {
         fs::create_dir_all(path)
             .with_context(|| format!("cannot create data folder {}", path.display()))?;
         private_dir(path)?;
-        let path = path
-            .canonicalize()
-            .with_context(|| format!("cannot resolve {}", path.display()))?;
+        // On Windows `canonicalize` answers a `\\?\` verbatim path; an absolute one is
+        // what SQLite and the pipe names want there.
+        #[cfg(unix)]
+        let resolved = path.canonicalize();
+        #[cfg(windows)]
+        let resolved = std::path::absolute(path);
+        let path = resolved.with_context(|| format!("cannot resolve {}", path.display()))?;
         let lock = take_lock(&path, &path.join("lock"))?;
         let token = load_or_create_token(&path.join("token"))?;
         fs::create_dir_all(path.join("run"))

@@ -27,6 +27,17 @@ const CONFIG: &str = "[watchdog]\nheartbeat_interval_ms = 200\nheartbeat_timeout
 /// Where the Windows binaries are, and the Wine loader; `None` (with the reason printed)
 /// outside `scripts/test-windows`.
 fn setup(test: &str) -> Option<(PathBuf, PathBuf)> {
+    setup_with(
+        test,
+        &[
+            "stallwatch.exe",
+            "windows-runner.exe",
+            "bcryptprimitives.dll",
+        ],
+    )
+}
+
+fn setup_with(test: &str, files: &[&str]) -> Option<(PathBuf, PathBuf)> {
     let Some(dir) = std::env::var_os("STALLWATCH_TEST_WINDOWS_BIN_DIR") else {
         eprintln!(
             "skip {test}: STALLWATCH_TEST_WINDOWS_BIN_DIR is not set (run scripts/test-windows)"
@@ -34,11 +45,7 @@ fn setup(test: &str) -> Option<(PathBuf, PathBuf)> {
         return None;
     };
     let dir = PathBuf::from(dir);
-    for f in [
-        "stallwatch.exe",
-        "windows-runner.exe",
-        "bcryptprimitives.dll",
-    ] {
+    for f in files {
         assert!(
             dir.join(f).is_file(),
             "{} is missing: scripts/test-windows builds it",
@@ -552,4 +559,66 @@ fn runner_ignoring_the_break_is_ended_with_its_escaped_child_by_terminate_job() 
         .filter_map(|e| e["name"].as_str())
         .collect();
     assert!(names.contains(&"TerminateJobObject"), "{span:#}");
+}
+
+/// The reaper's own Windows process calls (`reaper/src/windows/process.rs`, compiled into
+/// `windows-probe.exe`) and the heartbeat pipe, under Wine, without stallwatch.exe.
+#[test]
+fn probe_job_objects_named_pipe_and_console_break_under_wine() {
+    let files = [
+        "windows-probe.exe",
+        "windows-runner.exe",
+        "bcryptprimitives.dll",
+    ];
+    let Some((bin, wine)) = setup_with("probe", &files) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = wine_command(&wine, &bin.join("windows-probe.exe"))
+        .arg(win(dir.path()))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "windows-probe failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("probe output is not JSON ({e}): {text}"));
+    eprintln!("windows-probe under Wine: {r:#}");
+    // Suspended spawn, AssignProcessToJobObject, creation time, resume: all succeed.
+    for k in ["healthy_spawn", "escape_spawn"] {
+        for step in ["assign", "creation_time", "resume"] {
+            let v = r[k][step].as_str().unwrap_or_default();
+            assert!(v.starts_with("ok"), "{k}.{step}: {v}");
+        }
+    }
+    // The heartbeat protocol over the named pipe.
+    assert_eq!(r["pong"], "PONG", "{r:#}");
+    assert_eq!(r["healthy_in_job"], true, "{r:#}");
+    // A healthy runner given the console break either exits 0 having seen it, or (where
+    // Wine delivers no break) is ended by TerminateJobObject with code 137.
+    if r["break_exit_code"].is_null() {
+        assert_eq!(r["healthy_terminated_code"], 137, "{r:#}");
+    } else {
+        assert_eq!(r["break_exit_code"], 0, "{r:#}");
+        assert_eq!(r["break_seen"], true, "{r:#}");
+    }
+    // The escaped child is still in the runner's job, and TerminateJobObject ends both.
+    assert_eq!(r["escaped_child_started"], true, "{r:#}");
+    assert_eq!(r["escaped_child_in_job"], true, "{r:#}");
+    assert!(r["job_members_before"].as_u64().unwrap() >= 2, "{r:#}");
+    assert_eq!(r["break_ignored"], true, "{r:#}");
+    assert!(
+        r["terminate_job"].as_str().unwrap().starts_with("ok"),
+        "{r:#}"
+    );
+    assert_eq!(r["terminated_exit_code"], 137, "{r:#}");
+    assert_eq!(r["job_members_after"], 0, "{r:#}");
+    assert_eq!(r["escaped_child_still_running"], false, "{r:#}");
+    // JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE: closing the job ends its member.
+    assert_eq!(r["close_child_started"], true, "{r:#}");
+    assert!(r["kill_on_close_exit_code"].is_number(), "{r:#}");
 }

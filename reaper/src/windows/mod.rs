@@ -936,7 +936,7 @@ fn spawn_in_job(
         cmd.current_dir(cwd);
     }
     let mut child = cmd.spawn()?;
-    let placed = (|| {
+    let placed: std::io::Result<(process::Job, u64)> = (|| {
         let job = process::Job::new()?;
         let raw = child
             .raw_handle()
