@@ -8,12 +8,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::support::*;
+pub use crate::support::{incidents, post_json, process_alive, spawn_runner, wait_incident};
 
 pub const SLA_MS: u64 = 2000;
 
@@ -84,45 +85,6 @@ impl Receiver {
     }
 }
 
-pub fn post_json(
-    server: &Server,
-    path: &str,
-    body: &serde_json::Value,
-) -> (u16, serde_json::Value) {
-    let r = http_client()
-        .post(server.api(path))
-        .bearer_auth(server.token())
-        .json(body)
-        .send()
-        .unwrap();
-    let st = r.status().as_u16();
-    (st, r.json().unwrap_or(serde_json::Value::Null))
-}
-
-pub fn spawn_runner(
-    server: &Server,
-    id: &str,
-    argv: &[&str],
-    workspace: Option<&Path>,
-    env: &[(&str, &str)],
-) -> serde_json::Value {
-    let env: serde_json::Map<String, serde_json::Value> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
-        .collect();
-    let mut spawn = serde_json::json!({ "argv": argv, "env": env });
-    if let Some(w) = workspace {
-        spawn["workspace"] = w.display().to_string().into();
-    }
-    let (st, body) = post_json(
-        server,
-        "/api/v1/runners",
-        &serde_json::json!({ "id": id, "spawn": spawn }),
-    );
-    assert!(st == 200 || st == 201, "register {id}: {st} {body}");
-    body
-}
-
 pub fn python_runner(
     server: &Server,
     id: &str,
@@ -139,51 +101,6 @@ pub fn python_runner(
         workspace,
         env,
     )
-}
-
-/// Incidents of `runner`, oldest first.
-pub fn incidents(server: &Server, runner: &str) -> Vec<serde_json::Value> {
-    let (st, page) = server.get_json(&format!("/api/v1/incidents?runner_id={runner}&limit=200"));
-    assert_eq!(st, 200, "{page}");
-    let mut items = page["items"].as_array().unwrap().clone();
-    items.reverse();
-    items
-}
-
-pub fn wait_incident(
-    server: &Server,
-    runner: &str,
-    event: &str,
-    timeout: Duration,
-) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(i) = incidents(server, runner)
-            .into_iter()
-            .find(|i| i["event"] == event)
-        {
-            return i;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "no {event} incident for {runner} within {timeout:?}; incidents: {:#}\nstderr:\n{}",
-                serde_json::Value::from(incidents(server, runner)),
-                server.stderr()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-pub fn process_alive(pid: u64) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s[s.rfind(')').unwrap() + 2..].starts_with('Z'),
-        Err(_) => false,
-    }
-}
-
-fn nanos(v: &serde_json::Value) -> u64 {
-    v.as_str().unwrap().parse().unwrap()
 }
 
 fn hash_tree(root: &Path) -> BTreeMap<String, String> {

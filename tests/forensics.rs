@@ -379,11 +379,6 @@ fn a_node_busy_loop_is_100_percent_cpu_and_the_report_never_delays_the_kill() {
     );
 }
 
-fn nanos(v: &serde_json::Value) -> u64 {
-    v.as_str()
-        .map_or_else(|| v.as_u64().unwrap(), |s| s.parse().unwrap())
-}
-
 /// ms from the trip's decision (the `breaker.opened` time) to the first SIGTERM.
 fn trip_to_sigterm_ms(terminated: &serde_json::Value, opened: &serde_json::Value) -> f64 {
     let sigterm = nanos(&terminated["evidence"]["report"]["sigterm_unix_nano"]);

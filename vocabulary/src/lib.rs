@@ -15,10 +15,12 @@
 
 pub mod control;
 pub mod model;
+pub mod prometheus;
 
 /// Something that renders its counters in the Prometheus text format for `GET /metrics`.
 /// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).
 pub trait MetricsSource: Send + Sync {
-    /// Appends `# HELP`/`# TYPE` lines and samples to `out`.
+    /// Appends `# HELP`/`# TYPE` lines and samples to `out`, written with [`prometheus`]
+    /// (the one text-format writer).
     fn render_prometheus(&self, out: &mut String);
 }
