@@ -5,6 +5,8 @@
 //!   incidents and their event names);
 //! - [`control`]: the messages between stages (observations, trips, runner lifecycle
 //!   notices, control requests with their typed replies and errors, the runner board).
+//! - [`labels`]: closed sets of label values (heartbeat labels) as enums whose `as_str()`
+//!   is the wire string.
 //! - [`MetricsSource`]: how a stage exposes its counters to `GET /metrics`.
 //!
 //! `storage/` (the only crate that knows SQL) re-exports these modules under their old
@@ -14,6 +16,7 @@
 //! Nothing here knows an HTTP status: the wire mapping lives in `dashboards/src/error.rs`.
 
 pub mod control;
+pub mod labels;
 pub mod model;
 pub mod prometheus;
 

@@ -84,7 +84,10 @@ impl MetricsSource for WatchdogStats {
             "Heartbeat pings that failed, by reason.",
         );
         for (i, reason) in HeartbeatFailure::NAMES.iter().enumerate() {
-            f.sample(&[("reason", reason)], g(&self.heartbeats_failed[i]));
+            f.sample(
+                &[("reason", reason.as_str())],
+                g(&self.heartbeats_failed[i]),
+            );
         }
         counter(
             out,
