@@ -16,13 +16,19 @@
 //! folder (docs/design.md, Interfaces: Files). Abstract names are per network namespace:
 //! two instances in different network namespaces sharing one folder are not caught by the
 //! name, only by the `flock`.
+//!
+//! On Windows (docs/platforms.md): the folder is `%LOCALAPPDATA%\stallwatch`, the folder and
+//! token get a protected user-only DACL instead of modes, and the lock is `LockFileEx` (std's
+//! `File::try_lock`) on `lock`, released by the kernel when the process dies.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+#[cfg(unix)]
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+#[cfg(unix)]
 use rustix::fs::{flock, FlockOperation};
 
 /// Size of `<data_dir>/reserve`, space kept aside for a start on a full disk: SQLite cannot
@@ -34,7 +40,17 @@ pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
 /// Token length in hex characters (32 random bytes).
 pub const TOKEN_HEX_LEN: usize = 64;
 
+/// The default data folder on Windows: `%LOCALAPPDATA%\stallwatch`.
+#[cfg(windows)]
+pub fn default_data_dir() -> Result<PathBuf> {
+    let base = std::env::var_os("LOCALAPPDATA")
+        .filter(|v| !v.is_empty())
+        .context("LOCALAPPDATA is not set: pass --data-dir")?;
+    Ok(PathBuf::from(base).join("stallwatch"))
+}
+
 /// The default data folder: `$XDG_DATA_HOME/stallwatch`, else `~/.local/share/stallwatch`.
+#[cfg(unix)]
 pub fn default_data_dir() -> Result<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(x).join("stallwatch"));
@@ -52,7 +68,10 @@ pub struct DataDir {
     pub path: PathBuf,
     /// The control-API bearer token (64 hex characters).
     pub token: String,
+    #[cfg(target_os = "linux")]
     _lock: (File, File, std::os::unix::net::UnixListener),
+    #[cfg(not(target_os = "linux"))]
+    _lock: (File, File),
 }
 
 impl DataDir {
@@ -64,18 +83,26 @@ impl DataDir {
     pub fn open(path: &Path) -> Result<Self> {
         fs::create_dir_all(path)
             .with_context(|| format!("cannot create data folder {}", path.display()))?;
-        fs::set_permissions(path, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot set mode 0700 on {}", path.display()))?;
-        let path = path
-            .canonicalize()
-            .with_context(|| format!("cannot resolve {}", path.display()))?;
-        let name_lock = take_name_lock(&path)?;
-        let (dir_lock, file_lock) = take_lock(&path, &path.join("lock"))?;
-        let lock = (dir_lock, file_lock, name_lock);
+        private_dir(path)?;
+        // On Windows `canonicalize` answers a `\\?\` verbatim path; an absolute one is
+        // what SQLite and the pipe names want there.
+        #[cfg(unix)]
+        let resolved = path.canonicalize();
+        #[cfg(windows)]
+        let resolved = std::path::absolute(path);
+        let path = resolved.with_context(|| format!("cannot resolve {}", path.display()))?;
+        #[cfg(target_os = "linux")]
+        let lock = {
+            let name_lock = take_name_lock(&path)?;
+            let (dir_lock, file_lock) = take_lock(&path, &path.join("lock"))?;
+            (dir_lock, file_lock, name_lock)
+        };
+        #[cfg(not(target_os = "linux"))]
+        let lock = take_lock(&path, &path.join("lock"))?;
         let token = load_or_create_token(&path.join("token"))?;
         fs::create_dir_all(path.join("run"))
             .with_context(|| format!("cannot create {}", path.join("run").display()))?;
-        fs::set_permissions(path.join("run"), fs::Permissions::from_mode(0o700))?;
+        private_dir(&path.join("run"))?;
         Ok(Self {
             path,
             token,
@@ -110,6 +137,7 @@ impl DataDir {
 }
 
 /// Bytes free for us on `dir`'s filesystem (`statvfs` `f_bavail`).
+#[cfg(unix)]
 pub fn free_bytes_at(dir: &Path) -> Option<u64> {
     let st = rustix::fs::statvfs(dir).ok()?;
     Some(st.f_bavail.saturating_mul(st.f_frsize))
@@ -117,6 +145,7 @@ pub fn free_bytes_at(dir: &Path) -> Option<u64> {
 
 /// Writes `<dir>/reserve` ([`RESERVE_BYTES`] of zeros, mode 0600, synced) when it is
 /// missing and at least twice its size is free; answers true when it exists after.
+#[cfg(unix)]
 pub fn reserve_at(dir: &Path) -> bool {
     let path = dir.join("reserve");
     if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() >= RESERVE_BYTES) {
@@ -147,9 +176,23 @@ pub fn reserve_at(dir: &Path) -> bool {
     true
 }
 
+/// Windows: free space is not checked yet (docs/platforms.md); `None` means unknown, so a
+/// start is never held up by it.
+#[cfg(windows)]
+pub fn free_bytes_at(_dir: &Path) -> Option<u64> {
+    None
+}
+
+/// Windows: no disk-space reserve yet (docs/platforms.md).
+#[cfg(windows)]
+pub fn reserve_at(_dir: &Path) -> bool {
+    false
+}
+
 /// Takes the instance lock: an `flock` on the data folder itself (which survives someone
 /// deleting the `lock` file) and on `lock`, which also records our pid for the message a
 /// second instance prints.
+#[cfg(unix)]
 fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
     let dir_handle =
         File::open(dir).with_context(|| format!("cannot open data folder {}", dir.display()))?;
@@ -191,6 +234,7 @@ fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
 }
 
 /// The abstract socket name of the instance lock of `dir` (canonical path) for this user.
+#[cfg(target_os = "linux")]
 pub fn lock_name(dir: &Path) -> String {
     use sha2::{Digest, Sha256};
     use std::os::unix::ffi::OsStrExt;
@@ -203,6 +247,7 @@ pub fn lock_name(dir: &Path) -> String {
 }
 
 /// Binds the abstract socket [`lock_name`] of `dir`, or says who holds it.
+#[cfg(target_os = "linux")]
 fn take_name_lock(dir: &Path) -> Result<std::os::unix::net::UnixListener> {
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -226,13 +271,90 @@ fn take_name_lock(dir: &Path) -> Result<std::os::unix::net::UnixListener> {
     }
 }
 
-fn load_or_create_token(path: &Path) -> Result<String> {
-    match OpenOptions::new()
+/// Windows: `LockFileEx` (exclusive, fail immediately; std's `File::try_lock`) on `lock`.
+/// A directory cannot be locked there, so the second handle is the lock file again; the
+/// pid inside is read through a second handle, since a locked range cannot be read
+/// through another handle.
+#[cfg(windows)]
+fn take_lock(_dir: &Path, path: &Path) -> Result<(File, File)> {
+    let mut f = OpenOptions::new()
+        .read(true)
         .write(true)
-        .create_new(true)
-        .mode(0o600)
+        .create(true)
+        .truncate(false)
         .open(path)
-    {
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    if f.try_lock().is_err() {
+        let holder = fs::read_to_string(path.with_file_name("lock.pid")).unwrap_or_default();
+        let holder = holder.trim();
+        let who = if holder.is_empty() {
+            "another process".to_string()
+        } else {
+            format!("stallwatch pid {holder}")
+        };
+        bail!(
+            "data folder {} is in use by {who}; stop it or pass another --data-dir",
+            path.parent().unwrap_or(path).display()
+        );
+    }
+    f.set_len(0)?;
+    f.seek(SeekFrom::Start(0))?;
+    writeln!(f, "{}", std::process::id())?;
+    f.sync_all()?;
+    let pid_path = path.with_file_name("lock.pid");
+    fs::write(&pid_path, format!("{}\n", std::process::id()))
+        .with_context(|| format!("cannot write {}", pid_path.display()))?;
+    let again = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    Ok((again, f))
+}
+
+/// Makes `path` private to the user: mode 0700.
+#[cfg(unix)]
+fn private_dir(path: &Path) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot set mode 0700 on {}", path.display()))
+}
+
+/// Makes `path` private to the user: a protected DACL granting only the user (and
+/// SYSTEM) full control, inherited by what is created inside.
+#[cfg(windows)]
+fn private_dir(path: &Path) -> Result<()> {
+    crate::acl::restrict_to_user(path, true)
+        .with_context(|| format!("cannot set a user-only ACL on {}", path.display()))
+}
+
+/// Creates the token file exclusively (mode 0600 on Unix; the folder's user-only DACL on
+/// Windows, set again on the file itself).
+fn create_token_file(path: &Path) -> std::io::Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    let f = opts.open(path)?;
+    #[cfg(windows)]
+    crate::acl::restrict_to_user(path, false)?;
+    Ok(f)
+}
+
+/// Tightens a token file that others could read (Unix: group/other mode bits).
+#[cfg(unix)]
+fn tighten_token(path: &Path, meta: &fs::Metadata) -> Result<()> {
+    if meta.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), "token file was readable by others; setting mode 0600");
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+/// Windows: the user-only DACL is (re)applied to an existing token.
+#[cfg(windows)]
+fn tighten_token(path: &Path, _meta: &fs::Metadata) -> Result<()> {
+    crate::acl::restrict_to_user(path, false)
+        .with_context(|| format!("cannot set a user-only ACL on {}", path.display()))
+}
+
+fn load_or_create_token(path: &Path) -> Result<String> {
+    match create_token_file(path) {
         Ok(mut f) => {
             let mut bytes = [0u8; TOKEN_HEX_LEN / 2];
             rand::fill(&mut bytes);
@@ -250,10 +372,7 @@ fn load_or_create_token(path: &Path) -> Result<String> {
                     path.display()
                 );
             }
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(path = %path.display(), "token file was readable by others; setting mode 0600");
-                fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-            }
+            tighten_token(path, &meta)?;
             let token = fs::read_to_string(path)
                 .with_context(|| format!("cannot read token {}", path.display()))?
                 .trim()
@@ -328,6 +447,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn a_deleted_and_recreated_folder_is_still_locked() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");

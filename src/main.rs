@@ -1,10 +1,16 @@
 //! The `stallwatch` binary: CLI, config merge, wiring of stages, ordered shutdown. No
 //! domain logic lives here; see ARCHITECTURE.md for the map.
 
+#[cfg(windows)]
+mod acl;
 mod cli;
 mod config;
 mod datadir;
 mod demo;
+#[cfg(unix)]
+mod parent;
+#[cfg(windows)]
+#[path = "parent_windows.rs"]
 mod parent;
 mod selftrace;
 mod serve;

@@ -425,11 +425,13 @@ async fn stage<T>(name: &str, task: tokio::task::JoinHandle<T>) {
 
 /// SIGTERM and SIGINT streams, installed before anything is bound so a stop request that
 /// arrives right after the `ready` line is an ordered shutdown, never the default action.
+#[cfg(unix)]
 struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }
 
+#[cfg(unix)]
 impl StopSignals {
     fn install() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
@@ -513,6 +515,44 @@ fn loopback_for_clients(addr: std::net::SocketAddr) -> std::net::SocketAddr {
     }
 }
 
+/// Windows: Ctrl-C, Ctrl-Break, console close, logoff and system shutdown, installed
+/// before anything is bound (docs/platforms.md, ordered shutdown trigger). Console close
+/// leaves a process about 5 s before Windows ends it.
+#[cfg(windows)]
+struct StopSignals {
+    c: tokio::signal::windows::CtrlC,
+    brk: tokio::signal::windows::CtrlBreak,
+    close: tokio::signal::windows::CtrlClose,
+    logoff: tokio::signal::windows::CtrlLogoff,
+    system: tokio::signal::windows::CtrlShutdown,
+}
+
+#[cfg(windows)]
+impl StopSignals {
+    fn install() -> Result<Self> {
+        use tokio::signal::windows::{ctrl_break, ctrl_c, ctrl_close, ctrl_logoff, ctrl_shutdown};
+        Ok(Self {
+            c: ctrl_c().context("cannot watch Ctrl-C")?,
+            brk: ctrl_break().context("cannot watch Ctrl-Break")?,
+            close: ctrl_close().context("cannot watch console close")?,
+            logoff: ctrl_logoff().context("cannot watch logoff")?,
+            system: ctrl_shutdown().context("cannot watch system shutdown")?,
+        })
+    }
+
+    /// Resolves on a console control event or a cancelled `shutdown` (control API).
+    async fn wait(&mut self, shutdown: &CancellationToken) {
+        tokio::select! {
+            _ = self.c.recv() => tracing::info!("Ctrl-C received"),
+            _ = self.brk.recv() => tracing::info!("Ctrl-Break received"),
+            _ = self.close.recv() => tracing::info!("console close received"),
+            _ = self.logoff.recv() => tracing::info!("logoff received"),
+            _ = self.system.recv() => tracing::info!("system shutdown received"),
+            _ = shutdown.cancelled() => tracing::info!("shutdown requested (control API or parent exit)"),
+        }
+    }
+}
+
 /// Writes `<data_dir>/ready.json` holding exactly the ready line's JSON object, so a process
 /// that only knows the data folder (`stallwatch mcp wrap`) finds the listeners: mode 0600,
 /// written to a temporary file in the same folder and renamed over, so a reader never sees
@@ -520,16 +560,15 @@ fn loopback_for_clients(addr: std::net::SocketAddr) -> std::net::SocketAddr {
 /// shutdown by [`remove_discovery`].
 fn write_discovery(dir: &std::path::Path, ready: &str) -> Result<std::path::PathBuf> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("ready.json");
     let tmp = dir.join(format!(".ready.json.{}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        // On Windows the file inherits the data folder's user-only ACL.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        let mut f = opts.open(&tmp)?;
         f.write_all(ready.as_bytes())?;
         f.write_all(b"\n")?;
         f.sync_all()?;

@@ -26,3 +26,4 @@ mod reaper_fixes;
 mod reaper_safety;
 mod shapes;
 mod spine;
+mod windows;

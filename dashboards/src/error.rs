@@ -114,6 +114,7 @@ fn register_wire(e: &RegisterError) -> (StatusCode, &'static str) {
         RegisterError::SocketDir(_) => (StatusCode::INTERNAL_SERVER_ERROR, "socket_dir"),
         RegisterError::Checkpoint(c) => checkpoint_wire(c),
         RegisterError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        RegisterError::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, "unsupported_platform"),
     }
 }
 

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixListener;
 
 /// Longest UNIX socket path the kernel takes (`sun_path` is 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -53,20 +52,32 @@ pub type Health = Arc<Mutex<HealthView>>;
 
 /// Picks the socket path: `<data_dir>/run/<runner_id>.mcp.sock`, or
 /// `/tmp/stallwatch-<uid>/<hash>.sock` when that passes [`MAX_SOCKET_PATH`] bytes
-/// (docs/design.md, Interfaces: Files).
+/// (docs/design.md, Interfaces: Files). On Windows always the named pipe
+/// `\\.\pipe\stallwatch-<hash>` (docs/platforms.md, heartbeat transport).
 pub fn socket_path(data_dir: &Path, runner_id: &str) -> PathBuf {
     let p = data_dir.join("run").join(format!("{runner_id}.mcp.sock"));
-    if p.as_os_str().len() <= MAX_SOCKET_PATH {
+    if cfg!(unix) && p.as_os_str().len() <= MAX_SOCKET_PATH {
         return p;
     }
     use sha2::{Digest, Sha256};
     let h = hex::encode(Sha256::digest(p.as_os_str().as_encoded_bytes()));
+    fallback_path(&h[..16])
+}
+
+#[cfg(unix)]
+fn fallback_path(hash: &str) -> PathBuf {
     let uid = rustix::process::getuid().as_raw();
-    PathBuf::from(format!("/tmp/stallwatch-{uid}/{}.sock", &h[..16]))
+    PathBuf::from(format!("/tmp/stallwatch-{uid}/{hash}.sock"))
+}
+
+#[cfg(windows)]
+fn fallback_path(hash: &str) -> PathBuf {
+    PathBuf::from(format!(r"\\.\pipe\stallwatch-{hash}"))
 }
 
 /// Binds `path` (removing a stale socket file first; the parent folder is created 0700) and
 /// serves it until the task is dropped.
+#[cfg(unix)]
 pub fn serve(path: &Path, health: Health) -> std::io::Result<tokio::task::JoinHandle<()>> {
     if let Some(dir) = path.parent() {
         use std::os::unix::fs::DirBuilderExt;
@@ -80,30 +91,68 @@ pub fn serve(path: &Path, health: Health) -> std::io::Result<tokio::task::JoinHa
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = UnixListener::bind(path)?;
+    let listener = tokio::net::UnixListener::bind(path)?;
     Ok(tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            let health = health.clone();
-            tokio::spawn(async move {
-                let (r, mut w) = stream.into_split();
-                let mut line = String::new();
-                let mut r = BufReader::new(r).take(64);
-                let read = tokio::time::timeout(READ_DEADLINE, r.read_line(&mut line)).await;
-                if !matches!(read, Ok(Ok(n)) if n > 0) || line.trim_end() != "PING" {
-                    return;
-                }
-                let answer = match health.lock() {
-                    Ok(h) => h.answer(Instant::now()),
-                    Err(_) => "ERR wrapper_poisoned",
-                };
-                let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
-            });
+            tokio::spawn(answer_one(stream, health.clone()));
         }
     }))
+}
+
+/// Creates the named pipe `path` (the first instance, so a pipe of the same name owned by
+/// another process is refused) and serves it until the task is dropped: one pipe instance
+/// per connection, a fresh one created before the connected one is handed off.
+#[cfg(windows)]
+pub fn serve(path: &Path, health: Health) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use tokio::net::windows::named_pipe::ServerOptions;
+    let path = path.to_path_buf();
+    let mut server = ServerOptions::new()
+        .first_pipe_instance(true)
+        .reject_remote_clients(true)
+        .create(&path)?;
+    Ok(tokio::spawn(async move {
+        loop {
+            if server.connect().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            let next = match ServerOptions::new()
+                .reject_remote_clients(true)
+                .create(&path)
+            {
+                Ok(n) => n,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let connected = std::mem::replace(&mut server, next);
+            tokio::spawn(answer_one(connected, health.clone()));
+        }
+    }))
+}
+
+/// Reads one `PING` line (at most 64 bytes, within [`READ_DEADLINE`]) and writes the answer.
+async fn answer_one<S>(stream: S, health: Health)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (r, mut w) = tokio::io::split(stream);
+    let mut line = String::new();
+    let mut r = BufReader::new(r).take(64);
+    let read = tokio::time::timeout(READ_DEADLINE, r.read_line(&mut line)).await;
+    if !matches!(read, Ok(Ok(n)) if n > 0) || line.trim_end() != "PING" {
+        return;
+    }
+    let answer = match health.lock() {
+        Ok(h) => h.answer(Instant::now()),
+        Err(_) => "ERR wrapper_poisoned",
+    };
+    let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
 }
 
 use tokio::io::AsyncReadExt as _;

@@ -301,8 +301,13 @@ impl Relay {
             .stderr(Stdio::inherit())
             // No STALLWATCH_RUNNER_ID here: the reaper hunts processes carrying it as
             // escaped descendants, and would take the next incarnation for one.
-            .process_group(0)
             .kill_on_drop(true);
+        // Its own process group, so the reaper's group signal (on Windows its CTRL_BREAK
+        // to the console group) reaches the server and not the wrapper.
+        #[cfg(unix)]
+        cmd.process_group(0);
+        #[cfg(windows)]
+        cmd.creation_flags(windows_sys::Win32::System::Threading::CREATE_NEW_PROCESS_GROUP);
         let mut child = cmd.spawn().map_err(|source| Error::Spawn {
             program: self.cfg.argv[0].clone(),
             source,
@@ -330,14 +335,7 @@ impl Relay {
                 }
             };
             let (code, how) = match status {
-                Ok(s) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    match (s.code(), s.signal()) {
-                        (Some(c), _) => (c, format!("exit status {c}")),
-                        (None, Some(sig)) => (128 + sig, format!("killed by signal {sig}")),
-                        _ => (1, "unknown exit".to_string()),
-                    }
-                }
+                Ok(s) => exit_code_of(s),
                 Err(e) => (1, format!("wait failed: {e}")),
             };
             let _ = events.send(Ev::ServerExit {
@@ -986,12 +984,67 @@ async fn write_lines<W: tokio::io::AsyncWrite + Unpin>(
     let _ = w.flush().await;
 }
 
+/// The wrapper's own exit code for the server's status, and how it ended: the server's
+/// code, or `128 + signal` for a signalled server (the shell convention).
+#[cfg(unix)]
+fn exit_code_of(s: std::process::ExitStatus) -> (i32, String) {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => (c, format!("exit status {c}")),
+        (None, Some(sig)) => (128 + sig, format!("killed by signal {sig}")),
+        _ => (1, "unknown exit".to_string()),
+    }
+}
+
+/// The wrapper's own exit code for the server's status: Windows always has an exit code.
+#[cfg(windows)]
+fn exit_code_of(s: std::process::ExitStatus) -> (i32, String) {
+    match s.code() {
+        Some(c) => (c, format!("exit status {c}")),
+        None => (1, "unknown exit".to_string()),
+    }
+}
+
+/// Ctrl-C, Ctrl-Break and console close on Windows: the wrapper's stop requests there.
+#[cfg(windows)]
+struct Signals {
+    c: tokio::signal::windows::CtrlC,
+    brk: tokio::signal::windows::CtrlBreak,
+    close: tokio::signal::windows::CtrlClose,
+}
+
+#[cfg(windows)]
+impl Signals {
+    fn install() -> Result<Self, Error> {
+        use tokio::signal::windows::{ctrl_break, ctrl_c, ctrl_close};
+        let io = |source| Error::Io {
+            what: "cannot watch console control events".into(),
+            source,
+        };
+        Ok(Self {
+            c: ctrl_c().map_err(io)?,
+            brk: ctrl_break().map_err(io)?,
+            close: ctrl_close().map_err(io)?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.c.recv() => {}
+            _ = self.brk.recv() => {}
+            _ = self.close.recv() => {}
+        }
+    }
+}
+
+#[cfg(unix)]
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
 }
 
+#[cfg(unix)]
 impl Signals {
     fn install() -> Result<Self, Error> {
         use tokio::signal::unix::{signal, SignalKind};

@@ -10,6 +10,12 @@ use stallwatch_storage::control::RunnerSpec;
 
 use crate::error::ReaperError;
 
+/// Default budget for stall evidence before the first SIGTERM: 500 ms (issue 18).
+pub const FORENSICS_DEFAULT_BUDGET: Duration = Duration::from_millis(500);
+/// Default CPU sampling interval for stall evidence: 2000 ms, the heartbeat interval
+/// (`docs/design.md`, Defaults).
+pub const FORENSICS_DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_millis(2000);
+
 /// Default grace between SIGTERM and SIGKILL: 3000 ms (docs/design.md, Defaults).
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(3000);
 /// Default OTLP endpoint given to spawned runners (docs/design.md, Defaults: OTLP/HTTP listen).
@@ -74,10 +80,10 @@ pub struct ReaperConfig {
     /// (default [`DEFAULT_MAX_RUNNERS`]).
     pub max_runners: usize,
     /// Most time spent on stall forensics before the first SIGTERM, counted from the trip
-    /// (default [`crate::forensics::DEFAULT_BUDGET`]); zero turns forensics off.
+    /// (default [`FORENSICS_DEFAULT_BUDGET`]); zero turns forensics off.
     pub forensics_budget: Duration,
     /// CPU sampling interval of the forensics history (default
-    /// [`crate::forensics::DEFAULT_SAMPLE_INTERVAL`]).
+    /// [`FORENSICS_DEFAULT_SAMPLE_INTERVAL`]).
     pub forensics_sample: Duration,
 }
 
@@ -95,8 +101,8 @@ impl ReaperConfig {
             tail_lines: DEFAULT_TAIL_LINES,
             zombie_interval: DEFAULT_ZOMBIE_INTERVAL,
             max_runners: DEFAULT_MAX_RUNNERS,
-            forensics_budget: crate::forensics::DEFAULT_BUDGET,
-            forensics_sample: crate::forensics::DEFAULT_SAMPLE_INTERVAL,
+            forensics_budget: FORENSICS_DEFAULT_BUDGET,
+            forensics_sample: FORENSICS_DEFAULT_SAMPLE_INTERVAL,
         }
     }
 }
@@ -198,6 +204,8 @@ impl TryFrom<ReaperConfigInput> for ReaperConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for r in &input.runners {
+            // On Windows the reaper refuses config runners at start (docs/platforms.md).
+            #[cfg(unix)]
             crate::runner::validate_spec(r).map_err(|e| ReaperError::Config(e.to_string()))?;
             if !seen.insert(r.id.clone()) {
                 return Err(ReaperError::Config(format!(

@@ -7,25 +7,47 @@
 //! journal, and sweeps orphans left by a previous run (docs/design.md: Runners, Reaper,
 //! Checkpoints, Orphan sweep). Raw process calls live in [`platform`] only.
 
+//!
+//! Process control and checkpoints are Linux code (`cfg(unix)`); the Windows build has its
+//! own [`Reaper`] in `windows/`, which today refuses runner control with a clear error
+//! (docs/platforms.md, Windows).
+
+#[cfg(unix)]
 pub mod checkpoint;
+#[cfg(unix)]
 mod checkpoint_edge;
 pub mod config;
+#[cfg(unix)]
 pub mod ends;
+pub mod env;
 pub mod error;
 pub mod failpoint;
+#[cfg(unix)]
 pub mod forensics;
 pub mod plan;
+#[cfg(unix)]
 pub mod platform;
+#[cfg(unix)]
 pub mod runner;
+#[cfg(unix)]
 mod service;
+#[cfg(unix)]
 mod shutdown;
 pub mod spans;
 pub mod stats;
+#[cfg(unix)]
 pub mod sweep;
+#[cfg(unix)]
 pub mod terminate;
+#[cfg(windows)]
+mod windows;
 
 pub use config::{RawReaperConfig, ReaperConfig, ReaperConfigInput, RestartPolicy};
 pub use error::ReaperError;
+#[cfg(unix)]
 pub use service::{allow_restart, Reaper, ReaperHandle};
 pub use stats::ReaperStats;
+#[cfg(unix)]
 pub use terminate::TerminationReport;
+#[cfg(windows)]
+pub use windows::{platform, Reaper, ReaperHandle, UNSUPPORTED};

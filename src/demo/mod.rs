@@ -13,7 +13,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
+#[cfg(unix)]
 use std::os::unix::process::CommandExt;
+#[cfg(windows)]
+use std::os::windows::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -164,9 +167,12 @@ fn watch_ctrl_c() -> Arc<AtomicBool> {
         .build();
     if let Ok(rt) = rt {
         // Register the handler before returning, so a Ctrl-C from now on is caught.
+        #[cfg(unix)]
         let signal = rt.block_on(async {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         });
+        #[cfg(windows)]
+        let signal = rt.block_on(async { tokio::signal::windows::ctrl_c() });
         if let Ok(mut signal) = signal {
             std::thread::spawn(move || {
                 rt.block_on(signal.recv());
@@ -250,9 +256,12 @@ impl Demo {
             .env_remove("STALLWATCH_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr))
-            // Its own process group: Ctrl-C reaches the demo only, which shuts it down in order.
-            .process_group(0);
+            .stderr(Stdio::from(stderr));
+        // Its own process group: Ctrl-C reaches the demo only, which shuts it down in order.
+        #[cfg(unix)]
+        cmd.process_group(0);
+        #[cfg(windows)]
+        cmd.creation_flags(windows_sys::Win32::System::Threading::CREATE_NEW_PROCESS_GROUP);
         let mut sidecar = cmd.spawn().context("cannot start stallwatch serve")?;
         let ready = match read_ready(&mut sidecar) {
             Ok(r) => r,

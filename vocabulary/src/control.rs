@@ -356,6 +356,10 @@ pub enum RegisterError {
     /// Something inside stallwatch failed (a poisoned lock, an OS call); see its log.
     #[error("{0}")]
     Internal(String),
+    /// This platform's build cannot do what was asked (runner control on Windows today;
+    /// docs/platforms.md); the message names what is missing.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Why a request about one runner failed (`DELETE /api/v1/runners/{id}`, breaker reset).

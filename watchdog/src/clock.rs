@@ -17,6 +17,7 @@ pub struct MonoClock {
     boot_id: String,
 }
 
+#[cfg(unix)]
 fn monotonic_ns() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (ts.tv_sec as u64)
@@ -24,9 +25,30 @@ fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// Windows: the performance counter std's `Instant` is built on, in ns (docs/platforms.md).
+#[cfg(windows)]
+fn monotonic_ns() -> u64 {
+    use windows_sys::Win32::System::Performance::{
+        QueryPerformanceCounter, QueryPerformanceFrequency,
+    };
+    let (mut count, mut freq) = (0i64, 0i64);
+    // SAFETY: both calls only write the one i64 they are given; they cannot fail on
+    // Windows XP and later.
+    #[allow(unsafe_code)]
+    unsafe {
+        QueryPerformanceCounter(&mut count);
+        QueryPerformanceFrequency(&mut freq);
+    }
+    if freq <= 0 {
+        return 0;
+    }
+    ((count as i128 * 1_000_000_000) / freq as i128) as u64
+}
+
 impl MonoClock {
-    /// Reads the boot id (an empty id when `/proc` is unreadable: rows then never match a
-    /// later boot, which is the safe side) and anchors the clock at now.
+    /// Reads the boot id (an empty id when `/proc` is unreadable, and always on Windows,
+    /// which has no boot id: rows then never match a later boot, which is the safe side)
+    /// and anchors the clock at now.
     pub fn new() -> Self {
         let boot_id = std::fs::read_to_string(BOOT_ID_PATH)
             .map(|s| s.trim().to_string())

@@ -1,6 +1,7 @@
 //! Socket heartbeats (docs/design.md, Heartbeat; Interfaces: Heartbeat details).
 //!
-//! [`ping`] is the only I/O: a fresh UNIX connection per ping, write `PING\n`, read at most
+//! [`ping`] is the only I/O: a fresh connection per ping (a UNIX socket; on Windows a named
+//! pipe `\\.\pipe\...`, docs/platforms.md, through the [`transport`] seam), write `PING\n`, read at most
 //! 64 bytes up to `\n`, accept exactly `PONG`, close; every failure is a named
 //! [`HeartbeatFailure`]. [`HeartbeatTracker`] is the pure per-runner state: *lost* means no
 //! PONG for the timeout since the last PONG (pings may overlap), and a new runner has a
@@ -14,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use stallwatch_storage::labels::HeartbeatLabel;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
 /// Usable bytes of `sun_path` on Linux (108 including the terminating NUL).
 pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+/// Longest named-pipe path on Windows, characters (`CreateNamedPipeW`: 256).
+pub const MAX_PIPE_PATH_CHARS: usize = 256;
 /// Longest answer read from a heartbeat socket, bytes (docs/design.md: "read at most 64 bytes").
 pub const MAX_ANSWER_BYTES: usize = 64;
 /// Round-trip samples kept per runner for the dashboard.
@@ -103,28 +105,94 @@ impl HeartbeatFailure {
     }
 }
 
-/// Checks a socket path against the `sun_path` limit before any syscall.
+/// Checks a socket path against the `sun_path` limit before any syscall (on Windows: the
+/// named-pipe limit, [`MAX_PIPE_PATH_CHARS`]).
 pub fn check_path(path: &Path) -> Result<(), HeartbeatFailure> {
     let len = path.as_os_str().len();
-    if len > MAX_SOCKET_PATH_BYTES {
+    let limit = if cfg!(windows) {
+        MAX_PIPE_PATH_CHARS
+    } else {
+        MAX_SOCKET_PATH_BYTES
+    };
+    if len > limit {
         return Err(HeartbeatFailure::PathTooLong { len });
     }
     Ok(())
 }
 
 /// Maps an I/O error of our own socket calls: resource exhaustion inside stallwatch
-/// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) is [`HeartbeatFailure::OwnFault`], anything
-/// else `other(e)`.
+/// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`; on Windows `ERROR_TOO_MANY_OPEN_FILES`,
+/// `ERROR_NOT_ENOUGH_MEMORY`, `ERROR_OUTOFMEMORY`, `ERROR_NO_SYSTEM_RESOURCES`) is
+/// [`HeartbeatFailure::OwnFault`], anything else `other(e)`.
 fn own_or(
     e: std::io::Error,
     other: impl FnOnce(std::io::Error) -> HeartbeatFailure,
 ) -> HeartbeatFailure {
-    use rustix::io::Errno;
-    match Errno::from_io_error(&e) {
-        Some(Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM) => {
-            HeartbeatFailure::OwnFault(e.to_string())
+    if transport::is_own_exhaustion(&e) {
+        HeartbeatFailure::OwnFault(e.to_string())
+    } else {
+        other(e)
+    }
+}
+
+/// The heartbeat transport seam (docs/platforms.md, heartbeat transport): a UNIX domain
+/// socket on Unix, a named pipe on Windows; both carry the same bytes.
+mod transport {
+    use std::path::Path;
+
+    /// Connects to the runner's UNIX socket.
+    #[cfg(unix)]
+    pub async fn connect(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+        tokio::net::UnixStream::connect(path).await
+    }
+
+    /// Opens the runner's named pipe as a client. A pipe whose every instance is busy
+    /// (`ERROR_PIPE_BUSY`: the kit is between accepts) is retried every 5 ms; the caller's
+    /// timeout bounds the wait. A pipe that does not exist is `ERROR_FILE_NOT_FOUND`, which
+    /// std maps to `NotFound`, the same as a missing socket file.
+    #[cfg(windows)]
+    pub async fn connect(
+        path: &Path,
+    ) -> std::io::Result<tokio::net::windows::named_pipe::NamedPipeClient> {
+        use tokio::net::windows::named_pipe::ClientOptions;
+        use windows_sys::Win32::Foundation::ERROR_PIPE_BUSY;
+        loop {
+            match ClientOptions::new().open(path) {
+                Ok(c) => return Ok(c),
+                Err(e) if e.raw_os_error() == Some(ERROR_PIPE_BUSY as i32) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        _ => other(e),
+    }
+
+    /// True for resource exhaustion inside stallwatch itself.
+    #[cfg(unix)]
+    pub fn is_own_exhaustion(e: &std::io::Error) -> bool {
+        use rustix::io::Errno;
+        matches!(
+            Errno::from_io_error(e),
+            Some(Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM)
+        )
+    }
+
+    /// True for resource exhaustion inside stallwatch itself.
+    #[cfg(windows)]
+    pub fn is_own_exhaustion(e: &std::io::Error) -> bool {
+        use windows_sys::Win32::Foundation::{
+            ERROR_NOT_ENOUGH_MEMORY, ERROR_NO_SYSTEM_RESOURCES, ERROR_OUTOFMEMORY,
+            ERROR_TOO_MANY_OPEN_FILES,
+        };
+        matches!(
+            e.raw_os_error().map(|c| c as u32),
+            Some(
+                ERROR_TOO_MANY_OPEN_FILES
+                    | ERROR_NOT_ENOUGH_MEMORY
+                    | ERROR_OUTOFMEMORY
+                    | ERROR_NO_SYSTEM_RESOURCES
+            )
+        )
     }
 }
 
@@ -142,7 +210,7 @@ pub async fn ping(path: &Path, timeout: Duration) -> Result<Duration, HeartbeatF
 }
 
 async fn exchange(path: &Path) -> Result<(), HeartbeatFailure> {
-    let mut stream = UnixStream::connect(path).await.map_err(|e| {
+    let mut stream = transport::connect(path).await.map_err(|e| {
         own_or(e, |e| match e.kind() {
             ErrorKind::NotFound => HeartbeatFailure::SocketMissing,
             ErrorKind::ConnectionRefused => HeartbeatFailure::ConnectionRefused,

@@ -36,6 +36,18 @@ class SocketPathTooLongError extends HeartbeatError {
   }
 }
 
+/** How a Windows named-pipe path starts: `\\.\pipe\`. */
+const PIPE_PREFIX = '\\\\.\\pipe\\';
+
+/**
+ * True when `p` names a Windows named pipe (`\\.\pipe\...`): stallwatch injects one on
+ * Windows instead of a socket path (docs/platforms.md). Node's `net` server listens on it
+ * with the same code; only the socket-file handling is skipped.
+ */
+function isNamedPipe(p) {
+  return String(p).startsWith(PIPE_PREFIX);
+}
+
 function checkPath(socketPath) {
   const n = Buffer.byteLength(socketPath);
   if (n > MAX_SOCKET_PATH_BYTES) {
@@ -102,7 +114,8 @@ function answer(conn, server) {
 class HeartbeatServer {
   constructor(socketPath) {
     this.path = String(socketPath);
-    checkPath(this.path);
+    this.pipe = isNamedPipe(this.path);
+    if (!this.pipe) checkPath(this.path);
     /** Number of PONG answers sent. */
     this.pongs = 0;
     this._server = null;
@@ -110,13 +123,21 @@ class HeartbeatServer {
 
   start() {
     if (this._server) return Promise.resolve(this);
-    const dir = path.dirname(this.path);
-    try {
-      fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    } catch (err) {
-      throw new HeartbeatError(`cannot create heartbeat socket folder ${JSON.stringify(dir)}: ${err.message}`);
+    if (this.pipe) {
+      if (process.platform !== 'win32') {
+        throw new HeartbeatError(
+          `heartbeat path ${JSON.stringify(this.path)} is a Windows named pipe; it can be served on Windows only`,
+        );
+      }
+    } else {
+      const dir = path.dirname(this.path);
+      try {
+        fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+      } catch (err) {
+        throw new HeartbeatError(`cannot create heartbeat socket folder ${JSON.stringify(dir)}: ${err.message}`);
+      }
+      removeStale(this.path);
     }
-    removeStale(this.path);
     const server = net.createServer((conn) => answer(conn, this));
     this._server = server;
     return new Promise((resolve, reject) => {
@@ -128,10 +149,12 @@ class HeartbeatServer {
       server.listen(this.path, () => {
         server.removeListener('error', onError);
         server.on('error', () => {});
-        try {
-          fs.chmodSync(this.path, 0o600);
-        } catch (_) {
-          /* best effort */
+        if (!this.pipe) {
+          try {
+            fs.chmodSync(this.path, 0o600);
+          } catch (_) {
+            /* best effort */
+          }
         }
         server.unref();
         resolve(this);
@@ -152,6 +175,7 @@ class HeartbeatServer {
       if (!server) return resolve();
       server.close(() => resolve());
       // net.Server removes its own socket file on close; make sure of it.
+      if (this.pipe) return;
       try {
         if (fs.lstatSync(this.path).isSocket()) fs.unlinkSync(this.path);
       } catch (_) {
@@ -174,6 +198,8 @@ function serveHeartbeat(socketPath) {
 
 module.exports = {
   HEARTBEAT_SOCKET_ENV,
+  PIPE_PREFIX,
+  isNamedPipe,
   MAX_SOCKET_PATH_BYTES,
   MAX_REQUEST_BYTES,
   CLIENT_READ_TIMEOUT_MS,

@@ -109,3 +109,17 @@ test('a path over 107 bytes raises a clear error', () => {
   );
   assert.equal(fs.existsSync(path.join(dir, 'd'.repeat(60))), false);
 });
+
+test('a named-pipe path is recognised, skips the socket-file rules, and is refused off Windows', () => {
+  const { isNamedPipe } = require('../lib/heartbeat.js');
+  const pipe = '\\\\.\\pipe\\stallwatch-' + 'a'.repeat(200);
+  assert.equal(isNamedPipe(pipe), true);
+  assert.equal(isNamedPipe('/tmp/stallwatch-1000/x.sock'), false);
+  assert.equal(isNamedPipe('C:\\pipe\\x'), false);
+  // No 107-byte UNIX socket limit for a pipe name.
+  const server = new HeartbeatServer(pipe);
+  if (process.platform !== 'win32') {
+    assert.throws(() => server.start(), (err) => err instanceof HeartbeatError && /Windows/.test(err.message));
+    assert.equal(server.listening, false);
+  }
+});

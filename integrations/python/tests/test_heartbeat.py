@@ -135,3 +135,23 @@ def test_close_stops_thread(short_tmp):
     assert not server.running
     with pytest.raises(OSError):
         ping(sock)
+
+
+def test_named_pipe_paths_are_recognised_and_ping_lines_judged_alike() -> None:
+    from stallwatch_runner.heartbeat import is_named_pipe, is_ping
+
+    assert is_named_pipe("\\\\.\\pipe\\stallwatch-0123456789abcdef")
+    assert not is_named_pipe("/tmp/stallwatch-1000/run.sock")
+    assert not is_named_pipe("C:\\pipe\\x")
+    # The line rule both transports share: PING up to a newline, CR tolerated.
+    assert is_ping(b"PING\n") and is_ping(b"PING\r\n")
+    assert not is_ping(b"PING") and not is_ping(b"PONG\n") and not is_ping(b"PINGX\n")
+
+
+@pytest.mark.skipif(os.name == "nt", reason="the refusal is for platforms without named pipes")
+def test_a_named_pipe_is_refused_off_windows_with_a_clear_error() -> None:
+    name = "\\\\.\\pipe\\stallwatch-" + "a" * 200  # long: no UNIX socket limit applies
+    server = HeartbeatServer(name)
+    with pytest.raises(HeartbeatError, match="Windows"):
+        server.start()
+    assert not server.running

@@ -40,11 +40,10 @@ use self::cpu::{History, Sample};
 use self::procfs::ProcessSnapshot;
 use self::stacks::{Frame, Runtime, ThreadStack};
 
-/// Default budget for evidence before the first SIGTERM: 500 ms (issue 18).
-pub const DEFAULT_BUDGET: Duration = Duration::from_millis(500);
-/// Default CPU sampling interval: 2000 ms, the heartbeat interval (`docs/design.md`,
-/// Defaults).
-pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_millis(2000);
+pub use crate::config::{
+    FORENSICS_DEFAULT_BUDGET as DEFAULT_BUDGET,
+    FORENSICS_DEFAULT_SAMPLE_INTERVAL as DEFAULT_SAMPLE_INTERVAL,
+};
 /// Largest evidence stored with an incident, bytes of JSON (64 KiB, issue 18).
 pub const MAX_EVIDENCE_BYTES: usize = 64 * 1024;
 /// The "last seconds" window of the recent-CPU figure: five sampling intervals, at least

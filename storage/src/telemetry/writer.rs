@@ -62,9 +62,19 @@ pub struct Degraded {
 }
 
 /// The database file's identity (device, inode), to notice it being deleted or replaced.
+#[cfg(unix)]
 fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The database file's identity on Windows: its creation time (100 ns ticks; std has no
+/// stable file index). Weaker than an inode: NTFS "tunnelling" may give a file re-created
+/// within 15 s the old creation time (docs/platforms.md).
+#[cfg(windows)]
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::windows::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.creation_time(), 0))
 }
 
 /// A request prepared on the caller's side.

@@ -16,6 +16,10 @@ closes. Anything else is closed without an answer. The answers:
   stallwatch marks it ``stopping`` and waits for its exit instead of tripping it
   (``docs/design.md``, "Runner lifecycle").
 
+On Windows stallwatch injects a named pipe (``\\\\.\\pipe\\stallwatch-<hash>``) instead of
+a socket path (``docs/platforms.md``); the server then serves that pipe with the same bytes
+(through ``_winapi``: one pipe instance per client, byte mode, remote clients rejected).
+
 A thread that only waits in ``accept``/``recv`` keeps answering while the main thread
 sleeps, waits on a lock or does I/O (all of which release the GIL). A native call that
 holds the GIL starves it, and stallwatch reads that as *suspect* rather than dead.
@@ -27,6 +31,7 @@ import errno
 import os
 import socket
 import stat
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, Optional
@@ -44,6 +49,9 @@ MAX_REQUEST_BYTES = 64
 #: answers clients one at a time, so a silent client delays the next one by at most this.
 CLIENT_READ_TIMEOUT_S = 1.0
 
+#: How a named-pipe path starts (Windows): ``\\.\pipe\``.
+PIPE_PREFIX = "\\\\.\\pipe\\"
+
 _PING = b"PING"
 _PONG = b"PONG\n"
 _BYE = b"BYE\n"
@@ -59,6 +67,17 @@ class HeartbeatError(RuntimeError):
 
 class SocketPathTooLongError(HeartbeatError, ValueError):
     """The socket path is longer than the 107-byte UNIX socket limit."""
+
+
+def is_named_pipe(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` names a Windows named pipe (``\\\\.\\pipe\\...``)."""
+    return os.fspath(path).startswith(PIPE_PREFIX)
+
+
+def is_ping(data: bytes) -> bool:
+    """True when ``data`` (at most 64 bytes read from a client) holds the ``PING`` line."""
+    line, newline, _ = data.partition(b"\n")
+    return bool(newline) and line.rstrip(b"\r") == _PING
 
 
 def _check_path(path: Path) -> bytes:
@@ -102,10 +121,12 @@ class HeartbeatServer:
     """
 
     def __init__(self, path: str | os.PathLike[str], health: Optional[HealthCheck] = None) -> None:
+        self._pipe_name = os.fspath(path) if is_named_pipe(path) else None
         self.path = Path(path)
         self._health = health
         self._bye = threading.Event()
-        _check_path(self.path)
+        if self._pipe_name is None:
+            _check_path(self.path)
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -118,6 +139,8 @@ class HeartbeatServer:
         with self._lock:
             if self._thread is not None:
                 return self
+            if self._pipe_name is not None:
+                return self._start_pipe(self._pipe_name)
             parent = self.path.parent
             try:
                 parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -169,9 +192,84 @@ class HeartbeatServer:
             if not chunk:
                 break
             data += chunk
-        line, newline, _ = data.partition(b"\n")
-        if newline and line.rstrip(b"\r") == _PING:
+        if is_ping(data):
             conn.sendall(self._reply())
+
+    def _start_pipe(self, name: str) -> "HeartbeatServer":
+        if sys.platform != "win32":
+            raise HeartbeatError(
+                f"heartbeat path {name!r} is a Windows named pipe; it can be served on Windows only"
+            )
+        self._thread = threading.Thread(
+            target=self._serve_pipe, args=(name,), name="stallwatch-heartbeat", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    if sys.platform == "win32":
+
+        def _serve_pipe(self, name: str) -> None:
+            import _winapi
+
+            first = True
+            while not self._stop.is_set():
+                mode = _winapi.PIPE_ACCESS_DUPLEX
+                if first:
+                    mode |= _winapi.FILE_FLAG_FIRST_PIPE_INSTANCE
+                try:
+                    handle = _winapi.CreateNamedPipe(
+                        name,
+                        mode,
+                        _winapi.PIPE_TYPE_BYTE | _winapi.PIPE_READMODE_BYTE | _winapi.PIPE_WAIT
+                        | 0x8,  # PIPE_REJECT_REMOTE_CLIENTS
+                        _winapi.PIPE_UNLIMITED_INSTANCES,
+                        MAX_REQUEST_BYTES,
+                        MAX_REQUEST_BYTES,
+                        0,
+                        _winapi.NULL,
+                    )
+                except OSError:
+                    if first:
+                        return
+                    continue
+                first = False
+                try:
+                    try:
+                        _winapi.ConnectNamedPipe(handle, False)
+                    except OSError as err:
+                        if getattr(err, "winerror", None) != 535:  # ERROR_PIPE_CONNECTED
+                            continue
+                    if self._stop.is_set():
+                        return
+                    data = b""
+                    while len(data) < MAX_REQUEST_BYTES and b"\n" not in data:
+                        chunk, _ = _winapi.ReadFile(handle, MAX_REQUEST_BYTES - len(data), False)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if is_ping(data):
+                        _winapi.WriteFile(handle, self._reply(), False)
+                except OSError:
+                    pass
+                finally:
+                    _winapi.CloseHandle(handle)
+
+        def _wake_pipe(self, name: str) -> None:
+            import _winapi
+
+            try:
+                h = _winapi.CreateFile(
+                    name,
+                    _winapi.GENERIC_READ | _winapi.GENERIC_WRITE,
+                    0,
+                    _winapi.NULL,
+                    _winapi.OPEN_EXISTING,
+                    0,
+                    _winapi.NULL,
+                )
+                _winapi.CloseHandle(h)
+            except OSError:
+                pass
 
     def _reply(self) -> bytes:
         if self._bye.is_set():
@@ -209,6 +307,13 @@ class HeartbeatServer:
     def close(self) -> None:
         """Stop serving, join the thread (at most ~1 s) and remove the socket file."""
         self._stop.set()
+        if self._pipe_name is not None:
+            if sys.platform == "win32" and self._thread is not None:
+                self._wake_pipe(self._pipe_name)
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=1.0)
+            return
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
