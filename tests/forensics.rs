@@ -45,15 +45,21 @@ fn start(dir: &Path, reaper_extra: &str, receiver: Option<&Receiver>) -> Server 
     )
 }
 
+/// This tree's Python kit (not whichever copy the test venv has installed).
+fn python_kit() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("integrations/python/src")
+}
+
 fn python_runner(server: &Server, id: &str, mode: &str) -> u64 {
     let py = python();
     let s = script("runner.py");
+    let kit = python_kit();
     let reg = spawn_runner(
         server,
         id,
         &[py.to_str().unwrap(), s.to_str().unwrap(), mode],
         None,
-        &[],
+        &[("PYTHONPATH", kit.to_str().unwrap())],
     );
     reg["pid"].as_u64().unwrap()
 }
@@ -335,8 +341,27 @@ fn a_sigstopped_runner_is_stopped_t_and_gets_no_dump_signal() {
     assert_reason(&terminated, None);
 }
 
+/// The stack labelled as tool span `name`'s await site, and the frame `function` in it.
+fn await_frame<'a>(ev: &'a serde_json::Value, function: &str) -> &'a serde_json::Value {
+    let threads = ev["stacks"]["threads"].as_array().unwrap();
+    let site = threads
+        .iter()
+        .find(|t| {
+            t["label"]
+                .as_str()
+                .is_some_and(|l| l.starts_with("await site of tool span"))
+        })
+        .unwrap_or_else(|| panic!("no await site in {:#}", ev["stacks"]));
+    site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == function)
+        .unwrap_or_else(|| panic!("no {function} in the await site {site:#}"))
+}
+
 #[test]
-fn a_node_promise_that_never_resolves_is_an_idle_event_loop_with_a_report() {
+fn a_node_promise_that_never_resolves_names_the_await_line() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), "", None);
     node_runner(&server, "fx-node-promise", "promise");
@@ -358,20 +383,46 @@ fn a_node_promise_that_never_resolves_is_an_idle_event_loop_with_a_report() {
         "{:#}",
         ev["stacks"]
     );
+    // The report (the event loop was free) lists what the loop waits on.
     let handles = ev["stacks"]["active_handles"].as_array().unwrap();
     assert!(handles.iter().any(|h| h["type"] == "timer"), "{handles:?}");
+    // The runner's own function and line: where the tool awaits the promise.
+    let line = frame_line("runner.js", "waitForever");
+    let f = await_frame(ev, "waitForever");
+    assert_eq!(f["line"], line, "{f:#}");
+    assert!(f["file"].as_str().unwrap().ends_with("runner.js"), "{f:#}");
+    let tool = &ev["stacks"]["tool_frame"];
+    assert_eq!(
+        (tool["function"].as_str(), tool["line"].as_u64()),
+        (Some("waitForever"), Some(line)),
+        "{tool:#}"
+    );
+    let reason = terminated["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("waitForever ("))
+            && reason.contains(&format!("runner.js:{line})")),
+        "{reason}"
+    );
 }
 
 #[test]
-fn a_node_busy_loop_is_100_percent_cpu_and_the_report_never_delays_the_kill() {
+fn a_node_busy_loop_names_the_loop_line_within_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), "", None);
     node_runner(&server, "fx-node-busy", "busy");
     let (terminated, _) = tripped(&server, "fx-node-busy");
     let ev = &terminated["evidence"];
     assert_classified(ev, "busy_loop", &["% CPU in user space", "(busy loop"]);
-    let why = ev["stacks"]["unavailable"].as_str().unwrap_or_default();
-    assert!(why.contains("event loop is free"), "{:#}", ev["stacks"]);
+    // Taken from the busy main thread itself (the report waits for a free event loop).
+    let line = frame_line("runner.js", "spin");
+    assert_frame(ev, "runner.js", "spin", line, true);
+    let tool = &ev["stacks"]["tool_frame"];
+    assert_eq!(
+        (tool["function"].as_str(), tool["line"].as_u64()),
+        (Some("spin"), Some(line)),
+        "{tool:#}"
+    );
+    assert_reason(&terminated, Some("spin"));
     assert!(
         ev["forensics"]["collected_ms"].as_u64().unwrap() <= 550,
         "{:#}",

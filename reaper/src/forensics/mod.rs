@@ -54,6 +54,11 @@ pub const RECENT_WINDOW_MIN: Duration = Duration::from_secs(1);
 pub const RECENT_WINDOW_MAX: Duration = Duration::from_secs(10);
 /// Time kept at the end of the budget for turning what was read into evidence.
 const ASSEMBLY_RESERVE: Duration = Duration::from_millis(10);
+/// Longest a `STACKS` request on a Node kit's heartbeat socket may stay open (its answer
+/// is used only within the budget; this bounds the connection itself).
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time kept between the dump's own deadline and its backstop timeout.
+const DUMP_SLACK: Duration = Duration::from_millis(4);
 /// How often the dump file is polled while the kit writes it.
 const POLL: Duration = Duration::from_millis(5);
 /// At most one suspect collection per runner in this time.
@@ -83,6 +88,8 @@ pub struct Subject {
     pub spawned: bool,
     /// Its argv (the scripts named there are "the tool's own files").
     pub argv: Vec<String>,
+    /// Its heartbeat socket (asked `STACKS` when the kit's header offers `main_stack=heartbeat`).
+    pub heartbeat_socket: Option<PathBuf>,
 }
 
 /// The tool span a trip or suspect is about.
@@ -294,7 +301,13 @@ impl Forensics {
                 .checked_sub(ASSEMBLY_RESERVE)
                 .unwrap_or(deadline)
                 .max(tokio::time::Instant::now());
-            tokio::time::timeout_at(dump_deadline, self.dump(s, dump_deadline))
+            // The dump returns what it has a little before its deadline (a Node kit's
+            // STACKS answer without the report); the timeout is the backstop.
+            let inner = dump_deadline
+                .checked_sub(DUMP_SLACK)
+                .unwrap_or(dump_deadline)
+                .max(tokio::time::Instant::now());
+            tokio::time::timeout_at(dump_deadline, self.dump(s, inner))
                 .await
                 .unwrap_or_else(|_| {
                     Err(format!(
@@ -325,9 +338,44 @@ impl Forensics {
         };
         crate::platform::send_dump_signal(crate::platform::borrow(fd), s.pid)
             .map_err(|e| format!("SIGUSR2 not sent: {e}"))?;
+        // Node: the main thread's stack and the tool spans' await sites come from the kit's
+        // agent thread on the heartbeat socket; the report (libuv handles) only when the
+        // event loop is free.
+        let mut asked = match (&s.heartbeat_socket, header.runtime, header.main_stack) {
+            (Some(sock), Runtime::Node, true) => {
+                let sock = sock.clone();
+                Some(tokio::spawn(async move {
+                    tokio::time::timeout(ASK_TIMEOUT, ask_stacks(&sock))
+                        .await
+                        .unwrap_or_else(|_| Err("the node kit did not answer STACKS".into()))
+                }))
+            }
+            _ => None,
+        };
+        let mut answer: Option<Result<stacks::HeartbeatStacks, String>> = None;
         let mut last_len = None;
         loop {
+            if let Some(task) = asked.as_mut().filter(|t| t.is_finished()) {
+                answer = Some(
+                    task.await
+                        .unwrap_or_else(|e| Err(format!("the STACKS request failed: {e}"))),
+                );
+                asked = None;
+                // A busy main thread: its stack is the evidence; its report will not come.
+                if let Some(Ok(hb)) = &answer {
+                    if !hb.main.frames.is_empty() {
+                        return Ok(node_dump(None, answer, &file));
+                    }
+                }
+            }
             if tokio::time::Instant::now() + POLL > deadline {
+                if let Some(Ok(_)) = &answer {
+                    return Ok(node_dump(None, answer, &file));
+                }
+                let why = match &answer {
+                    Some(Err(why)) => format!("; {why}"),
+                    _ => String::new(),
+                };
                 return Err(format!(
                     "the {} kit wrote no complete dump within the {} ms budget{}",
                     runtime_name(header.runtime),
@@ -336,8 +384,8 @@ impl Forensics {
                         " (Node writes its report only when the event loop is free)"
                     } else {
                         ""
-                    }
-                ));
+                    },
+                ) + &why);
             }
             tokio::time::sleep_until((tokio::time::Instant::now() + POLL).min(deadline)).await;
             match header.runtime {
@@ -354,6 +402,7 @@ impl Forensics {
                                 threads,
                                 active_handles: Vec::new(),
                                 source: file,
+                                heartbeat_note: None,
                             });
                         }
                     }
@@ -367,12 +416,17 @@ impl Forensics {
                     if now.is_some() && now != before {
                         if let Ok(text) = read_range(path, 0) {
                             if let Ok(r) = stacks::parse_node_report(&text) {
-                                return Ok(Dump {
-                                    runtime: Runtime::Node,
-                                    threads: r.threads,
-                                    active_handles: r.active_handles,
-                                    source: path.to_path_buf(),
-                                });
+                                if answer.is_none() {
+                                    if let Some(task) = asked.take() {
+                                        let left = deadline
+                                            .saturating_duration_since(tokio::time::Instant::now());
+                                        answer = tokio::time::timeout(left, task)
+                                            .await
+                                            .ok()
+                                            .map(|r| r.unwrap_or_else(|e| Err(e.to_string())));
+                                    }
+                                }
+                                return Ok(node_dump(Some((r, path)), answer, &file));
                             }
                         }
                     }
@@ -485,17 +539,24 @@ impl Forensics {
                     .iter()
                     .find(|t| t.main)
                     .and_then(|t| t.frames.first().cloned());
-                let note = if d.runtime == Runtime::Node
-                    && d.threads.iter().all(|t| t.frames.is_empty())
-                {
-                    Some("no JavaScript was running: the event loop was idle, waiting on a promise or I/O that never completes")
-                } else {
-                    None
+                let idle = d.runtime == Runtime::Node
+                    && d.threads
+                        .iter()
+                        .filter(|t| t.main)
+                        .all(|t| t.frames.is_empty());
+                let awaiting = d
+                    .threads
+                    .iter()
+                    .any(|t| t.label.is_some() && !t.frames.is_empty());
+                let note = match (idle, awaiting) {
+                    (true, true) => Some("no JavaScript was running: the event loop was idle; the tool span is waiting at its await site (below), on a promise or I/O that never completes"),
+                    (true, false) => Some("no JavaScript was running: the event loop was idle, waiting on a promise or I/O that never completes"),
+                    _ => None,
                 };
                 let v = json!({
                     "runtime": d.runtime, "source": d.source, "threads": d.threads,
                     "tool_frame": tool_frame, "active_handles": d.active_handles.iter().map(|(t, n)| json!({"type": t, "count": n})).collect::<Vec<_>>(),
-                    "note": note,
+                    "note": note, "main_stack_unavailable": d.heartbeat_note,
                 });
                 (v, Some((main_top, tool_frame)))
             }
@@ -548,6 +609,8 @@ struct Dump {
     threads: Vec<ThreadStack>,
     active_handles: Vec<(String, usize)>,
     source: PathBuf,
+    /// Why the Node kit's `STACKS` answer is missing, when it is.
+    heartbeat_note: Option<String>,
 }
 
 fn runtime_name(r: Runtime) -> &'static str {
@@ -555,6 +618,64 @@ fn runtime_name(r: Runtime) -> &'static str {
         Runtime::Python => "python",
         Runtime::Node => "node",
     }
+}
+
+/// A Node dump from the report (when the event loop was free) and the kit's `STACKS`
+/// answer: the answer's main stack when it has frames (a busy loop), else the report's;
+/// plus one stack per open tool span's await site.
+fn node_dump(
+    report: Option<(stacks::NodeReport, &Path)>,
+    answer: Option<Result<stacks::HeartbeatStacks, String>>,
+    stacks_file: &Path,
+) -> Dump {
+    let (mut threads, active_handles, source) = match report {
+        Some((r, p)) => (r.threads, r.active_handles, p.to_path_buf()),
+        None => (Vec::new(), Vec::new(), stacks_file.to_path_buf()),
+    };
+    let mut heartbeat_note = None;
+    match answer {
+        Some(Ok(hb)) => {
+            if !hb.main.frames.is_empty() || threads.is_empty() {
+                threads.retain(|t| !t.main);
+                threads.insert(0, hb.main);
+            }
+            threads.extend(hb.tools);
+        }
+        Some(Err(why)) => heartbeat_note = Some(why),
+        None => {}
+    }
+    Dump {
+        runtime: Runtime::Node,
+        threads,
+        active_handles,
+        source,
+        heartbeat_note,
+    }
+}
+
+/// Asks the Node kit `STACKS` on its heartbeat socket; reads one answer line (bounded).
+/// The caller bounds the time.
+async fn ask_stacks(sock: &Path) -> Result<stacks::HeartbeatStacks, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::UnixStream::connect(sock)
+        .await
+        .map_err(|e| format!("the heartbeat socket cannot be reached for STACKS: {e}"))?;
+    c.write_all(b"STACKS\n")
+        .await
+        .map_err(|e| format!("STACKS not sent: {e}"))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while buf.len() < stacks::MAX_HEARTBEAT_ANSWER_BYTES && !buf.contains(&b'\n') {
+        let n = c
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("the STACKS answer cannot be read: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    stacks::parse_heartbeat_stacks(&String::from_utf8_lossy(&buf))
 }
 
 fn file_meta(p: &Path) -> Option<(u64, std::time::SystemTime)> {
