@@ -7,7 +7,10 @@
  * `main` is the main thread's JavaScript stack (V8 `at fn (file:line:col)` lines,
  * innermost first, without this kit's and the inspector's own frames; empty when no
  * JavaScript was running, i.e. the event loop was free), `tools` the open tool spans'
- * await and start sites (`toolStacks()` of ./stacks.js). Or `ERR <why>\n`.
+ * await and start sites (`toolStacks()` of ./stacks.js), and, when the loop was free,
+ * `libuv`: what the loop waits on, `[{type, is_active}]` from
+ * `process.getActiveResourcesInfo()` (microseconds, unlike a full report; names mapped
+ * to the libuv handle types a report uses: `Timeout` is `timer`, ...). Or `ERR <why>\n`.
  *
  * How: an in-process inspector session to the main thread
  * (`inspector.Session#connectToMainThread`, from this worker) sends `Runtime.evaluate`.
@@ -28,6 +31,26 @@ const MAX_ANSWER_BYTES = 60 * 1024;
 /** This kit's own folder. */
 const KIT_DIR = __dirname + path.sep;
 
+// Node's resource names (`process.getActiveResourcesInfo()`) as the libuv handle types a
+// diagnostic report lists; other names are kept as they are.
+const HANDLE_TYPES = {
+  Timeout: 'timer',
+  Immediate: 'check',
+  TCPSocketWrap: 'tcp',
+  TCPServerWrap: 'tcp',
+  PipeWrap: 'pipe',
+  PipeServerWrap: 'pipe',
+  TTYWrap: 'tty',
+  UDPWrap: 'udp',
+  ProcessWrap: 'process',
+  SignalWrap: 'signal',
+  FSEventWrap: 'fs_event',
+  StatWatcher: 'fs_poll',
+};
+
+// Frames that are not application code: the evaluated script's, Node's, V8 builtins'.
+const NOT_APP = /<anonymous>:\d+:\d+\)?$|\(node:|^at node:|\(<anonymous>\)$/;
+
 // Runs on the main thread, inside the interrupt. Restores what it changes.
 const EXPRESSION = `(() => {
   const E = Error, limit = E.stackTraceLimit, prepare = E.prepareStackTrace;
@@ -45,7 +68,22 @@ const EXPRESSION = `(() => {
     const f = globalThis[Symbol.for('@stallwatch/runner.toolStacks')];
     if (typeof f === 'function') tools = f();
   } catch (_) {}
-  return JSON.stringify({ stack, tools });
+  // No application frame: the event loop is free, so the report (what it waits on) is
+  // cheap to take here, and no signal is needed for it.
+  const kit = ${JSON.stringify(KIT_DIR)};
+  const runtime = new RegExp(${JSON.stringify(NOT_APP.source)});
+  const app = stack.split(String.fromCharCode(10)).some((l) => {
+    l = l.trim();
+    return l.startsWith('at ') && !l.includes(kit) && !runtime.test(l);
+  });
+  let libuv = null;
+  if (!app) {
+    try {
+      const names = ${JSON.stringify(HANDLE_TYPES)};
+      libuv = process.getActiveResourcesInfo().map((r) => ({ type: names[r] || r, is_active: true }));
+    } catch (_) {}
+  }
+  return JSON.stringify({ stack, tools, libuv });
 })()`;
 
 let session = null;
@@ -91,7 +129,9 @@ function mainStackAnswer(loopBlockedMs) {
     try {
       s.post('Runtime.evaluate', { expression: EXPRESSION, returnByValue: true, silent: true }, (err, res) => {
         if (err || !res || !res.result || typeof res.result.value !== 'string') {
-          finish(`ERR evaluate_failed\n`);
+          const ex = res && res.exceptionDetails;
+          const why = String((err && err.message) || (ex && ex.exception && ex.exception.description) || (ex && ex.text) || '');
+          finish(`ERR evaluate_failed ${why.split('\n')[0].slice(0, 200)}\n`);
           return;
         }
         let v;
@@ -110,6 +150,7 @@ function mainStackAnswer(loopBlockedMs) {
         // then): no application code was running.
         if (main.every(isRuntimeFrame)) main = [];
         const answer = { main, tools: Array.isArray(v.tools) ? v.tools : [], loop_blocked_ms: loopBlockedMs };
+        if (Array.isArray(v.libuv)) answer.libuv = v.libuv.slice(0, 4096);
         let json = JSON.stringify(answer);
         while (Buffer.byteLength(json) > MAX_ANSWER_BYTES && answer.tools.length > 0) {
           answer.tools.pop();

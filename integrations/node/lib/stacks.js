@@ -17,8 +17,9 @@
  *   inspector session (`Runtime.evaluate` of `new Error().stack`, which V8 runs as an
  *   interrupt even inside a busy loop);
  * - for each open tool span, where its code last created a promise (the `await` site),
- *   recorded here by a V8 promise hook that is on only while a tool span is open, and
- *   where the span started. `toolStacks()` (reachable from the inspector as
+ *   recorded here by a V8 promise hook that is on only while a tool span is open (stack
+ *   captures rate-limited: 64 at once, then 1000/s; `await_exact` is false when
+ *   the newest promise was not captured), and where the span started. `toolStacks()` (reachable from the inspector as
  *   `globalThis[Symbol.for('@stallwatch/runner.toolStacks')]`) answers them.
  */
 const fs = require('node:fs');
@@ -26,6 +27,11 @@ const path = require('node:path');
 
 /** Environment variable naming the stall-forensics file (docs/design.md, "Stall forensics"). */
 const STACKS_FILE_ENV = 'STALLWATCH_STACKS_FILE';
+/**
+ * Set to `0` to keep no await sites (no promise hook; the start site is still kept). The
+ * hook takes the fast path off every promise made while a tool span is open.
+ */
+const AWAIT_SITES_ENV = 'STALLWATCH_NODE_AWAIT_SITES';
 /** Global symbol under which the inspector finds `toolStacks`. */
 const TOOL_STACKS_KEY = Symbol.for('@stallwatch/runner.toolStacks');
 /** Most tool spans whose sites are kept. */
@@ -34,6 +40,10 @@ const MAX_TOOL_SPANS = 64;
 const MAX_SITES = 8;
 /** Most frames answered per stack. */
 const MAX_FRAMES = 48;
+/** Promise-creation stacks captured at once (a burst, shared by all open tool spans)... */
+const SITE_BURST = 64;
+/** ... and per second after it. */
+const SITE_RATE_PER_S = 1000;
 /** This kit's own folder: its frames are never "the tool's code". */
 const KIT_DIR = __dirname + path.sep;
 
@@ -77,11 +87,28 @@ function site(above) {
   return s;
 }
 
+// Stack captures left (a token bucket shared by all tool spans; see SITE_BURST).
+let tokens = 0;
+let refilled = 0;
+
 function onPromiseInit() {
   try {
+    // A stack capture costs far more than a promise: at most SITE_BURST at once and
+    // SITE_RATE_PER_S after that. A tool that stalls has stopped making promises, so its
+    // last one is normally captured; `exact` says whether it was. Checked before the
+    // context lookup, so a promise-heavy tool pays little once the bucket is empty.
+    const now = performance.now();
+    tokens = Math.min(SITE_BURST, tokens + ((now - refilled) * SITE_RATE_PER_S) / 1000);
+    refilled = now;
+    if (tokens < 1) {
+      for (const rec of open.values()) rec.exact = false;
+      return;
+    }
     const span = api.trace.getSpan(api.context.active());
     const rec = span && open.get(span);
     if (!rec) return;
+    tokens -= 1;
+    rec.exact = true;
     rec.sites.push(site(onPromiseInit));
     if (rec.sites.length > MAX_SITES) rec.sites.shift();
   } catch (_) {
@@ -99,8 +126,20 @@ function trackToolSpan(span, toolName) {
   try {
     if (!api) api = require('@opentelemetry/api');
     const ctx = span.spanContext();
-    open.set(span, { name: span.name, tool: toolName, spanId: ctx.spanId, traceId: ctx.traceId, start: site(trackToolSpan), sites: [] });
-    if (!stopHook) stopHook = require('node:v8').promiseHooks.onInit(onPromiseInit);
+    open.set(span, {
+      name: span.name,
+      tool: toolName,
+      spanId: ctx.spanId,
+      traceId: ctx.traceId,
+      start: site(trackToolSpan),
+      sites: [],
+      exact: true,
+    });
+    if (!stopHook && process.env[AWAIT_SITES_ENV] !== '0') {
+      tokens = SITE_BURST;
+      refilled = performance.now();
+      stopHook = require('node:v8').promiseHooks.onInit(onPromiseInit);
+    }
   } catch (_) {
     /* no promise hooks: the start site is still kept */
   }
@@ -164,9 +203,17 @@ function awaitSite(rec) {
 function toolStacks() {
   const out = [];
   for (const rec of open.values()) {
-    out.push({ span_id: rec.spanId, trace_id: rec.traceId, name: rec.name, tool: rec.tool, await: awaitSite(rec), start: shown(lines(rec.start)) });
+    out.push({
+      span_id: rec.spanId,
+      trace_id: rec.traceId,
+      name: rec.name,
+      tool: rec.tool,
+      await: awaitSite(rec),
+      await_exact: rec.exact,
+      start: shown(lines(rec.start)),
+    });
   }
   return out;
 }
 
-module.exports = { STACKS_FILE_ENV, TOOL_STACKS_KEY, installStacksHook, stacksHookInstalled, toolStacks, trackToolSpan, untrackToolSpan };
+module.exports = { AWAIT_SITES_ENV, STACKS_FILE_ENV, TOOL_STACKS_KEY, installStacksHook, stacksHookInstalled, toolStacks, trackToolSpan, untrackToolSpan };

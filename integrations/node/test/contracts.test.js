@@ -300,6 +300,7 @@ for (const how of ['busy', 'promise']) {
       assert.ok(took < 1500, `answered while the loop spins (${took} ms)`);
     } else {
       assert.deepEqual(v.main, [], 'a free loop runs no application code');
+      assert.ok(v.libuv.some((h) => h.type === 'timer' && h.is_active), `what the free loop waits on: ${out}`);
       assert.equal(v.tools.length, 1, out);
       assert.equal(v.tools[0].name, TOOL);
       assert.match(v.tools[0].await[0], new RegExp(`^at waitsForeverHere \\(\\[eval\\]:${lineOf('LINE-AWAIT')}:\\d+\\)$`), out);

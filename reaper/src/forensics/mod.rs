@@ -11,7 +11,12 @@
 //! - the runner's kit, when present ([`stacks`]): stallwatch gives spawned runners
 //!   `STALLWATCH_STACKS_FILE`; a kit writes a header line there and dumps its stacks on
 //!   SIGUSR2 (Python `faulthandler`, Node `process.report`). SIGUSR2 is sent only through a
-//!   pidfd and only when the header names the runner's pid.
+//!   pidfd and only when the header names the runner's pid. A Node kit whose header offers
+//!   `main_stack=heartbeat` is asked `STACKS` on its heartbeat socket instead and gets no
+//!   signal (SIGUSR2 only when that answer is an error): its answer names a busy loop's
+//!   line and a stuck tool's await site, which the signal's report cannot, and no signal
+//!   can land in the window at exit where Node has already given SIGUSR2 back to its
+//!   default action (ending the process).
 //!
 //! The evidence (`classification`, `threads`, `stacks`, `forensics`; at most
 //! [`MAX_EVIDENCE_BYTES`]) goes into the `runner.terminated` incident and, as a follow-up
@@ -54,9 +59,6 @@ pub const RECENT_WINDOW_MIN: Duration = Duration::from_secs(1);
 pub const RECENT_WINDOW_MAX: Duration = Duration::from_secs(10);
 /// Time kept at the end of the budget for turning what was read into evidence.
 const ASSEMBLY_RESERVE: Duration = Duration::from_millis(10);
-/// Longest a `STACKS` request on a Node kit's heartbeat socket may stay open (its answer
-/// is used only within the budget; this bounds the connection itself).
-const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time kept between the dump's own deadline and its backstop timeout.
 const DUMP_SLACK: Duration = Duration::from_millis(4);
 /// How often the dump file is polled while the kit writes it.
@@ -319,7 +321,9 @@ impl Forensics {
         self.assemble(s, &tool, snap, stacks, started)
     }
 
-    /// Sends SIGUSR2 when the kit's header allows it and waits for the dump.
+    /// Takes the kit's stacks: from a Node kit that offers `main_stack=heartbeat`, by asking
+    /// `STACKS` on its heartbeat socket (no signal at all); else (or when that answer is an
+    /// error) by SIGUSR2, sent only when the header names the pid, then waits for the dump.
     async fn dump(&self, s: &Subject, deadline: tokio::time::Instant) -> Result<Dump, String> {
         if !s.spawned {
             return Err(format!(
@@ -328,6 +332,21 @@ impl Forensics {
         }
         let file = stacks_path(&self.data_dir, &s.runner_id, &s.instance_id);
         let header = stacks::read_header(&file, s.pid)?;
+        let mut heartbeat_note = None;
+        if let (Runtime::Node, true, Some(sock)) =
+            (header.runtime, header.main_stack, &s.heartbeat_socket)
+        {
+            match tokio::time::timeout_at(deadline, ask_stacks(sock)).await {
+                Ok(Ok(hb)) => return Ok(node_dump(hb, &file)),
+                Ok(Err(why)) => heartbeat_note = Some(why),
+                Err(_) => {
+                    return Err(format!(
+                        "the node kit did not answer STACKS on its heartbeat socket within the {} ms budget",
+                        self.budget.as_millis()
+                    ))
+                }
+            }
+        }
         let Some(fd) = &s.pidfd else {
             return Err("the runner's identity is not pinned by a pidfd: no signal sent".into());
         };
@@ -338,46 +357,12 @@ impl Forensics {
         };
         crate::platform::send_dump_signal(crate::platform::borrow(fd), s.pid)
             .map_err(|e| format!("SIGUSR2 not sent: {e}"))?;
-        // Node: the main thread's stack and the tool spans' await sites come from the kit's
-        // agent thread on the heartbeat socket; the report (libuv handles) only when the
-        // event loop is free.
-        let mut asked = match (&s.heartbeat_socket, header.runtime, header.main_stack) {
-            (Some(sock), Runtime::Node, true) => {
-                let sock = sock.clone();
-                Some(tokio::spawn(async move {
-                    tokio::time::timeout(ASK_TIMEOUT, ask_stacks(&sock))
-                        .await
-                        .unwrap_or_else(|_| Err("the node kit did not answer STACKS".into()))
-                }))
-            }
-            _ => None,
-        };
-        let mut answer: Option<Result<stacks::HeartbeatStacks, String>> = None;
         let mut last_len = None;
         loop {
-            if let Some(task) = asked.as_mut().filter(|t| t.is_finished()) {
-                answer = Some(
-                    task.await
-                        .unwrap_or_else(|e| Err(format!("the STACKS request failed: {e}"))),
-                );
-                asked = None;
-                // A busy main thread: its stack is the evidence; its report will not come.
-                if let Some(Ok(hb)) = &answer {
-                    if !hb.main.frames.is_empty() {
-                        return Ok(node_dump(None, answer, &file));
-                    }
-                }
-            }
             if tokio::time::Instant::now() + POLL > deadline {
-                if let Some(Ok(_)) = &answer {
-                    return Ok(node_dump(None, answer, &file));
-                }
-                let why = match &answer {
-                    Some(Err(why)) => format!("; {why}"),
-                    _ => String::new(),
-                };
+                let why = heartbeat_note.map_or(String::new(), |w| format!("; {w}"));
                 return Err(format!(
-                    "the {} kit wrote no complete dump within the {} ms budget{}",
+                    "the {} kit wrote no complete dump within the {} ms budget{}{why}",
                     runtime_name(header.runtime),
                     self.budget.as_millis(),
                     if header.runtime == Runtime::Node {
@@ -385,7 +370,7 @@ impl Forensics {
                     } else {
                         ""
                     },
-                ) + &why);
+                ));
             }
             tokio::time::sleep_until((tokio::time::Instant::now() + POLL).min(deadline)).await;
             match header.runtime {
@@ -416,17 +401,13 @@ impl Forensics {
                     if now.is_some() && now != before {
                         if let Ok(text) = read_range(path, 0) {
                             if let Ok(r) = stacks::parse_node_report(&text) {
-                                if answer.is_none() {
-                                    if let Some(task) = asked.take() {
-                                        let left = deadline
-                                            .saturating_duration_since(tokio::time::Instant::now());
-                                        answer = tokio::time::timeout(left, task)
-                                            .await
-                                            .ok()
-                                            .map(|r| r.unwrap_or_else(|e| Err(e.to_string())));
-                                    }
-                                }
-                                return Ok(node_dump(Some((r, path)), answer, &file));
+                                return Ok(Dump {
+                                    runtime: Runtime::Node,
+                                    threads: r.threads,
+                                    active_handles: r.active_handles,
+                                    source: path.to_path_buf(),
+                                    heartbeat_note,
+                                });
                             }
                         }
                     }
@@ -620,36 +601,17 @@ fn runtime_name(r: Runtime) -> &'static str {
     }
 }
 
-/// A Node dump from the report (when the event loop was free) and the kit's `STACKS`
-/// answer: the answer's main stack when it has frames (a busy loop), else the report's;
-/// plus one stack per open tool span's await site.
-fn node_dump(
-    report: Option<(stacks::NodeReport, &Path)>,
-    answer: Option<Result<stacks::HeartbeatStacks, String>>,
-    stacks_file: &Path,
-) -> Dump {
-    let (mut threads, active_handles, source) = match report {
-        Some((r, p)) => (r.threads, r.active_handles, p.to_path_buf()),
-        None => (Vec::new(), Vec::new(), stacks_file.to_path_buf()),
-    };
-    let mut heartbeat_note = None;
-    match answer {
-        Some(Ok(hb)) => {
-            if !hb.main.frames.is_empty() || threads.is_empty() {
-                threads.retain(|t| !t.main);
-                threads.insert(0, hb.main);
-            }
-            threads.extend(hb.tools);
-        }
-        Some(Err(why)) => heartbeat_note = Some(why),
-        None => {}
-    }
+/// A Node dump from the kit's `STACKS` answer: the main thread's stack, one labelled stack
+/// per open tool span's await site, and (free event loop) the loop's handles.
+fn node_dump(hb: stacks::HeartbeatStacks, stacks_file: &Path) -> Dump {
+    let mut threads = vec![hb.main];
+    threads.extend(hb.tools);
     Dump {
         runtime: Runtime::Node,
         threads,
-        active_handles,
-        source,
-        heartbeat_note,
+        active_handles: hb.active_handles,
+        source: stacks_file.to_path_buf(),
+        heartbeat_note: None,
     }
 }
 

@@ -263,8 +263,16 @@ pub fn parse_node_report(text: &str) -> Result<NodeReport, String> {
             push_frame(&mut main, f);
         }
     }
+    Ok(NodeReport {
+        threads: vec![main],
+        active_handles: active_handles(&v["libuv"]),
+    })
+}
+
+/// Active libuv handle types with their count, from a report's `libuv` list.
+fn active_handles(libuv: &serde_json::Value) -> Vec<(String, usize)> {
     let mut handles: Vec<(String, usize)> = Vec::new();
-    for h in v["libuv"].as_array().map(Vec::as_slice).unwrap_or_default() {
+    for h in libuv.as_array().map(Vec::as_slice).unwrap_or_default() {
         if h["is_active"] != true {
             continue;
         }
@@ -274,10 +282,7 @@ pub fn parse_node_report(text: &str) -> Result<NodeReport, String> {
             None => handles.push((ty, 1)),
         }
     }
-    Ok(NodeReport {
-        threads: vec![main],
-        active_handles: handles,
-    })
+    handles
 }
 
 /// Most bytes of a `STACKS` answer read from the heartbeat socket.
@@ -293,6 +298,8 @@ pub struct HeartbeatStacks {
     pub tools: Vec<ThreadStack>,
     /// How long the main event loop had not turned, ms (the kit's own tick).
     pub loop_blocked_ms: Option<u64>,
+    /// Free event loop: its active libuv handles with their count (as in a report).
+    pub active_handles: Vec<(String, usize)>,
 }
 
 fn v8_frames(stack: &mut ThreadStack, lines: &serde_json::Value) {
@@ -304,7 +311,8 @@ fn v8_frames(stack: &mut ThreadStack, lines: &serde_json::Value) {
 }
 
 /// Parses the answer line to `STACKS`: `STACKS {"main": [v8 lines], "tools": [{"span_id",
-/// "name", "await": [v8 lines], "start": [v8 lines]}], "loop_blocked_ms": N}`, or
+/// "name", "await": [v8 lines], "await_exact": bool, "start": [v8 lines]}],
+/// "loop_blocked_ms": N, "libuv": [{"type", "is_active"}] (free loop only)}`, or
 /// `ERR <why>`. Errors name what the kit said or what is malformed.
 pub fn parse_heartbeat_stacks(answer: &str) -> Result<HeartbeatStacks, String> {
     let line = answer.lines().next().unwrap_or_default().trim();
@@ -336,9 +344,17 @@ pub fn parse_heartbeat_stacks(answer: &str) -> Result<HeartbeatStacks, String> {
             Some(a) if !a.is_empty() => (&t["await"], "await site"),
             _ => (&t["start"], "start site"),
         };
+        let sampled = what == "await site" && t["await_exact"] == false;
         let mut s = ThreadStack {
             id: format!("await:{span}"),
-            label: Some(format!("{what} of tool span {name}")),
+            label: Some(format!(
+                "{what} of tool span {name}{}",
+                if sampled {
+                    " (sampled: its newest promise was not captured)"
+                } else {
+                    ""
+                }
+            )),
             ..Default::default()
         };
         v8_frames(&mut s, lines);
@@ -348,6 +364,7 @@ pub fn parse_heartbeat_stacks(answer: &str) -> Result<HeartbeatStacks, String> {
         main,
         tools,
         loop_blocked_ms: v["loop_blocked_ms"].as_u64(),
+        active_handles: active_handles(&v["libuv"]),
     })
 }
 
@@ -508,9 +525,11 @@ Current thread 0x00007f3b3e1f6740 (most recent call first):
             "main": ["at spin (/w/runner.js:44:3)", "at busy (/w/runner.js:50:3)"],
             "tools": [
                 {"span_id": "ab", "name": "execute_tool t", "await": ["at waitForever (/w/runner.js:39:9)"], "start": ["at Object.<anonymous> (/w/runner.js:54:4)"]},
-                {"span_id": "cd", "name": "execute_tool u", "await": [], "start": ["at go (/w/runner.js:60:1)"]}
+                {"span_id": "cd", "name": "execute_tool u", "await": [], "start": ["at go (/w/runner.js:60:1)"]},
+                {"span_id": "ef", "name": "execute_tool v", "await": ["at f (/w/a.js:1:1)"], "await_exact": false}
             ],
-            "loop_blocked_ms": 7000
+            "loop_blocked_ms": 7000,
+            "libuv": [{"type": "timer", "is_active": true}, {"type": "tcp", "is_active": false}]
         });
         let hb = parse_heartbeat_stacks(&format!("STACKS {answer}\n")).unwrap();
         assert!(hb.main.main);
@@ -519,7 +538,13 @@ Current thread 0x00007f3b3e1f6740 (most recent call first):
             ("spin", Some(44))
         );
         assert_eq!(hb.loop_blocked_ms, Some(7000));
-        assert_eq!(hb.tools.len(), 2);
+        assert_eq!(hb.active_handles, vec![("timer".into(), 1)]);
+        assert_eq!(hb.tools.len(), 3);
+        assert!(hb.tools[2]
+            .label
+            .as_deref()
+            .unwrap()
+            .ends_with("(sampled: its newest promise was not captured)"));
         assert_eq!(
             hb.tools[0].label.as_deref(),
             Some("await site of tool span execute_tool t")
