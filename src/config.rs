@@ -6,19 +6,22 @@
 //! (docs/design.md, Interfaces: CLI). Sections owned by a crate are handed to that crate's raw
 //! config type, which validates them (`TryFrom`).
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
+use stallwatch_collector::{RawForwardConfig, RawOtlpConfig};
+use stallwatch_dashboards::{RawAlertsConfig, RawDashboardConfig};
+use stallwatch_reaper::RawReaperConfig;
 use stallwatch_storage::control::RunnerSpec;
-use stallwatch_storage::{StorageConfig, Synchronous};
+use stallwatch_storage::RawStorageConfig;
+use stallwatch_watchdog::RawWatchdogConfig;
 
 use crate::cli::{LogFormat, ServeArgs};
 
-/// The whole file.
+/// The whole file. `[otlp]` and `[storage]` are typed here; the other sections are kept
+/// as tables and deserialized by [`section`] so their errors name the section.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
@@ -26,12 +29,12 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     /// Log format on stderr.
     pub log_format: Option<LogFormat>,
-    /// `[otlp]`.
+    /// `[otlp]` (validated by the collector crate).
     #[serde(default)]
-    pub otlp: OtlpSection,
-    /// `[storage]`.
+    pub otlp: RawOtlpConfig,
+    /// `[storage]` (validated by the storage crate).
     #[serde(default)]
-    pub storage: StorageSection,
+    pub storage: RawStorageConfig,
     /// `[watchdog]` (validated by the watchdog crate).
     #[serde(default)]
     pub watchdog: Option<toml::Table>,
@@ -53,93 +56,12 @@ pub struct FileConfig {
     pub forward: Option<toml::Table>,
 }
 
-/// `[otlp]`: the collector's listeners and limits.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OtlpSection {
-    /// gRPC listen address (default 127.0.0.1:4317).
-    pub grpc_listen: Option<SocketAddr>,
-    /// HTTP listen address (default 127.0.0.1:4318).
-    pub http_listen: Option<SocketAddr>,
-    /// Largest request body after decompression, bytes (default 20971520).
-    pub max_request_bytes: Option<usize>,
-    /// Bytes of request bodies in flight across requests (default 67108864).
-    pub max_inflight_bytes: Option<usize>,
-    /// Deepest attribute nesting accepted (default 32).
-    pub max_nesting_depth: Option<usize>,
-    /// Origins allowed by CORS (`http://localhost:*` allows any port).
-    pub cors_allowed_origins: Option<Vec<String>>,
-    /// When set, OTLP requests must carry `Authorization: Bearer <ingest_token>`.
-    pub ingest_token: Option<String>,
-}
-
-/// `[storage]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StorageSection {
-    /// `off`, `normal` (default) or `full`: `synchronous` for telemetry commits.
-    pub synchronous: Option<String>,
-    /// Write queue bound, export requests (default 1024).
-    pub queue_capacity: Option<usize>,
-    /// Retention by age, hours (default 168).
-    pub retention_hours: Option<u64>,
-    /// Database size cap, bytes (default 2147483648).
-    pub max_db_bytes: Option<u64>,
-    /// SQLite busy timeout, ms (default 5000).
-    pub busy_timeout_ms: Option<u64>,
-    /// Interval of the retention pass, ms (default 60000).
-    pub retention_interval_ms: Option<u64>,
-}
-
 impl FileConfig {
     /// Reads and parses `path`. Errors name the file and, from toml, the key and line.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
-    }
-}
-
-impl StorageSection {
-    /// The validated storage config for a database at `path`.
-    pub fn to_config(&self, path: PathBuf) -> Result<StorageConfig> {
-        let mut c = StorageConfig::new(path);
-        if let Some(s) = &self.synchronous {
-            c.telemetry_synchronous = match s.to_ascii_lowercase().as_str() {
-                "off" => Synchronous::Off,
-                "normal" => Synchronous::Normal,
-                "full" => Synchronous::Full,
-                other => anyhow::bail!(
-                    "[storage] synchronous = {other:?}: expected \"off\", \"normal\" or \"full\""
-                ),
-            };
-        }
-        if let Some(q) = self.queue_capacity {
-            anyhow::ensure!(q > 0, "[storage] queue_capacity must be at least 1");
-            c.queue_capacity = q;
-        }
-        if let Some(h) = self.retention_hours {
-            anyhow::ensure!(h > 0, "[storage] retention_hours must be at least 1");
-            c.retention = Duration::from_secs(h * 3600);
-        }
-        if let Some(b) = self.max_db_bytes {
-            anyhow::ensure!(
-                b >= 64 * 1024 * 1024,
-                "[storage] max_db_bytes must be at least 67108864 (64 MiB)"
-            );
-            c.max_db_bytes = b;
-        }
-        if let Some(ms) = self.busy_timeout_ms {
-            c.busy_timeout = Duration::from_millis(ms);
-        }
-        if let Some(ms) = self.retention_interval_ms {
-            anyhow::ensure!(
-                ms >= 100,
-                "[storage] retention_interval_ms must be at least 100"
-            );
-            c.retention_interval = Duration::from_millis(ms);
-        }
-        Ok(c)
     }
 }
 
@@ -156,32 +78,35 @@ pub fn section<T: serde::de::DeserializeOwned + Default>(
     }
 }
 
-/// The merged top-level settings of `serve`.
+/// The merged settings of `serve`: each crate's raw section with the CLI/env values put
+/// over the file's. Defaults and range checks are the crates' own (`TryFrom` on each raw
+/// type, called by `serve`); nothing here knows a default value.
 #[derive(Debug)]
 pub struct Settings {
     /// Data folder.
     pub data_dir: PathBuf,
     /// Log format.
     pub log_format: LogFormat,
-    /// gRPC listen address.
-    pub grpc_listen: SocketAddr,
-    /// HTTP listen address.
-    pub http_listen: SocketAddr,
-    /// Dashboard listen address.
-    pub dashboard_listen: SocketAddr,
-    /// The parsed file (defaults when none was given).
-    pub file: FileConfig,
+    /// `[otlp]`, listen addresses merged.
+    pub otlp: RawOtlpConfig,
+    /// `[storage]`.
+    pub storage: RawStorageConfig,
+    /// `[watchdog]`.
+    pub watchdog: RawWatchdogConfig,
+    /// `[reaper]`.
+    pub reaper: RawReaperConfig,
+    /// `[dashboard]`, listen address merged.
+    pub dashboard: RawDashboardConfig,
+    /// `[alerts]`.
+    pub alerts: RawAlertsConfig,
+    /// `[forward]`; `None` when the section is absent (no forwarding).
+    pub forward: Option<RawForwardConfig>,
+    /// `[[runner]]`.
+    pub runners: Vec<RunnerSpec>,
 }
 
-/// Default OTLP/gRPC listen address.
-pub const DEFAULT_GRPC_LISTEN: SocketAddr = SocketAddr::new(LOOPBACK, 4317);
-/// Default OTLP/HTTP listen address.
-pub const DEFAULT_HTTP_LISTEN: SocketAddr = SocketAddr::new(LOOPBACK, 4318);
-/// Default dashboard listen address.
-pub const DEFAULT_DASHBOARD_LISTEN: SocketAddr = SocketAddr::new(LOOPBACK, 4319);
-const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
-/// Merges CLI/env (already merged by clap) over the file over the defaults.
+/// Merges CLI/env (already merged by clap) over the file; defaults come later, from each
+/// crate's `TryFrom`.
 pub fn merge(args: &ServeArgs) -> Result<Settings> {
     let file = match &args.config {
         Some(p) => FileConfig::load(p)?,
@@ -191,31 +116,31 @@ pub fn merge(args: &ServeArgs) -> Result<Settings> {
         Some(d) => d,
         None => crate::datadir::default_data_dir()?,
     };
+    let mut otlp = file.otlp;
+    otlp.grpc_listen = args.otlp_grpc_listen.or(otlp.grpc_listen);
+    otlp.http_listen = args.otlp_http_listen.or(otlp.http_listen);
+    let mut dashboard: RawDashboardConfig = section("dashboard", &file.dashboard)?;
+    if let Some(addr) = args.dashboard_listen {
+        dashboard.listen = Some(addr.to_string());
+    }
+    let forward = match &file.forward {
+        None => None,
+        Some(_) => Some(section("forward", &file.forward)?),
+    };
     Ok(Settings {
         data_dir,
         log_format: args
             .log_format
             .or(file.log_format)
             .unwrap_or(LogFormat::Text),
-        grpc_listen: args
-            .otlp_grpc_listen
-            .or(file.otlp.grpc_listen)
-            .unwrap_or(DEFAULT_GRPC_LISTEN),
-        http_listen: args
-            .otlp_http_listen
-            .or(file.otlp.http_listen)
-            .unwrap_or(DEFAULT_HTTP_LISTEN),
-        dashboard_listen: args
-            .dashboard_listen
-            .or_else(|| {
-                file.dashboard
-                    .as_ref()
-                    .and_then(|t| t.get("listen"))
-                    .and_then(|v| v.as_str())
-                    .and_then(|s| s.parse().ok())
-            })
-            .unwrap_or(DEFAULT_DASHBOARD_LISTEN),
-        file,
+        otlp,
+        storage: file.storage,
+        watchdog: section("watchdog", &file.watchdog)?,
+        reaper: section("reaper", &file.reaper)?,
+        dashboard,
+        alerts: section("alerts", &file.alerts)?,
+        forward,
+        runners: file.runner,
     })
 }
 
@@ -241,12 +166,16 @@ mod tests {
 
     #[test]
     fn storage_section_validates() {
+        use stallwatch_storage::{StorageConfig, Synchronous};
+        use std::time::Duration;
         let s: FileConfig = toml::from_str("[storage]\nsynchronous = \"sometimes\"\n").unwrap();
-        let err = s.storage.to_config("x.db".into()).unwrap_err().to_string();
+        let err = StorageConfig::try_from((s.storage, "x.db".into()))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("synchronous"), "{err}");
         let s: FileConfig =
             toml::from_str("[storage]\nsynchronous = \"full\"\nretention_hours = 2\n").unwrap();
-        let c = s.storage.to_config("x.db".into()).unwrap();
+        let c = StorageConfig::try_from((s.storage, "x.db".into())).unwrap();
         assert_eq!(c.telemetry_synchronous, Synchronous::Full);
         assert_eq!(c.retention, Duration::from_secs(7200));
     }

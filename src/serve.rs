@@ -18,7 +18,7 @@ use stallwatch_dashboards::{AppState, DashboardConfig};
 use stallwatch_reaper::{Reaper, ReaperConfig};
 use stallwatch_storage::control::{ControlRequest, Observation, RunnerChange, Trip};
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
-use stallwatch_storage::{EventBus, MetricsSource, Storage};
+use stallwatch_storage::{EventBus, MetricsSource, Storage, StorageConfig};
 use stallwatch_watchdog::{Watchdog, WatchdogConfig};
 
 use crate::cli::{LogFormat, ServeArgs};
@@ -95,7 +95,6 @@ async fn serve(
         ),
         Err(e) => tracing::warn!("cannot raise RLIMIT_NOFILE: {e}"),
     }
-    let file = &settings.file;
     let shutdown = CancellationToken::new();
     if exit_with_parent {
         // Fail fast (before binding anything) when the parent cannot be watched.
@@ -115,18 +114,16 @@ async fn serve(
             token.cancel();
         });
     }
-    let storage_config = file.storage.to_config(data.db_path())?;
+    let storage_config = StorageConfig::try_from((settings.storage, data.db_path()))?;
     let storage = Storage::open(storage_config).context("cannot open the database")?;
     let events = EventBus::new(storage.clone());
     let self_trace_task =
         self_traces.map(|sink| tokio::spawn(crate::selftrace::run_writer(sink, storage.clone())));
 
     // Forwarder: every accepted span, log and metric point upstream (`[forward]`).
-    let forwarder = match &file.forward {
+    let forwarder = match settings.forward {
         None => None,
-        Some(_) => {
-            let raw: stallwatch_collector::RawForwardConfig =
-                config::section("forward", &file.forward)?;
+        Some(raw) => {
             let fc = stallwatch_collector::ForwardConfig::try_from(raw)
                 .context("invalid [forward] section")?;
             Some(stallwatch_collector::Forwarder::start(fc, storage.clone())?)
@@ -140,9 +137,8 @@ async fn serve(
     let (control_tx, mut control_rx) = mpsc::channel::<ControlRequest>(CONTROL_QUEUE);
 
     // Watchdog: decides.
-    let raw_wd: stallwatch_watchdog::RawWatchdogConfig =
-        config::section("watchdog", &file.watchdog)?;
-    let wd_config = WatchdogConfig::try_from(raw_wd).context("invalid [watchdog] section")?;
+    let wd_config =
+        WatchdogConfig::try_from(settings.watchdog).context("invalid [watchdog] section")?;
     let wd_token = CancellationToken::new();
     let (watchdog, wd_task) = Watchdog::start(
         wd_config,
@@ -155,32 +151,28 @@ async fn serve(
     );
 
     // Reaper: acts.
-    let raw_reaper: stallwatch_reaper::RawReaperConfig = config::section("reaper", &file.reaper)?;
-    let endpoint_configured = raw_reaper.otlp_endpoint.is_some();
+    let endpoint_configured = settings.reaper.otlp_endpoint.is_some();
     let mut reaper_config = ReaperConfig::try_from(stallwatch_reaper::ReaperConfigInput {
-        raw: raw_reaper,
+        raw: settings.reaper,
         data_dir: data.path.clone(),
-        runners: file.runner.clone(),
+        runners: settings.runners,
     })
     .context("invalid [reaper] section or [[runner]]")?;
     let reaper_token = CancellationToken::new();
 
     // Dashboard config first: its `allowed_hosts` is the one Host rule of every listener.
-    let raw_dash: stallwatch_dashboards::RawDashboardConfig =
-        config::section("dashboard", &file.dashboard)?;
-    let raw_alerts: stallwatch_dashboards::RawAlertsConfig =
-        config::section("alerts", &file.alerts)?;
-    let mut dash_config = DashboardConfig::try_from((raw_dash, raw_alerts))
+    let mut dash_config = DashboardConfig::try_from((settings.dashboard, settings.alerts))
         .context("invalid [dashboard] or [alerts] section")?;
-    dash_config.listen = settings.dashboard_listen;
 
     // Collector: binds now so port 0 resolves before the reaper injects the endpoint.
-    let mut collector_config = collector_config(&settings)?;
+    let ingest_token = settings.otlp.ingest_token.clone();
+    let mut collector_config =
+        CollectorConfig::try_from(settings.otlp).context("invalid [otlp] section")?;
     collector_config.allowed_hosts = dash_config.allowed_hosts.clone();
     let collector = Collector::bind(collector_config, storage.clone(), obs_tx)
         .await
         .context("cannot bind the OTLP listeners")?;
-    if let Some(token) = &file.otlp.ingest_token {
+    if let Some(token) = &ingest_token {
         // Spawned runners must be able to export when an ingest token is required
         // (OTEL_EXPORTER_OTLP_HEADERS values are percent-encoded: the space is %20).
         reaper_config.otlp_headers = Some(format!("authorization=Bearer%20{token}"));
@@ -211,9 +203,9 @@ async fn serve(
     });
 
     // Dashboard.
-    let listener = tokio::net::TcpListener::bind(settings.dashboard_listen)
+    let listener = tokio::net::TcpListener::bind(dash_config.listen)
         .await
-        .with_context(|| format!("cannot listen on {} (dashboard)", settings.dashboard_listen))?;
+        .with_context(|| format!("cannot listen on {} (dashboard)", dash_config.listen))?;
     let dashboard_addr = listener.local_addr()?;
     dash_config.listen = dashboard_addr;
     let (ready_tx, ready_rx) = watch::channel(false);
@@ -429,36 +421,6 @@ async fn watch_storage_full(storage: Storage, events: EventBus) {
             return;
         }
     }
-}
-
-/// The collector's config from `[otlp]` plus the merged listen addresses.
-fn collector_config(settings: &Settings) -> Result<CollectorConfig> {
-    let o = &settings.file.otlp;
-    let mut c = CollectorConfig {
-        grpc_listen: settings.grpc_listen,
-        http_listen: settings.http_listen,
-        ..CollectorConfig::default()
-    };
-    if let Some(v) = o.max_request_bytes {
-        anyhow::ensure!(v >= 1024, "[otlp] max_request_bytes must be at least 1024");
-        c.max_request_bytes = v;
-    }
-    if let Some(v) = o.max_inflight_bytes {
-        anyhow::ensure!(
-            v >= c.max_request_bytes,
-            "[otlp] max_inflight_bytes must be at least max_request_bytes"
-        );
-        c.max_inflight_bytes = v;
-    }
-    if let Some(v) = o.max_nesting_depth {
-        anyhow::ensure!(v >= 1, "[otlp] max_nesting_depth must be at least 1");
-        c.max_nesting_depth = v;
-    }
-    if let Some(v) = &o.cors_allowed_origins {
-        c.cors_allowed_origins = v.clone();
-    }
-    c.ingest_token = o.ingest_token.clone();
-    Ok(c)
 }
 
 /// An address clients on this machine can dial: a wildcard listen address becomes loopback.

@@ -8,12 +8,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::support::*;
+pub use crate::support::{incidents, post_json, process_alive, spawn_runner, wait_incident};
 
 pub const SLA_MS: u64 = 2000;
 
@@ -84,45 +85,6 @@ impl Receiver {
     }
 }
 
-pub fn post_json(
-    server: &Server,
-    path: &str,
-    body: &serde_json::Value,
-) -> (u16, serde_json::Value) {
-    let r = http_client()
-        .post(server.api(path))
-        .bearer_auth(server.token())
-        .json(body)
-        .send()
-        .unwrap();
-    let st = r.status().as_u16();
-    (st, r.json().unwrap_or(serde_json::Value::Null))
-}
-
-pub fn spawn_runner(
-    server: &Server,
-    id: &str,
-    argv: &[&str],
-    workspace: Option<&Path>,
-    env: &[(&str, &str)],
-) -> serde_json::Value {
-    let env: serde_json::Map<String, serde_json::Value> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
-        .collect();
-    let mut spawn = serde_json::json!({ "argv": argv, "env": env });
-    if let Some(w) = workspace {
-        spawn["workspace"] = w.display().to_string().into();
-    }
-    let (st, body) = post_json(
-        server,
-        "/api/v1/runners",
-        &serde_json::json!({ "id": id, "spawn": spawn }),
-    );
-    assert!(st == 200 || st == 201, "register {id}: {st} {body}");
-    body
-}
-
 pub fn python_runner(
     server: &Server,
     id: &str,
@@ -139,51 +101,6 @@ pub fn python_runner(
         workspace,
         env,
     )
-}
-
-/// Incidents of `runner`, oldest first.
-pub fn incidents(server: &Server, runner: &str) -> Vec<serde_json::Value> {
-    let (st, page) = server.get_json(&format!("/api/v1/incidents?runner_id={runner}&limit=200"));
-    assert_eq!(st, 200, "{page}");
-    let mut items = page["items"].as_array().unwrap().clone();
-    items.reverse();
-    items
-}
-
-pub fn wait_incident(
-    server: &Server,
-    runner: &str,
-    event: &str,
-    timeout: Duration,
-) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(i) = incidents(server, runner)
-            .into_iter()
-            .find(|i| i["event"] == event)
-        {
-            return i;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "no {event} incident for {runner} within {timeout:?}; incidents: {:#}\nstderr:\n{}",
-                serde_json::Value::from(incidents(server, runner)),
-                server.stderr()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-pub fn process_alive(pid: u64) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s[s.rfind(')').unwrap() + 2..].starts_with('Z'),
-        Err(_) => false,
-    }
-}
-
-fn nanos(v: &serde_json::Value) -> u64 {
-    v.as_str().unwrap().parse().unwrap()
 }
 
 fn hash_tree(root: &Path) -> BTreeMap<String, String> {
@@ -552,6 +469,121 @@ fn half_open_probe_closes_the_breaker_once_the_restarted_runner_answers() {
         (st, admit["state"].as_str()),
         (200, Some("CLOSED")),
         "{admit}"
+    );
+}
+
+/// Events of `runner` from `kind`s of interest, oldest first.
+fn breaker_events(server: &Server, runner: &str) -> Vec<String> {
+    incidents(server, runner)
+        .iter()
+        .filter_map(|i| i["event"].as_str().map(str::to_string))
+        .filter(|e| e.starts_with("breaker.") || e == "runner.restarted")
+        .collect()
+}
+
+/// Chain config for the restart-after-trip cases: a cooldown well over the SLA plus a
+/// restart and a slow Python start-up, so the restarted runner lives more than a whole SLA
+/// unpinged behind its OPEN breaker.
+fn long_cooldown_config() -> String {
+    chain_config("")
+        .replace("breaker_cooldown_ms = 60000", "breaker_cooldown_ms = 10000")
+        .replace("max_restarts = 0", "max_restarts = 2")
+}
+
+/// Healthy case (issue 10 #5): a runner restarted after its trip that works normally is
+/// probed (HALF_OPEN), answers, goes CLOSED and stays CLOSED: nothing of the dead process
+/// re-opens it.
+#[test]
+fn restarted_runner_that_answers_its_probe_stays_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("once");
+    let server = Server::start_with(
+        ServerOpts::new(&dir.path().join("data")).config(&long_cooldown_config()),
+    );
+    python_runner(
+        &server,
+        "py-back",
+        "once",
+        None,
+        &[("ONCE_MARKER", marker.to_str().unwrap())],
+    );
+    for event in ["breaker.opened", "runner.restarted", "breaker.closed"] {
+        wait_incident(&server, "py-back", event, Duration::from_secs(40));
+    }
+    // Longer than an SLA and a heartbeat timeout: a span of the dead process, or the
+    // restarted runner's own work, would have re-opened it by now.
+    std::thread::sleep(Duration::from_millis(SLA_MS * 2));
+    let events = breaker_events(&server, "py-back");
+    assert_eq!(
+        events,
+        [
+            "breaker.opened",
+            "runner.restarted",
+            "breaker.half_open",
+            "breaker.closed"
+        ],
+        "the restarted runner's breaker did not stay CLOSED"
+    );
+    let (st, admit) = server.get_json("/api/v1/runners/py-back/admit");
+    assert_eq!(
+        (st, admit["state"].as_str()),
+        (200, Some("CLOSED")),
+        "{admit}"
+    );
+}
+
+/// Stalled case next to it (issue 10 #5): a restarted runner that stalls again while its
+/// breaker is OPEN answers the probe (its heartbeat thread is alive) with a tool span over
+/// its SLA: the breaker opens again straight from HALF_OPEN, never CLOSED in between.
+#[test]
+fn restarted_runner_that_stalls_again_reopens_without_closing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        ServerOpts::new(&dir.path().join("data")).config(&long_cooldown_config()),
+    );
+    python_runner(&server, "py-again", "deadlock", None, &[]);
+    wait_incident(
+        &server,
+        "py-again",
+        "runner.restarted",
+        Duration::from_secs(40),
+    );
+    wait_until!(
+        Duration::from_secs(40),
+        "a second breaker.opened",
+        breaker_events(&server, "py-again")
+            .iter()
+            .filter(|e| *e == "breaker.opened")
+            .count()
+            >= 2
+    );
+    let events = breaker_events(&server, "py-again");
+    let second = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| *e == "breaker.opened")
+        .nth(1)
+        .map(|(i, _)| i)
+        .unwrap();
+    assert_eq!(
+        &events[..=second],
+        [
+            "breaker.opened",
+            "runner.restarted",
+            "breaker.half_open",
+            "breaker.opened"
+        ],
+        "the probe closed the breaker of a runner stalled over its SLA"
+    );
+    let reopened = incidents(&server, "py-again")
+        .into_iter()
+        .filter(|i| i["event"] == "breaker.opened")
+        .nth(1)
+        .unwrap();
+    let reason = reopened["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("over its SLA") && reason.contains("run_notebook"),
+        "{reopened:#}"
     );
 }
 

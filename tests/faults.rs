@@ -242,7 +242,12 @@ fn foreign_host_is_refused_on_every_listener() {
     };
     let r = post("attacker.example:4318");
     assert_eq!(r.status().as_u16(), 421);
-    assert!(r.text().unwrap().contains("DNS rebinding"));
+    let otlp: serde_json::Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert!(otlp["message"].as_str().unwrap().contains("DNS rebinding"));
+    assert_eq!(
+        otlp["message"],
+        stallwatch_storage::hosts::refusal_message("attacker.example:4318")
+    );
     let (_, t) = server.get_json("/api/v1/traces/6b8efff798038103d269b633813fc60c");
     assert!(
         t["spans"].as_array().is_none_or(|s| s.is_empty()),
@@ -257,6 +262,12 @@ fn foreign_host_is_refused_on_every_listener() {
         .send()
         .unwrap();
     assert_eq!(dash.status().as_u16(), 421);
+    // One rule, one message on every listener (each in its own envelope).
+    let dash: serde_json::Value = dash.json().unwrap();
+    assert_eq!(
+        dash["error"]["message"],
+        stallwatch_storage::hosts::refusal_message("attacker.example")
+    );
 
     // gRPC with a foreign :authority, through the real Python SDK's grpc channel option.
     let script = format!(

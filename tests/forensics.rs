@@ -440,11 +440,6 @@ fn a_node_busy_loop_names_the_loop_line_within_the_budget() {
     );
 }
 
-fn nanos(v: &serde_json::Value) -> u64 {
-    v.as_str()
-        .map_or_else(|| v.as_u64().unwrap(), |s| s.parse().unwrap())
-}
-
 /// ms from the trip's decision (the `breaker.opened` time) to the first SIGTERM.
 fn trip_to_sigterm_ms(terminated: &serde_json::Value, opened: &serde_json::Value) -> f64 {
     let sigterm = nanos(&terminated["evidence"]["report"]["sigterm_unix_nano"]);

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::chain::{
     chain_config, incidents, post_json, process_alive, spawn_runner, wait_incident,
@@ -19,29 +19,6 @@ fn runners_script(name: &str) -> String {
         .to_string()
 }
 
-fn runner(server: &Server, id: &str) -> serde_json::Value {
-    let (st, v) = server.get_json(&format!("/api/v1/runners/{id}"));
-    assert_eq!(st, 200, "{v}");
-    v
-}
-
-fn wait_lifecycle(server: &Server, id: &str, want: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let v = runner(server, id);
-        if v["lifecycle"] == want {
-            return;
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "runner {id} never became {want}: {v:#}\n{}",
-                server.stderr()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 fn open_spans_of(server: &Server, id: &str) -> Vec<serde_json::Value> {
     let (st, v) = server.get_json("/api/v1/open-spans");
     assert_eq!(st, 200, "{v}");
@@ -52,17 +29,6 @@ fn open_spans_of(server: &Server, id: &str) -> Vec<serde_json::Value> {
         .filter(|s| s["runner_id"] == id)
         .cloned()
         .collect()
-}
-
-fn unix_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
-fn nanos(v: &serde_json::Value) -> u64 {
-    v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 /// A kit runner ends inside its tool span (`how`): the span is closed at once with the

@@ -208,24 +208,6 @@ fn shutdown_with_many_runners_leaves_none_alive() {
     );
 }
 
-fn stage_files(staging: &Path, n: usize) {
-    for i in 0..n {
-        let d = staging.join(format!("d{}", i % 10));
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join(format!("f{i}.json")), format!("{{\"i\": {i}}}")).unwrap();
-    }
-}
-
-fn count_files(root: &Path) -> usize {
-    (0..10)
-        .map(|d| {
-            std::fs::read_dir(root.join(format!("d{d}")))
-                .map(|r| r.count())
-                .unwrap_or(0)
-        })
-        .sum()
-}
-
 fn checkpoint(server: &Server, runner: &str, ws: &Path) -> (String, PathBuf) {
     let (st, v) = post_json(
         server,

@@ -18,6 +18,7 @@ mod forensics;
 mod forward;
 mod lifecycle;
 mod mcp;
+mod metrics;
 mod openspans;
 mod readback;
 mod reaper_fixes;

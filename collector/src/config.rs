@@ -1,9 +1,14 @@
-//! Validated collector configuration (`[otlp]` in the TOML file). `src/` converts raw
-//! CLI/env/TOML input into [`CollectorConfig`]; every default is a named constant beside
-//! its field, with the docs/design.md "Interfaces" section as the source.
+//! The collector's configuration, `[otlp]` in the TOML file: the raw shape
+//! [`RawOtlpConfig`] (serde, unknown keys refused by name) and the validated
+//! [`CollectorConfig`] it converts into with `TryFrom`, the one place `[otlp]` is checked.
+//! `src/` only puts the CLI/env listen addresses over the file's before converting. Every
+//! default is a named constant beside its field, with the docs/design.md "Interfaces"
+//! section as the source.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
+
+use serde::Deserialize;
 
 use crate::error::CollectorError;
 
@@ -39,6 +44,51 @@ pub const DEFAULT_CORS_ALLOWED_ORIGINS: [&str; 5] = [
     "http://localhost:*",
     "http://127.0.0.1:*",
 ];
+
+/// Raw `[otlp]` section as written in TOML; every field absent means its default.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtlpConfig {
+    /// OTLP/gRPC listen address; default [`DEFAULT_GRPC_LISTEN`].
+    pub grpc_listen: Option<SocketAddr>,
+    /// OTLP/HTTP listen address; default [`DEFAULT_HTTP_LISTEN`].
+    pub http_listen: Option<SocketAddr>,
+    /// Largest request body after decompression, bytes; default
+    /// [`DEFAULT_MAX_REQUEST_BYTES`].
+    pub max_request_bytes: Option<usize>,
+    /// Bytes of request bodies in flight across requests; default
+    /// [`DEFAULT_MAX_INFLIGHT_BYTES`].
+    pub max_inflight_bytes: Option<usize>,
+    /// Deepest attribute nesting accepted; default [`DEFAULT_MAX_NESTING_DEPTH`].
+    pub max_nesting_depth: Option<usize>,
+    /// Origins allowed by CORS (`http://localhost:*` allows any port); default
+    /// [`DEFAULT_CORS_ALLOWED_ORIGINS`].
+    pub cors_allowed_origins: Option<Vec<String>>,
+    /// When set, OTLP requests must carry `Authorization: Bearer <ingest_token>`.
+    pub ingest_token: Option<String>,
+}
+
+impl TryFrom<RawOtlpConfig> for CollectorConfig {
+    type Error = CollectorError;
+
+    /// Fills the defaults and checks the result ([`CollectorConfig::validate`]).
+    /// `allowed_hosts` stays empty: `src/` copies it from `[dashboard] allowed_hosts`.
+    fn try_from(raw: RawOtlpConfig) -> Result<Self, Self::Error> {
+        let d = CollectorConfig::default();
+        let c = CollectorConfig {
+            grpc_listen: raw.grpc_listen.unwrap_or(d.grpc_listen),
+            http_listen: raw.http_listen.unwrap_or(d.http_listen),
+            max_request_bytes: raw.max_request_bytes.unwrap_or(d.max_request_bytes),
+            max_inflight_bytes: raw.max_inflight_bytes.unwrap_or(d.max_inflight_bytes),
+            max_nesting_depth: raw.max_nesting_depth.unwrap_or(d.max_nesting_depth),
+            cors_allowed_origins: raw.cors_allowed_origins.unwrap_or(d.cors_allowed_origins),
+            ingest_token: raw.ingest_token,
+            ..d
+        };
+        c.validate()?;
+        Ok(c)
+    }
+}
 
 /// The collector's validated configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -177,8 +227,34 @@ mod tests {
         for (f, field) in bad {
             let mut c = CollectorConfig::default();
             f(&mut c);
+            let raw = RawOtlpConfig {
+                max_request_bytes: Some(c.max_request_bytes),
+                max_inflight_bytes: Some(c.max_inflight_bytes),
+                max_nesting_depth: Some(c.max_nesting_depth),
+                cors_allowed_origins: Some(c.cors_allowed_origins.clone()),
+                ingest_token: c.ingest_token.clone(),
+                ..RawOtlpConfig::default()
+            };
+            let err = CollectorConfig::try_from(raw).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+            let mut c = CollectorConfig::default();
+            f(&mut c);
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains(field), "{err}");
         }
+    }
+
+    #[test]
+    fn raw_toml_converts_and_refuses_unknown_keys_by_name() {
+        let raw: RawOtlpConfig =
+            toml::from_str("grpc_listen = \"127.0.0.1:0\"\nmax_request_bytes = 2048\n").unwrap();
+        let c = CollectorConfig::try_from(raw).unwrap();
+        assert_eq!(c.grpc_listen.port(), 0);
+        assert_eq!(c.http_listen, DEFAULT_HTTP_LISTEN);
+        assert_eq!(c.max_request_bytes, 2048);
+        let err = toml::from_str::<RawOtlpConfig>("max_requst_bytes = 10\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_requst_bytes"), "{err}");
     }
 }

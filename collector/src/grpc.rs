@@ -167,9 +167,9 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
         }
     };
     if let Some(host) = state.foreign_host(req.uri(), req.headers()) {
-        return status_response(Status::permission_denied(format!(
-            ":authority {host:?} is not a loopback name nor in [dashboard] allowed_hosts (DNS rebinding guard)"
-        )));
+        return status_response(Status::permission_denied(
+            stallwatch_storage::hosts::refusal_message(&host),
+        ));
     }
     let headers = req.headers();
     if !state.authorized(

@@ -54,9 +54,7 @@ async fn check_host(
                 StatusCode::MISDIRECTED_REQUEST,
                 format,
                 7,
-                &format!(
-                    "Host {host:?} is not a loopback name nor in [dashboard] allowed_hosts (DNS rebinding guard)"
-                ),
+                &stallwatch_storage::hosts::refusal_message(&host),
                 None,
             )
         }

@@ -19,7 +19,7 @@ mod rpc;
 mod server;
 mod stats;
 
-pub use config::CollectorConfig;
+pub use config::{CollectorConfig, RawOtlpConfig};
 pub use decompress::decompress_body;
 pub use error::CollectorError;
 pub use forward::{ForwardConfig, Forwarder, RawForwardConfig};

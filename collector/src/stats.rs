@@ -1,9 +1,9 @@
 //! The collector's own counters, rendered for `GET /metrics` (Prometheus text format,
 //! `stallwatch_<name>_<unit>_total`, closed label sets). One place counts each thing.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use stallwatch_storage::prometheus::{counter, family, gauge, Kind};
 use stallwatch_storage::MetricsSource;
 
 /// Why a request (or record) was refused; the `reason` label.
@@ -176,33 +176,22 @@ impl IngestStats {
 impl MetricsSource for IngestStats {
     fn render_prometheus(&self, out: &mut String) {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(
+        family(
             out,
-            "# HELP stallwatch_otlp_requests_total OTLP export requests received, by transport."
-        );
-        let _ = writeln!(out, "# TYPE stallwatch_otlp_requests_total counter");
-        let _ = writeln!(
+            "stallwatch_otlp_requests_total",
+            Kind::Counter,
+            "OTLP export requests received, by transport.",
+        )
+        .sample(&[("transport", "grpc")], l(&self.requests_grpc))
+        .sample(&[("transport", "http")], l(&self.requests_http));
+        family(
             out,
-            "stallwatch_otlp_requests_total{{transport=\"grpc\"}} {}",
-            l(&self.requests_grpc)
-        );
-        let _ = writeln!(
-            out,
-            "stallwatch_otlp_requests_total{{transport=\"http\"}} {}",
-            l(&self.requests_http)
-        );
-        let _ = writeln!(out, "# HELP stallwatch_otlp_request_bytes_total OTLP request body bytes on the wire (before decompression).");
-        let _ = writeln!(out, "# TYPE stallwatch_otlp_request_bytes_total counter");
-        let _ = writeln!(
-            out,
-            "stallwatch_otlp_request_bytes_total{{transport=\"grpc\"}} {}",
-            l(&self.request_bytes_grpc)
-        );
-        let _ = writeln!(
-            out,
-            "stallwatch_otlp_request_bytes_total{{transport=\"http\"}} {}",
-            l(&self.request_bytes_http)
-        );
+            "stallwatch_otlp_request_bytes_total",
+            Kind::Counter,
+            "OTLP request body bytes on the wire (before decompression).",
+        )
+        .sample(&[("transport", "grpc")], l(&self.request_bytes_grpc))
+        .sample(&[("transport", "http")], l(&self.request_bytes_http));
         for (name, help, v) in [
             (
                 "stallwatch_otlp_spans_received_total",
@@ -220,39 +209,37 @@ impl MetricsSource for IngestStats {
                 &self.metric_points,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {}", l(v));
+            counter(out, name, help, l(v));
         }
-        let _ = writeln!(out, "# HELP stallwatch_otlp_requests_refused_total OTLP requests refused as a whole, by reason.");
-        let _ = writeln!(out, "# TYPE stallwatch_otlp_requests_refused_total counter");
-        for r in RefuseReason::ALL {
-            let _ = writeln!(
-                out,
-                "stallwatch_otlp_requests_refused_total{{reason=\"{}\"}} {}",
-                r.as_str(),
-                l(&self.refused_requests[r.index()])
-            );
-        }
-        let _ = writeln!(out, "# HELP stallwatch_otlp_records_refused_total Spans, log records and points refused, by reason.");
-        let _ = writeln!(out, "# TYPE stallwatch_otlp_records_refused_total counter");
-        for r in RefuseReason::ALL {
-            let _ = writeln!(
-                out,
-                "stallwatch_otlp_records_refused_total{{reason=\"{}\"}} {}",
-                r.as_str(),
-                l(&self.refused_records[r.index()])
-            );
-        }
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# HELP stallwatch_otlp_inflight_bytes Request bytes held in memory right now."
+            "stallwatch_otlp_requests_refused_total",
+            Kind::Counter,
+            "OTLP requests refused as a whole, by reason.",
         );
-        let _ = writeln!(out, "# TYPE stallwatch_otlp_inflight_bytes gauge");
-        let _ = writeln!(
+        for r in RefuseReason::ALL {
+            f.sample(
+                &[("reason", r.as_str())],
+                l(&self.refused_requests[r.index()]),
+            );
+        }
+        let mut f = family(
             out,
-            "stallwatch_otlp_inflight_bytes {}",
-            l(&self.inflight_bytes)
+            "stallwatch_otlp_records_refused_total",
+            Kind::Counter,
+            "Spans, log records and points refused, by reason.",
+        );
+        for r in RefuseReason::ALL {
+            f.sample(
+                &[("reason", r.as_str())],
+                l(&self.refused_records[r.index()]),
+            );
+        }
+        gauge(
+            out,
+            "stallwatch_otlp_inflight_bytes",
+            "Request bytes held in memory right now.",
+            l(&self.inflight_bytes),
         );
     }
 }

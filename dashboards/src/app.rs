@@ -35,6 +35,9 @@ pub fn app(state: AppState) -> Router {
         http: Arc::new(HttpMetrics::default()),
     });
     let mut router = routes::router()
+        .layer(axum::extract::DefaultBodyLimit::max(
+            routes::MAX_CONTROL_BODY_BYTES,
+        ))
         .route_layer(middleware::from_fn_with_state(ctx.clone(), count_requests))
         .fallback(not_found)
         .with_state(ctx);

@@ -31,8 +31,14 @@ pub enum DashboardError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
     /// The `Host` header is not a loopback or configured name (HTTP 421, DNS rebinding).
-    #[error("host {0:?} is not allowed")]
+    #[error("{}", stallwatch_storage::hosts::refusal_message(.0))]
     ForbiddenHost(String),
+    /// A control request body is over its limit (HTTP 413); the message names the limit.
+    #[error("request body is over the {limit}-byte limit of control requests")]
+    BodyTooLarge {
+        /// The limit, bytes ([`crate::MAX_CONTROL_BODY_BYTES`]).
+        limit: usize,
+    },
     /// The reaper refused to register a runner.
     #[error("{0}")]
     Register(#[from] RegisterError),
@@ -158,6 +164,11 @@ impl IntoResponse for DashboardError {
             DashboardError::ForbiddenHost(_) => (
                 StatusCode::MISDIRECTED_REQUEST,
                 "host_not_allowed".into(),
+                self.to_string(),
+            ),
+            DashboardError::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large".into(),
                 self.to_string(),
             ),
             DashboardError::Register(e) => {

@@ -23,7 +23,7 @@ pub use config::{
     DashboardConfig, RawAlertsConfig, RawDashboardConfig, RawWebhookConfig, WebhookConfig,
 };
 pub use error::DashboardError;
-pub use routes::ROUTES;
+pub use routes::{MAX_CONTROL_BODY_BYTES, ROUTES};
 pub use state::AppState;
 pub use webhooks::start_webhooks;
 

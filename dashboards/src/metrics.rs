@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
+use stallwatch_storage::prometheus::{family, gauge, Kind};
 use stallwatch_storage::MetricsSource;
 
 /// HTTP request counts by route template and status class, and open SSE streams.
@@ -53,24 +54,22 @@ impl HttpMetrics {
 
 impl MetricsSource for HttpMetrics {
     fn render_prometheus(&self, out: &mut String) {
-        use std::fmt::Write;
-        out.push_str("# HELP stallwatch_dashboard_http_requests_total Dashboard HTTP requests answered, by route template and status class.\n");
-        out.push_str("# TYPE stallwatch_dashboard_http_requests_total counter\n");
+        let mut f = family(
+            out,
+            "stallwatch_dashboard_http_requests_total",
+            Kind::Counter,
+            "Dashboard HTTP requests answered, by route template and status class.",
+        );
         if let Ok(m) = self.requests.lock() {
             for ((route, class), v) in m.iter() {
-                let route = route.replace('\\', "\\\\").replace('"', "\\\"");
-                let _ = writeln!(
-                    out,
-                    "stallwatch_dashboard_http_requests_total{{route=\"{route}\",code=\"{class}\"}} {v}"
-                );
+                f.sample(&[("route", route), ("code", class)], v);
             }
         }
-        out.push_str("# HELP stallwatch_dashboard_sse_streams Open server-sent event streams.\n");
-        out.push_str("# TYPE stallwatch_dashboard_sse_streams gauge\n");
-        let _ = writeln!(
+        gauge(
             out,
-            "stallwatch_dashboard_sse_streams {}",
-            self.sse_streams.load(Ordering::Relaxed)
+            "stallwatch_dashboard_sse_streams",
+            "Open server-sent event streams.",
+            self.sse_streams.load(Ordering::Relaxed),
         );
         crate::webhooks::STATS.render(out);
     }

@@ -223,6 +223,12 @@ async fn foreign_host_is_refused() {
         if want == 421 {
             let v: Value = r.json().await.unwrap();
             assert_eq!(v["error"]["code"], "host_not_allowed");
+            // The same words OTLP/HTTP and gRPC answer, from the one rule.
+            assert_eq!(
+                v["error"]["message"],
+                stallwatch_storage::hosts::refusal_message(host),
+                "Host: {host}"
+            );
         }
     }
     h.stop().await;

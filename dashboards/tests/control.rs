@@ -223,3 +223,49 @@ async fn control_input_is_validated_before_sending() {
     assert!(matches!(h.control.try_recv(), Err(TryRecvError::Empty)));
     h.stop().await;
 }
+
+/// A new user posting the wrong JSON shape, or too much of it, is told what was expected
+/// and what the limit is; nothing is sent to the reaper.
+#[tokio::test]
+async fn wrong_shape_and_oversized_bodies_are_named() {
+    let mut h = Harness::start(DashboardConfig::default()).await;
+    let r = h
+        .client
+        .post(h.url("/api/v1/runners"))
+        .bearer_auth(TOKEN)
+        .json(&json!([]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_body", "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("JSON object") && m.contains("\"id\""), "{m}");
+    assert!(m.contains("got an array"), "{m}");
+    assert!(!m.contains("RunnerSpec") && !m.contains("struct"), "{m}");
+
+    let big = format!(
+        r#"{{"id":"nb-9","attach":{{"pid":4242}},"pad":"{}"}}"#,
+        "x".repeat(stallwatch_dashboards::MAX_CONTROL_BODY_BYTES)
+    );
+    let r = h
+        .client
+        .post(h.url("/api/v1/runners"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "body_too_large", "{v}");
+    let limit = stallwatch_dashboards::MAX_CONTROL_BODY_BYTES.to_string();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(&limit),
+        "{v}"
+    );
+    assert!(matches!(h.control.try_recv(), Err(TryRecvError::Empty)));
+    h.stop().await;
+}

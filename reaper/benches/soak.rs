@@ -27,6 +27,7 @@ use stallwatch_reaper::{Reaper, ReaperConfig, ReaperStats};
 use stallwatch_storage::checkpoints::CheckpointState;
 use stallwatch_storage::control::{ControlRequest, RunnerSpec, SpawnSpec};
 use stallwatch_storage::{EventBus, Storage, StorageConfig};
+use stallwatch_testkit::{count_files, stage_files};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -37,24 +38,6 @@ fn rounds() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100)
-}
-
-fn stage(staging: &Path, n: usize) {
-    for i in 0..n {
-        let d = staging.join(format!("d{}", i % 10));
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join(format!("f{i}.json")), format!("{{\"i\": {i}}}")).unwrap();
-    }
-}
-
-fn count_files(root: &Path) -> usize {
-    (0..10)
-        .map(|d| {
-            std::fs::read_dir(root.join(format!("d{d}")))
-                .map(|r| r.count())
-                .unwrap_or(0)
-        })
-        .sum()
 }
 
 fn checkpoints(db: &Path) -> (Storage, Checkpoints) {
@@ -88,7 +71,7 @@ async fn kill9_commit(n: usize) {
         std::fs::create_dir_all(&ws).unwrap();
         let (storage, cps) = checkpoints(&db);
         let c = cps.create("r", &ws).await.unwrap();
-        stage(&c.path, FILES);
+        stage_files(&c.path, FILES);
         storage.shutdown().await;
         drop(cps);
         let mut kid = std::process::Command::new(std::env::current_exe().unwrap())
@@ -168,7 +151,7 @@ async fn swap_attacker(n: usize) {
         std::fs::create_dir_all(&ws).unwrap();
         let (storage, cps) = checkpoints(&dir.path().join("db"));
         let c = cps.create("r", &ws).await.unwrap();
-        stage(&c.path, 200);
+        stage_files(&c.path, 200);
         let stop = Arc::new(AtomicBool::new(false));
         let (s2, staging) = (stop.clone(), c.path.clone());
         let attacker = std::thread::spawn(move || {

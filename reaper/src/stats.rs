@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use stallwatch_storage::prometheus::counter;
 use stallwatch_storage::MetricsSource;
 
 /// Counters of the reaper. All monotonic.
@@ -92,10 +93,12 @@ impl MetricsSource for ReaperStats {
             ),
         ];
         for (name, help, v) in rows {
-            out.push_str(&format!(
-                "# HELP stallwatch_reaper_{name}_total {help}\n# TYPE stallwatch_reaper_{name}_total counter\nstallwatch_reaper_{name}_total {}\n",
-                v.load(Ordering::Relaxed)
-            ));
+            counter(
+                out,
+                &format!("stallwatch_reaper_{name}_total"),
+                help,
+                v.load(Ordering::Relaxed),
+            );
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The termination sequence: record descendants, SIGTERM to the group, wait up to the grace
 //! period, SIGKILL to the group, reap, then end escaped descendants the same way and report
-//! survivors (docs/design.md, Reaper; issue 4, Termination).
+//! survivors (docs/design.md, Reaper; issue 4, Termination). The order is decided by the
+//! pure plan in [`crate::plan`]; [`terminate`] executes its actions and feeds back what it
+//! observes (issue 10).
 //!
 //! Identity is proven before every signal: the runner's pidfd held since spawn or attach,
 //! or, for a recorded descendant, a pidfd opened now and checked against the start time
@@ -20,6 +22,7 @@ use stallwatch_storage::model::now_unix_nano;
 use stallwatch_storage::runners::ActionRecord;
 use stallwatch_storage::Storage;
 
+use crate::plan::{self, Action, Exit, Phase, Plan, Seen};
 use crate::platform::{self, ExitInfo, Sig, SignalTarget};
 use crate::stats::ReaperStats;
 
@@ -216,21 +219,176 @@ pub(crate) fn live(procs: &[ProcRef]) -> Vec<ProcRef> {
         .collect()
 }
 
-async fn wait_until(deadline: Instant, mut gone: impl FnMut() -> bool) -> bool {
-    loop {
-        if gone() {
-            return true;
+/// The effects of the plan's actions on one termination: what was recorded before the
+/// first signal, the pidfds opened so far, and the SIGTERM detail waiting for its SIGCONT.
+struct Executor<'a, 't> {
+    t: &'a Target<'t>,
+    stats: &'a ReaperStats,
+    /// Every recorded descendant, then those in the leader's group and those that escaped.
+    recorded: Option<Vec<ProcRef>>,
+    group: Vec<ProcRef>,
+    escaped: Vec<ProcRef>,
+    fds: BTreeMap<u32, OwnedFd>,
+    /// The leader's own SIGTERM was delivered (only then does it get SIGCONT).
+    leader_termed: bool,
+    /// The `sigterm_sent` detail, written once SIGCONT followed.
+    term_detail: Option<serde_json::Value>,
+}
+
+impl Executor<'_, '_> {
+    /// What the plan needs to know now. The first call records the descendants (before any
+    /// signal: the plan's first action writes them down).
+    fn observe(&mut self) -> Seen {
+        if self.recorded.is_none() {
+            let t = self.t;
+            let recorded: Vec<ProcRef> = platform::descendants(t.pid, t.mark)
+                .into_iter()
+                .map(|p| ProcRef {
+                    pid: p.pid,
+                    start_time_ticks: p.start_time_ticks,
+                    pgid: p.pgid,
+                })
+                .collect();
+            let leader_pgid = platform::proc_stat(t.pid).map(|s| s.pgid).unwrap_or(t.pid);
+            (self.group, self.escaped) = recorded.iter().partition(|p| p.pgid == leader_pgid);
+            self.recorded = Some(recorded);
         }
-        if Instant::now() >= deadline {
-            return false;
+        Seen {
+            gone: leader_exited(self.t) && live(&self.group).is_empty(),
+            escaped_gone: live(&self.escaped).is_empty(),
         }
-        tokio::time::sleep(POLL).await;
+    }
+
+    /// Sends `sig` to the leader's group: `kill(-pgid)` while the leader is our unreaped
+    /// child, else each member through its verified pidfd. Answers the step's detail.
+    fn send_group(&mut self, sig: Sig) -> serde_json::Value {
+        let t = self.t;
+        if t.own_child_group {
+            let pgid = t.pid;
+            match platform::send_signal(SignalTarget::Group { pgid }, sig) {
+                Ok(()) => {
+                    count(self.stats, sig, 1);
+                    serde_json::json!({"target": "group", "pgid": pgid})
+                }
+                Err(e) => {
+                    serde_json::json!({"target": "group", "pgid": pgid, "error": e.to_string()})
+                }
+            }
+        } else {
+            let mut n = 0;
+            if let Some(fd) = t.pidfd {
+                let leader = SignalTarget::Pidfd {
+                    fd: fd.as_fd(),
+                    pid: t.pid,
+                };
+                let skip = sig == Sig::Cont && !self.leader_termed;
+                if !skip
+                    && !platform::pidfd_exited(fd.as_fd())
+                    && platform::send_signal(leader, sig).is_ok()
+                {
+                    n += 1;
+                    if sig == Sig::Term {
+                        self.leader_termed = true;
+                    }
+                }
+            }
+            n += signal_each_once(&self.group, &mut self.fds, sig, self.stats);
+            serde_json::json!({"target": "each", "signalled": n})
+        }
+    }
+
+    /// Performs one action of the plan and records it (ledger `intent` before a signal,
+    /// `done` after; the report step).
+    async fn execute(&mut self, a: Action, run: &mut Run<'_>) {
+        let pid = Some(self.t.pid);
+        match a {
+            Action::RecordDescendants => {
+                run.report.escaped = self.escaped.clone();
+                let detail = serde_json::json!({"group": self.group, "escaped": self.escaped});
+                run.done("descendants_recorded", pid, detail).await;
+            }
+            Action::Term => {
+                run.intent("sigterm_sent", pid).await;
+                run.report.sigterm_unix_nano = now_unix_nano();
+                self.term_detail = Some(self.send_group(Sig::Term));
+            }
+            Action::Cont => {
+                // A SIGSTOPped group acts on SIGTERM only once it runs again (issue 11).
+                self.send_group(Sig::Cont);
+                let detail = self.term_detail.take().unwrap_or_default();
+                run.done("sigterm_sent", pid, detail).await;
+            }
+            Action::Kill => {
+                run.intent("sigkill_sent", pid).await;
+                run.report.sigkill_unix_nano = Some(now_unix_nano());
+                let detail = self.send_group(Sig::Kill);
+                run.done("sigkill_sent", pid, detail).await;
+                run.report.ended_by = "sigkill".into();
+            }
+            Action::Exited(how) => {
+                let (detail, ended_by) = match how {
+                    Exit::BeforeTerm => {
+                        (serde_json::json!({"before": "sigterm"}), "already_exited")
+                    }
+                    Exit::AfterTerm => (serde_json::json!({"after": "SIGTERM"}), "sigterm"),
+                    Exit::AfterKill => (serde_json::json!({"after": "SIGKILL"}), "sigkill"),
+                };
+                run.done("exited", pid, detail).await;
+                run.report.ended_by = ended_by.into();
+            }
+            Action::Reap => {
+                run.intent("reaped", pid).await;
+                let detail = match platform::reap_child(self.t.pid) {
+                    Ok(exit) => {
+                        run.report.exit = exit;
+                        serde_json::json!({"exit": exit})
+                    }
+                    Err(e) => serde_json::json!({"error": e.to_string()}),
+                };
+                run.done("reaped", pid, detail).await;
+            }
+            Action::TermEscaped | Action::KillEscaped => {
+                let (step, sig) = match a {
+                    Action::TermEscaped => ("escaped_sigterm_sent", Sig::Term),
+                    _ => ("escaped_sigkill_sent", Sig::Kill),
+                };
+                let left = live(&self.escaped);
+                run.intent(step, None).await;
+                // signal_each follows a SIGTERM with SIGCONT
+                let n = signal_each(&left, &mut self.fds, sig, self.stats);
+                let pids: Vec<u32> = left.iter().map(|p| p.pid).collect();
+                run.done(
+                    step,
+                    None,
+                    serde_json::json!({"signalled": n, "pids": pids}),
+                )
+                .await;
+            }
+            Action::ReportSurvivors => {
+                let survivors = live(self.recorded.as_deref().unwrap_or_default());
+                run.report.survivors = survivors.clone();
+                run.done(
+                    "survivors",
+                    None,
+                    serde_json::json!({"survivors": survivors}),
+                )
+                .await;
+            }
+        }
     }
 }
+
+/// One step of a termination as it ran: when, what was seen, what the plan answered (and
+/// the executor did), and when those actions were done. Only steps that did something
+/// are kept.
+pub(crate) type Trace = Vec<(Duration, Seen, Vec<Action>, Duration)>;
 
 /// Runs the termination sequence on `t`. Never fails: problems are steps in the report.
 /// The caller must hold the runner's lock (so nobody else reaps the leader meanwhile) and
 /// afterwards reap unowned zombies (escaped descendants re-parented to stallwatch).
+///
+/// The order is the pure [`crate::plan`]'s: this function only observes, asks the plan
+/// what to do, and does it, polling every 10 ms while the plan waits.
 ///
 /// Traced as the `reaper.terminate` span (stored with `--self-traces`).
 #[tracing::instrument(name = "reaper.terminate", level = "info", skip_all, fields(cause = %cause))]
@@ -242,6 +400,20 @@ pub async fn terminate(
     cause: &str,
     resume: Option<Resume>,
 ) -> TerminationReport {
+    terminate_traced(storage, stats, grace, t, cause, resume)
+        .await
+        .0
+}
+
+/// [`terminate`], also answering the [`Trace`] of the plan's steps.
+pub(crate) async fn terminate_traced(
+    storage: &Storage,
+    stats: &ReaperStats,
+    grace: Duration,
+    t: Target<'_>,
+    cause: &str,
+    resume: Option<Resume>,
+) -> (TerminationReport, Trace) {
     stats.terminations.fetch_add(1, Ordering::Relaxed);
     let resume = resume.unwrap_or_else(|| Resume {
         termination_id: uuid::Uuid::new_v4().simple().to_string(),
@@ -265,6 +437,7 @@ pub async fn terminate(
             duration_ms: 0,
         },
     };
+    let mut trace = Trace::new();
     if t.pidfd.is_none() {
         run.done(
             "not_signalled",
@@ -273,177 +446,38 @@ pub async fn terminate(
         )
         .await;
         run.report.ended_by = "not_signalled".into();
-        return finish(run).await;
+        return (finish(run).await, trace);
     }
-
-    // 1. Record descendants before the first signal.
-    let own_group = if t.own_child_group { Some(t.pid) } else { None };
-    let recorded: Vec<ProcRef> = platform::descendants(t.pid, t.mark)
-        .into_iter()
-        .map(|p| ProcRef {
-            pid: p.pid,
-            start_time_ticks: p.start_time_ticks,
-            pgid: p.pgid,
-        })
-        .collect();
-    let leader_pgid = platform::proc_stat(t.pid).map(|s| s.pgid).unwrap_or(t.pid);
-    let (group, escaped): (Vec<ProcRef>, Vec<ProcRef>) =
-        recorded.iter().partition(|p| p.pgid == leader_pgid);
-    run.report.escaped = escaped.clone();
-    run.done(
-        "descendants_recorded",
-        Some(t.pid),
-        serde_json::json!({"group": group, "escaped": escaped}),
-    )
-    .await;
-
-    let mut fds: BTreeMap<u32, OwnedFd> = BTreeMap::new();
-    let group_gone = |g: &[ProcRef]| live(g).is_empty();
-    let send_group = |sig: Sig, fds: &mut BTreeMap<u32, OwnedFd>| -> serde_json::Value {
-        if let Some(pgid) = own_group {
-            let sent = platform::send_signal(SignalTarget::Group { pgid }, sig);
-            if sig == Sig::Term {
-                // A SIGSTOPped group acts on SIGTERM only once it runs again (issue 11).
-                let _ = platform::send_signal(SignalTarget::Group { pgid }, Sig::Cont);
-            }
-            match sent {
-                Ok(()) => {
-                    count(stats, sig, 1);
-                    serde_json::json!({"target": "group", "pgid": pgid})
-                }
-                Err(e) => {
-                    serde_json::json!({"target": "group", "pgid": pgid, "error": e.to_string()})
-                }
-            }
-        } else {
-            let mut n = 0;
-            if let Some(fd) = t.pidfd {
-                let leader = SignalTarget::Pidfd {
-                    fd: fd.as_fd(),
-                    pid: t.pid,
-                };
-                if !platform::pidfd_exited(fd.as_fd()) && platform::send_signal(leader, sig).is_ok()
-                {
-                    n += 1;
-                    if sig == Sig::Term {
-                        let _ = platform::send_signal(leader, Sig::Cont);
-                    }
-                }
-            }
-            n += signal_each(&group, fds, sig, stats);
-            serde_json::json!({"target": "each", "signalled": n})
-        }
+    let mut plan = Plan::new(grace, AFTER_KILL, t.own_child_group).resumed(
+        run.done_before.contains("sigterm_sent"),
+        run.done_before.contains("sigkill_sent"),
+    );
+    let mut x = Executor {
+        t: &t,
+        stats,
+        recorded: None,
+        group: Vec::new(),
+        escaped: Vec::new(),
+        fds: BTreeMap::new(),
+        leader_termed: false,
+        term_detail: None,
     };
-
-    let already = leader_exited(&t) && group_gone(&group);
-    if already && !run.done_before.contains("sigterm_sent") {
-        run.done(
-            "exited",
-            Some(t.pid),
-            serde_json::json!({"before": "sigterm"}),
-        )
-        .await;
-        run.report.ended_by = "already_exited".into();
-    } else {
-        // 2. SIGTERM to the group, bounded grace.
-        let mut ended = false;
-        if !run.done_before.contains("sigterm_sent") && !run.done_before.contains("sigkill_sent") {
-            run.intent("sigterm_sent", Some(t.pid)).await;
-            run.report.sigterm_unix_nano = now_unix_nano();
-            let d = send_group(Sig::Term, &mut fds);
-            run.done("sigterm_sent", Some(t.pid), d).await;
-            ended = wait_until(Instant::now() + grace, || {
-                leader_exited(&t) && group_gone(&group)
-            })
-            .await;
-            if ended {
-                run.done(
-                    "exited",
-                    Some(t.pid),
-                    serde_json::json!({"after": "SIGTERM"}),
-                )
-                .await;
-                run.report.ended_by = "sigterm".into();
-            }
+    while plan.phase != Phase::Done {
+        let seen = x.observe();
+        let now = run.started.elapsed();
+        let actions = plan::advance(&mut plan, now, seen);
+        if actions.is_empty() {
+            tokio::time::sleep(POLL).await;
+            continue;
         }
-        // 3. SIGKILL to the group.
-        if !ended {
-            run.intent("sigkill_sent", Some(t.pid)).await;
-            run.report.sigkill_unix_nano = Some(now_unix_nano());
-            let d = send_group(Sig::Kill, &mut fds);
-            run.done("sigkill_sent", Some(t.pid), d).await;
-            let gone = wait_until(Instant::now() + AFTER_KILL, || {
-                leader_exited(&t) && group_gone(&group)
-            })
-            .await;
-            if gone {
-                run.done(
-                    "exited",
-                    Some(t.pid),
-                    serde_json::json!({"after": "SIGKILL"}),
-                )
-                .await;
-            }
-            run.report.ended_by = "sigkill".into();
+        for a in &actions {
+            x.execute(*a, &mut run).await;
         }
+        let done = run.started.elapsed();
+        plan.actions_done(done);
+        trace.push((now, seen, actions, done));
     }
-
-    // 4. Reap the leader (only our own child).
-    if t.own_child_group {
-        run.intent("reaped", Some(t.pid)).await;
-        match platform::reap_child(t.pid) {
-            Ok(exit) => {
-                run.report.exit = exit;
-                run.done("reaped", Some(t.pid), serde_json::json!({"exit": exit}))
-                    .await;
-            }
-            Err(e) => {
-                run.done(
-                    "reaped",
-                    Some(t.pid),
-                    serde_json::json!({"error": e.to_string()}),
-                )
-                .await;
-            }
-        }
-    }
-
-    // 5. Escaped descendants: the same sequence, each by verified identity.
-    let escaped_live = live(&escaped);
-    if !escaped_live.is_empty() {
-        run.intent("escaped_sigterm_sent", None).await;
-        let n = signal_each(&escaped_live, &mut fds, Sig::Term, stats);
-        run.done(
-            "escaped_sigterm_sent",
-            None,
-            serde_json::json!({"signalled": n, "pids": escaped_live.iter().map(|p| p.pid).collect::<Vec<_>>()}),
-        )
-        .await;
-        let ended = wait_until(Instant::now() + grace, || live(&escaped_live).is_empty()).await;
-        if !ended {
-            let left = live(&escaped_live);
-            run.intent("escaped_sigkill_sent", None).await;
-            let n = signal_each(&left, &mut fds, Sig::Kill, stats);
-            run.done(
-                "escaped_sigkill_sent",
-                None,
-                serde_json::json!({"signalled": n, "pids": left.iter().map(|p| p.pid).collect::<Vec<_>>()}),
-            )
-            .await;
-            wait_until(Instant::now() + AFTER_KILL, || live(&left).is_empty()).await;
-        }
-    }
-
-    // 6. Survivors.
-    let survivors = live(&recorded);
-    run.report.survivors = survivors.clone();
-    run.done(
-        "survivors",
-        None,
-        serde_json::json!({"survivors": survivors}),
-    )
-    .await;
-    finish(run).await
+    (finish(run).await, trace)
 }
 
 async fn finish(mut run: Run<'_>) -> TerminationReport {
@@ -452,4 +486,133 @@ async fn finish(mut run: Run<'_>) -> TerminationReport {
         serde_json::json!({"ended_by": run.report.ended_by, "duration_ms": run.report.duration_ms});
     run.ledger("finished", "done", None, summary).await;
     run.report
+}
+
+#[cfg(test)]
+mod tests {
+    //! The executor and the plan agree (issue 10): on real processes, every step the
+    //! executor took is exactly what the plan answers for the observations it made, and
+    //! the report's steps are exactly those actions' records, in order.
+
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    use stallwatch_storage::StorageConfig;
+
+    use super::*;
+
+    /// Starts `sh -c script` leading its own process group, like a spawned runner.
+    fn spawn(script: &str) -> (u32, OwnedFd) {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("sh starts");
+        let pid = child.id();
+        let fd = platform::pidfd_open(pid).expect("pidfd_open (Linux >= 5.3)");
+        // reaped by the termination's own Reap step, never by the Child
+        drop(child);
+        (pid, fd)
+    }
+
+    async fn run_and_check(script: &str, settle: Duration, grace: Duration) -> TerminationReport {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let storage =
+            Storage::open(StorageConfig::new(dir.path().join("stallwatch.db"))).expect("storage");
+        let stats = ReaperStats::default();
+        let (pid, fd) = spawn(script);
+        tokio::time::sleep(settle).await;
+        let t = Target {
+            runner_id: "r",
+            mark: None,
+            pid,
+            pidfd: Some(&fd),
+            own_child_group: true,
+        };
+        let (report, trace) = terminate_traced(&storage, &stats, grace, t, "trip", None).await;
+        // 1. the executor did what the plan answers for what it saw, and nothing else
+        let mut plan = Plan::new(grace, AFTER_KILL, true);
+        for (now, seen, acts, done) in &trace {
+            assert_eq!(
+                &plan::advance(&mut plan, *now, *seen),
+                acts,
+                "at {now:?} with {seen:?}"
+            );
+            plan.actions_done(*done);
+        }
+        assert_eq!(plan.phase, Phase::Done, "{trace:?}");
+        // 2. every action left its record, in the plan's order
+        let from_plan: Vec<&str> = trace
+            .iter()
+            .flat_map(|(_, _, acts, _)| acts.iter().filter_map(|a| a.step_name()))
+            .collect();
+        let reported: Vec<&str> = report.steps.iter().map(|s| s.step.as_str()).collect();
+        assert_eq!(reported, from_plan, "{report:#?}");
+        assert!(platform::pidfd_exited(fd.as_fd()), "the runner is gone");
+        report
+    }
+
+    #[tokio::test]
+    async fn executor_and_plan_agree_when_sigterm_is_obeyed() {
+        let r = run_and_check(
+            "exec sleep 30",
+            Duration::from_millis(50),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(r.ended_by, "sigterm", "{r:#?}");
+        assert!(r.sigkill_unix_nano.is_none());
+        assert_eq!(r.exit.and_then(|e| e.signal), Some(15), "{r:#?}");
+    }
+
+    #[tokio::test]
+    async fn executor_and_plan_agree_when_sigterm_is_ignored() {
+        let grace = Duration::from_millis(300);
+        let r = run_and_check("trap '' TERM; sleep 30", Duration::from_millis(100), grace).await;
+        assert_eq!(r.ended_by, "sigkill", "{r:#?}");
+        let term = r
+            .steps
+            .iter()
+            .find(|s| s.step == "sigterm_sent")
+            .map(|s| s.at_ms);
+        let kill = r
+            .steps
+            .iter()
+            .find(|s| s.step == "sigkill_sent")
+            .map(|s| s.at_ms);
+        assert!(
+            matches!((term, kill), (Some(t), Some(k)) if k >= t + grace.as_millis() as u64 - 1),
+            "SIGKILL before the grace period ended: {r:#?}"
+        );
+        assert_eq!(r.exit.and_then(|e| e.signal), Some(9), "{r:#?}");
+    }
+
+    #[tokio::test]
+    async fn executor_and_plan_agree_when_the_runner_is_already_gone() {
+        let r = run_and_check("exit 3", Duration::from_millis(300), Duration::from_secs(5)).await;
+        assert_eq!(r.ended_by, "already_exited", "{r:#?}");
+        assert!(!r.steps.iter().any(|s| s.step.contains("sig")), "{r:#?}");
+        assert_eq!(r.exit.and_then(|e| e.code), Some(3), "{r:#?}");
+    }
+
+    #[tokio::test]
+    async fn executor_and_plan_agree_on_an_escaped_descendant() {
+        let r = run_and_check(
+            "setsid sleep 30 & sleep 30",
+            Duration::from_millis(300),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(
+            r.escaped.len(),
+            1,
+            "the setsid child escaped the group: {r:#?}"
+        );
+        assert!(
+            r.steps.iter().any(|s| s.step == "escaped_sigterm_sent"),
+            "{r:#?}"
+        );
+        assert!(r.survivors.is_empty(), "{r:#?}");
+    }
 }

@@ -1,7 +1,13 @@
-//! Validated storage configuration. Raw TOML/CLI input is converted into this by `src/`.
+//! Storage configuration, `[storage]` in the TOML file: the raw shape
+//! [`RawStorageConfig`] (serde, unknown keys refused by name) and the validated
+//! [`StorageConfig`] it converts into with `TryFrom`. Each default is a named constant.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::StorageError;
 
 /// Default bound of the telemetry write queue, in export requests.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 1024;
@@ -16,6 +22,10 @@ pub const CONTROL_RESERVE_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default interval of the background retention pass: 60 s.
 pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Smallest `max_db_bytes` accepted: 64 MiB (room for the control reserve and a working set).
+pub const MIN_MAX_DB_BYTES: u64 = 64 * 1024 * 1024;
+/// Smallest `retention_interval_ms` accepted: 100 ms.
+pub const MIN_RETENTION_INTERVAL_MS: u64 = 100;
 
 /// SQLite `PRAGMA synchronous` level for telemetry commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -71,5 +81,83 @@ impl StorageConfig {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             retention_interval: DEFAULT_RETENTION_INTERVAL,
         }
+    }
+}
+
+/// Raw `[storage]` section as written in TOML; every field absent means its default.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStorageConfig {
+    /// `off`, `normal` (default) or `full`: `synchronous` for telemetry commits.
+    pub synchronous: Option<String>,
+    /// Write queue bound, export requests; default [`DEFAULT_QUEUE_CAPACITY`].
+    pub queue_capacity: Option<usize>,
+    /// Retention by age, hours; default [`DEFAULT_RETENTION`] (168 h).
+    pub retention_hours: Option<u64>,
+    /// Database size cap, bytes, at least [`MIN_MAX_DB_BYTES`]; default
+    /// [`DEFAULT_MAX_DB_BYTES`].
+    pub max_db_bytes: Option<u64>,
+    /// SQLite busy timeout, ms; default [`DEFAULT_BUSY_TIMEOUT`].
+    pub busy_timeout_ms: Option<u64>,
+    /// Interval of the retention pass, ms, at least [`MIN_RETENTION_INTERVAL_MS`]; default
+    /// [`DEFAULT_RETENTION_INTERVAL`].
+    pub retention_interval_ms: Option<u64>,
+}
+
+impl TryFrom<(RawStorageConfig, PathBuf)> for StorageConfig {
+    type Error = StorageError;
+
+    /// The validated config for a database at the given path.
+    ///
+    /// Errors: [`StorageError::Config`] naming the key: an unknown `synchronous` level, a
+    /// zero `queue_capacity` or `retention_hours`, `max_db_bytes` below
+    /// [`MIN_MAX_DB_BYTES`], `retention_interval_ms` below [`MIN_RETENTION_INTERVAL_MS`].
+    fn try_from((raw, path): (RawStorageConfig, PathBuf)) -> Result<Self, Self::Error> {
+        let bad = |m: String| Err(StorageError::Config(m));
+        let mut c = StorageConfig::new(path);
+        if let Some(s) = &raw.synchronous {
+            c.telemetry_synchronous = match s.to_ascii_lowercase().as_str() {
+                "off" => Synchronous::Off,
+                "normal" => Synchronous::Normal,
+                "full" => Synchronous::Full,
+                other => {
+                    return bad(format!(
+                        "synchronous = {other:?}: expected \"off\", \"normal\" or \"full\""
+                    ))
+                }
+            };
+        }
+        if let Some(q) = raw.queue_capacity {
+            if q == 0 {
+                return bad("queue_capacity must be at least 1".into());
+            }
+            c.queue_capacity = q;
+        }
+        if let Some(h) = raw.retention_hours {
+            if h == 0 {
+                return bad("retention_hours must be at least 1".into());
+            }
+            c.retention = Duration::from_secs(h.saturating_mul(3600));
+        }
+        if let Some(b) = raw.max_db_bytes {
+            if b < MIN_MAX_DB_BYTES {
+                return bad(format!(
+                    "max_db_bytes must be at least {MIN_MAX_DB_BYTES} (64 MiB)"
+                ));
+            }
+            c.max_db_bytes = b;
+        }
+        if let Some(ms) = raw.busy_timeout_ms {
+            c.busy_timeout = Duration::from_millis(ms);
+        }
+        if let Some(ms) = raw.retention_interval_ms {
+            if ms < MIN_RETENTION_INTERVAL_MS {
+                return bad(format!(
+                    "retention_interval_ms must be at least {MIN_RETENTION_INTERVAL_MS}"
+                ));
+            }
+            c.retention_interval = Duration::from_millis(ms);
+        }
+        Ok(c)
     }
 }

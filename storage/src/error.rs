@@ -48,6 +48,9 @@ pub enum StorageError {
     /// A blocking task panicked or was cancelled.
     #[error("storage task failed: {0}")]
     Task(String),
+    /// A `[storage]` value is out of range; the message names the key.
+    #[error("[storage] {0}")]
+    Config(String),
 }
 
 impl StorageError {

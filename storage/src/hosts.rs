@@ -7,6 +7,15 @@
 //! dashboard has always done). Lives here, the ground floor, so collector and dashboards
 //! share one definition without depending on each other.
 
+/// The one message every listener answers a refused `Host` with (HTTP 421 on OTLP/HTTP and
+/// the dashboard, gRPC `PERMISSION_DENIED`), each in its own envelope: OTLP's
+/// `google.rpc.Status` (OTLP/HTTP spec, "Failures") and the dashboard's `{"error":{...}}`.
+pub fn refusal_message(host: &str) -> String {
+    format!(
+        "Host {host:?} is not a loopback name nor in [dashboard] allowed_hosts (DNS rebinding guard)"
+    )
+}
+
 /// True for a `Host` / `:authority` naming a loopback host (`localhost`, `*.localhost`,
 /// `127.0.0.0/8`, `[::1]`) or one of `allowed` (lowercase names, any port).
 pub fn host_allowed(host: &str, allowed: &[String]) -> bool {

@@ -30,9 +30,9 @@ pub mod runners;
 mod schema;
 pub mod telemetry;
 
-pub use stallwatch_vocabulary::{control, model, MetricsSource};
+pub use stallwatch_vocabulary::{control, labels, model, prometheus, MetricsSource};
 
-pub use config::{StorageConfig, Synchronous};
+pub use config::{RawStorageConfig, StorageConfig, Synchronous};
 pub use db::Storage;
 pub use error::{StorageError, Transient, WriteError};
 pub use events::EventBus;

@@ -18,6 +18,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::labels::HeartbeatLabel;
 use crate::model::{LogBatch, SpanId, TraceBatch, TraceId};
 
 /// Runner ids match `^[a-z0-9][a-z0-9._-]{0,62}$` (docs/design.md, Interfaces: Runners).
@@ -295,9 +296,10 @@ pub struct RunnerStatus {
     pub reason: String,
     /// In OPEN/HALF_OPEN: ms until the next admission could succeed.
     pub retry_after_ms: Option<u64>,
-    /// Heartbeat: `ok`, `lost`, `starting`, `not_configured`, or a named failure
-    /// (`socket_missing`, `connection_refused`, `path_too_long`, `bad_answer`, `timeout`).
-    pub heartbeat: String,
+    /// Heartbeat: `ok`, `lost`, `starting`, `not_configured`, `unknown`, `not_running`, or
+    /// a named failure (`socket_missing`, `connection_refused`, `path_too_long`,
+    /// `bad_answer`, `timeout`, ...): see [`HeartbeatLabel`].
+    pub heartbeat: HeartbeatLabel,
     /// Recent heartbeat round trips: (unix ms, µs), oldest first, bounded.
     pub heartbeat_rtt_us: Vec<(u64, u64)>,
     /// The worst open tool span (highest elapsed / SLA), if any.

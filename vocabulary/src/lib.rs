@@ -5,6 +5,8 @@
 //!   incidents and their event names);
 //! - [`control`]: the messages between stages (observations, trips, runner lifecycle
 //!   notices, control requests with their typed replies and errors, the runner board).
+//! - [`labels`]: closed sets of label values (heartbeat labels) as enums whose `as_str()`
+//!   is the wire string.
 //! - [`MetricsSource`]: how a stage exposes its counters to `GET /metrics`.
 //!
 //! `storage/` (the only crate that knows SQL) re-exports these modules under their old
@@ -14,11 +16,14 @@
 //! Nothing here knows an HTTP status: the wire mapping lives in `dashboards/src/error.rs`.
 
 pub mod control;
+pub mod labels;
 pub mod model;
+pub mod prometheus;
 
 /// Something that renders its counters in the Prometheus text format for `GET /metrics`.
 /// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).
 pub trait MetricsSource: Send + Sync {
-    /// Appends `# HELP`/`# TYPE` lines and samples to `out`.
+    /// Appends `# HELP`/`# TYPE` lines and samples to `out`, written with [`prometheus`]
+    /// (the one text-format writer).
     fn render_prometheus(&self, out: &mut String);
 }

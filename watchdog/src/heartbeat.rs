@@ -12,6 +12,7 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use stallwatch_storage::labels::HeartbeatLabel;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -58,31 +59,28 @@ pub enum HeartbeatFailure {
 }
 
 impl HeartbeatFailure {
-    /// Every failure name, for counters.
-    pub const NAMES: [&'static str; 8] = [
-        "path_too_long",
-        "socket_missing",
-        "connection_refused",
-        "bad_answer",
-        "timeout",
-        "io_error",
-        "goodbye",
-        "sidecar_fault",
-    ];
+    /// Every failure name, for counters (the `reason` label of
+    /// `stallwatch_watchdog_heartbeats_failed_total`), in [`HeartbeatFailure::index`] order.
+    pub const NAMES: [HeartbeatLabel; 8] = HeartbeatLabel::FAILURES;
 
-    /// The failure's name: `path_too_long`, `socket_missing`, `connection_refused`,
+    /// The failure's label: `path_too_long`, `socket_missing`, `connection_refused`,
     /// `bad_answer`, `timeout`, `io_error`, `goodbye` or `sidecar_fault`.
-    pub fn as_str(&self) -> &'static str {
+    pub fn label(&self) -> HeartbeatLabel {
         match self {
-            HeartbeatFailure::PathTooLong { .. } => "path_too_long",
-            HeartbeatFailure::SocketMissing => "socket_missing",
-            HeartbeatFailure::ConnectionRefused => "connection_refused",
-            HeartbeatFailure::BadAnswer(_) => "bad_answer",
-            HeartbeatFailure::Timeout => "timeout",
-            HeartbeatFailure::Io(_) => "io_error",
-            HeartbeatFailure::Goodbye => "goodbye",
-            HeartbeatFailure::OwnFault(_) => "sidecar_fault",
+            HeartbeatFailure::PathTooLong { .. } => HeartbeatLabel::PathTooLong,
+            HeartbeatFailure::SocketMissing => HeartbeatLabel::SocketMissing,
+            HeartbeatFailure::ConnectionRefused => HeartbeatLabel::ConnectionRefused,
+            HeartbeatFailure::BadAnswer(_) => HeartbeatLabel::BadAnswer,
+            HeartbeatFailure::Timeout => HeartbeatLabel::Timeout,
+            HeartbeatFailure::Io(_) => HeartbeatLabel::IoError,
+            HeartbeatFailure::Goodbye => HeartbeatLabel::Goodbye,
+            HeartbeatFailure::OwnFault(_) => HeartbeatLabel::SidecarFault,
         }
+    }
+
+    /// The failure's name: [`HeartbeatFailure::label`] as its wire string.
+    pub fn as_str(&self) -> &'static str {
+        self.label().as_str()
     }
 
     /// True when the failure is stallwatch's own, not the runner's.
@@ -210,15 +208,20 @@ pub enum HeartbeatState {
 }
 
 impl HeartbeatState {
-    /// `not_configured`, `starting`, `ok` or `lost`.
-    pub fn as_str(&self) -> &'static str {
+    /// The state's label: `not_configured`, `starting`, `ok`, `lost` or `unknown`.
+    pub fn label(&self) -> HeartbeatLabel {
         match self {
-            HeartbeatState::NotConfigured => "not_configured",
-            HeartbeatState::Starting => "starting",
-            HeartbeatState::Ok => "ok",
-            HeartbeatState::Lost { .. } => "lost",
-            HeartbeatState::Unknown => "unknown",
+            HeartbeatState::NotConfigured => HeartbeatLabel::NotConfigured,
+            HeartbeatState::Starting => HeartbeatLabel::Starting,
+            HeartbeatState::Ok => HeartbeatLabel::Ok,
+            HeartbeatState::Lost { .. } => HeartbeatLabel::Lost,
+            HeartbeatState::Unknown => HeartbeatLabel::Unknown,
         }
+    }
+
+    /// [`HeartbeatState::label`] as its wire string.
+    pub fn as_str(&self) -> &'static str {
+        self.label().as_str()
     }
 }
 

@@ -388,9 +388,32 @@ impl Ledger {
     /// The worst open tool span of `runner` at `now`: highest elapsed / SLA; inferred
     /// entries never count (docs/design.md, SLA and staleness).
     pub fn worst_for(&self, runner: &str, now: Instant, staleness: Duration) -> Option<WorstView> {
+        self.worst_where(runner, now, staleness, |_| true)
+    }
+
+    /// [`Ledger::worst_for`] among the spans first seen after `after` only: what a HALF_OPEN
+    /// probe is judged against, since the spans from before the trip belong to the tripped
+    /// process and close with the breaker (docs/design.md, Fusion and breakers).
+    pub fn worst_first_seen_after(
+        &self,
+        runner: &str,
+        after: Instant,
+        now: Instant,
+        staleness: Duration,
+    ) -> Option<WorstView> {
+        self.worst_where(runner, now, staleness, |e| e.first_seen > after)
+    }
+
+    fn worst_where(
+        &self,
+        runner: &str,
+        now: Instant,
+        staleness: Duration,
+        keep: impl Fn(&Entry) -> bool,
+    ) -> Option<WorstView> {
         let mut best: Option<(f64, &Entry, Duration)> = None;
         for k in self.by_runner.get(runner)? {
-            let Some(e) = self.entries.get(k) else {
+            let Some(e) = self.entries.get(k).filter(|e| keep(e)) else {
                 continue;
             };
             let (Some(sla), false) = (e.sla, e.inferred) else {

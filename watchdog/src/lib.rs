@@ -19,6 +19,7 @@ mod handle;
 pub mod heartbeat;
 pub mod ledger;
 mod runner;
+mod schedule;
 pub mod shapes;
 pub mod sla;
 pub mod stats;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use stallwatch_storage::control::{BreakerState, RunnerLifecycle};
+use stallwatch_storage::labels::HeartbeatLabel;
 
 use crate::breaker::{Breaker, Transition};
 use crate::config::WatchdogConfig;
@@ -59,7 +60,13 @@ pub(crate) struct Runner {
     /// Since when it is *stopping* (said goodbye, or its termination began): never tripped
     /// for the missing heartbeat, tripped only past `stopping_timeout`.
     pub(crate) stopping_since: Option<Instant>,
+    /// The pids of its processes that restarts replaced (newest last, at most
+    /// [`PAST_PIDS`]): a span that arrives late from one of them belongs to a dead process.
+    pub(crate) past_pids: Vec<u32>,
 }
+
+/// How many replaced pids a runner remembers.
+pub(crate) const PAST_PIDS: usize = 8;
 
 /// What a board line shows, compared cheaply to decide whether to republish.
 pub(crate) type BoardCode = (
@@ -134,6 +141,16 @@ impl Runner {
                 RunnerLifecycle::Running
             },
             stopping_since: None,
+            past_pids: Vec::new(),
+        }
+    }
+
+    /// Remembers `pid` as a process of this runner that a restart replaced.
+    pub(crate) fn remember_past_pid(&mut self, pid: u32) {
+        self.past_pids.retain(|p| *p != pid);
+        self.past_pids.push(pid);
+        if self.past_pids.len() > PAST_PIDS {
+            self.past_pids.remove(0);
         }
     }
 
@@ -154,20 +171,18 @@ impl Runner {
         )
     }
 
-    pub(crate) fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> String {
+    /// The board's heartbeat label: `not_running` once its process is gone, the socket
+    /// problem or latest ping failure when there is one, else the heartbeat state.
+    pub(crate) fn heartbeat_label(&self, now: Instant, cfg: &WatchdogConfig) -> HeartbeatLabel {
         if self.dead {
-            return "not_running".to_string();
+            return HeartbeatLabel::NotRunning;
         }
-        if let Some(p) = &self.socket_problem {
-            return p.as_str().to_string();
-        }
-        if let Some(f) = self.hb.current_failure() {
-            return f.as_str().to_string();
+        if let Some(p) = self.socket_problem.as_ref().or(self.hb.current_failure()) {
+            return p.label();
         }
         self.hb
             .state(now, cfg.heartbeat_timeout, cfg.startup_grace)
-            .as_str()
-            .to_string()
+            .label()
     }
 
     /// The pure per-runner step: what an evaluation at `now` decides for this runner
@@ -290,6 +305,45 @@ fn stopping_verdict(now: Instant, limit: Instant) -> Fused {
     }
 }
 
+/// The verdict on a HALF_OPEN probe (`docs/design.md`, Fusion and breakers): `Ok` closes
+/// the breaker, `Err(why)` opens it again. `answer` is the probe's own result (a PONG, or
+/// for a runner without a heartbeat socket a restart since the trip; `Err` names why not);
+/// `heartbeat` is what that answer makes the heartbeat (`ok`, or `not_configured`); `worst`
+/// is the runner's worst open tool span first seen *after* the trip (the spans from before
+/// belong to the tripped process and close with the breaker). An answer closes the breaker
+/// only if fusion would not trip the runner at once with it: a PONG from a runner whose
+/// tool span is already over its SLA (a restarted runner that stalled again while its
+/// breaker was OPEN and unpinged) is no recovery, and closing would only re-open within a
+/// tick.
+pub(crate) fn probe_outcome(
+    answer: Result<(), String>,
+    heartbeat: HeartbeatState,
+    worst: Option<&WorstView>,
+    now: Instant,
+    suspect_cap: Duration,
+) -> Result<(), String> {
+    answer?;
+    let facts = worst.map(|w| SpanFacts {
+        elapsed: w.elapsed,
+        sla: w.sla,
+        stale: w.stale,
+    });
+    let f = fuse(heartbeat, facts, now, suspect_cap);
+    match worst {
+        Some(w) if f.trip => Err(format!(
+            "the probe was answered but tool span {} is {}: {} ms, SLA {} ms",
+            w.tool,
+            match f.cause {
+                Cause::StaleSpan => "stale",
+                _ => "over its SLA",
+            },
+            w.elapsed.as_millis(),
+            w.sla.as_millis()
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn heartbeat_socket_usable(p: &Option<PathBuf>) -> bool {
     p.as_deref().is_some_and(|p| check_path(p).is_ok())
 }
@@ -367,6 +421,70 @@ mod tests {
                 None => base,
             };
             t > deadline
+        }
+    }
+
+    fn worst(elapsed: u64, sla: u64, stale: bool) -> WorstView {
+        WorstView {
+            key: SpanKey {
+                trace_id: stallwatch_storage::model::TraceId([1; 16]),
+                span_id: stallwatch_storage::model::SpanId([2; 8]),
+            },
+            tool: "run_notebook".into(),
+            elapsed: Duration::from_millis(elapsed),
+            sla: Duration::from_millis(sla),
+            stale,
+            since_last_seen: Duration::ZERO,
+        }
+    }
+
+    /// Healthy case next to the stalled one (issue 10 #5): a PONG with no span, or with a
+    /// span within its SLA, closes the breaker; a PONG while a tool span opened after the
+    /// trip is over its SLA does not, and the reason names the span.
+    #[test]
+    fn probe_closes_only_when_the_answer_would_not_trip_at_once() {
+        let now = Instant::now();
+        let cap = Duration::from_secs(30);
+        let ok = HeartbeatState::Ok;
+        assert_eq!(probe_outcome(Ok(()), ok, None, now, cap), Ok(()));
+        let within = worst(1500, 2000, false);
+        assert_eq!(probe_outcome(Ok(()), ok, Some(&within), now, cap), Ok(()));
+        let over = worst(2500, 2000, false);
+        let why = probe_outcome(Ok(()), ok, Some(&over), now, cap).unwrap_err();
+        assert!(
+            why.contains("run_notebook") && why.contains("over its SLA"),
+            "{why}"
+        );
+        // a stale span trips only a runner without a heartbeat (the fusion table)
+        let stale = worst(100, 2000, true);
+        assert_eq!(probe_outcome(Ok(()), ok, Some(&stale), now, cap), Ok(()));
+        let nc = HeartbeatState::NotConfigured;
+        let why = probe_outcome(Ok(()), nc, Some(&stale), now, cap).unwrap_err();
+        assert!(why.contains("stale"), "{why}");
+        assert_eq!(
+            probe_outcome(Err("timeout".into()), ok, None, now, cap),
+            Err("timeout".into())
+        );
+    }
+
+    proptest! {
+        /// The probe closes the breaker exactly when it was answered and fusion, with that
+        /// answer, would not trip: never CLOSED followed by a trip within the same instant.
+        #[test]
+        fn probe_outcome_agrees_with_fusion(
+            answered in any::<bool>(),
+            configured in any::<bool>(),
+            span in proptest::option::of((0u64..5000, 1u64..4000, any::<bool>())),
+        ) {
+            let now = Instant::now();
+            let cap = Duration::from_secs(30);
+            let hb = if configured { HeartbeatState::Ok } else { HeartbeatState::NotConfigured };
+            let w = span.map(|(e, s, st)| worst(e, s, st));
+            let answer = if answered { Ok(()) } else { Err("no".to_string()) };
+            let out = probe_outcome(answer, hb, w.as_ref(), now, cap);
+            let facts = w.as_ref().map(|w| SpanFacts { elapsed: w.elapsed, sla: w.sla, stale: w.stale });
+            let trips = fuse(hb, facts, now, cap).trip;
+            prop_assert_eq!(out.is_ok(), answered && !trips);
         }
     }
 

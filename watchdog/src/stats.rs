@@ -2,9 +2,9 @@
 //! [`stallwatch_storage::MetricsSource`]. One place counts each thing (STYLE, internal
 //! telemetry); names follow `stallwatch_<name>_<unit>_total` with closed label sets.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use stallwatch_storage::prometheus::{counter, family, gauge, Kind};
 use stallwatch_storage::MetricsSource;
 
 use crate::fusion::Verdict;
@@ -62,17 +62,6 @@ impl WatchdogStats {
     }
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-    );
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-}
-
 impl MetricsSource for WatchdogStats {
     fn render_prometheus(&self, out: &mut String) {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -88,16 +77,16 @@ impl MetricsSource for WatchdogStats {
             "Heartbeat PONGs received.",
             g(&self.heartbeats_ok),
         );
-        let name = "stallwatch_watchdog_heartbeats_failed_total";
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# HELP {name} Heartbeat pings that failed, by reason.\n# TYPE {name} counter"
+            "stallwatch_watchdog_heartbeats_failed_total",
+            Kind::Counter,
+            "Heartbeat pings that failed, by reason.",
         );
         for (i, reason) in HeartbeatFailure::NAMES.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}{{reason=\"{reason}\"}} {}",
-                g(&self.heartbeats_failed[i])
+            f.sample(
+                &[("reason", reason.as_str())],
+                g(&self.heartbeats_failed[i]),
             );
         }
         counter(
@@ -106,18 +95,14 @@ impl MetricsSource for WatchdogStats {
             "Breaker trips (CLOSED to OPEN).",
             g(&self.trips),
         );
-        let name = "stallwatch_watchdog_verdicts_total";
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# HELP {name} Runners entering a verdict.\n# TYPE {name} counter"
+            "stallwatch_watchdog_verdicts_total",
+            Kind::Counter,
+            "Runners entering a verdict.",
         );
         for v in Verdict::ALL {
-            let _ = writeln!(
-                out,
-                "{name}{{verdict=\"{}\"}} {}",
-                v.as_str(),
-                g(&self.verdicts[v.index()])
-            );
+            f.sample(&[("verdict", v.as_str())], g(&self.verdicts[v.index()]));
         }
         counter(
             out,
@@ -149,17 +134,16 @@ impl MetricsSource for WatchdogStats {
             "Incidents that could not be recorded.",
             g(&self.incident_errors),
         );
-        let name = "stallwatch_ledger_records_skipped_total";
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# HELP {name} Open-span records (span.state log records) the ledger skipped, by reason.\n# TYPE {name} counter"
+            "stallwatch_ledger_records_skipped_total",
+            Kind::Counter,
+            "Open-span records (span.state log records) the ledger skipped, by reason.",
         );
         for r in SkipReason::ALL {
-            let _ = writeln!(
-                out,
-                "{name}{{reason=\"{}\"}} {}",
-                r.as_str(),
-                g(&self.ledger_skipped[r.index()])
+            f.sample(
+                &[("reason", r.as_str())],
+                g(&self.ledger_skipped[r.index()]),
             );
         }
         counter(

@@ -1,11 +1,11 @@
 //! The forwarder's counters for `GET /metrics` (`stallwatch_forward_*`, Prometheus text).
 //! Counters count since this process started; lifetime totals live in `forward_cursor`.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use stallwatch_storage::forward::Signal;
+use stallwatch_storage::prometheus::{counter, family, gauge, Kind};
 use stallwatch_storage::MetricsSource;
 
 /// Why items were given up on; the `reason` label of `stallwatch_forward_dropped_items_total`.
@@ -126,112 +126,97 @@ impl ForwardStats {
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 impl MetricsSource for ForwardStats {
     fn render_prometheus(&self, out: &mut String) {
         let per_signal =
-            |out: &mut String, name: &str, kind: &str, help: &str, v: &[AtomicU64; 3]| {
-                let _ = writeln!(out, "# HELP {name} {help}");
-                let _ = writeln!(out, "# TYPE {name} {kind}");
+            |out: &mut String, name: &str, kind: Kind, help: &str, v: &[AtomicU64; 3]| {
+                let mut f = family(out, name, kind, help);
                 for s in Signal::ALL {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{signal=\"{}\"}} {}",
-                        s.as_str(),
-                        v[si(s)].load(Ordering::Relaxed)
-                    );
+                    f.sample(&[("signal", s.as_str())], v[si(s)].load(Ordering::Relaxed));
                 }
             };
         per_signal(
             out,
             "stallwatch_forward_sent_items_total",
-            "counter",
+            Kind::Counter,
             "Spans, log records and metric points the upstream acknowledged.",
             &self.sent,
         );
         per_signal(
             out,
             "stallwatch_forward_requests_total",
-            "counter",
+            Kind::Counter,
             "Export requests the upstream acknowledged.",
             &self.requests,
         );
         per_signal(
             out,
             "stallwatch_forward_lost_rows_total",
-            "counter",
+            Kind::Counter,
             "Stored rows deleted by retention before they were forwarded.",
             &self.lost_rows,
         );
         per_signal(
             out,
             "stallwatch_forward_backlog_rows",
-            "gauge",
+            Kind::Gauge,
             "Stored rows not yet acknowledged by the upstream.",
             &self.backlog_rows,
         );
         per_signal(
             out,
             "stallwatch_forward_backlog_items",
-            "gauge",
+            Kind::Gauge,
             "Spans, log records and metric points not yet acknowledged by the upstream.",
             &self.backlog_items,
         );
         per_signal(
             out,
             "stallwatch_forward_backlog_bytes",
-            "gauge",
+            Kind::Gauge,
             "Stored payload bytes not yet acknowledged by the upstream.",
             &self.backlog_bytes,
         );
-        let name = "stallwatch_forward_dropped_items_total";
-        let _ = writeln!(out, "# HELP {name} Items given up on, never sent upstream.");
-        let _ = writeln!(out, "# TYPE {name} counter");
+        let mut f = family(
+            out,
+            "stallwatch_forward_dropped_items_total",
+            Kind::Counter,
+            "Items given up on, never sent upstream.",
+        );
         for s in Signal::ALL {
             for r in DropReason::ALL {
-                let _ = writeln!(
-                    out,
-                    "{name}{{signal=\"{}\",reason=\"{}\"}} {}",
-                    s.as_str(),
-                    r.as_str(),
-                    self.dropped[si(s)][ri(r)].load(Ordering::Relaxed)
+                f.sample(
+                    &[("signal", s.as_str()), ("reason", r.as_str())],
+                    self.dropped[si(s)][ri(r)].load(Ordering::Relaxed),
                 );
             }
         }
-        let _ = writeln!(
+        counter(
             out,
-            "# HELP stallwatch_forward_retries_total Retryable upstream failures."
+            "stallwatch_forward_retries_total",
+            "Retryable upstream failures.",
+            self.retries(),
         );
-        let _ = writeln!(out, "# TYPE stallwatch_forward_retries_total counter");
-        let _ = writeln!(out, "stallwatch_forward_retries_total {}", self.retries());
         let at = self.last_error_unix_s.load(Ordering::Relaxed);
-        let _ = writeln!(out, "# HELP stallwatch_forward_last_error_timestamp_seconds When the last upstream error happened (0: none).");
-        let _ = writeln!(
+        gauge(
             out,
-            "# TYPE stallwatch_forward_last_error_timestamp_seconds gauge"
+            "stallwatch_forward_last_error_timestamp_seconds",
+            "When the last upstream error happened (0: none).",
+            at,
         );
-        let _ = writeln!(out, "stallwatch_forward_last_error_timestamp_seconds {at}");
         if at != 0 {
             let text = self
                 .last_error
                 .lock()
                 .map(|e| e.clone())
                 .unwrap_or_default();
-            let _ = writeln!(
+            family(
                 out,
-                "# HELP stallwatch_forward_last_error_info The last upstream error."
-            );
-            let _ = writeln!(out, "# TYPE stallwatch_forward_last_error_info gauge");
-            let _ = writeln!(
-                out,
-                "stallwatch_forward_last_error_info{{error=\"{}\"}} 1",
-                escape(&text)
-            );
+                "stallwatch_forward_last_error_info",
+                Kind::Gauge,
+                "The last upstream error.",
+            )
+            .sample(&[("error", &text)], 1);
         }
     }
 }

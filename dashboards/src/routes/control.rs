@@ -58,12 +58,43 @@ impl FromRequestParts<Shared> for Authorized {
     }
 }
 
-fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, DashboardError> {
-    body.map(|Json(v)| v)
-        .map_err(|e| DashboardError::BadRequest {
-            code: "invalid_body",
-            message: e.body_text(),
-        })
+/// Largest control request body, bytes: 2 MiB (axum's default body limit, named here so
+/// the 413 answer can say it). Applied to the whole router in [`crate::app()`].
+pub const MAX_CONTROL_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// The body as `T`. Over [`MAX_CONTROL_BODY_BYTES`]: 413 naming the limit. Not a JSON
+/// object: 400 saying what object was expected (`expected`, e.g. `a runner {"id", ...}`),
+/// not serde's Rust type name. Otherwise serde's message, which names the field.
+fn json_body<T: serde::de::DeserializeOwned>(
+    body: Result<Json<serde_json::Value>, JsonRejection>,
+    expected: &str,
+) -> Result<T, DashboardError> {
+    let bad = |message: String| DashboardError::BadRequest {
+        code: "invalid_body",
+        message,
+    };
+    let value = match body {
+        Ok(Json(v)) => v,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(DashboardError::BodyTooLarge {
+                limit: MAX_CONTROL_BODY_BYTES,
+            })
+        }
+        Err(e) => return Err(bad(e.body_text())),
+    };
+    let kind = match &value {
+        serde_json::Value::Object(_) => {
+            return serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+        }
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Null => "null",
+    };
+    Err(bad(format!(
+        "the body must be a JSON object, {expected}; got {kind}"
+    )))
 }
 
 fn check_runner_id(id: &str) -> Result<(), DashboardError> {
@@ -120,9 +151,12 @@ async fn ask<T: Serialize, E: Into<DashboardError>>(
 pub(crate) async fn register_runner(
     _auth: Authorized,
     State(ctx): State<Shared>,
-    body: Result<Json<RunnerSpec>, JsonRejection>,
+    body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> Result<Response, DashboardError> {
-    let spec = json_body(body)?;
+    let spec: RunnerSpec = json_body(
+        body,
+        r#"a runner {"id": "...", "spawn": {"argv": [...]}} or {"id": "...", "attach": {"pid": N}}"#,
+    )?;
     check_runner_id(&spec.id)?;
     match (&spec.spawn, &spec.attach) {
         (Some(s), None) if s.argv.is_empty() || s.argv[0].is_empty() => {
@@ -192,12 +226,15 @@ pub(crate) struct NewCheckpoint {
 pub(crate) async fn create_checkpoint(
     _auth: Authorized,
     State(ctx): State<Shared>,
-    body: Result<Json<NewCheckpoint>, JsonRejection>,
+    body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> Result<Response, DashboardError> {
     let NewCheckpoint {
         runner_id,
         workspace,
-    } = json_body(body)?;
+    } = json_body(
+        body,
+        r#"a checkpoint request {"runner_id": "...", "workspace": "/absolute/path"}"#,
+    )?;
     check_runner_id(&runner_id)?;
     if !workspace.is_absolute() {
         return Err(DashboardError::BadRequest {

@@ -19,6 +19,7 @@ mod runners;
 mod traces;
 mod ui;
 
+pub use control::MAX_CONTROL_BODY_BYTES;
 pub use ui::OPENAPI;
 
 /// Every routed path under `/api/v1` (axum syntax), for the OpenAPI completeness test.

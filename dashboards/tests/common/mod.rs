@@ -311,7 +311,7 @@ pub fn board() -> RunnerBoard {
             verdict: "healthy".into(),
             reason: String::new(),
             retry_after_ms: None,
-            heartbeat: "ok".into(),
+            heartbeat: stallwatch_storage::labels::HeartbeatLabel::Ok,
             heartbeat_rtt_us: vec![(1_767_225_600_000, 180), (1_767_225_602_000, 240)],
             worst_span: Some(WorstSpan {
                 trace_id: tid(TRACE_A),
@@ -334,7 +334,7 @@ pub fn board() -> RunnerBoard {
             verdict: "tool_overrun".into(),
             reason: "tool span fit_model over its SLA of 60000 ms".into(),
             retry_after_ms: Some(12_500),
-            heartbeat: "ok".into(),
+            heartbeat: stallwatch_storage::labels::HeartbeatLabel::Ok,
             heartbeat_rtt_us: vec![],
             worst_span: None,
         },

@@ -157,6 +157,16 @@ pub struct Checkpoints {
     data_dir: Option<PathBuf>,
 }
 
+/// How [`for_each_active`](Checkpoints::for_each_active) settles each active checkpoint.
+#[derive(Clone, Copy)]
+enum Settle<'a> {
+    /// Start-up recovery: `committing` rolled forward, `rolling_back` finished, `open` left
+    /// for its runner.
+    Recover,
+    /// A runner's end: `committing` rolled forward, the rest rolled back for `reason`.
+    Runner { reason: &'a str },
+}
+
 impl Checkpoints {
     /// Builds the manager.
     pub fn new(storage: Storage, events: EventBus, stats: Arc<ReaperStats>) -> Self {
@@ -517,37 +527,7 @@ impl Checkpoints {
     /// it had not reached it) and every `rolling_back` one finished, whether or not its
     /// runner lives. Answers the ids settled and the errors met.
     pub async fn recover(&self, batch: usize) -> (Vec<String>, Vec<String>) {
-        let (mut done, mut errors) = (Vec::new(), Vec::new());
-        let mut after = String::new();
-        loop {
-            let rows = match self
-                .storage
-                .active_checkpoints(None, after.clone(), batch)
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    errors.push(format!("listing checkpoints: {e}"));
-                    break;
-                }
-            };
-            let Some(last) = rows.last() else { break };
-            after = last.id.clone();
-            for row in rows {
-                let r = match row.state {
-                    CheckpointState::Committing => self.roll_forward(&row.id).await,
-                    CheckpointState::RollingBack => {
-                        self.finish_rollback(&row, "interrupted by a restart").await
-                    }
-                    _ => continue,
-                };
-                match r {
-                    Ok(_) => done.push(row.id),
-                    Err(e) => errors.push(format!("checkpoint {}: {e}", row.id)),
-                }
-            }
-        }
-        (done, errors)
+        self.for_each_active(None, batch, Settle::Recover).await
     }
 
     /// Settles every active checkpoint of `runner_id` (or of every runner): `open` ones are
@@ -558,6 +538,21 @@ impl Checkpoints {
         runner_id: Option<&str>,
         reason: &str,
         batch: usize,
+    ) -> (Vec<String>, Vec<String>) {
+        self.for_each_active(runner_id, batch, Settle::Runner { reason })
+            .await
+    }
+
+    /// Pages through the active checkpoints of `runner_id` (or of every runner), `batch`
+    /// rows at a time in id order, and settles each as `how` says. Answers the ids settled
+    /// and the errors met: a failed row is named and the loop goes on; a failed listing
+    /// ends it. (An enum rather than a closure: the futures stay `Send` for the reaper's
+    /// spawned tasks.)
+    async fn for_each_active(
+        &self,
+        runner_id: Option<&str>,
+        batch: usize,
+        how: Settle<'_>,
     ) -> (Vec<String>, Vec<String>) {
         let (mut done, mut errors) = (Vec::new(), Vec::new());
         let mut after = String::new();
@@ -576,9 +571,13 @@ impl Checkpoints {
             let Some(last) = rows.last() else { break };
             after = last.id.clone();
             for row in rows {
-                let r = match row.state {
-                    CheckpointState::Committing => self.roll_forward(&row.id).await,
-                    _ => self.rollback(&row.id, reason).await,
+                let r = match (how, row.state) {
+                    (_, CheckpointState::Committing) => self.roll_forward(&row.id).await,
+                    (Settle::Recover, CheckpointState::RollingBack) => {
+                        self.finish_rollback(&row, "interrupted by a restart").await
+                    }
+                    (Settle::Recover, _) => continue,
+                    (Settle::Runner { reason }, _) => self.rollback(&row.id, reason).await,
                 };
                 match r {
                     Ok(_) => done.push(row.id),

@@ -234,11 +234,13 @@ async fn c22_pid_reuse_in_a_pid_namespace() {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !(root && unshare) {
-        eprintln!(
+    if !stallwatch_testkit::require(
+        root && unshare,
+        &format!(
             "C22: PID namespace unavailable (root: {root}, unshare works: {unshare}); \
              covered by c22_forged_start_time_is_never_signalled instead"
-        );
+        ),
+    ) {
         return;
     }
     let exe = std::env::current_exe().unwrap();

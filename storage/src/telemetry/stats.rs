@@ -4,10 +4,10 @@
 //! it committed, the async entry points count what they refused. Names follow
 //! `stallwatch_<name>_<unit>_total`.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::prometheus::{counter, family, gauge, Kind};
 use crate::MetricsSource;
 
 /// Upper bounds of the commit latency histogram buckets, seconds.
@@ -144,12 +144,6 @@ impl TelemetryStats {
     }
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    let _ = writeln!(out, "{name} {v}");
-}
-
 impl MetricsSource for TelemetryStats {
     fn render_prometheus(&self, out: &mut String) {
         counter(
@@ -194,51 +188,44 @@ impl MetricsSource for TelemetryStats {
             "Span batches deleted by retention.",
             self.retention_batches_deleted.load(Ordering::Relaxed),
         );
-        let name = "stallwatch_storage_writes_refused_total";
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# HELP {name} Telemetry export requests refused, by reason."
+            "stallwatch_storage_writes_refused_total",
+            Kind::Counter,
+            "Telemetry export requests refused, by reason.",
         );
-        let _ = writeln!(out, "# TYPE {name} counter");
         for r in RefusedReason::ALL {
-            let _ = writeln!(
-                out,
-                "{name}{{reason=\"{}\"}} {}",
-                r.as_str(),
-                self.refused(r)
-            );
+            f.sample(&[("reason", r.as_str())], self.refused(r));
         }
-        let name = "stallwatch_storage_queue_depth_requests";
-        let _ = writeln!(
+        gauge(
             out,
-            "# HELP {name} Export requests waiting for the telemetry writer."
+            "stallwatch_storage_queue_depth_requests",
+            "Export requests waiting for the telemetry writer.",
+            self.queue_depth(),
         );
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        let _ = writeln!(out, "{name} {}", self.queue_depth());
-        let name = "stallwatch_storage_db_used_bytes";
-        let _ = writeln!(
+        gauge(
             out,
-            "# HELP {name} Database bytes in use after the last commit."
+            "stallwatch_storage_db_used_bytes",
+            "Database bytes in use after the last commit.",
+            self.db_used_bytes(),
         );
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        let _ = writeln!(out, "{name} {}", self.db_used_bytes());
-        let name = "stallwatch_storage_commit_duration_seconds";
-        let _ = writeln!(
+        let mut f = family(
             out,
-            "# HELP {name} Time from BEGIN IMMEDIATE to the end of COMMIT of a group commit."
+            "stallwatch_storage_commit_duration_seconds",
+            Kind::Histogram,
+            "Time from BEGIN IMMEDIATE to the end of COMMIT of a group commit.",
         );
-        let _ = writeln!(out, "# TYPE {name} histogram");
         for (i, b) in COMMIT_BUCKETS_SECONDS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                self.commit_buckets[i].load(Ordering::Relaxed)
+            f.suffixed(
+                "_bucket",
+                &[("le", &b.to_string())],
+                self.commit_buckets[i].load(Ordering::Relaxed),
             );
         }
         let count = self.commits();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
         let sum = self.commit_seconds_sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {count}");
+        f.suffixed("_bucket", &[("le", "+Inf")], count)
+            .suffixed("_sum", &[], sum)
+            .suffixed("_count", &[], count);
     }
 }

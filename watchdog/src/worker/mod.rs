@@ -1,0 +1,480 @@
+//! The watchdog task: moves messages around the pure cores and does nothing else.
+//!
+//! One task owns the open-span ledger, every runner's heartbeat tracker, verdict and
+//! breaker. It reads committed telemetry ([`Observation`]) and lifecycle notices
+//! ([`RunnerChange`]), starts pings as futures in a `JoinSet` (thousands of runners on the
+//! runtime's few threads), and every `tick` evaluates each runner: fusion, breaker moves,
+//! probes. Side effects leave through two helper tasks so the loop never waits on a disk:
+//! the *effects* task records each incident through [`EventBus::publish`] and only then
+//! sends the [`Trip`] (an incident is written before anything acts on it), and the
+//! *persister* task writes ledger changes in batches (one control transaction per batch).
+//! The watchdog never sends a signal and never touches a workspace file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use stallwatch_storage::control::{
+    BreakerState, Observation, ObservedData, RunnerBoard, RunnerChange, RunnerLifecycle,
+    RunnerStatus, Trip, WorstSpan,
+};
+use stallwatch_storage::ledger::LedgerWrite;
+use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
+use stallwatch_storage::{EventBus, Storage};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::breaker::{Breaker, Transition};
+use crate::clock::MonoClock;
+use crate::config::WatchdogConfig;
+use crate::effects::{run_effects, run_persister, Effect, EFFECTS_CAPACITY, PERSIST_CAPACITY};
+use crate::error::WatchdogError;
+use crate::fusion::{Cause, Verdict};
+use crate::handle::Command;
+pub use crate::handle::WatchdogHandle;
+use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState};
+use crate::ledger::{Applied, Ledger, WorstView};
+use crate::runner::{
+    heartbeat_socket_usable, probe_outcome, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY,
+    HEALTHY, MAX_IDLE, STARVED_GAP,
+};
+use crate::schedule::Schedule;
+use crate::shapes::{self, Record, SpanKey};
+use crate::stats::WatchdogStats;
+
+mod incidents;
+mod lifecycle;
+
+/// Bound of the handle's command queue.
+const COMMAND_CAPACITY: usize = 64;
+
+/// The watchdog: see the module docs. Start it with [`Watchdog::start`].
+pub struct Watchdog;
+
+struct PingDone {
+    runner: String,
+    incarnation: u64,
+    sent: Instant,
+    probe: Option<u64>,
+    result: Result<Duration, HeartbeatFailure>,
+}
+
+struct Worker {
+    cfg: WatchdogConfig,
+    ledger: Ledger,
+    clock: MonoClock,
+    runners: BTreeMap<String, Runner>,
+    pids: HashMap<u32, String>,
+    pings: JoinSet<PingDone>,
+    effects: mpsc::Sender<Effect>,
+    persist: mpsc::Sender<Vec<LedgerWrite>>,
+    board: watch::Sender<RunnerBoard>,
+    breakers: Arc<RwLock<HashMap<String, Breaker>>>,
+    stats: Arc<WatchdogStats>,
+    records: Vec<Record>,
+    last_board: Instant,
+    max_in_flight: u32,
+    /// When the loop next wakes, and whether that wake is a full pass.
+    sched: Schedule,
+    /// When `evaluate` last ran (to notice our own task being starved).
+    last_eval: Instant,
+    /// When the last `sidecar.degraded` incident was raised.
+    degraded_at: Option<Instant>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog on the current tokio runtime.
+    ///
+    /// Inputs: committed telemetry (`observations`, from the collector after storage),
+    /// runner lifecycle notices (`runner_changes`), and `shutdown`. Outputs: `trips` to the
+    /// reaper (each sent after its `breaker.opened` incident is recorded through `events`),
+    /// the board (through the handle), and ledger rows in `storage`. The task first reloads
+    /// the durable ledger, then runs until `shutdown` is cancelled or both input channels
+    /// close; on the way out it writes pending ledger changes and incidents.
+    pub fn start(
+        config: WatchdogConfig,
+        storage: Storage,
+        events: EventBus,
+        observations: mpsc::Receiver<Observation>,
+        runner_changes: mpsc::Receiver<RunnerChange>,
+        trips: mpsc::Sender<Trip>,
+        shutdown: CancellationToken,
+    ) -> (WatchdogHandle, JoinHandle<()>) {
+        let stats = Arc::new(WatchdogStats::default());
+        let (board_tx, board_rx) = watch::channel(RunnerBoard::default());
+        let breakers = Arc::new(RwLock::new(HashMap::new()));
+        let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
+        let handle = WatchdogHandle {
+            board: board_rx,
+            breakers: breakers.clone(),
+            commands: cmd_tx,
+            stats: stats.clone(),
+        };
+        let join = tokio::spawn(async move {
+            let (effects_tx, effects_rx) = mpsc::channel(EFFECTS_CAPACITY);
+            let (persist_tx, persist_rx) = mpsc::channel(PERSIST_CAPACITY);
+            let effects_task = tokio::spawn(run_effects(events, trips, effects_rx, stats.clone()));
+            let persist_task =
+                tokio::spawn(run_persister(storage.clone(), persist_rx, stats.clone()));
+            let clock = MonoClock::new();
+            let mut ledger = Ledger::new();
+            match storage.ledger_load().await {
+                Ok(rows) => ledger.load(rows, &clock, Instant::now()),
+                Err(e) => tracing::error!("open-span ledger not reloaded: {e}"),
+            }
+            let per = config.heartbeat_interval.as_nanos().max(1);
+            let max_in_flight = (config.heartbeat_timeout.as_nanos().div_ceil(per) + 1) as u32;
+            let config_tick = config.tick;
+            let mut w = Worker {
+                cfg: config,
+                ledger,
+                clock,
+                runners: BTreeMap::new(),
+                pids: HashMap::new(),
+                pings: JoinSet::new(),
+                effects: effects_tx,
+                persist: persist_tx,
+                board: board_tx,
+                breakers,
+                stats,
+                records: Vec::new(),
+                last_board: Instant::now(),
+                max_in_flight,
+                sched: Schedule::new(Instant::now(), config_tick),
+                last_eval: Instant::now(),
+                degraded_at: None,
+            };
+            w.stats
+                .ledger_open_spans
+                .store(w.ledger.len() as u64, Ordering::Relaxed);
+            w.run(observations, runner_changes, cmd_rx, shutdown).await;
+            w.flush_ledger(true).await;
+            drop(w);
+            let _ = effects_task.await;
+            let _ = persist_task.await;
+        });
+        (handle, join)
+    }
+}
+
+impl Worker {
+    async fn run(
+        &mut self,
+        mut observations: mpsc::Receiver<Observation>,
+        mut changes: mpsc::Receiver<RunnerChange>,
+        mut commands: mpsc::Receiver<Command>,
+        shutdown: CancellationToken,
+    ) {
+        let (mut obs_open, mut changes_open) = (true, true);
+        let wake = tokio::time::sleep_until(self.sched.next_wake.into());
+        tokio::pin!(wake);
+        let mut armed = self.sched.next_wake;
+        loop {
+            if armed != self.sched.next_wake {
+                armed = self.sched.next_wake;
+                wake.as_mut().reset(armed.into());
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(cmd) = commands.recv() => self.command(cmd).await,
+                ch = changes.recv(), if changes_open => match ch {
+                    Some(ch) => self.runner_change(ch).await,
+                    None => changes_open = false,
+                },
+                Some(done) = self.pings.join_next(), if !self.pings.is_empty() => {
+                    if let Ok(done) = done {
+                        self.ping_done(done).await;
+                    }
+                }
+                _ = &mut wake => {
+                    self.evaluate(Instant::now()).await;
+                    // force a re-arm even when the computed instant is unchanged
+                    armed = self.sched.next_wake + Duration::from_nanos(1);
+                }
+                o = observations.recv(), if obs_open => match o {
+                    Some(o) => {
+                        self.observe(o);
+                        self.want_full();
+                    }
+                    None => obs_open = false,
+                },
+            }
+            if !obs_open && !changes_open {
+                break;
+            }
+        }
+    }
+
+    fn observe(&mut self, obs: Observation) {
+        self.stats.observations.fetch_add(1, Ordering::Relaxed);
+        let mut records = std::mem::take(&mut self.records);
+        records.clear();
+        match &obs.data {
+            ObservedData::Spans(b) => shapes::from_traces(b, &mut records),
+            ObservedData::Logs(b) => {
+                let stats = &self.stats;
+                shapes::from_logs(b, &mut records, &mut |r| stats.skipped(r))
+            }
+        }
+        if !records.is_empty() {
+            let age = Instant::now().saturating_duration_since(obs.received);
+            let unix = now_unix_nano().saturating_sub(age.as_nanos() as u64);
+            let pids = &self.pids;
+            let lookup = |p: u32| pids.get(&p).cloned();
+            let mut changed = 0u64;
+            let mut opened = Vec::new();
+            for r in &records {
+                match self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup) {
+                    Applied::Ignored => {}
+                    Applied::Opened => {
+                        changed += 1;
+                        if let Record::Open(rec) = r {
+                            opened.push((rec.key, rec.pid));
+                        }
+                    }
+                    _ => changed += 1,
+                }
+            }
+            for (key, pid) in opened {
+                self.drop_if_from_dead_process(key, pid);
+            }
+            self.stats
+                .ledger_records
+                .fetch_add(changed, Ordering::Relaxed);
+            self.stats
+                .ledger_open_spans
+                .store(self.ledger.len() as u64, Ordering::Relaxed);
+        }
+        self.records = records;
+    }
+
+    /// A span that arrives after its runner was restarted, from the process the restart
+    /// replaced (its `process.pid` is a past pid of the runner), belongs to a dead process:
+    /// it is closed at once, like the spans the restart closed (`docs/design.md`, Fusion and
+    /// breakers). Without this a late export of the stalled span would re-open the breaker
+    /// as soon as the restarted runner's probe closed it.
+    fn drop_if_from_dead_process(&mut self, key: SpanKey, pid: Option<u32>) {
+        let Some(pid) = pid else { return };
+        let dead = self
+            .ledger
+            .get(&key)
+            .and_then(|e| e.runner.as_ref())
+            .and_then(|id| self.runners.get(id))
+            .is_some_and(|r| r.pid != Some(pid) && r.past_pids.contains(&pid));
+        if dead {
+            self.ledger.close(key);
+        }
+    }
+
+    /// The ledger changed outside an observation: count it and write it out now, so
+    /// `/api/v1/open-spans` follows within one persister round trip.
+    fn ledger_changed(&mut self) {
+        self.stats
+            .ledger_open_spans
+            .store(self.ledger.len() as u64, Ordering::Relaxed);
+        if self.ledger.dirty_len() > 0 {
+            if let Ok(permit) = self.persist.try_reserve() {
+                permit.send(self.ledger.take_writes(&self.clock));
+            }
+        }
+    }
+
+    /// A runner said goodbye (or removed its socket with no tool span open): it becomes
+    /// *stopping*; its missing heartbeat never trips it (`docs/design.md`, Runner lifecycle).
+    fn begin_stopping(&mut self, id: &str, now: Instant) {
+        if let Some(r) = self.runners.get_mut(id) {
+            if r.stopping_since.is_none() && !r.dead {
+                tracing::info!(runner = %id, "runner said goodbye: stopping");
+                r.stopping_since = Some(now);
+                r.lifecycle = RunnerLifecycle::Stopping;
+                r.next_eval = now;
+                self.sched.wake_by(now);
+            }
+        }
+    }
+
+    async fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Reset { id, reply } => {
+                let now = Instant::now();
+                let out = match self.runners.get_mut(&id) {
+                    None => Err(WatchdogError::UnknownRunner(id.clone())),
+                    Some(r) => {
+                        if r.breaker.reset().is_some() {
+                            let configured = r.hb.configured();
+                            r.hb.restart(configured, now);
+                            self.after_close(&id, now, "breaker reset by a person")
+                                .await;
+                        }
+                        Ok(())
+                    }
+                };
+                self.publish_board(now, true);
+                self.want_full();
+                let _ = reply.send(out);
+            }
+        }
+    }
+
+    /// Asks for an evaluation of every runner at the next wake (at most once per tick).
+    fn want_full(&mut self) {
+        self.sched.want_full();
+    }
+
+    /// Evaluates the runners that are due (or all of them after a change), runs the
+    /// resulting actions, flushes the ledger, republishes the board, and computes the next
+    /// wake-up: the earliest runner deadline, never later than a tick when a full pass is
+    /// pending and never later than the board interval.
+    async fn evaluate(&mut self, now: Instant) {
+        let gap = now.saturating_duration_since(self.last_eval);
+        self.last_eval = now;
+        if gap > STARVED_GAP {
+            // our own task did not run: the pings it should have sent were never sent
+            for r in self.runners.values_mut() {
+                r.hb.own_fault(now);
+            }
+            self.sched.force_full();
+            let why = format!(
+                "the watchdog task did not run for {} ms (stallwatch starved or stopped)",
+                gap.as_millis()
+            );
+            self.degraded(now, None, why).await;
+        }
+        let full = self.sched.begin(now);
+        let mut actions: Vec<(String, Action)> = Vec::new();
+        let mut pings: Vec<String> = Vec::new();
+        let mut changed = false;
+        let mut next_wake = now + MAX_IDLE;
+        {
+            let cfg = &self.cfg;
+            let ledger = &self.ledger;
+            let stats = &self.stats;
+            for (id, r) in self.runners.iter_mut() {
+                if !full && r.next_eval > now {
+                    next_wake = next_wake.min(r.next_eval);
+                    continue;
+                }
+                let view = || LedgerView {
+                    worst: ledger.worst_for(id, now, cfg.staleness),
+                    next_crossing: ledger.next_crossing(id, now, cfg.staleness),
+                };
+                let st = r.step(now, cfg, self.max_in_flight, &view);
+                if st.ping {
+                    pings.push(id.clone());
+                }
+                if let Some(v) = st.entered {
+                    stats.verdict(v);
+                }
+                actions.extend(st.actions.into_iter().map(|a| (id.clone(), a)));
+                let next = st.next;
+                r.next_eval = next.max(now + Duration::from_millis(1));
+                next_wake = next_wake.min(r.next_eval);
+                changed |= r.published != Some(r.board_code(now, cfg));
+            }
+        }
+        for id in pings {
+            self.spawn_ping(&id, None);
+        }
+        for (id, action) in actions {
+            match action {
+                Action::HalfOpen(probe) => self.half_open(&id, probe, now).await,
+                Action::Reopened => {
+                    self.reopened(
+                        &id,
+                        now,
+                        "HALF_OPEN probe got no answer within the heartbeat timeout",
+                    )
+                    .await
+                }
+                Action::Suspect(hb) => self.suspect(&id, now, hb).await,
+                Action::Trip => self.trip(&id, now).await,
+            }
+            if let Some(r) = self.runners.get_mut(&id) {
+                r.next_eval = now + Duration::from_millis(1);
+                next_wake = next_wake.min(r.next_eval);
+            }
+            changed = true;
+        }
+        if full {
+            self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
+            self.stats
+                .ledger_open_spans
+                .store(self.ledger.len() as u64, Ordering::Relaxed);
+        }
+        self.flush_ledger(false).await;
+        if self.ledger.dirty_len() > 0 {
+            self.want_full();
+        }
+        self.publish_board(now, changed);
+        self.sched
+            .end(next_wake, self.last_board + self.cfg.board_interval);
+    }
+
+    async fn flush_ledger(&mut self, last: bool) {
+        if self.ledger.dirty_len() == 0 {
+            return;
+        }
+        if last {
+            let writes = self.ledger.take_writes(&self.clock);
+            let _ = self.persist.send(writes).await;
+            return;
+        }
+        if let Ok(permit) = self.persist.try_reserve() {
+            permit.send(self.ledger.take_writes(&self.clock));
+        }
+    }
+
+    fn publish_board(&mut self, now: Instant, changed: bool) {
+        if !changed && now.saturating_duration_since(self.last_board) < self.cfg.board_interval {
+            return;
+        }
+        self.last_board = now;
+        let cfg = &self.cfg;
+        let mut map = BTreeMap::new();
+        for (id, r) in self.runners.iter_mut() {
+            let hb = r.heartbeat_label(now, cfg);
+            let adm = r.breaker.admission(now);
+            let reason = if r.breaker.state() != BreakerState::Closed {
+                r.breaker.reason().to_string()
+            } else if r.fused.verdict == Verdict::Suspect {
+                format!("suspect: {}", r.fused.cause.as_str())
+            } else {
+                String::new()
+            };
+            r.published = Some(r.board_code(now, cfg));
+            let verdict = if r.dead && r.breaker.state() == BreakerState::Closed {
+                "gone".to_string()
+            } else {
+                r.fused.verdict.as_str().to_string()
+            };
+            map.insert(
+                id.clone(),
+                RunnerStatus {
+                    id: id.clone(),
+                    pid: r.pid,
+                    spawned: r.spawned,
+                    lifecycle: r.lifecycle,
+                    breaker: r.breaker.state(),
+                    verdict,
+                    reason,
+                    retry_after_ms: adm.retry_after_ms,
+                    heartbeat: hb,
+                    heartbeat_rtt_us: r.hb.rtt_samples(),
+                    worst_span: r.worst.as_ref().map(|w| WorstSpan {
+                        trace_id: w.key.trace_id,
+                        span_id: w.key.span_id,
+                        tool_name: w.tool.clone(),
+                        elapsed_ms: w.elapsed.as_millis() as u64,
+                        sla_ms: w.sla.as_millis() as u64,
+                        stale: w.stale,
+                    }),
+                },
+            );
+        }
+        self.board.send_replace(Arc::new(map));
+    }
+}
