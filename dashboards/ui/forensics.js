@@ -36,14 +36,15 @@ function fxThreadsTable(threads) {
 function fxStacks(stacks) {
   if (!stacks) return null;
   if (stacks.unavailable) return h("div", { class: "empty" }, `No runtime stacks: ${stacks.unavailable}`);
-  const threads = stacks.threads || [];
+  // The main thread first (it is what the reason line names), then the others as dumped.
+  const threads = [...(stacks.threads || [])].sort((a, b) => (b.main ? 1 : 0) - (a.main ? 1 : 0));
   return h("div", { class: "fx-stacks" },
     h("div", { class: "muted" }, `${stacks.runtime} stacks, innermost frame first`,
       stacks.tool_frame ? ` — tool frame: ${stacks.tool_frame.function} (${stacks.tool_frame.file}:${stacks.tool_frame.line})` : ""),
     stacks.note ? h("div", { class: "empty" }, stacks.note) : null,
     (stacks.active_handles || []).length ? h("div", { class: "muted" }, "active handles: ", stacks.active_handles.map(a => `${a.type} × ${a.count}`).join(", ")) : null,
-    threads.map(t => h("div", { class: "fx-thread" },
-      h("h3", {}, `thread ${t.id}`, t.main ? " (main)" : "", t.current ? " (ran the dump)" : ""),
+    threads.map(t => h("div", { class: t.main ? "fx-thread fx-main" : "fx-thread" },
+      h("h3", {}, t.label ? t.label : `thread ${t.id}`, t.main ? " (main)" : "", t.current ? " (ran the dump)" : ""),
       t.frames.length ? h("ol", { class: "fx-frames" }, t.frames.map(fxFrame)) : h("div", { class: "empty" }, "no frames"),
       t.frames_omitted ? h("div", { class: "muted" }, `${t.frames_omitted} more frames left out`) : null)));
 }

@@ -100,8 +100,8 @@ export declare class WatchSpanProcessor implements SpanProcessor {
   shutdown(): Promise<void>;
 }
 
-/** Write the stacks-file header and turn on process.report for SIGUSR2; returns the report path or null. */
-export declare function installStacksHook(file?: string): string | null;
+/** Turn on process.report for SIGUSR2, then write the stacks-file header (` main_stack=heartbeat` with options.mainStack); returns the report path or null. */
+export declare function installStacksHook(file?: string, options?: { mainStack?: boolean }): string | null;
 
 export interface AttachOptions {
   /** Milliseconds between refreshes of a running tool span (default 5000). */

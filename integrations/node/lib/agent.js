@@ -20,6 +20,9 @@
  *   then judges that span against its SLA;
  * - `ERR event_loop_blocked`: the main loop is blocked outside any known tool span.
  *
+ * Stall forensics: a `STACKS` request is answered with the main thread's JavaScript
+ * stack and the open tool spans' await sites (./mainstack.js), or `ERR <why>`.
+ *
  * Messages from the main thread: `{type: 'resource', id, attributes, schemaUrl}`,
  * `{type: 'start' | 'update' | 'end', span}` (span serialized by watch.js), `{type:
  * 'flush', id}`; to it: `{type: 'listening'}`, `{type: 'error', message}`, `{type:
@@ -30,6 +33,7 @@ const net = require('node:net');
 const { parentPort, workerData } = require('node:worker_threads');
 
 const { CLIENT_READ_TIMEOUT_MS, MAX_REQUEST_BYTES } = require('./heartbeat');
+const { mainStackAnswer } = require('./mainstack');
 
 /** Main-loop tick older than this (ms) counts as a blocked loop. */
 const LOOP_BLOCKED_MS = 1000;
@@ -134,6 +138,7 @@ class Agent {
         if (line.endsWith('\r')) line = line.slice(0, -1);
         conn.removeAllListeners('data');
         if (line === 'PING') conn.end(this.answer());
+        else if (line === 'STACKS') mainStackAnswer(this.mainTickAgeMs()).then((a) => conn.end(a));
         else conn.destroy();
       });
       conn.on('end', () => conn.destroy());

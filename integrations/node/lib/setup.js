@@ -8,21 +8,18 @@
  * processor + OTLP proto exporter + the kit's processor); `attach()` creates only the
  * kit's agent and processor, for an app that builds its own provider or NodeSDK.
  */
-const fs = require('node:fs');
-const path = require('node:path');
 const { trace, SpanStatusCode } = require('@opentelemetry/api');
 
 const { installCrashHooks } = require('./crash');
 const { HEARTBEAT_SOCKET_ENV } = require('./heartbeat');
 const { DEFAULT_REFRESH_INTERVAL_MS } = require('./onstart');
+const { STACKS_FILE_ENV, installStacksHook } = require('./stacks');
 const { Agent, DEFAULT_EXPORT_TIMEOUT_MS, WatchSpanProcessor } = require('./watch');
 
 /** Resource attribute that ties spans to a runner. */
 const RUNNER_ID_ATTR = 'stallwatch.runner.id';
 /** Instrumentation scope name of spans made by this kit. */
 const TRACER_NAME = '@stallwatch/runner';
-/** Environment variable naming the stall-forensics file (docs/design.md, "Stall forensics"). */
-const STACKS_FILE_ENV = 'STALLWATCH_STACKS_FILE';
 
 /**
  * The runner's resource: SDK defaults + OTEL_RESOURCE_ATTRIBUTES + OTEL_SERVICE_NAME
@@ -42,30 +39,6 @@ function buildResource(serviceName) {
 /** `$STALLWATCH_CHECKPOINT_DIR`, or null when unset or empty. */
 function checkpointDir() {
   return process.env.STALLWATCH_CHECKPOINT_DIR || null;
-}
-
-let stacksInstalled = null;
-
-/**
- * Stall-forensics hook: when `file` (default $STALLWATCH_STACKS_FILE) is set, write the
- * header line `stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=node report=<abs>`
- * to it and turn on `process.report` for SIGUSR2, writing the diagnostic report (JSON,
- * with the JavaScript stack, native stack, libuv handles) to `<file>.report.json`.
- * Returns the report path, or null. Node runs the report from the main event loop: a
- * runner whose loop is free (e.g. awaiting a promise that never resolves) is reported at
- * once; a synchronous busy loop is reported only when it returns.
- */
-function installStacksHook(file = process.env[STACKS_FILE_ENV]) {
-  if (!file) return null;
-  if (stacksInstalled) return stacksInstalled;
-  const report = path.resolve(`${file}.report.json`);
-  fs.appendFileSync(file, `stallwatch-stacks v1 pid=${process.pid} signal=SIGUSR2 runtime=node report=${report}\n`);
-  process.report.directory = path.dirname(report);
-  process.report.filename = path.basename(report);
-  process.report.signal = 'SIGUSR2';
-  process.report.reportOnSignal = true;
-  stacksInstalled = report;
-  return report;
 }
 
 let current = null;
@@ -105,7 +78,7 @@ function startAgent({ heartbeat, refreshIntervalMs, exportTimeoutMillis, crashHo
   const agent = new Agent({ socketPath, refreshIntervalMs, exportTimeoutMillis });
   if (crashHooks) installCrashHooks();
   try {
-    installStacksHook();
+    installStacksHook(process.env[STACKS_FILE_ENV], { mainStack: Boolean(socketPath) });
   } catch (err) {
     process.stderr.write(`stallwatch: stacks file not usable: ${err.message}\n`);
   }

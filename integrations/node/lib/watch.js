@@ -11,6 +11,7 @@ const { Worker } = require('node:worker_threads');
 const { STATE } = require('./agent');
 const { HeartbeatError, SocketPathTooLongError, HEARTBEAT_SOCKET_ENV, MAX_SOCKET_PATH_BYTES } = require('./heartbeat');
 const { DEFAULT_REFRESH_INTERVAL_MS, isToolSpan } = require('./onstart');
+const { trackToolSpan, untrackToolSpan } = require('./stacks');
 
 /** Default per-request timeout (ms) of the snapshot exporter. */
 const DEFAULT_EXPORT_TIMEOUT_MS = 2000;
@@ -246,6 +247,7 @@ class WatchSpanProcessor {
       if (isToolSpan(span.attributes)) {
         if (this._tools.size >= MAX_TRACKED_SPANS) return;
         this._tools.set(key, span);
+        trackToolSpan(span, span.attributes['gen_ai.tool.name']);
         this._agent.post({ type: 'start', span: this._serialize(span, false) });
       } else if (this._candidates.size < MAX_TRACKED_SPANS) {
         this._candidates.set(key, span);
@@ -260,6 +262,7 @@ class WatchSpanProcessor {
       const key = span.spanContext().spanId;
       const wasTool = this._tools.delete(key);
       this._candidates.delete(key);
+      untrackToolSpan(span);
       if (!this._stopped && (wasTool || isToolSpan(span.attributes))) {
         this._agent.post({ type: 'end', span: this._serialize(span, true) });
       }
@@ -276,6 +279,7 @@ class WatchSpanProcessor {
       } else if (isToolSpan(span.attributes)) {
         this._candidates.delete(key);
         this._tools.set(key, span);
+        trackToolSpan(span, span.attributes['gen_ai.tool.name']);
         this._agent.post({ type: 'start', span: this._serialize(span, false) });
       }
     }
@@ -292,6 +296,7 @@ class WatchSpanProcessor {
     if (this._stopped) return Promise.resolve();
     this._stopped = true;
     clearInterval(this._timer);
+    for (const span of this._tools.values()) untrackToolSpan(span);
     this._tools.clear();
     this._candidates.clear();
     return this._agent.flush();

@@ -216,7 +216,7 @@ const STUCK = `
 const sw = require('./index.js');
 sw.setup({ refreshIntervalMs: 60000 });
 function waitsForeverHere() {
-  return new Promise(() => {}); // never settles
+  return new Promise(() => {}); // LINE-AWAIT never settles
 }
 function spinsHere(ms) {
   const end = Date.now() + ms;
@@ -245,7 +245,7 @@ for (const how of ['promise', 'busy']) {
     await child.waitLine('stuck');
     const header = fs.readFileSync(stacks, 'utf8').split('\n')[0];
     const report = path.resolve(`${stacks}.report.json`);
-    assert.equal(header, `stallwatch-stacks v1 pid=${child.pid} signal=SIGUSR2 runtime=node report=${report}`);
+    assert.equal(header, `stallwatch-stacks v1 pid=${child.pid} signal=SIGUSR2 runtime=node report=${report} main_stack=heartbeat`);
     if (how === 'busy') await waitUntil(() => rcv.named(TOOL).length > 0, 'the busy tool started');
     const t0 = Date.now();
     child.kill('SIGUSR2');
@@ -267,5 +267,46 @@ for (const how of ['promise', 'busy']) {
       assert.ok(waited < 5000, `a free event loop reports at once (${waited} ms)`);
     }
     assert.equal(child.exitCode, null, 'SIGUSR2 with the hook installed does not kill the runner');
+  });
+}
+
+// The STACKS answer on the heartbeat socket (main_stack=heartbeat): the busy main thread's
+// own line, taken through the inspector while the loop spins; the await site of a tool
+// span whose promise never settles.
+const lineOf = (marker) => STUCK.split('\n').findIndex((l) => l.includes(marker)) + 1;
+
+for (const how of ['busy', 'promise']) {
+  test(`STACKS on the heartbeat socket names the tool's own line (${how})`, async (t) => {
+    const rcv = await startReceiver();
+    const dir = shortTmp();
+    const stacks = path.join(dir, 'stacks.txt');
+    const child = spawnNode(STUCK, runnerEnv(rcv.endpoint, dir, { STALLWATCH_STACKS_FILE: stacks, HOW: how, SPIN_MS: '60000' }));
+    t.after(async () => {
+      child.kill('SIGKILL');
+      await rcv.close();
+    });
+    await child.waitLine('stuck');
+    await waitUntil(() => rcv.named(TOOL).length > 0, 'the tool started');
+    const sock = path.join(dir, 'hb.sock');
+    if (how === 'busy') await new Promise((r) => setTimeout(r, 300));
+    const t0 = Date.now();
+    const out = await ping(sock, 'STACKS\n');
+    const took = Date.now() - t0;
+    assert.ok(out.startsWith('STACKS {') && out.endsWith('\n'), out);
+    const v = JSON.parse(out.slice('STACKS '.length));
+    if (how === 'busy') {
+      assert.match(v.main[0], new RegExp(`^at spinsHere \\(\\[eval\\]:${lineOf('LINE-SPIN')}:\\d+\\)$`), out);
+      assert.ok(v.loop_blocked_ms > 0, out);
+      assert.ok(took < 1500, `answered while the loop spins (${took} ms)`);
+    } else {
+      assert.deepEqual(v.main, [], 'a free loop runs no application code');
+      assert.ok(v.libuv.some((h) => h.type === 'timer' && h.is_active), `what the free loop waits on: ${out}`);
+      assert.equal(v.tools.length, 1, out);
+      assert.equal(v.tools[0].name, TOOL);
+      assert.match(v.tools[0].await[0], new RegExp(`^at waitsForeverHere \\(\\[eval\\]:${lineOf('LINE-AWAIT')}:\\d+\\)$`), out);
+    }
+    assert.ok(!v.tools.some((x) => [...x.await, ...x.start].some((l) => l.includes(path.join(__dirname, '..', 'lib') + path.sep))), `no kit frames: ${out}`);
+    assert.equal(child.exitCode, null, 'asking does not end the runner');
+    assert.equal(await ping(sock), 'PONG\n', 'the heartbeat still answers');
   });
 }

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from conftest import Receiver, ping, wait_until
+from conftest import DEADLINE_S, Receiver, ping, wait_until
 from test_onstart import runner_env
 
 TOOL = "execute_tool slow_tool"
@@ -347,3 +347,35 @@ def test_sigusr2_dumps_every_thread_to_the_stacks_file(spawn, receiver, short_tm
     assert "Current thread" in dump or "Thread 0x" in dump
     assert dump.count("Thread 0x") >= 3, "every thread: main, helper, heartbeat (+ export)"
     assert child.proc.poll() is None, "SIGUSR2 with the hook installed does not kill the runner"
+
+
+EXITS = """
+import time
+import stallwatch_runner as sw
+sw.setup(refresh_interval_s=600, heartbeat=False)
+print("ready", flush=True)
+time.sleep(0.3)
+"""
+
+
+def test_sigusr2_while_the_runner_exits_never_ends_it_with_signal_12(spawn, receiver, short_tmp):
+    # At the end of finalization faulthandler gives SIGUSR2 back to the handler it found.
+    # Were that SIG_DFL, a dump signal landing then would end an exiting runner with
+    # signal 12 (a "crash" of a runner we only meant to look at). The kit sets SIG_IGN
+    # first, so such a late signal is ignored and the runner exits with its own code.
+    codes = []
+    for i in range(5):
+        stacks = short_tmp / f"exit{i}.txt"
+        child = spawn(EXITS, runner_env(receiver.endpoint, short_tmp, STALLWATCH_STACKS_FILE=str(stacks)))
+        child.wait_line("ready")
+        sent = 0
+        while child.proc.poll() is None:
+            try:
+                os.kill(child.proc.pid, signal.SIGUSR2)
+                sent += 1
+            except ProcessLookupError:
+                break
+            time.sleep(0.002)
+        codes.append(child.proc.wait(timeout=DEADLINE_S))
+        assert sent > 10, "the signals landed while the runner ran and exited"
+    assert codes == [0] * 5, f"exit codes under SIGUSR2 (-12 = ended by the signal): {codes}"

@@ -11,7 +11,12 @@
 //! - the runner's kit, when present ([`stacks`]): stallwatch gives spawned runners
 //!   `STALLWATCH_STACKS_FILE`; a kit writes a header line there and dumps its stacks on
 //!   SIGUSR2 (Python `faulthandler`, Node `process.report`). SIGUSR2 is sent only through a
-//!   pidfd and only when the header names the runner's pid.
+//!   pidfd and only when the header names the runner's pid. A Node kit whose header offers
+//!   `main_stack=heartbeat` is asked `STACKS` on its heartbeat socket instead and gets no
+//!   signal (SIGUSR2 only when that answer is an error): its answer names a busy loop's
+//!   line and a stuck tool's await site, which the signal's report cannot, and no signal
+//!   can land in the window at exit where Node has already given SIGUSR2 back to its
+//!   default action (ending the process).
 //!
 //! The evidence (`classification`, `threads`, `stacks`, `forensics`; at most
 //! [`MAX_EVIDENCE_BYTES`]) goes into the `runner.terminated` incident and, as a follow-up
@@ -53,6 +58,8 @@ pub const RECENT_WINDOW_MIN: Duration = Duration::from_secs(1);
 pub const RECENT_WINDOW_MAX: Duration = Duration::from_secs(10);
 /// Time kept at the end of the budget for turning what was read into evidence.
 const ASSEMBLY_RESERVE: Duration = Duration::from_millis(10);
+/// Time kept between the dump's own deadline and its backstop timeout.
+const DUMP_SLACK: Duration = Duration::from_millis(4);
 /// How often the dump file is polled while the kit writes it.
 const POLL: Duration = Duration::from_millis(5);
 /// At most one suspect collection per runner in this time.
@@ -82,6 +89,8 @@ pub struct Subject {
     pub spawned: bool,
     /// Its argv (the scripts named there are "the tool's own files").
     pub argv: Vec<String>,
+    /// Its heartbeat socket (asked `STACKS` when the kit's header offers `main_stack=heartbeat`).
+    pub heartbeat_socket: Option<PathBuf>,
 }
 
 /// The tool span a trip or suspect is about.
@@ -293,7 +302,13 @@ impl Forensics {
                 .checked_sub(ASSEMBLY_RESERVE)
                 .unwrap_or(deadline)
                 .max(tokio::time::Instant::now());
-            tokio::time::timeout_at(dump_deadline, self.dump(s, dump_deadline))
+            // The dump returns what it has a little before its deadline (a Node kit's
+            // STACKS answer without the report); the timeout is the backstop.
+            let inner = dump_deadline
+                .checked_sub(DUMP_SLACK)
+                .unwrap_or(dump_deadline)
+                .max(tokio::time::Instant::now());
+            tokio::time::timeout_at(dump_deadline, self.dump(s, inner))
                 .await
                 .unwrap_or_else(|_| {
                     Err(format!(
@@ -305,7 +320,9 @@ impl Forensics {
         self.assemble(s, &tool, snap, stacks, started)
     }
 
-    /// Sends SIGUSR2 when the kit's header allows it and waits for the dump.
+    /// Takes the kit's stacks: from a Node kit that offers `main_stack=heartbeat`, by asking
+    /// `STACKS` on its heartbeat socket (no signal at all); else (or when that answer is an
+    /// error) by SIGUSR2, sent only when the header names the pid, then waits for the dump.
     async fn dump(&self, s: &Subject, deadline: tokio::time::Instant) -> Result<Dump, String> {
         if !s.spawned {
             return Err(format!(
@@ -314,6 +331,21 @@ impl Forensics {
         }
         let file = stacks_path(&self.data_dir, &s.runner_id, &s.instance_id);
         let header = stacks::read_header(&file, s.pid)?;
+        let mut heartbeat_note = None;
+        if let (Runtime::Node, true, Some(sock)) =
+            (header.runtime, header.main_stack, &s.heartbeat_socket)
+        {
+            match tokio::time::timeout_at(deadline, ask_stacks(sock)).await {
+                Ok(Ok(hb)) => return Ok(node_dump(hb, &file)),
+                Ok(Err(why)) => heartbeat_note = Some(why),
+                Err(_) => {
+                    return Err(format!(
+                        "the node kit did not answer STACKS on its heartbeat socket within the {} ms budget",
+                        self.budget.as_millis()
+                    ))
+                }
+            }
+        }
         let Some(fd) = &s.pidfd else {
             return Err("the runner's identity is not pinned by a pidfd: no signal sent".into());
         };
@@ -327,15 +359,16 @@ impl Forensics {
         let mut last_len = None;
         loop {
             if tokio::time::Instant::now() + POLL > deadline {
+                let why = heartbeat_note.map_or(String::new(), |w| format!("; {w}"));
                 return Err(format!(
-                    "the {} kit wrote no complete dump within the {} ms budget{}",
+                    "the {} kit wrote no complete dump within the {} ms budget{}{why}",
                     runtime_name(header.runtime),
                     self.budget.as_millis(),
                     if header.runtime == Runtime::Node {
                         " (Node writes its report only when the event loop is free)"
                     } else {
                         ""
-                    }
+                    },
                 ));
             }
             tokio::time::sleep_until((tokio::time::Instant::now() + POLL).min(deadline)).await;
@@ -353,6 +386,7 @@ impl Forensics {
                                 threads,
                                 active_handles: Vec::new(),
                                 source: file,
+                                heartbeat_note: None,
                             });
                         }
                     }
@@ -371,6 +405,7 @@ impl Forensics {
                                     threads: r.threads,
                                     active_handles: r.active_handles,
                                     source: path.to_path_buf(),
+                                    heartbeat_note,
                                 });
                             }
                         }
@@ -484,17 +519,24 @@ impl Forensics {
                     .iter()
                     .find(|t| t.main)
                     .and_then(|t| t.frames.first().cloned());
-                let note = if d.runtime == Runtime::Node
-                    && d.threads.iter().all(|t| t.frames.is_empty())
-                {
-                    Some("no JavaScript was running: the event loop was idle, waiting on a promise or I/O that never completes")
-                } else {
-                    None
+                let idle = d.runtime == Runtime::Node
+                    && d.threads
+                        .iter()
+                        .filter(|t| t.main)
+                        .all(|t| t.frames.is_empty());
+                let awaiting = d
+                    .threads
+                    .iter()
+                    .any(|t| t.label.is_some() && !t.frames.is_empty());
+                let note = match (idle, awaiting) {
+                    (true, true) => Some("no JavaScript was running: the event loop was idle; the tool span is waiting at its await site (below), on a promise or I/O that never completes"),
+                    (true, false) => Some("no JavaScript was running: the event loop was idle, waiting on a promise or I/O that never completes"),
+                    _ => None,
                 };
                 let v = json!({
                     "runtime": d.runtime, "source": d.source, "threads": d.threads,
                     "tool_frame": tool_frame, "active_handles": d.active_handles.iter().map(|(t, n)| json!({"type": t, "count": n})).collect::<Vec<_>>(),
-                    "note": note,
+                    "note": note, "main_stack_unavailable": d.heartbeat_note,
                 });
                 (v, Some((main_top, tool_frame)))
             }
@@ -547,6 +589,8 @@ struct Dump {
     threads: Vec<ThreadStack>,
     active_handles: Vec<(String, usize)>,
     source: PathBuf,
+    /// Why the Node kit's `STACKS` answer is missing, when it is.
+    heartbeat_note: Option<String>,
 }
 
 fn runtime_name(r: Runtime) -> &'static str {
@@ -554,6 +598,45 @@ fn runtime_name(r: Runtime) -> &'static str {
         Runtime::Python => "python",
         Runtime::Node => "node",
     }
+}
+
+/// A Node dump from the kit's `STACKS` answer: the main thread's stack, one labelled stack
+/// per open tool span's await site, and (free event loop) the loop's handles.
+fn node_dump(hb: stacks::HeartbeatStacks, stacks_file: &Path) -> Dump {
+    let mut threads = vec![hb.main];
+    threads.extend(hb.tools);
+    Dump {
+        runtime: Runtime::Node,
+        threads,
+        active_handles: hb.active_handles,
+        source: stacks_file.to_path_buf(),
+        heartbeat_note: None,
+    }
+}
+
+/// Asks the Node kit `STACKS` on its heartbeat socket; reads one answer line (bounded).
+/// The caller bounds the time.
+async fn ask_stacks(sock: &Path) -> Result<stacks::HeartbeatStacks, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::UnixStream::connect(sock)
+        .await
+        .map_err(|e| format!("the heartbeat socket cannot be reached for STACKS: {e}"))?;
+    c.write_all(b"STACKS\n")
+        .await
+        .map_err(|e| format!("STACKS not sent: {e}"))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while buf.len() < stacks::MAX_HEARTBEAT_ANSWER_BYTES && !buf.contains(&b'\n') {
+        let n = c
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("the STACKS answer cannot be read: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    stacks::parse_heartbeat_stacks(&String::from_utf8_lossy(&buf))
 }
 
 fn file_meta(p: &Path) -> Option<(u64, std::time::SystemTime)> {

@@ -5,9 +5,16 @@
 //! tool's own code.
 //!
 //! Header (one line, written once at setup):
-//! `stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python|node[ report=<abs path>]`.
+//! `stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python|node[ report=<abs path>][ main_stack=heartbeat]`.
 //! stallwatch sends SIGUSR2 only when the header names the runner's pid: SIGUSR2 ends a
 //! process that has no handler for it.
+//!
+//! `main_stack=heartbeat` (the Node kit): the kit also answers `STACKS\n` on its heartbeat
+//! socket with `STACKS <json>\n` ([`parse_heartbeat_stacks`]): the main thread's JavaScript
+//! stack, taken by the kit's agent thread through an in-process inspector session (V8 runs
+//! it as an interrupt, so a synchronous busy loop is named while Node's signal-driven
+//! report waits for the event loop), and each open tool span's await site (where its code
+//! last created a promise: what a promise that never settles is waiting at).
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +48,8 @@ pub struct Header {
     pub runtime: Runtime,
     /// Node: the report file's absolute path.
     pub report: Option<PathBuf>,
+    /// `main_stack=heartbeat`: the kit answers `STACKS` on its heartbeat socket.
+    pub main_stack: bool,
 }
 
 /// Parses a header line. Errors name what is wrong (shown as the reason stacks are missing).
@@ -53,6 +62,7 @@ pub fn parse_header(line: &str) -> Result<Header, String> {
         return Err("the stacks header is not version v1".into());
     }
     let (mut pid, mut signal, mut runtime, mut report) = (None, None, None, None);
+    let mut main_stack = false;
     for w in words {
         match w.split_once('=') {
             Some(("pid", v)) => pid = v.parse::<u32>().ok(),
@@ -63,6 +73,7 @@ pub fn parse_header(line: &str) -> Result<Header, String> {
                 return Err(format!("unknown runtime {v:?} in the stacks header"))
             }
             Some(("report", v)) => report = Some(PathBuf::from(v)),
+            Some(("main_stack", v)) => main_stack = v == "heartbeat",
             _ => {}
         }
     }
@@ -78,6 +89,7 @@ pub fn parse_header(line: &str) -> Result<Header, String> {
         pid,
         runtime,
         report,
+        main_stack,
     })
 }
 
@@ -122,11 +134,16 @@ pub struct Frame {
     pub tool: bool,
 }
 
-/// The stack of one thread.
+/// The stack of one thread, or (Node) of one open tool span's await site.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ThreadStack {
-    /// The runtime's id for it (Python: `0x...` thread ident; Node: `main`).
+    /// The runtime's id for it (Python: `0x...` thread ident; Node: `main`, or
+    /// `await:<span id>` for a tool span's await site).
     pub id: String,
+    /// What the stack is when it is not a thread's (shown as its heading), e.g.
+    /// `await site of tool span execute_tool run_notebook`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
     /// True for the main thread.
     pub main: bool,
     /// True for the thread that ran the dump (Python: "Current thread").
@@ -246,8 +263,16 @@ pub fn parse_node_report(text: &str) -> Result<NodeReport, String> {
             push_frame(&mut main, f);
         }
     }
+    Ok(NodeReport {
+        threads: vec![main],
+        active_handles: active_handles(&v["libuv"]),
+    })
+}
+
+/// Active libuv handle types with their count, from a report's `libuv` list.
+fn active_handles(libuv: &serde_json::Value) -> Vec<(String, usize)> {
     let mut handles: Vec<(String, usize)> = Vec::new();
-    for h in v["libuv"].as_array().map(Vec::as_slice).unwrap_or_default() {
+    for h in libuv.as_array().map(Vec::as_slice).unwrap_or_default() {
         if h["is_active"] != true {
             continue;
         }
@@ -257,9 +282,89 @@ pub fn parse_node_report(text: &str) -> Result<NodeReport, String> {
             None => handles.push((ty, 1)),
         }
     }
-    Ok(NodeReport {
-        threads: vec![main],
-        active_handles: handles,
+    handles
+}
+
+/// Most bytes of a `STACKS` answer read from the heartbeat socket.
+pub const MAX_HEARTBEAT_ANSWER_BYTES: usize = 256 * 1024;
+
+/// What the Node kit answers to `STACKS` on its heartbeat socket.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeartbeatStacks {
+    /// The main thread's JavaScript stack (no frames: no JavaScript was running, the
+    /// event loop was free).
+    pub main: ThreadStack,
+    /// One entry per open tool span: its await site (else where it started).
+    pub tools: Vec<ThreadStack>,
+    /// How long the main event loop had not turned, ms (the kit's own tick).
+    pub loop_blocked_ms: Option<u64>,
+    /// Free event loop: its active libuv handles with their count (as in a report).
+    pub active_handles: Vec<(String, usize)>,
+}
+
+fn v8_frames(stack: &mut ThreadStack, lines: &serde_json::Value) {
+    for l in lines.as_array().map(Vec::as_slice).unwrap_or_default() {
+        if let Some(f) = l.as_str().and_then(parse_v8_line) {
+            push_frame(stack, f);
+        }
+    }
+}
+
+/// Parses the answer line to `STACKS`: `STACKS {"main": [v8 lines], "tools": [{"span_id",
+/// "name", "await": [v8 lines], "await_exact": bool, "start": [v8 lines]}],
+/// "loop_blocked_ms": N, "libuv": [{"type", "is_active"}] (free loop only)}`, or
+/// `ERR <why>`. Errors name what the kit said or what is malformed.
+pub fn parse_heartbeat_stacks(answer: &str) -> Result<HeartbeatStacks, String> {
+    let line = answer.lines().next().unwrap_or_default().trim();
+    if let Some(why) = line.strip_prefix("ERR ") {
+        return Err(format!(
+            "the node kit could not take the main thread's stack: {why}"
+        ));
+    }
+    let json = line.strip_prefix("STACKS ").ok_or_else(|| {
+        if line.is_empty() {
+            "the node kit closed the heartbeat connection without answering STACKS".to_string()
+        } else {
+            "the node kit's answer to STACKS is not a STACKS line".to_string()
+        }
+    })?;
+    let v: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| format!("the node kit's STACKS answer is not JSON: {e}"))?;
+    let mut main = ThreadStack {
+        id: "main".into(),
+        main: true,
+        ..Default::default()
+    };
+    v8_frames(&mut main, &v["main"]);
+    let mut tools = Vec::new();
+    for t in v["tools"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let name = t["name"].as_str().unwrap_or("tool span");
+        let span = t["span_id"].as_str().unwrap_or_default();
+        let (lines, what) = match t["await"].as_array() {
+            Some(a) if !a.is_empty() => (&t["await"], "await site"),
+            _ => (&t["start"], "start site"),
+        };
+        let sampled = what == "await site" && t["await_exact"] == false;
+        let mut s = ThreadStack {
+            id: format!("await:{span}"),
+            label: Some(format!(
+                "{what} of tool span {name}{}",
+                if sampled {
+                    " (sampled: its newest promise was not captured)"
+                } else {
+                    ""
+                }
+            )),
+            ..Default::default()
+        };
+        v8_frames(&mut s, lines);
+        tools.push(s);
+    }
+    Ok(HeartbeatStacks {
+        main,
+        tools,
+        loop_blocked_ms: v["loop_blocked_ms"].as_u64(),
+        active_handles: active_handles(&v["libuv"]),
     })
 }
 
@@ -366,6 +471,12 @@ Current thread 0x00007f3b3e1f6740 (most recent call first):
         )
         .unwrap();
         assert_eq!(n.report.unwrap(), PathBuf::from("/d/run/r.json"));
+        assert!(!n.main_stack);
+        let m = parse_header(
+            "stallwatch-stacks v1 pid=7 signal=SIGUSR2 runtime=node report=/r.json main_stack=heartbeat",
+        )
+        .unwrap();
+        assert!(m.main_stack);
         for (bad, why) in [
             ("hello", "no stallwatch-stacks header"),
             (
@@ -406,6 +517,63 @@ Current thread 0x00007f3b3e1f6740 (most recent call first):
         assert!(read_header(&dir.path().join("none"), 9)
             .unwrap_err()
             .contains("no stacks file"));
+    }
+
+    #[test]
+    fn heartbeat_stacks_busy_and_awaiting() {
+        let answer = serde_json::json!({
+            "main": ["at spin (/w/runner.js:44:3)", "at busy (/w/runner.js:50:3)"],
+            "tools": [
+                {"span_id": "ab", "name": "execute_tool t", "await": ["at waitForever (/w/runner.js:39:9)"], "start": ["at Object.<anonymous> (/w/runner.js:54:4)"]},
+                {"span_id": "cd", "name": "execute_tool u", "await": [], "start": ["at go (/w/runner.js:60:1)"]},
+                {"span_id": "ef", "name": "execute_tool v", "await": ["at f (/w/a.js:1:1)"], "await_exact": false}
+            ],
+            "loop_blocked_ms": 7000,
+            "libuv": [{"type": "timer", "is_active": true}, {"type": "tcp", "is_active": false}]
+        });
+        let hb = parse_heartbeat_stacks(&format!("STACKS {answer}\n")).unwrap();
+        assert!(hb.main.main);
+        assert_eq!(
+            (hb.main.frames[0].function.as_str(), hb.main.frames[0].line),
+            ("spin", Some(44))
+        );
+        assert_eq!(hb.loop_blocked_ms, Some(7000));
+        assert_eq!(hb.active_handles, vec![("timer".into(), 1)]);
+        assert_eq!(hb.tools.len(), 3);
+        assert!(hb.tools[2]
+            .label
+            .as_deref()
+            .unwrap()
+            .ends_with("(sampled: its newest promise was not captured)"));
+        assert_eq!(
+            hb.tools[0].label.as_deref(),
+            Some("await site of tool span execute_tool t")
+        );
+        assert_eq!(hb.tools[0].frames[0].function, "waitForever");
+        // No await site yet: the start site stands in, and says so.
+        assert_eq!(
+            hb.tools[1].label.as_deref(),
+            Some("start site of tool span execute_tool u")
+        );
+        assert_eq!(hb.tools[1].frames[0].line, Some(60));
+        let mut idle = parse_heartbeat_stacks(&format!(
+            "STACKS {}\n",
+            serde_json::json!({"main": [], "tools": answer["tools"]})
+        ))
+        .unwrap();
+        let mut all = vec![idle.main.clone()];
+        all.append(&mut idle.tools);
+        let top = mark_tool_frames(&mut all, Some("t"), &["/w/runner.js".into()]).unwrap();
+        assert_eq!((top.function.as_str(), top.line), ("waitForever", Some(39)));
+        for (bad, why) in [
+            ("ERR main_thread_unreachable\n", "main_thread_unreachable"),
+            ("", "without answering"),
+            ("PONG\n", "not a STACKS line"),
+            ("STACKS {\n", "not JSON"),
+        ] {
+            let e = parse_heartbeat_stacks(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 
     #[test]

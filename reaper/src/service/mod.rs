@@ -352,6 +352,7 @@ impl ReaperHandle {
             pidfd,
             spawned: e.spawned,
             argv,
+            heartbeat_socket: e.heartbeat_socket.clone(),
         })
     }
 

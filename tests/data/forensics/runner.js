@@ -1,7 +1,8 @@
 // A Node tool runner that stalls, built on the stallwatch Node kit (path in
 // STALLWATCH_NODE_KIT). The forensics hook (header line in STALLWATCH_STACKS_FILE +
-// process.report on SIGUSR2) comes from the kit's setup() when the kit provides it; else
-// this script does exactly what the contract says, itself.
+// process.report on SIGUSR2, and the STACKS answer on the heartbeat socket) comes from
+// the kit's setup() when the kit provides it; else this script does the SIGUSR2 part of
+// the contract itself.
 //
 // Usage: node runner.js MODE    (the tool span is always `run_notebook`)
 //   promise  awaits a promise that never resolves (the event loop is idle)
@@ -41,9 +42,8 @@ async function waitForever() {
 
 function spin() {
   let x = 0;
-  for (;;) {
-    x += 1; // FRAME:spin
-  }
+  // One line: V8 takes the stack at the loop's back edge, which it reports as the `for`.
+  for (;;) { x += 1; } // FRAME:spin
 }
 
 async function busy() {

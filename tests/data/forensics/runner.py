@@ -45,10 +45,12 @@ if stacks_file and MODE == "dump_hangs":
         f.write(HEADER + "\n")
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 elif stacks_file and not kit_wrote_header():
+    # The handler before the header: a header must always mean a handler.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     _dump_file = open(stacks_file, "a")
+    faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=True)
     _dump_file.write(HEADER + "\n")
     _dump_file.flush()
-    faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=True)
 
 print(f"forensics runner pid {os.getpid()} mode {MODE}", flush=True)
 

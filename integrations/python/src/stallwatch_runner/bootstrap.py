@@ -276,12 +276,20 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
     """Stall-forensics hook: dump every thread's stack to ``path`` on SIGUSR2.
 
     ``path`` defaults to ``$STALLWATCH_STACKS_FILE``; returns the path used, or None when
-    there is none (or the platform has no SIGUSR2). Writes one header line,
-    ``stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python``, then registers
-    :func:`faulthandler.register` for SIGUSR2 with ``all_threads=True`` on the file, kept
-    open in append mode. faulthandler writes from the C signal handler, so the dump is
-    made even while a C call holds the GIL. stallwatch sends SIGUSR2 only when the
-    header names the runner's pid (``docs/design.md``, "Stall forensics").
+    there is none (or the platform has no SIGUSR2). Registers :func:`faulthandler.register`
+    for SIGUSR2 with ``all_threads=True`` on the file (kept open, append mode), then writes
+    one header line, ``stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python``.
+    faulthandler writes from the C signal handler, so the dump is made even while a C
+    call holds the GIL. stallwatch sends SIGUSR2 only when the header names the runner's
+    pid (``docs/design.md``, "Stall forensics"), and SIGUSR2's default action ends a
+    process, so the order matters:
+
+    - called from the main thread, SIGUSR2 is first set to ``SIG_IGN``: faulthandler
+      saves that as the handler it restores, so a SIGUSR2 that lands after faulthandler
+      let go of it (the interpreter's finalization, when the process is exiting anyway)
+      is ignored instead of ending the process with signal 12;
+    - the handler is in place before the header exists, so a header always means a
+      handler.
     """
     global _stacks_file
     path = path if path is not None else os.environ.get(STACKS_FILE_ENV, "")
@@ -291,9 +299,15 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
     if _stacks_file is not None:
         return path
     f = open(path, "a", encoding="utf-8")
-    f.write(f"stallwatch-stacks v1 pid={os.getpid()} signal=SIGUSR2 runtime=python\n")
-    f.flush()
-    faulthandler.register(sigusr2, file=f, all_threads=True, chain=False)
+    try:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(sigusr2, signal.SIG_IGN)
+        faulthandler.register(sigusr2, file=f, all_threads=True, chain=False)
+        f.write(f"stallwatch-stacks v1 pid={os.getpid()} signal=SIGUSR2 runtime=python\n")
+        f.flush()
+    except BaseException:
+        f.close()
+        raise
     _stacks_file = f
     return path
 
