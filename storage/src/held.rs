@@ -302,7 +302,11 @@ impl Storage {
     }
 
     /// [`Storage::control`] with a busy wait of `wait` instead of `busy_timeout`.
-    pub(crate) async fn control_with_busy_wait<T, F>(&self, wait: Duration, f: F) -> Result<T, StorageError>
+    pub(crate) async fn control_with_busy_wait<T, F>(
+        &self,
+        wait: Duration,
+        f: F,
+    ) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
