@@ -68,6 +68,7 @@ pub const DB_FILE_MODE: u32 = 0o600;
 /// under the usual umask, and gives `-wal` and `-shm` the database's mode), and sets 0600
 /// on the database, `-wal` and `-shm` when they exist with a wider mode. A symlink is never
 /// followed or chmodded here (the data folder is 0700 and ours).
+#[cfg(unix)]
 fn restrict_file_modes(db: &Path) -> Result<(), StorageError> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 
@@ -103,6 +104,12 @@ fn restrict_file_modes(db: &Path) -> Result<(), StorageError> {
                 .map_err(|e| open_err(&path, e))?;
         }
     }
+    Ok(())
+}
+
+/// Windows: the files inherit the data folder's user-only DACL (docs/platforms.md).
+#[cfg(windows)]
+fn restrict_file_modes(_db: &Path) -> Result<(), StorageError> {
     Ok(())
 }
 

@@ -289,7 +289,11 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
       let go of it (the interpreter's finalization, when the process is exiting anyway)
       is ignored instead of ending the process with signal 12;
     - the handler is in place before the header exists, so a header always means a
-      handler.
+      handler;
+    - at exit (:mod:`atexit`, which runs before the interpreter's finalization starts
+      tearing down thread states) the handler is unregistered, so SIGUSR2 falls back to
+      ``SIG_IGN``: a dump made during finalization walks half-freed thread states and
+      could crash (SIGSEGV) a runner we only meant to look at.
     """
     global _stacks_file
     path = path if path is not None else os.environ.get(STACKS_FILE_ENV, "")
@@ -303,6 +307,7 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
         if threading.current_thread() is threading.main_thread():
             signal.signal(sigusr2, signal.SIG_IGN)
         faulthandler.register(sigusr2, file=f, all_threads=True, chain=False)
+        atexit.register(_release_stacks_hook, sigusr2)
         f.write(f"stallwatch-stacks v1 pid={os.getpid()} signal=SIGUSR2 runtime=python\n")
         f.flush()
     except BaseException:
@@ -310,6 +315,14 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
         raise
     _stacks_file = f
     return path
+
+
+def _release_stacks_hook(sigusr2: int) -> None:
+    # At exit: no more dumps (see install_stacks_hook); SIGUSR2 goes back to SIG_IGN.
+    try:
+        faulthandler.unregister(sigusr2)
+    except (RuntimeError, ValueError):
+        pass
 
 
 _setup_lock = threading.Lock()
