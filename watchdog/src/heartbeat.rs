@@ -1,7 +1,7 @@
 //! Socket heartbeats (docs/design.md, Heartbeat; Interfaces: Heartbeat details).
 //!
 //! [`ping`] is the only I/O: a fresh connection per ping (a UNIX socket; on Windows a named
-//! pipe `\\.\pipe\...`, docs/platforms.md, through the [`transport`] seam), write `PING\n`, read at most
+//! pipe `\\.\pipe\...`, docs/platforms.md, through the `transport` seam), write `PING\n`, read at most
 //! 64 bytes up to `\n`, accept exactly `PONG`, close; every failure is a named
 //! [`HeartbeatFailure`]. [`HeartbeatTracker`] is the pure per-runner state: *lost* means no
 //! PONG for the timeout since the last PONG (pings may overlap), and a new runner has a
