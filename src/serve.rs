@@ -352,14 +352,16 @@ async fn serve(
         serde_json::Value::from(dashboard_addr.to_string()),
         serde_json::Value::from(data.path.display().to_string()),
     );
+    // Ready first, the line last: whoever reads the ready line (or ready.json) may ask
+    // /readyz at once and must get 200.
+    let _ = ready_tx.send(true);
+    let discovery = write_discovery(&data.path, &ready)?;
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         writeln!(out, "{ready}").context("cannot write the ready line")?;
         out.flush()?;
     }
-    let discovery = write_discovery(&data.path, &ready)?;
-    let _ = ready_tx.send(true);
     tracing::info_span!("stallwatch.ready", otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr)
         .in_scope(|| tracing::info!(data_dir = %data.path.display(), "stallwatch ready"));
 
