@@ -120,9 +120,16 @@ pub fn run(args: DemoArgs) -> Result<()> {
 }
 
 /// Python interpreter: `--python` / `$STALLWATCH_DEMO_PYTHON` (clap reads both), else
-/// `./.venv/bin/python` when it exists, else `python3`.
+/// `./.venv/bin/python` when it exists, else `python3`. A relative path with a `/` is made
+/// absolute against the current folder (the runners start in another folder); a bare name
+/// is left for `PATH`.
 fn pick_python(flag: Option<&Path>) -> PathBuf {
     if let Some(p) = flag {
+        if p.is_relative() && p.components().count() > 1 {
+            if let Ok(d) = std::env::current_dir() {
+                return d.join(p);
+            }
+        }
         return p.to_path_buf();
     }
     let venv = Path::new(".venv/bin/python");

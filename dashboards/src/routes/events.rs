@@ -6,6 +6,12 @@
 //! or repeats: it subscribes before replaying and skips live ids already sent. A subscriber
 //! that falls behind the bus re-reads from storage. Keep-alive comments every 15 s.
 //!
+//! Live incidents may reach the bus out of id order: two publishers whose writes share one
+//! group commit (`storage/src/group.rs`) are answered together and race to broadcast, so
+//! id 12 can arrive before id 11. The stream therefore never skips "everything at or below
+//! the newest id sent"; it keeps the exact set of ids sent above the highest id it knows
+//! to be contiguous ([`Sent`]), so 11 is still sent after 12, and nothing is sent twice.
+//!
 //! With `?board=1` the stream also carries `event: board` frames (no `id:`), data
 //! `{"items":[runner...]}`: the watchdog's board at connect and then at most once per
 //! [`BOARD_INTERVAL`] when it changed, so the UI's Now page is live without polling.
@@ -56,27 +62,82 @@ fn board_event(board: &RunnerBoard) -> Event {
         .data(serde_json::json!({ "items": items }).to_string())
 }
 
-/// Sends incidents after `last` from storage; answers the newest id sent (or `last`).
+/// The ids a stream has sent: every id at or below `upto` (replayed from storage, or
+/// older than the stream), plus the exact ids in `above` sent live out of order.
+#[derive(Debug, Default)]
+struct Sent {
+    upto: i64,
+    above: std::collections::BTreeSet<i64>,
+}
+
+/// Above this many out-of-order ids the stream re-reads storage to fold them into `upto`
+/// (ids can have holes, e.g. an incident held on a full disk and written later, which is
+/// never broadcast with its id, so `upto` would never pass it by itself).
+const SENT_SET_CAP: usize = 1024;
+
+impl Sent {
+    fn new(upto: i64) -> Self {
+        Self {
+            upto,
+            above: Default::default(),
+        }
+    }
+
+    /// Whether `id` is new, marking it sent. Id 0 (an incident held in memory, not yet
+    /// written) is always new.
+    fn fresh(&mut self, id: i64) -> bool {
+        if id == 0 {
+            return true;
+        }
+        if id <= self.upto || !self.above.insert(id) {
+            return false;
+        }
+        while self.above.remove(&(self.upto + 1)) {
+            self.upto += 1;
+        }
+        true
+    }
+
+    /// Whether the out-of-order set grew past [`SENT_SET_CAP`].
+    fn needs_resync(&self) -> bool {
+        self.above.len() > SENT_SET_CAP
+    }
+
+    /// After storage was read up to `newest` (every id at or below it is committed and was
+    /// sent or skipped as sent), forget the exact ids.
+    fn read_up_to(&mut self, newest: i64) {
+        self.upto = self.upto.max(newest);
+        let upto = self.upto;
+        self.above.retain(|id| *id > upto);
+    }
+}
+
+/// Sends the incidents after `sent.upto` from storage that `sent` has not sent; answers
+/// `None` when the client is gone. A storage error ends the replay early (logged).
 async fn replay(
     ctx: &Shared,
-    mut last: i64,
+    sent: &mut Sent,
     tx: &mpsc::Sender<Result<Event, Infallible>>,
-) -> Option<i64> {
+) -> Option<()> {
+    let mut last = sent.upto;
     loop {
         let page = match ctx.app.storage.incidents_after(last, REPLAY_PAGE).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("sse replay failed: {e}");
-                return Some(last);
+                return Some(());
             }
         };
         let n = page.len();
         for i in &page {
-            tx.send(Ok(to_event(i))).await.ok()?;
+            if !sent.above.contains(&i.id) {
+                tx.send(Ok(to_event(i))).await.ok()?;
+            }
             last = i.id;
         }
+        sent.read_up_to(last);
         if n < REPLAY_PAGE {
-            return Some(last);
+            return Some(());
         }
     }
 }
@@ -88,22 +149,21 @@ async fn pump(
     tx: mpsc::Sender<Result<Event, Infallible>>,
     shutdown: CancellationToken,
     mut board: Option<watch::Receiver<RunnerBoard>>,
-) {
+) -> Option<()> {
     if let Some(b) = board.as_mut() {
         let frame = board_event(&b.borrow_and_update());
-        if tx.send(Ok(frame)).await.is_err() {
-            return;
-        }
+        tx.send(Ok(frame)).await.ok()?;
     }
     let mut tick = tokio::time::interval(BOARD_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Without Last-Event-ID nothing is replayed; a lagging subscriber then re-reads only
-    // from the newest incident at connect time (`floor`), never the whole history.
-    let (mut last, floor) = match start {
-        Some(after) => match replay(&ctx, after, &tx).await {
-            Some(l) => (l, after),
-            None => return,
-        },
+    // from the newest incident at connect time, never the whole history.
+    let mut sent = match start {
+        Some(after) => {
+            let mut sent = Sent::new(after);
+            replay(&ctx, &mut sent, &tx).await?;
+            sent
+        }
         None => {
             let newest = ctx
                 .app
@@ -116,42 +176,38 @@ async fn pump(
                 .ok()
                 .and_then(|v| v.first().map(|i| i.id))
                 .unwrap_or(0);
-            (0, newest)
+            Sent::new(newest)
         }
     };
     loop {
         let got = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tx.closed() => return,
+            _ = shutdown.cancelled() => return None,
+            _ = tx.closed() => return None,
             got = rx.recv() => got,
             _ = tick.tick(), if board.is_some() => {
                 if let Some(b) = board.as_mut() {
                     if b.has_changed().unwrap_or(false) {
                         let frame = board_event(&b.borrow_and_update());
-                        if tx.send(Ok(frame)).await.is_err() {
-                            return;
-                        }
+                        tx.send(Ok(frame)).await.ok()?;
                     }
                 }
                 continue;
             }
         };
         match got {
-            Ok(i) if i.id == 0 || i.id > last => {
-                if tx.send(Ok(to_event(&i))).await.is_err() {
-                    return;
+            Ok(i) => {
+                if sent.fresh(i.id) {
+                    tx.send(Ok(to_event(&i))).await.ok()?;
                 }
-                last = last.max(i.id);
+                if sent.needs_resync() {
+                    replay(&ctx, &mut sent, &tx).await?;
+                }
             }
-            Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "sse subscriber lagged; re-reading from storage");
-                match replay(&ctx, last.max(floor), &tx).await {
-                    Some(l) => last = l,
-                    None => return,
-                }
+                replay(&ctx, &mut sent, &tx).await?;
             }
-            Err(broadcast::error::RecvError::Closed) => return,
+            Err(broadcast::error::RecvError::Closed) => return None,
         }
     }
 }
@@ -200,10 +256,45 @@ pub(crate) async fn stream(
     let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
     tokio::spawn(async move {
         let board = with_board.then(|| ctx.app.board.clone());
-        pump(ctx, rx, start, tx, shutdown, board).await;
+        let _ = pump(ctx, rx, start, tx, shutdown, board).await;
         metrics.sse(-1);
     });
     Ok(Sse::new(ReceiverStream::new(out))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sent;
+
+    #[test]
+    fn an_id_that_arrives_after_a_higher_one_is_still_sent_once() {
+        let mut s = Sent::new(10);
+        assert!(s.fresh(12), "12 is new");
+        assert!(s.fresh(11), "11 arrived late and must still be sent");
+        assert!(!s.fresh(11) && !s.fresh(12), "nothing twice");
+        assert_eq!(s.upto, 12, "11 and 12 fold into the contiguous watermark");
+        assert!(s.above.is_empty());
+        assert!(!s.fresh(9), "replayed ids are not sent again");
+        assert!(
+            s.fresh(0) && s.fresh(0),
+            "held incidents (id 0) always go out"
+        );
+    }
+
+    #[test]
+    fn a_hole_keeps_exact_ids_until_storage_is_read_past_it() {
+        let mut s = Sent::new(0);
+        assert!(s.fresh(2) && s.fresh(3));
+        assert_eq!(s.upto, 0, "id 1 is a hole (held, written later)");
+        for id in 4..=(super::SENT_SET_CAP as i64 + 2) {
+            assert!(s.fresh(id));
+        }
+        assert!(s.needs_resync());
+        s.read_up_to(super::SENT_SET_CAP as i64 + 2);
+        assert!(!s.needs_resync() && s.above.is_empty());
+        assert!(!s.fresh(3));
+        assert!(s.fresh(super::SENT_SET_CAP as i64 + 3));
+    }
 }
