@@ -68,13 +68,36 @@ fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// The database file's identity on Windows: its creation time (100 ns ticks; std has no
-/// stable file index). Weaker than an inode: NTFS "tunnelling" may give a file re-created
-/// within 15 s the old creation time (docs/platforms.md).
+/// The database file's identity on Windows: (volume serial number, 64-bit file index) from
+/// `GetFileInformationByHandle`, the analogue of (device, inode). Not the creation time:
+/// NTFS tunnelling can give a re-created file the old one, and Wine reports a creation time
+/// that moves with every write (docs/platforms.md).
 #[cfg(windows)]
 fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
-    use std::os::windows::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.creation_time(), 0))
+    use std::os::windows::fs::OpenOptionsExt;
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{
+        GetFileInformationByHandle, BY_HANDLE_FILE_INFORMATION, FILE_FLAG_BACKUP_SEMANTICS,
+    };
+    // Access 0: attributes only, and std's default sharing, so SQLite's handle is not
+    // disturbed.
+    let file = std::fs::OpenOptions::new()
+        .access_mode(0)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+        .ok()?;
+    // SAFETY: the handle is live for the call (owned by `file`); the structure is plain
+    // data the call fills.
+    #[allow(unsafe_code)]
+    let info = unsafe {
+        let mut info: BY_HANDLE_FILE_INFORMATION = std::mem::zeroed();
+        if GetFileInformationByHandle(file.as_raw_handle() as _, &mut info) == 0 {
+            return None;
+        }
+        info
+    };
+    let index = (u64::from(info.nFileIndexHigh) << 32) | u64::from(info.nFileIndexLow);
+    Some((u64::from(info.dwVolumeSerialNumber), index))
 }
 
 /// A request prepared on the caller's side.
