@@ -486,9 +486,15 @@ fn deadlocked_runner_is_tripped_stopped_and_its_span_ended() {
     wait_heartbeat_ok(&server, "win-deadlock");
     let trace = "5c".repeat(16);
     open_tool_span(&server, "win-deadlock", &trace, &"5d".repeat(8));
+    // A lost heartbeat while a fresh tool span runs within its SLA is `suspect`, tripped
+    // after min(SLA, 30 s) (docs/design.md, "Fusion and breakers").
     let opened = server.incident("win-deadlock", "breaker.opened", Duration::from_secs(60));
+    assert_eq!(opened["evidence"]["verdict"], "suspect_timeout", "{opened:#}");
+    assert_eq!(opened["evidence"]["cause"], "lost_heartbeat", "{opened:#}");
+    assert_eq!(opened["evidence"]["heartbeat"], "lost", "{opened:#}");
+    assert_eq!(opened["span_id"], "5d".repeat(8), "{opened:#}");
     assert!(
-        opened["reason"].as_str().unwrap().contains("heartbeat"),
+        opened["reason"].as_str().unwrap().contains("no PONG"),
         "{opened:#}"
     );
     let done = server.incident("win-deadlock", "runner.terminated", Duration::from_secs(60));
@@ -574,6 +580,11 @@ fn probe_job_objects_named_pipe_and_console_break_under_wine() {
     ];
     let (bin, wine) = setup_with(&files);
     let dir = tempfile::tempdir().unwrap();
+    // The checkpoint part: a folder symlink in the workspace pointing outside it.
+    let ckpt = dir.path().join("checkpoint");
+    std::fs::create_dir_all(ckpt.join("ws")).unwrap();
+    std::fs::create_dir_all(ckpt.join("outside")).unwrap();
+    std::os::unix::fs::symlink(ckpt.join("outside"), ckpt.join("ws").join("linked")).unwrap();
     let out = wine_command(&wine, &bin.join("windows-probe.exe"))
         .arg(win(dir.path()))
         .stdin(Stdio::null())
@@ -621,4 +632,18 @@ fn probe_job_objects_named_pipe_and_console_break_under_wine() {
     // JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE: closing the job ends its member.
     assert_eq!(r["close_child_started"], true, "{r:#}");
     assert!(r["kill_on_close_exit_code"].is_number(), "{r:#}");
+    // The checkpoint commit step (reaper/src/checkpoint/windows.rs): MoveFileExW replaces
+    // the workspace's file and lands a new one; a folder symlink on the way and a `..`
+    // path are refused with nothing moved.
+    assert_eq!(r["ckpt_replace"], "ok true", "{r:#}");
+    assert_eq!(r["ckpt_replaced_content"], "new", "{r:#}");
+    assert_eq!(r["ckpt_staged_gone"], true, "{r:#}");
+    assert_eq!(r["ckpt_new"], "ok false", "{r:#}");
+    assert_eq!(r["ckpt_new_content"], "fresh", "{r:#}");
+    let through = r["ckpt_through_link"].as_str().unwrap_or_default();
+    assert!(through.contains("reparse point"), "{r:#}");
+    assert_eq!(r["ckpt_outside_untouched"], true, "{r:#}");
+    assert!(!ckpt.join("outside").join("c.txt").exists());
+    let dotdot = r["ckpt_dotdot"].as_str().unwrap_or_default();
+    assert!(dotdot.contains("plain names"), "{r:#}");
 }

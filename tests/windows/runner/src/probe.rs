@@ -10,6 +10,11 @@
 #[path = "../../../../reaper/src/windows/process.rs"]
 mod process;
 
+#[cfg(windows)]
+#[allow(dead_code, missing_docs)]
+#[path = "../../../../reaper/src/checkpoint/windows.rs"]
+mod checkpoint;
+
 #[cfg(not(windows))]
 fn main() {
     eprintln!("windows-probe is a Windows test fixture: build it for x86_64-pc-windows-gnu (scripts/test-windows)");
@@ -222,6 +227,54 @@ mod win {
             code.map_or("null".into(), |c| c.to_string())
         ));
 
+        checkpoint_commit(&dir.join("checkpoint"), &mut out);
+
         println!("{{{}}}", out.join(","));
+    }
+
+    /// 4. The checkpoint commit step (`reaper/src/checkpoint/windows.rs`): a staged file
+    /// replaces the workspace's, a new one lands, a folder symlink on the way and a path
+    /// leaving the root are refused with nothing moved.
+    fn checkpoint_commit(root: &Path, out: &mut Vec<String>) {
+        use super::checkpoint::commit_file;
+        let (staging, ws) = (root.join("staging"), root.join("ws"));
+        let outside = root.join("outside");
+        for d in [staging.join("sub"), staging.join("linked"), ws.join("sub"), outside.clone()] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(staging.join("sub").join("a.txt"), "new").unwrap();
+        std::fs::write(ws.join("sub").join("a.txt"), "old").unwrap();
+        std::fs::write(staging.join("sub").join("b.txt"), "fresh").unwrap();
+        std::fs::write(staging.join("linked").join("c.txt"), "via link").unwrap();
+        let r = commit_file(&staging, &ws, Path::new(r"sub\a.txt"));
+        out.push(format!("\"ckpt_replace\":{}", res(&r)));
+        out.push(format!(
+            "\"ckpt_replaced_content\":{}",
+            q(&std::fs::read_to_string(ws.join("sub").join("a.txt")).unwrap_or_default())
+        ));
+        out.push(format!(
+            "\"ckpt_staged_gone\":{}",
+            !staging.join("sub").join("a.txt").exists()
+        ));
+        let r = commit_file(&staging, &ws, Path::new(r"sub\b.txt"));
+        out.push(format!("\"ckpt_new\":{}", res(&r)));
+        out.push(format!(
+            "\"ckpt_new_content\":{}",
+            q(&std::fs::read_to_string(ws.join("sub").join("b.txt")).unwrap_or_default())
+        ));
+        // A folder symbolic link in the workspace pointing outside it: made from Linux by
+        // the test (Wine shows it as a reparse point), else here.
+        if std::fs::symlink_metadata(ws.join("linked")).is_err() {
+            let link = std::os::windows::fs::symlink_dir(&outside, ws.join("linked"));
+            out.push(format!("\"ckpt_symlink_made\":{}", res(&link)));
+        }
+        let r = commit_file(&staging, &ws, Path::new(r"linked\c.txt"));
+        out.push(format!("\"ckpt_through_link\":{}", res(&r)));
+        out.push(format!(
+            "\"ckpt_outside_untouched\":{}",
+            !outside.join("c.txt").exists() && staging.join("linked").join("c.txt").exists()
+        ));
+        let r = commit_file(&staging, &ws, Path::new(r"..\outside\c.txt"));
+        out.push(format!("\"ckpt_dotdot\":{}", res(&r)));
     }
 }
