@@ -32,17 +32,17 @@ const IGNORED: &str = "Windows build under Wine: run scripts/test-windows";
 /// `scripts/test-windows` did not set them up.
 fn setup() -> (PathBuf, PathBuf) {
     setup_with(&[
-            "stallwatch.exe",
-            "windows-runner.exe",
-            "bcryptprimitives.dll",
-        ],
-    )
+        "stallwatch.exe",
+        "windows-runner.exe",
+        "bcryptprimitives.dll",
+    ])
 }
 
 fn setup_with(files: &[&str]) -> (PathBuf, PathBuf) {
-    let dir = PathBuf::from(std::env::var_os("STALLWATCH_TEST_WINDOWS_BIN_DIR").unwrap_or_else(
-        || panic!("STALLWATCH_TEST_WINDOWS_BIN_DIR is not set: {IGNORED}"),
-    ));
+    let dir = PathBuf::from(
+        std::env::var_os("STALLWATCH_TEST_WINDOWS_BIN_DIR")
+            .unwrap_or_else(|| panic!("STALLWATCH_TEST_WINDOWS_BIN_DIR is not set: {IGNORED}")),
+    );
     for f in files {
         assert!(
             dir.join(f).is_file(),
@@ -463,7 +463,9 @@ fn healthy_runner_answers_over_the_named_pipe_and_is_never_tripped() {
     } else {
         // Wine implements no CTRL_BREAK_EVENT (docs/platforms.md): the failed break is
         // recorded with the system's error, and after the grace period the job is ended.
-        let error = term["steps"][0]["detail"]["error"].as_str().unwrap_or_default();
+        let error = term["steps"][0]["detail"]["error"]
+            .as_str()
+            .unwrap_or_default();
         assert!(!error.is_empty(), "the failed break has no error: {del:#}");
         assert_eq!(term["steps"][1]["step"], "terminate_job", "{del:#}");
         assert_eq!(term["ended_by"], "terminate_job", "{del:#}");
@@ -489,7 +491,10 @@ fn deadlocked_runner_is_tripped_stopped_and_its_span_ended() {
     // A lost heartbeat while a fresh tool span runs within its SLA is `suspect`, tripped
     // after min(SLA, 30 s) (docs/design.md, "Fusion and breakers").
     let opened = server.incident("win-deadlock", "breaker.opened", Duration::from_secs(60));
-    assert_eq!(opened["evidence"]["verdict"], "suspect_timeout", "{opened:#}");
+    assert_eq!(
+        opened["evidence"]["verdict"], "suspect_timeout",
+        "{opened:#}"
+    );
     assert_eq!(opened["evidence"]["cause"], "lost_heartbeat", "{opened:#}");
     assert_eq!(opened["evidence"]["heartbeat"], "lost", "{opened:#}");
     assert_eq!(opened["span_id"], "5d".repeat(8), "{opened:#}");

@@ -89,7 +89,9 @@ pub fn refuse_reparse_point(path: &Path) -> io::Result<bool> {
     let Some(a) = attributes(path)? else {
         return Ok(false);
     };
-    if a & FILE_ATTRIBUTE_REPARSE_POINT != 0 || handle_attributes(path)? & FILE_ATTRIBUTE_REPARSE_POINT != 0 {
+    if a & FILE_ATTRIBUTE_REPARSE_POINT != 0
+        || handle_attributes(path)? & FILE_ATTRIBUTE_REPARSE_POINT != 0
+    {
         return Err(reparse_error(path));
     }
     Ok(true)
@@ -99,8 +101,8 @@ pub fn refuse_reparse_point(path: &Path) -> io::Result<bool> {
 ///
 /// Errors: `InvalidInput` naming `rel`.
 pub fn check_relative(rel: &Path) -> io::Result<()> {
-    let plain = rel.components().count() > 0
-        && rel.components().all(|c| matches!(c, Component::Normal(_)));
+    let plain =
+        rel.components().count() > 0 && rel.components().all(|c| matches!(c, Component::Normal(_)));
     if plain {
         Ok(())
     } else {

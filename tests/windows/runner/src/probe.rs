@@ -239,7 +239,12 @@ mod win {
         use super::checkpoint::commit_file;
         let (staging, ws) = (root.join("staging"), root.join("ws"));
         let outside = root.join("outside");
-        for d in [staging.join("sub"), staging.join("linked"), ws.join("sub"), outside.clone()] {
+        for d in [
+            staging.join("sub"),
+            staging.join("linked"),
+            ws.join("sub"),
+            outside.clone(),
+        ] {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(staging.join("sub").join("a.txt"), "new").unwrap();
