@@ -9,10 +9,13 @@
 
 //!
 //! Process control and checkpoints are Linux code (`cfg(unix)`); the Windows build has its
-//! own [`Reaper`] in `windows/`, which today refuses runner control with a clear error
-//! (docs/platforms.md, Windows).
+//! own [`Reaper`] in `windows/` (spawned runners in Job Objects) and, as `checkpoint`, only
+//! the checkpoint commit step (docs/platforms.md, Windows).
 
 #[cfg(unix)]
+pub mod checkpoint;
+#[cfg(windows)]
+#[path = "checkpoint/windows.rs"]
 pub mod checkpoint;
 #[cfg(unix)]
 mod checkpoint_edge;
