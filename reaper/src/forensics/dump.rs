@@ -9,7 +9,11 @@ impl Forensics {
     /// Takes the kit's stacks: from a Node kit that offers `main_stack=heartbeat`, by asking
     /// `STACKS` on its heartbeat socket (no signal at all); else (or when that answer is an
     /// error) by SIGUSR2, sent only when the header names the pid, then waits for the dump.
-    pub(super) async fn dump(&self, s: &Subject, deadline: tokio::time::Instant) -> Result<Dump, String> {
+    pub(super) async fn dump(
+        &self,
+        s: &Subject,
+        deadline: tokio::time::Instant,
+    ) -> Result<Dump, String> {
         if !s.spawned {
             return Err(format!(
                 "attached runner: stallwatch gave it no {STACKS_FILE_ENV}, so no dump was asked for"

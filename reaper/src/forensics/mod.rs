@@ -26,11 +26,11 @@
 
 pub mod classify;
 pub mod cpu;
-pub mod procfs;
-pub mod stacks;
 mod dump;
 mod evidence;
+pub mod procfs;
 mod sampler;
+pub mod stacks;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -40,14 +40,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use stallwatch_storage::control::{RunnerBoard, Trip};
-use tokio::sync::watch;
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::Storage;
+use tokio::sync::watch;
 
 use self::classify::{classify, CpuFacts};
 use self::cpu::{History, Sample};
-use self::procfs::ProcessSnapshot;
 use self::evidence::{attach, tool_context};
+use self::procfs::ProcessSnapshot;
 use self::stacks::{Frame, Runtime, ThreadStack};
 
 pub use crate::config::{

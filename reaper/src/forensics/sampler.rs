@@ -214,13 +214,33 @@ mod tests {
         use HeartbeatLabel::*;
         // healthy and idle, or a span early in its SLA: left alone
         assert!(!needs_sampling(Some(&status("healthy", Ok, None))));
-        assert!(!needs_sampling(Some(&status("healthy", NotConfigured, None))));
-        assert!(!needs_sampling(Some(&status("healthy", Ok, Some((249, 1000))))));
-        assert!(!needs_sampling(Some(&status("healthy", SocketMissing, None))));
+        assert!(!needs_sampling(Some(&status(
+            "healthy",
+            NotConfigured,
+            None
+        ))));
+        assert!(!needs_sampling(Some(&status(
+            "healthy",
+            Ok,
+            Some((249, 1000))
+        ))));
+        assert!(!needs_sampling(Some(&status(
+            "healthy",
+            SocketMissing,
+            None
+        ))));
         assert!(!needs_sampling(Some(&status("gone", NotRunning, None))));
         // a span past a quarter of its SLA, a suspect, a failing heartbeat, an unknown one
-        assert!(needs_sampling(Some(&status("healthy", Ok, Some((250, 1000))))));
-        assert!(needs_sampling(Some(&status("suspect", Lost, Some((10, 1000))))));
+        assert!(needs_sampling(Some(&status(
+            "healthy",
+            Ok,
+            Some((250, 1000))
+        ))));
+        assert!(needs_sampling(Some(&status(
+            "suspect",
+            Lost,
+            Some((10, 1000))
+        ))));
         assert!(needs_sampling(Some(&status("healthy", Timeout, None))));
         assert!(needs_sampling(Some(&status("healthy", BadAnswer, None))));
         assert!(needs_sampling(None));

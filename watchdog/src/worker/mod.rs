@@ -79,7 +79,7 @@ struct Worker {
     breakers: Arc<RwLock<HashMap<String, Breaker>>>,
     stats: Arc<WatchdogStats>,
     records: Vec<Record>,
-        max_in_flight: u32,
+    max_in_flight: u32,
     /// When the loop next wakes, and whether that wake is a full pass.
     sched: Schedule,
     /// Each runner's next deadline.
@@ -414,7 +414,8 @@ impl Worker {
                 }
                 let moved = r.published != Some(r.board_code(now, cfg));
                 actions.extend(st.actions.into_iter().map(|a| (id.clone(), a)));
-                self.due.set(&id, st.next.max(now + Duration::from_millis(1)));
+                self.due
+                    .set(&id, st.next.max(now + Duration::from_millis(1)));
                 if moved {
                     self.board_dirty.insert(id);
                 }
@@ -443,7 +444,11 @@ impl Worker {
             self.board_dirty.insert(id);
         }
         self.flush_ledger(false).await;
-        let mut next_wake = self.due.earliest().unwrap_or(now + MAX_IDLE).min(now + MAX_IDLE);
+        let mut next_wake = self
+            .due
+            .earliest()
+            .unwrap_or(now + MAX_IDLE)
+            .min(now + MAX_IDLE);
         if self.ledger.dirty_len() > 0 {
             // the persister was busy: try again within a tick
             next_wake = next_wake.min(now + self.cfg.tick);
