@@ -2,11 +2,12 @@
 //! `forensics_sample_ms`), stacks-file cleanup, and evidence for `verdict.suspect`
 //! incidents from the event bus (issue 18; `docs/design.md`, Stall forensics).
 //!
-//! The sampler reads `/proc` only for the runners that may be tripped soon (issue 17 #10:
-//! with 2,000 runners, reading every one every period starved the runtime): those the
-//! watchdog's board shows with a tool span past [`SAMPLE_FROM_SLA_PCT`] of its SLA, with a
-//! verdict other than healthy (a suspect), or with a heartbeat that is failing to answer
-//! ([`needs_sampling`]). Without a board (a reaper alone) it samples every live runner.
+//! The sampler reads `/proc` only for the runners that can be tripped (issue 17 #10: with
+//! 2,000 runners, reading every one every period starved the runtime): those the watchdog's
+//! board shows with an open tool span (from its start, so "CPU since the span started"
+//! means what it says), with a verdict other than healthy (a suspect), or with a heartbeat
+//! that is failing to answer ([`needs_sampling`]). Without a board (a reaper alone) it
+//! samples every live runner.
 
 use std::collections::HashSet;
 
@@ -15,16 +16,10 @@ use stallwatch_storage::labels::HeartbeatLabel;
 
 use super::*;
 
-/// A runner's open tool span is sampled from this share of its SLA on (percent): the
-/// history then covers the last three quarters of the span before an SLA trip, which is
-/// what "0% CPU for 58 s" and "since the span started" are read from.
-pub const SAMPLE_FROM_SLA_PCT: u64 = 25;
-
 /// Whether the CPU sampler reads a runner this period, from its board entry (`None`: the
-/// board does not know it yet, so it is read). Healthy runners with no tool span near its
-/// SLA and a heartbeat that answers (or none configured, or one whose socket was never
-/// created) are left alone; the evidence of a trip without history says so
-/// (`cpu.samples = 0`).
+/// board does not know it yet, so it is read). Healthy runners with no open tool span and
+/// a heartbeat that answers (or none configured, or one whose socket was never created)
+/// are left alone; the evidence of a trip without history says so (`cpu.samples = 0`).
 pub fn needs_sampling(status: Option<&RunnerStatus>) -> bool {
     let Some(st) = status else { return true };
     if st.verdict == "gone" {
@@ -41,11 +36,7 @@ pub fn needs_sampling(status: Option<&RunnerStatus>) -> bool {
             | HeartbeatLabel::ConnectionRefused
             | HeartbeatLabel::IoError
     );
-    let span_near_sla = st
-        .worst_span
-        .as_ref()
-        .is_some_and(|w| w.elapsed_ms.saturating_mul(100) >= w.sla_ms * SAMPLE_FROM_SLA_PCT);
-    answering_badly || span_near_sla
+    answering_badly || st.worst_span.is_some()
 }
 
 impl Forensics {
