@@ -344,7 +344,8 @@ mod tests {
             assert_eq!(r.await.unwrap().unwrap(), i as i64);
         }
         // 32 concurrent reads ran on the connections opened at start, none opened more
-        assert!(at_start >= 1 + READ_POOL, "{at_start}");
+        // the control connection and the read pool
+        assert!(at_start > READ_POOL, "{at_start}");
         assert_eq!(peak, at_start, "a read opened its own connection");
         assert_eq!(fds_on(&db), at_start);
         s.shutdown().await;
