@@ -201,39 +201,19 @@ mod tests {
     }
 
     #[test]
-    fn only_runners_that_may_trip_soon_are_sampled() {
+    fn only_runners_that_can_trip_are_sampled() {
         use HeartbeatLabel::*;
-        // healthy and idle, or a span early in its SLA: left alone
-        assert!(!needs_sampling(Some(&status("healthy", Ok, None))));
-        assert!(!needs_sampling(Some(&status(
-            "healthy",
-            NotConfigured,
-            None
-        ))));
-        assert!(!needs_sampling(Some(&status(
-            "healthy",
-            Ok,
-            Some((249, 1000))
-        ))));
-        assert!(!needs_sampling(Some(&status(
-            "healthy",
-            SocketMissing,
-            None
-        ))));
-        assert!(!needs_sampling(Some(&status("gone", NotRunning, None))));
-        // a span past a quarter of its SLA, a suspect, a failing heartbeat, an unknown one
-        assert!(needs_sampling(Some(&status(
-            "healthy",
-            Ok,
-            Some((250, 1000))
-        ))));
-        assert!(needs_sampling(Some(&status(
-            "suspect",
-            Lost,
-            Some((10, 1000))
-        ))));
-        assert!(needs_sampling(Some(&status("healthy", Timeout, None))));
-        assert!(needs_sampling(Some(&status("healthy", BadAnswer, None))));
+        let yes = |v: &str, hb, span| needs_sampling(Some(&status(v, hb, span)));
+        // healthy and idle: left alone
+        assert!(!yes("healthy", Ok, None));
+        assert!(!yes("healthy", NotConfigured, None));
+        assert!(!yes("healthy", SocketMissing, None));
+        assert!(!yes("gone", NotRunning, None));
+        // an open tool span (from its start), a suspect, a failing heartbeat, an unknown one
+        assert!(yes("healthy", Ok, Some((0, 1000))));
+        assert!(yes("suspect", Lost, Some((10, 1000))));
+        assert!(yes("healthy", Timeout, None));
+        assert!(yes("healthy", BadAnswer, None));
         assert!(needs_sampling(None));
     }
 }
