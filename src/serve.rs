@@ -235,6 +235,7 @@ async fn serve(
     )
     .await
     .context("cannot start the reaper")?;
+    reaper.follow_board(watchdog.board());
 
     // Lifecycle notices: reaper → watchdog (named in ARCHITECTURE.md).
     let forward_changes = tokio::spawn(async move {

@@ -50,6 +50,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("stallwatch_watchdog_incident_errors", "counter", ""),
     ("stallwatch_ledger_records_skipped", "counter", "reason"),
     ("stallwatch_watchdog_sidecar_degraded", "counter", ""),
+    ("stallwatch_watchdog_evaluations", "counter", ""),
     ("stallwatch_watchdog_ledger_open_spans", "gauge", ""),
     ("stallwatch_watchdog_runners", "gauge", ""),
     ("stallwatch_reaper_runners_spawned", "counter", ""),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::chain::{post_json, process_alive, spawn_runner};
+use crate::chain::{post_json, process_alive, spawn_runner, SLA_MS};
 use crate::support::*;
 
 /// A process started by the test itself (not by stallwatch), killed on drop.
@@ -148,7 +148,9 @@ fn attached_runners_are_stopped_alone_and_ancestors_are_refused() {
 }
 
 /// #10: ordered shutdown with many runners takes about one grace period and leaves none
-/// alive; registering more than `[reaper] max_runners` is refused with a clear error.
+/// alive; registering more than `[reaper] max_runners` is refused with a clear error; among
+/// them, one runner whose tool span overruns its SLA trips within SLA + a second (the
+/// watchdog is not starved by the others) and no other runner is tripped.
 /// 300 runners by default to keep the suite's budget (`STALLWATCH_TEST_MANY_RUNNERS=2000`
 /// for the full count; the reaper soak binary stops 2,000 without the HTTP front).
 #[test]
@@ -160,7 +162,7 @@ fn shutdown_with_many_runners_leaves_none_alive() {
     let dir = tempfile::tempdir().unwrap();
     // No heartbeat answers from `sleep`: a long start-up grace keeps the watchdog from
     // tripping runners while thousands register, so shutdown really stops all of them.
-    let cfg = format!("[reaper]\ngrace_ms = 1000\nmax_restarts = 0\nmax_runners = {n}\n[watchdog]\nstartup_grace_ms = 600000\n");
+    let cfg = format!("[reaper]\ngrace_ms = 1000\nmax_restarts = 0\nmax_runners = {n}\n[watchdog]\nstartup_grace_ms = 600000\ndefault_sla_ms = {SLA_MS}\n");
     let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&cfg));
     let started = Instant::now();
     let pids: Vec<u64> = std::thread::scope(|s| {
@@ -198,6 +200,47 @@ fn shutdown_with_many_runners_leaves_none_alive() {
     assert_eq!(st, 429, "{body}");
     assert!(body.to_string().contains("max_runners"), "{body}");
     assert_eq!(pids.iter().filter(|p| process_alive(**p)).count(), n);
+    // One stalled runner among them: its tool span overruns the SLA.
+    let start = unix_nanos();
+    let body = serde_json::json!({"resourceSpans": [{
+        "resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "many"}},
+            {"key": "stallwatch.runner.id", "value": {"stringValue": "r0"}}]},
+        "scopeSpans": [{"spans": [{
+            "traceId": "5a".repeat(16), "spanId": "5b".repeat(8), "name": "fit_model", "kind": 1,
+            "startTimeUnixNano": start.to_string(), "endTimeUnixNano": "0",
+            "attributes": [
+                {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+                {"key": "gen_ai.tool.name", "value": {"stringValue": "fit_model"}}]}]}]}]});
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let opened = wait_incident(&server, "r0", "breaker.opened", Duration::from_secs(30));
+    let at = nanos(&opened["at_unix_nano"]);
+    let lag_ms = (at.saturating_sub(start) / 1_000_000).saturating_sub(SLA_MS);
+    eprintln!("the stalled runner tripped {lag_ms} ms after its {SLA_MS} ms SLA");
+    assert!(at >= start + SLA_MS * 1_000_000, "tripped before its SLA");
+    assert!(
+        lag_ms < 1000,
+        "trip {lag_ms} ms late: the watchdog was starved"
+    );
+    // healthy ones are never tripped
+    let (st, page) = server.get_json("/api/v1/incidents?event=breaker.opened&limit=200");
+    assert_eq!(st, 200, "{page}");
+    let tripped: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["event"] == "breaker.opened")
+        .filter_map(|i| i["runner_id"].as_str())
+        .collect();
+    assert_eq!(tripped, ["r0"], "a healthy runner was tripped");
+    wait_until!(Duration::from_secs(10), "the stalled runner is stopped", {
+        !process_alive(pids[0])
+    });
     let t = Instant::now();
     server.stop();
     let took = t.elapsed();

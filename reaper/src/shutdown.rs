@@ -26,6 +26,17 @@ use crate::terminate::{self, ProcRef, Step, TerminationReport};
 const POLL: Duration = Duration::from_millis(25);
 /// How long to wait for exit after SIGKILL.
 const AFTER_KILL: Duration = Duration::from_secs(5);
+/// Members handled between two yields to the runtime: the per-member work (signals,
+/// `/proc` reads, pidfd polls) is synchronous, so with thousands of members the loop gives
+/// the runtime's other tasks (the watchdog, the control API) their turn this often.
+const YIELD_EVERY: usize = 64;
+
+/// Yields to the runtime every [`YIELD_EVERY`] members.
+async fn pace(i: usize) {
+    if i % YIELD_EVERY == YIELD_EVERY - 1 {
+        tokio::task::yield_now().await;
+    }
+}
 
 /// One runner to stop.
 pub struct Member<'a> {
@@ -157,10 +168,14 @@ pub async fn stop_all(
     stats
         .terminations
         .fetch_add(members.len() as u64, Ordering::Relaxed);
-    let table = ProcTable::snapshot();
-    let mut states: Vec<State> = members
-        .iter()
-        .map(|m| {
+    // one read of /proc for everyone, off the runtime's workers
+    let table = tokio::task::spawn_blocking(ProcTable::snapshot)
+        .await
+        .unwrap_or_else(|_| ProcTable::snapshot());
+    let mut states: Vec<State> = Vec::with_capacity(members.len());
+    for (i, m) in members.iter().enumerate() {
+        pace(i).await;
+        states.push({
             let (group, escaped) = record(&table, m);
             let mut st = State {
                 report: TerminationReport {
@@ -184,8 +199,8 @@ pub async fn stop_all(
             let d = serde_json::json!({"group": st.group, "escaped": st.escaped});
             push(&mut st, started, "descendants_recorded", d);
             st
-        })
-        .collect();
+        });
+    }
     drop(table);
     ledger(
         storage,
@@ -196,7 +211,8 @@ pub async fn stop_all(
         |st| serde_json::json!({"group": st.group, "escaped": st.escaped}),
     )
     .await;
-    for (m, st) in members.iter().zip(states.iter_mut()) {
+    for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
+        pace(i).await;
         if all_gone(m, st) {
             st.gone = true;
             st.report.ended_by = "already_exited".into();
@@ -214,7 +230,8 @@ pub async fn stop_all(
     })
     .await;
     let now = now_unix_nano();
-    for (m, st) in members.iter().zip(states.iter_mut()) {
+    for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
+        pace(i).await;
         if !st.gone {
             st.report.sigterm_unix_nano = now;
             let d = send(m, st, Sig::Term, stats);
@@ -229,7 +246,8 @@ pub async fn stop_all(
     let deadline = Instant::now() + grace;
     loop {
         let mut left = 0;
-        for (m, st) in members.iter().zip(states.iter_mut()) {
+        for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
+            pace(i).await;
             if !st.gone && all_gone(m, st) {
                 st.gone = true;
                 st.report.ended_by = "sigterm".into();
@@ -255,7 +273,8 @@ pub async fn stop_all(
         })
         .await;
         let now = now_unix_nano();
-        for i in &survivors {
+        for (n, i) in survivors.iter().enumerate() {
+            pace(n).await;
             let (m, st) = (&members[*i], &mut states[*i]);
             st.report.sigkill_unix_nano = Some(now);
             st.report.ended_by = "sigkill".into();
@@ -274,7 +293,8 @@ pub async fn stop_all(
         let deadline = Instant::now() + AFTER_KILL;
         loop {
             let mut left = 0;
-            for i in &survivors {
+            for (n, i) in survivors.iter().enumerate() {
+                pace(n).await;
                 let (m, st) = (&members[*i], &mut states[*i]);
                 if !st.gone && all_gone(m, st) {
                     st.gone = true;
@@ -294,7 +314,8 @@ pub async fn stop_all(
         }
     }
     // Reap own children; report survivors.
-    for (m, st) in members.iter().zip(states.iter_mut()) {
+    for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
+        pace(i).await;
         if m.own_child_group {
             match platform::reap_child(m.pid) {
                 Ok(exit) => {

@@ -4,7 +4,7 @@
 //! in `telemetry/`.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, Transaction};
@@ -17,7 +17,9 @@ use crate::telemetry::TelemetryWriter;
 /// How long [`Storage::shutdown`] keeps retrying held control records.
 pub const SHUTDOWN_HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Read connections kept open for the read API.
+/// Read connections kept open for the read API: opened once at start, never more (a read
+/// waits for a free one instead of opening its own: with thousands of runners registering,
+/// extra connections each cost an open, the pragmas and a schema read).
 const READ_POOL: usize = 4;
 
 /// A cheap, cloneable handle to the database. Dropping the last clone does not stop the
@@ -31,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) config: StorageConfig,
     pub(crate) control: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    /// Signalled when a read connection goes back to `readers`.
+    reader_free: Condvar,
     pub(crate) telemetry: TelemetryWriter,
     pub(crate) held: crate::held::HeldQueue,
     /// Control closures waiting for their group commit (`group.rs`).
@@ -154,6 +158,7 @@ impl Storage {
                 config,
                 control: Mutex::new(control),
                 readers: Mutex::new(readers),
+                reader_free: Condvar::new(),
                 telemetry,
                 held: Default::default(),
                 pending: Default::default(),
@@ -228,33 +233,37 @@ impl Storage {
             .map_err(|e| StorageError::Task(e.to_string()))?
     }
 
-    /// Runs `f` on a pooled read-only connection. Blocking.
+    /// Runs `f` on one of the [`READ_POOL`] read-only connections, waiting for one to be
+    /// free. Blocking.
     pub(crate) fn read_blocking<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
+        let poisoned = || StorageError::Task("reader pool poisoned".into());
         let conn = {
-            let mut pool = self
-                .inner
-                .readers
-                .lock()
-                .map_err(|_| StorageError::Task("reader pool poisoned".into()))?;
-            pool.pop()
+            let mut pool = self.inner.readers.lock().map_err(|_| poisoned())?;
+            loop {
+                if let Some(c) = pool.pop() {
+                    break c;
+                }
+                pool = self.inner.reader_free.wait(pool).map_err(|_| poisoned())?;
+            }
         };
-        let conn = match conn {
-            Some(c) => c,
-            None => open_connection(
-                &self.inner.config,
-                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )?,
-        };
-        let out = f(&conn);
-        if let Ok(mut pool) = self.inner.readers.lock() {
-            if pool.len() < READ_POOL {
-                pool.push(conn);
+        // the connection goes back even when `f` panics
+        struct Back<'a>(&'a Inner, Option<Connection>);
+        impl Drop for Back<'_> {
+            fn drop(&mut self) {
+                if let (Some(c), Ok(mut pool)) = (self.1.take(), self.0.readers.lock()) {
+                    pool.push(c);
+                    self.0.reader_free.notify_one();
+                }
             }
         }
-        out
+        let back = Back(&self.inner, Some(conn));
+        match back.1.as_ref() {
+            Some(c) => f(c),
+            None => Err(poisoned()),
+        }
     }
 
     /// Async form of [`Storage::read_blocking`], run on tokio's blocking pool.
@@ -297,6 +306,49 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// Descriptors of this process open on `path`.
+    fn fds_on(path: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == path))
+            .count()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_share_a_fixed_pool_opened_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("stallwatch.db");
+        let s = Storage::open(StorageConfig::new(db.clone())).unwrap();
+        let at_start = fds_on(&db);
+        let reads: Vec<_> = (0..32)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.read(move |c| {
+                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(c.query_row("SELECT ?1", [i], |r| r.get::<_, i64>(0))?)
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let mut peak = 0;
+        for _ in 0..10 {
+            peak = peak.max(fds_on(&db));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for (i, r) in reads.into_iter().enumerate() {
+            assert_eq!(r.await.unwrap().unwrap(), i as i64);
+        }
+        // 32 concurrent reads ran on the connections opened at start, none opened more
+        // the control connection and the read pool
+        assert!(at_start > READ_POOL, "{at_start}");
+        assert_eq!(peak, at_start, "a read opened its own connection");
+        assert_eq!(fds_on(&db), at_start);
+        s.shutdown().await;
     }
 
     #[tokio::test]

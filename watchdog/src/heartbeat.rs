@@ -431,8 +431,7 @@ impl HeartbeatTracker {
     /// Records that a ping started at `now`; the next is due one `interval` later.
     pub fn ping_started(&mut self, now: Instant, interval: Duration) {
         self.in_flight += 1;
-        // keep the schedule (no drift), but never schedule in the past after a stall
-        self.next_ping = (self.next_ping + interval).max(now);
+        self.next_ping = next_in_phase(self.next_ping, now, interval);
     }
 
     /// Records the outcome of a ping that started at `sent` and finished at `now`.
@@ -483,9 +482,58 @@ impl HeartbeatTracker {
     }
 }
 
+/// The next ping after one started at `now` whose slot was `slot`: one `interval` later,
+/// or, after a stall that skipped slots, the first slot of the same phase after `now`. Each
+/// runner keeps the phase it got at registration, so thousands of runners stay spread over
+/// the interval instead of all pinging at the instant a stall ended (issue 17 #10), and
+/// the schedule never drifts.
+pub(crate) fn next_in_phase(slot: Instant, now: Instant, interval: Duration) -> Instant {
+    let next = slot + interval;
+    if next > now || interval.is_zero() {
+        return next.max(now);
+    }
+    let behind = now.saturating_duration_since(next).as_nanos();
+    let per = interval.as_nanos();
+    let skip = behind / per + 1;
+    next + Duration::from_nanos(u64::try_from(skip * per).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// After any stall the next ping is within one interval after `now`, strictly
+        /// after it, and on the runner's own phase (a whole number of intervals after its
+        /// previous slot).
+        #[test]
+        fn pings_keep_their_phase_after_a_stall(
+            interval_ms in 1u64..5000,
+            late_ms in 0u64..60_000,
+        ) {
+            let t0 = Instant::now();
+            let interval = Duration::from_millis(interval_ms);
+            let now = t0 + Duration::from_millis(late_ms);
+            let next = next_in_phase(t0, now, interval);
+            prop_assert!(next >= now);
+            prop_assert!(next <= now + interval);
+            let offset = next.duration_since(t0).as_nanos();
+            prop_assert_eq!(offset % interval.as_nanos(), 0);
+            prop_assert!(offset >= interval.as_nanos());
+        }
+    }
+
+    #[test]
+    fn two_runners_out_of_phase_stay_out_of_phase_after_a_stall() {
+        let t0 = Instant::now();
+        let i = Duration::from_millis(2000);
+        let (a, b) = (t0, t0 + Duration::from_millis(700));
+        let now = t0 + Duration::from_millis(9_100);
+        let (na, nb) = (next_in_phase(a, now, i), next_in_phase(b, now, i));
+        assert_eq!(na, t0 + Duration::from_millis(10_000));
+        assert_eq!(nb, t0 + Duration::from_millis(10_700));
+    }
 
     const T: Duration = Duration::from_millis(5000);
     const G: Duration = Duration::from_millis(30_000);

@@ -53,8 +53,6 @@ pub(crate) struct Runner {
     pub(crate) tripped_at: Option<Instant>,
     pub(crate) incarnation: u64,
     pub(crate) published: Option<BoardCode>,
-    /// When this runner next needs evaluating (its earliest deadline).
-    pub(crate) next_eval: Instant,
     /// Where it is in its life (board and API `lifecycle`).
     pub(crate) lifecycle: RunnerLifecycle,
     /// Since when it is *stopping* (said goodbye, or its termination began): never tripped
@@ -134,7 +132,6 @@ impl Runner {
             tripped_at: None,
             incarnation: 0,
             published: None,
-            next_eval: now,
             lifecycle: if configured {
                 RunnerLifecycle::Starting
             } else {

@@ -43,6 +43,9 @@ pub struct WatchdogStats {
     pub ledger_skipped: [AtomicU64; 6],
     /// `sidecar.degraded` episodes (stallwatch's own trouble hid a heartbeat).
     pub sidecar_degraded: AtomicU64,
+    /// Runner evaluations (one runner's step) the loop ran: it grows with what is due,
+    /// not with the number of runners times the wakes (issue 17 #10).
+    pub evaluations: AtomicU64,
 }
 
 impl WatchdogStats {
@@ -151,6 +154,12 @@ impl MetricsSource for WatchdogStats {
             "stallwatch_watchdog_sidecar_degraded_total",
             "Episodes in which stallwatch's own trouble (fd exhaustion, a starved task) hid a heartbeat.",
             g(&self.sidecar_degraded),
+        );
+        counter(
+            out,
+            "stallwatch_watchdog_evaluations_total",
+            "Runner evaluations the watchdog ran (one per runner due at a wake).",
+            g(&self.evaluations),
         );
         gauge(
             out,

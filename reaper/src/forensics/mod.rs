@@ -26,22 +26,27 @@
 
 pub mod classify;
 pub mod cpu;
+mod dump;
+mod evidence;
 pub mod procfs;
+mod sampler;
 pub mod stacks;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use stallwatch_storage::control::Trip;
+use stallwatch_storage::control::{RunnerBoard, Trip};
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::Storage;
+use tokio::sync::watch;
 
 use self::classify::{classify, CpuFacts};
 use self::cpu::{History, Sample};
+use self::evidence::{attach, tool_context};
 use self::procfs::ProcessSnapshot;
 use self::stacks::{Frame, Runtime, ThreadStack};
 
@@ -120,6 +125,9 @@ pub struct Forensics {
     histories: Mutex<HashMap<(u32, String), History>>,
     pending: Mutex<HashMap<String, Evidence>>,
     last_suspect: Mutex<HashMap<String, Instant>>,
+    /// The watchdog's board, once wired ([`Forensics::follow_board`]): the sampler reads
+    /// only the runners it names as needing it.
+    board: OnceLock<watch::Receiver<RunnerBoard>>,
 }
 
 impl Forensics {
@@ -133,61 +141,13 @@ impl Forensics {
             histories: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             last_suspect: Mutex::new(HashMap::new()),
+            board: OnceLock::new(),
         }
     }
 
     /// False when `forensics_budget_ms = 0`.
     pub fn enabled(&self) -> bool {
         !self.budget.is_zero()
-    }
-
-    /// Takes one CPU sample of each `(pid, instance_id)` and forgets processes not listed.
-    pub fn sample(&self, runners: &[(u32, String)]) {
-        let now = Instant::now();
-        let at_unix_nano = now_unix_nano();
-        let samples: Vec<((u32, String), Sample)> = runners
-            .iter()
-            .filter_map(|(pid, inst)| {
-                let (total, demand_ns, per, per_demand) = procfs::read_cpu(*pid)?;
-                Some((
-                    (*pid, inst.clone()),
-                    Sample {
-                        at: now,
-                        at_unix_nano,
-                        total_ticks: total,
-                        demand_ns,
-                        per_thread: per,
-                        per_thread_demand: per_demand,
-                    },
-                ))
-            })
-            .collect();
-        if let Ok(mut h) = self.histories.lock() {
-            h.retain(|k, _| runners.iter().any(|(p, i)| (*p, i) == (k.0, &k.1)));
-            for (k, s) in samples {
-                h.entry(k).or_default().push(s);
-            }
-        }
-    }
-
-    /// Removes stacks files of runner instances no longer registered.
-    pub fn clean_stacks_files(&self, current: &[(String, String)]) {
-        let Ok(dir) = std::fs::read_dir(self.data_dir.join("run")) else {
-            return;
-        };
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            // `<id>.<instance>.stacks` and files a kit names after it (`....stacks.report.json`).
-            let Some(stem) = name.find(".stacks").map(|i| &name[..i]) else {
-                continue;
-            };
-            if !current
-                .iter()
-                .any(|(id, inst)| stem == format!("{id}.{inst}"))
-            {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
     }
 
     /// Leaves `evidence` for the next `runner.terminated` of `runner_id`.
@@ -319,483 +279,10 @@ impl Forensics {
         };
         self.assemble(s, &tool, snap, stacks, started)
     }
-
-    /// Takes the kit's stacks: from a Node kit that offers `main_stack=heartbeat`, by asking
-    /// `STACKS` on its heartbeat socket (no signal at all); else (or when that answer is an
-    /// error) by SIGUSR2, sent only when the header names the pid, then waits for the dump.
-    async fn dump(&self, s: &Subject, deadline: tokio::time::Instant) -> Result<Dump, String> {
-        if !s.spawned {
-            return Err(format!(
-                "attached runner: stallwatch gave it no {STACKS_FILE_ENV}, so no dump was asked for"
-            ));
-        }
-        let file = stacks_path(&self.data_dir, &s.runner_id, &s.instance_id);
-        let header = stacks::read_header(&file, s.pid)?;
-        let mut heartbeat_note = None;
-        if let (Runtime::Node, true, Some(sock)) =
-            (header.runtime, header.main_stack, &s.heartbeat_socket)
-        {
-            match tokio::time::timeout_at(deadline, ask_stacks(sock)).await {
-                Ok(Ok(hb)) => return Ok(node_dump(hb, &file)),
-                Ok(Err(why)) => heartbeat_note = Some(why),
-                Err(_) => {
-                    return Err(format!(
-                        "the node kit did not answer STACKS on its heartbeat socket within the {} ms budget",
-                        self.budget.as_millis()
-                    ))
-                }
-            }
-        }
-        let Some(fd) = &s.pidfd else {
-            return Err("the runner's identity is not pinned by a pidfd: no signal sent".into());
-        };
-        let report = header.report.clone();
-        let before = match header.runtime {
-            Runtime::Python => file_meta(&file),
-            Runtime::Node => report.as_deref().and_then(file_meta),
-        };
-        crate::platform::send_dump_signal(crate::platform::borrow(fd), s.pid)
-            .map_err(|e| format!("SIGUSR2 not sent: {e}"))?;
-        let mut last_len = None;
-        loop {
-            if tokio::time::Instant::now() + POLL > deadline {
-                let why = heartbeat_note.map_or(String::new(), |w| format!("; {w}"));
-                return Err(format!(
-                    "the {} kit wrote no complete dump within the {} ms budget{}{why}",
-                    runtime_name(header.runtime),
-                    self.budget.as_millis(),
-                    if header.runtime == Runtime::Node {
-                        " (Node writes its report only when the event loop is free)"
-                    } else {
-                        ""
-                    },
-                ));
-            }
-            tokio::time::sleep_until((tokio::time::Instant::now() + POLL).min(deadline)).await;
-            match header.runtime {
-                Runtime::Python => {
-                    let now = file_meta(&file);
-                    let grew = now.map(|m| m.0) > before.map(|m| m.0);
-                    if grew && now.map(|m| m.0) == last_len {
-                        let from = before.map_or(0, |m| m.0);
-                        let text = read_range(&file, from)?;
-                        let threads = stacks::parse_faulthandler(&text);
-                        if !threads.is_empty() {
-                            return Ok(Dump {
-                                runtime: Runtime::Python,
-                                threads,
-                                active_handles: Vec::new(),
-                                source: file,
-                                heartbeat_note: None,
-                            });
-                        }
-                    }
-                    last_len = now.map(|m| m.0);
-                }
-                Runtime::Node => {
-                    let Some(path) = report.as_deref() else {
-                        return Err("no report path".into());
-                    };
-                    let now = file_meta(path);
-                    if now.is_some() && now != before {
-                        if let Ok(text) = read_range(path, 0) {
-                            if let Ok(r) = stacks::parse_node_report(&text) {
-                                return Ok(Dump {
-                                    runtime: Runtime::Node,
-                                    threads: r.threads,
-                                    active_handles: r.active_handles,
-                                    source: path.to_path_buf(),
-                                    heartbeat_note,
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn assemble(
-        &self,
-        s: &Subject,
-        tool: &ToolContext,
-        snap: Option<(ProcessSnapshot, Instant, u64)>,
-        stacks: Result<Dump, String>,
-        started: Instant,
-    ) -> Evidence {
-        let Some((snap, read_at, read_at_unix_nano)) = snap else {
-            let mut fields = Map::new();
-            fields.insert(
-                "classification".into(),
-                "the runner was gone before it could be examined".into(),
-            );
-            fields.insert("threads".into(), json!([]));
-            fields.insert(
-                "stacks".into(),
-                json!({"unavailable": stacks.err().unwrap_or_default()}),
-            );
-            fields.insert("forensics".into(), json!({"kind": "gone", "pid": s.pid, "budget_ms": self.budget.as_millis() as u64, "collected_ms": started.elapsed().as_millis() as u64}));
-            return Evidence {
-                fields,
-                reason_line: "forensics: the runner was gone before it could be examined".into(),
-            };
-        };
-        let sample = Sample {
-            at: read_at,
-            at_unix_nano: read_at_unix_nano,
-            total_ticks: snap.cpu_ticks(),
-            demand_ns: snap.demand_ns(),
-            per_thread: snap
-                .threads
-                .iter()
-                .map(|t| (t.tid, t.cpu_ticks()))
-                .collect(),
-            per_thread_demand: snap
-                .threads
-                .iter()
-                .filter_map(|t| Some((t.tid, t.demand_ns?)))
-                .collect(),
-        };
-        let hist = self
-            .histories
-            .lock()
-            .ok()
-            .and_then(|h| h.get(&(s.pid, s.instance_id.clone())).cloned())
-            .unwrap_or_default();
-        let window = (self.sample_every * 5).clamp(RECENT_WINDOW_MIN, RECENT_WINDOW_MAX);
-        let recent = hist.use_recent(window, &sample, self.hz);
-        let since_start = tool
-            .span_start_unix_nano
-            .and_then(|t| hist.use_since(t, &sample, self.hz));
-        let busy_for = hist.busy_for(&sample, self.hz, classify::BUSY_PCT);
-        let idle = hist.idle_per_thread(&sample);
-        let busiest = snap.threads.iter().max_by_key(|t| t.cpu_ticks());
-        let user_share_pct = busiest
-            .filter(|t| t.cpu_ticks() > 0)
-            .map_or(100, |t| (t.utime_ticks * 100 / t.cpu_ticks()) as u32);
-        let facts = CpuFacts {
-            recent_pct: recent.map(|u| u.pct),
-            recent_demand_pct: recent.and_then(|u| u.demand_pct),
-            busy_for,
-            user_share_pct,
-        };
-        let class = classify(&snap, facts, &idle);
-        let ms = |ticks: u64| ticks * 1000 / self.hz;
-        let threads: Vec<Value> = snap
-            .threads
-            .iter()
-            .map(|t| {
-                json!({
-                    "tid": t.tid, "name": t.name, "main": t.main,
-                    "state": t.state.to_string(), "state_name": classify::state_name(t.state),
-                    "wchan": t.wchan, "syscall": t.syscall, "syscall_target": t.syscall_fd_target,
-                    "futex_untimed": t.futex_untimed,
-                    "idle_ms": idle.get(&t.tid).map(|d| d.as_millis() as u64),
-                    "cpu_user_ms": ms(t.utime_ticks), "cpu_system_ms": ms(t.stime_ticks),
-                    "voluntary_ctxt_switches": t.voluntary_ctxt_switches,
-                    "nonvoluntary_ctxt_switches": t.nonvoluntary_ctxt_switches,
-                })
-            })
-            .collect();
-        let tool_files: Vec<String> = s
-            .argv
-            .iter()
-            .filter(|a| {
-                [".py", ".js", ".mjs", ".cjs", ".ts"]
-                    .iter()
-                    .any(|e| a.ends_with(e))
-            })
-            .cloned()
-            .collect();
-        let (stacks_json, top) = match stacks {
-            Ok(mut d) => {
-                let tool_frame = stacks::mark_tool_frames(
-                    &mut d.threads,
-                    tool.tool_name.as_deref(),
-                    &tool_files,
-                );
-                let main_top = d
-                    .threads
-                    .iter()
-                    .find(|t| t.main)
-                    .and_then(|t| t.frames.first().cloned());
-                let idle = d.runtime == Runtime::Node
-                    && d.threads
-                        .iter()
-                        .filter(|t| t.main)
-                        .all(|t| t.frames.is_empty());
-                let awaiting = d
-                    .threads
-                    .iter()
-                    .any(|t| t.label.is_some() && !t.frames.is_empty());
-                let note = match (idle, awaiting) {
-                    (true, true) => Some("no JavaScript was running: the event loop was idle; the tool span is waiting at its await site (below), on a promise or I/O that never completes"),
-                    (true, false) => Some("no JavaScript was running: the event loop was idle, waiting on a promise or I/O that never completes"),
-                    _ => None,
-                };
-                let v = json!({
-                    "runtime": d.runtime, "source": d.source, "threads": d.threads,
-                    "tool_frame": tool_frame, "active_handles": d.active_handles.iter().map(|(t, n)| json!({"type": t, "count": n})).collect::<Vec<_>>(),
-                    "note": note, "main_stack_unavailable": d.heartbeat_note,
-                });
-                (v, Some((main_top, tool_frame)))
-            }
-            Err(why) => (json!({ "unavailable": why }), None),
-        };
-        let mut reason_line = class.summary.clone();
-        if let Some((main_top, tool_frame)) = &top {
-            if let Some(f) = main_top {
-                reason_line.push_str(&format!("; main thread at {}", stacks::describe_frame(f)));
-            }
-            if let Some(t) = tool_frame
-                .as_ref()
-                .filter(|t| Some(*t) != main_top.as_ref())
-            {
-                reason_line.push_str(&format!(" (tool code: {})", stacks::describe_frame(t)));
-            }
-        }
-        let forensics = json!({
-            "kind": class.kind, "pid": s.pid, "thread_count": snap.thread_count,
-            "rss_bytes": snap.rss_bytes, "fd_count": snap.fd_count,
-            "tool_name": tool.tool_name,
-            "cpu": {
-                "recent_pct": recent.map(|u| u.pct), "recent_window_ms": recent.map(|u| u.window_ms),
-                "recent_demand_pct": recent.and_then(|u| u.demand_pct),
-                "since_span_start_pct": since_start.map(|u| u.pct),
-                "since_span_start_window_ms": since_start.map(|u| u.window_ms),
-                "busy_for_ms": busy_for.as_millis() as u64, "user_share_pct": user_share_pct,
-                "samples": hist.len(),
-            },
-            "budget_ms": self.budget.as_millis() as u64,
-            "collected_ms": started.elapsed().as_millis() as u64,
-            "truncated": false,
-        });
-        let mut fields = Map::new();
-        fields.insert("classification".into(), Value::String(class.summary));
-        fields.insert("threads".into(), Value::Array(threads));
-        fields.insert("stacks".into(), stacks_json);
-        fields.insert("forensics".into(), forensics);
-        bound(&mut fields, MAX_EVIDENCE_BYTES);
-        Evidence {
-            fields,
-            reason_line,
-        }
-    }
 }
 
-/// A parsed dump.
-struct Dump {
-    runtime: Runtime,
-    threads: Vec<ThreadStack>,
-    active_handles: Vec<(String, usize)>,
-    source: PathBuf,
-    /// Why the Node kit's `STACKS` answer is missing, when it is.
-    heartbeat_note: Option<String>,
-}
-
-fn runtime_name(r: Runtime) -> &'static str {
-    match r {
-        Runtime::Python => "python",
-        Runtime::Node => "node",
-    }
-}
-
-/// A Node dump from the kit's `STACKS` answer: the main thread's stack, one labelled stack
-/// per open tool span's await site, and (free event loop) the loop's handles.
-fn node_dump(hb: stacks::HeartbeatStacks, stacks_file: &Path) -> Dump {
-    let mut threads = vec![hb.main];
-    threads.extend(hb.tools);
-    Dump {
-        runtime: Runtime::Node,
-        threads,
-        active_handles: hb.active_handles,
-        source: stacks_file.to_path_buf(),
-        heartbeat_note: None,
-    }
-}
-
-/// Asks the Node kit `STACKS` on its heartbeat socket; reads one answer line (bounded).
-/// The caller bounds the time.
-async fn ask_stacks(sock: &Path) -> Result<stacks::HeartbeatStacks, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut c = tokio::net::UnixStream::connect(sock)
-        .await
-        .map_err(|e| format!("the heartbeat socket cannot be reached for STACKS: {e}"))?;
-    c.write_all(b"STACKS\n")
-        .await
-        .map_err(|e| format!("STACKS not sent: {e}"))?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    while buf.len() < stacks::MAX_HEARTBEAT_ANSWER_BYTES && !buf.contains(&b'\n') {
-        let n = c
-            .read(&mut chunk)
-            .await
-            .map_err(|e| format!("the STACKS answer cannot be read: {e}"))?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    stacks::parse_heartbeat_stacks(&String::from_utf8_lossy(&buf))
-}
-
-fn file_meta(p: &Path) -> Option<(u64, std::time::SystemTime)> {
-    let m = std::fs::metadata(p).ok()?;
-    Some((m.len(), m.modified().ok()?))
-}
-
-fn read_range(p: &Path, from: u64) -> Result<String, String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(p).map_err(|e| format!("dump unreadable: {e}"))?;
-    f.seek(SeekFrom::Start(from))
-        .map_err(|e| format!("dump unreadable: {e}"))?;
-    let mut buf = Vec::new();
-    f.take(stacks::MAX_DUMP_BYTES)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("dump unreadable: {e}"))?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-/// The tool name and span start of the incident `id` (trip or suspect).
-async fn tool_context(storage: &Storage, id: i64) -> ToolContext {
-    let Ok(Some(inc)) = storage.incident(id).await else {
-        return ToolContext::default();
-    };
-    let n = inc.incident;
-    let mut ctx = ToolContext {
-        tool_name: n.tool_name.clone(),
-        span_start_unix_nano: None,
-    };
-    if let (Some(t), Some(s)) = (n.trace_id, n.span_id) {
-        if let Ok(Some(span)) = storage.span(t, s).await {
-            ctx.span_start_unix_nano = Some(span.span.start_time_unix_nano);
-            if ctx.tool_name.is_none() {
-                ctx.tool_name = Some(span.span.name.clone());
-            }
-        }
-    }
-    ctx
-}
-
-/// Adds `ev` to incident `id` (the follow-up update).
-async fn attach(storage: &Storage, id: i64, ev: &Evidence) {
-    if let Err(e) = storage
-        .attach_incident_evidence(id, ev.fields.clone(), Some(ev.reason_line.clone()))
-        .await
-    {
-        tracing::warn!(incident = id, "forensics not added to the incident: {e}");
-    }
-}
-
-/// Shrinks `fields` to at most `max` bytes of JSON: fewer frames per thread, then fewer
-/// threads, then no stacks. Sets `forensics.truncated`.
-pub fn bound(fields: &mut Map<String, Value>, max: usize) {
-    let size = |f: &Map<String, Value>| serde_json::to_vec(f).map_or(usize::MAX, |v| v.len());
-    if size(fields) <= max {
-        return;
-    }
-    if let Some(f) = fields.get_mut("forensics") {
-        f["truncated"] = Value::Bool(true);
-    }
-    for keep in [16usize, 4, 1] {
-        if let Some(threads) = fields
-            .get_mut("stacks")
-            .and_then(|s| s.get_mut("threads"))
-            .and_then(Value::as_array_mut)
-        {
-            for t in threads.iter_mut() {
-                if let Some(frames) = t.get_mut("frames").and_then(Value::as_array_mut) {
-                    if frames.len() > keep {
-                        let cut = frames.len() - keep;
-                        frames.truncate(keep);
-                        let omitted = t["frames_omitted"].as_u64().unwrap_or(0) + cut as u64;
-                        t["frames_omitted"] = omitted.into();
-                    }
-                }
-            }
-        }
-        if size(fields) <= max {
-            return;
-        }
-    }
-    for key in ["threads"] {
-        if let Some(a) = fields.get_mut(key).and_then(Value::as_array_mut) {
-            a.truncate(32);
-        }
-    }
-    if let Some(a) = fields
-        .get_mut("stacks")
-        .and_then(|s| s.get_mut("threads"))
-        .and_then(Value::as_array_mut)
-    {
-        a.truncate(32);
-    }
-    if size(fields) <= max {
-        return;
-    }
-    fields.insert(
-        "stacks".into(),
-        json!({"unavailable": format!("the stacks were over the {max}-byte evidence limit")}),
-    );
-    if let Some(a) = fields.get_mut("threads").and_then(Value::as_array_mut) {
-        a.truncate(8);
-    }
-}
-
-/// The runner id of a `verdict.suspect` incident, when it is one.
-pub fn suspect_runner(kind: EventKind, runner_id: Option<&str>) -> Option<&str> {
-    (kind == EventKind::VerdictSuspect)
-        .then_some(runner_id)
-        .flatten()
-}
-
-/// Starts the forensics task of a reaper: the CPU sampler (every `forensics_sample_ms`),
-/// stacks-file cleanup, and evidence for `verdict.suspect` incidents from the event bus.
-/// Does nothing when forensics is off.
-pub fn start(reaper: crate::ReaperHandle) {
-    let fx = reaper.forensics();
-    if !fx.enabled() {
-        return;
-    }
-    let every = fx.sample_every;
-    let mut events = reaper.events().subscribe();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut ticks = 0u64;
-        loop {
-            tokio::select! {
-                _ = reaper.shutdown_token().cancelled() => break,
-                _ = tick.tick() => {
-                    let runners = reaper.forensics_runners();
-                    let pids: Vec<(u32, String)> = runners.iter().map(|r| (r.1, r.2.clone())).collect();
-                    let fx2 = reaper.forensics();
-                    let _ = tokio::task::spawn_blocking(move || fx2.sample(&pids)).await;
-                    ticks += 1;
-                    if ticks % 32 == 1 {
-                        let current: Vec<(String, String)> = runners.into_iter().map(|r| (r.0, r.2)).collect();
-                        reaper.forensics().clean_stacks_files(&current);
-                    }
-                }
-                ev = events.recv() => match ev {
-                    Ok(inc) => {
-                        let Some(id) = suspect_runner(inc.incident.kind, inc.incident.runner_id.as_deref()) else { continue };
-                        if inc.id <= 0 { continue; }
-                        if let Some(subject) = reaper.forensics_subject(id).await {
-                            let r = reaper.clone();
-                            let inc_id = inc.id;
-                            tokio::spawn(async move {
-                                r.forensics().on_suspect(r.storage(), inc_id, subject).await;
-                            });
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(_) => break,
-                },
-            }
-        }
-    });
-}
+pub use self::evidence::bound;
+pub use self::sampler::{start, suspect_runner};
 
 /// The frame summary used in webhooks and reasons (for other crates' tests).
 pub fn frame_summary(f: &Frame) -> String {
@@ -805,39 +292,6 @@ pub fn frame_summary(f: &Frame) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn evidence_is_bounded() {
-        let frames: Vec<Value> = (0..48)
-            .map(|i| json!({"function": format!("f{i}"), "file": "x".repeat(200), "line": i}))
-            .collect();
-        let threads: Vec<Value> = (0..64)
-            .map(|i| json!({"id": i, "frames": frames.clone()}))
-            .collect();
-        let mut f = Map::new();
-        f.insert("classification".into(), "x".into());
-        f.insert(
-            "threads".into(),
-            json!((0..256)
-                .map(|i| json!({"tid": i, "name": "n".repeat(15)}))
-                .collect::<Vec<_>>()),
-        );
-        f.insert(
-            "stacks".into(),
-            json!({"runtime": "python", "threads": threads}),
-        );
-        f.insert("forensics".into(), json!({"truncated": false}));
-        bound(&mut f, MAX_EVIDENCE_BYTES);
-        let n = serde_json::to_vec(&f).unwrap().len();
-        assert!(n <= MAX_EVIDENCE_BYTES, "{n}");
-        assert_eq!(f["forensics"]["truncated"], true);
-        assert_eq!(f["classification"], "x");
-        // Small evidence is left alone.
-        let mut small = Map::new();
-        small.insert("forensics".into(), json!({"truncated": false}));
-        bound(&mut small, MAX_EVIDENCE_BYTES);
-        assert_eq!(small["forensics"]["truncated"], false);
-    }
 
     #[test]
     fn stacks_files_are_per_instance() {

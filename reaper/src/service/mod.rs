@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use stallwatch_storage::control::{ControlRequest, RegisterError, RunnerChange, RunnerSpec, Trip};
+use stallwatch_storage::control::{
+    ControlRequest, RegisterError, RunnerBoard, RunnerChange, RunnerSpec, Trip,
+};
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
 use tokio::sync::mpsc;
@@ -319,6 +321,12 @@ impl ReaperHandle {
     }
     pub(crate) fn shutdown_token(&self) -> &CancellationToken {
         &self.inner.shutdown
+    }
+    /// Lets the forensics CPU sampler follow the watchdog's board, so it reads `/proc` only
+    /// for runners that may trip soon instead of every registered one each period (issue
+    /// 17 #10; [`crate::forensics::needs_sampling`]).
+    pub fn follow_board(&self, board: tokio::sync::watch::Receiver<RunnerBoard>) {
+        self.inner.forensics.follow_board(board);
     }
     /// `(id, pid, instance_id)` of every live runner (the forensics CPU sampler's list).
     pub(crate) fn forensics_runners(&self) -> Vec<(String, u32, String)> {

@@ -54,9 +54,10 @@ impl ReaperHandle {
             .runners
             .lock()
             .map(|m| {
-                m.values()
-                    .filter(|e| e.id != id && e.alive.load(Ordering::SeqCst))
-                    .count()
+                let alive = |e: &Arc<Entry>| e.alive.load(Ordering::SeqCst);
+                // one pass of atomic loads; the id is looked up once, not compared n times
+                let all = m.values().filter(|e| alive(e)).count();
+                all - usize::from(m.get(id).is_some_and(alive))
             })
             .unwrap_or(0);
         if live >= max {

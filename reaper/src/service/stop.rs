@@ -14,6 +14,12 @@ use stallwatch_storage::model::{now_unix_nano, EventKind, SpanId, TraceId};
 use stallwatch_storage::runners::{ActionRecord, RunnerRowState};
 
 use super::{Entry, ReaperHandle, OWNED_PIDS};
+
+/// At most this many runners go through their after-stop work (checkpoint rollback, span
+/// ends, `runner.terminated`, row) at once at shutdown: enough to fill the storage
+/// writer's group commits, few enough that thousands of runners never queue thousands
+/// of transactions at once ahead of everything else.
+const AFTER_STOP_PARALLEL: usize = 64;
 use crate::ends::EndCause;
 use crate::platform::{self};
 use crate::spans::EndEvent;
@@ -33,6 +39,7 @@ impl ReaperHandle {
             .into_iter()
             .filter(|e| e.stop_at_shutdown)
             .collect();
+        let permits = Arc::new(tokio::sync::Semaphore::new(AFTER_STOP_PARALLEL));
         let mut others = tokio::task::JoinSet::new();
         let mut held = Vec::new();
         for e in &entries {
@@ -40,9 +47,10 @@ impl ReaperHandle {
                 Ok(g) if g.finished => {}
                 Ok(g) if g.pidfd.is_some() => held.push((e, g)),
                 _ => {
-                    let (h, e) = (self.clone(), e.clone());
+                    let (h, e, permits) = (self.clone(), e.clone(), permits.clone());
                     others.spawn(async move {
                         let r = h.stop(&e, "shutdown", None).await;
+                        let _permit = permits.acquire_owned().await;
                         if let Some(r) = &r {
                             h.after_stop(&e, r, "shutdown", &[]).await;
                         }
@@ -89,7 +97,9 @@ impl ReaperHandle {
             }
             drop(g);
             let (h, e, r2) = (self.clone(), e.clone(), r.clone());
+            let permits = permits.clone();
             after.spawn(async move {
+                let _permit = permits.acquire_owned().await;
                 h.wait_readers(&e).await;
                 h.after_stop(&e, &r2, "shutdown", &[]).await;
             });

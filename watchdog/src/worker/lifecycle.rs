@@ -9,6 +9,12 @@ use super::*;
 impl Worker {
     pub(super) async fn runner_change(&mut self, ch: RunnerChange) {
         let now = Instant::now();
+        let (id_of, removed_now) = match &ch {
+            RunnerChange::Gone { id, removed } => (id.clone(), *removed),
+            RunnerChange::Registered { id, .. }
+            | RunnerChange::Lifecycle { id, .. }
+            | RunnerChange::SpansEnded { id, .. } => (id.clone(), false),
+        };
         match ch {
             RunnerChange::Registered {
                 id,
@@ -114,8 +120,13 @@ impl Worker {
         self.stats
             .runners
             .store(self.runners.len() as u64, Ordering::Relaxed);
-        self.publish_board(now, true);
-        self.want_full();
+        if !removed_now {
+            self.due_now(&id_of, now);
+        } else {
+            self.due.remove(&id_of);
+            self.board_dirty.insert(id_of);
+        }
+        self.publish_board(now);
     }
 
     pub(super) fn spawn_ping(&mut self, id: &str, probe: Option<u64>) {
@@ -178,16 +189,18 @@ impl Worker {
                     let Some(r) = self.runners.get_mut(&d.runner) else {
                         return;
                     };
-                    r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
-                    self.sched.wake_by(r.next_eval);
+                    let at = r.hb.next_ping().max(now);
+                    self.due.set_by(&d.runner, at);
+                    self.sched.wake_by(at);
                     return;
                 } else {
                     // a ping of a previous incarnation: only release its in-flight slot
                     r.hb.ping_finished(d.sent, now, &Err(HeartbeatFailure::Timeout), 0);
                 }
                 // a freed in-flight slot may make a ping due at once
-                r.next_eval = r.next_eval.min(r.hb.next_ping().max(now));
-                self.sched.wake_by(r.next_eval);
+                let at = r.hb.next_ping().max(now);
+                self.due.set_by(&d.runner, at);
+                self.sched.wake_by(at);
             }
             Some(probe) => {
                 let answer = d.result.as_ref().map(|_| ()).map_err(|f| f.to_string());
@@ -223,7 +236,8 @@ impl Worker {
                     }
                     _ => {}
                 }
-                self.publish_board(now, true);
+                self.board_dirty.insert(d.runner.clone());
+                self.publish_board(now);
             }
         }
     }

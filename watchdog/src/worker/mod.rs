@@ -3,14 +3,18 @@
 //! One task owns the open-span ledger, every runner's heartbeat tracker, verdict and
 //! breaker. It reads committed telemetry ([`Observation`]) and lifecycle notices
 //! ([`RunnerChange`]), starts pings as futures in a `JoinSet` (thousands of runners on the
-//! runtime's few threads), and every `tick` evaluates each runner: fusion, breaker moves,
-//! probes. Side effects leave through two helper tasks so the loop never waits on a disk:
+//! runtime's few threads), and evaluates each runner when it is due (fusion, breaker moves,
+//! probes): every runner has one deadline in a [`DueSet`], and a wake steps only the
+//! runners whose deadline came or whose inputs changed (an observation of its spans, a
+//! lifecycle notice), so its cost follows what is due, not how many are registered (issue
+//! 17 #10). The board is updated the same way: the runners that changed, and all of them
+//! once per `board_interval`. Side effects leave through two helper tasks so the loop never waits on a disk:
 //! the *effects* task records each incident through [`EventBus::publish`] and only then
 //! sends the [`Trip`] (an incident is written before anything acts on it), and the
 //! *persister* task writes ledger changes in batches (one control transaction per batch).
 //! The watchdog never sends a signal and never touches a workspace file.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -41,7 +45,7 @@ use crate::runner::{
     heartbeat_socket_usable, probe_outcome, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY,
     HEALTHY, MAX_IDLE, STARVED_GAP,
 };
-use crate::schedule::Schedule;
+use crate::schedule::{DueSet, Schedule};
 use crate::shapes::{self, Record, SpanKey};
 use crate::stats::WatchdogStats;
 
@@ -75,10 +79,15 @@ struct Worker {
     breakers: Arc<RwLock<HashMap<String, Breaker>>>,
     stats: Arc<WatchdogStats>,
     records: Vec<Record>,
-    last_board: Instant,
     max_in_flight: u32,
     /// When the loop next wakes, and whether that wake is a full pass.
     sched: Schedule,
+    /// Each runner's next deadline.
+    due: DueSet,
+    /// Runners whose board entry may have changed since the last publication.
+    board_dirty: BTreeSet<String>,
+    /// When the whole board was last rebuilt (its time-dependent fields refreshed).
+    last_board_full: Instant,
     /// When `evaluate` last ran (to notice our own task being starved).
     last_eval: Instant,
     /// When the last `sidecar.degraded` incident was raised.
@@ -141,9 +150,11 @@ impl Watchdog {
                 breakers,
                 stats,
                 records: Vec::new(),
-                last_board: Instant::now(),
                 max_in_flight,
                 sched: Schedule::new(Instant::now(), config_tick),
+                due: DueSet::default(),
+                board_dirty: BTreeSet::new(),
+                last_board_full: Instant::now(),
                 last_eval: Instant::now(),
                 degraded_at: None,
             };
@@ -196,10 +207,7 @@ impl Worker {
                     armed = self.sched.next_wake + Duration::from_nanos(1);
                 }
                 o = observations.recv(), if obs_open => match o {
-                    Some(o) => {
-                        self.observe(o);
-                        self.want_full();
-                    }
+                    Some(o) => self.observe(o),
                     None => obs_open = false,
                 },
             }
@@ -227,8 +235,22 @@ impl Worker {
             let lookup = |p: u32| pids.get(&p).cloned();
             let mut changed = 0u64;
             let mut opened = Vec::new();
+            let mut touched: BTreeSet<String> = BTreeSet::new();
+            let now = Instant::now();
             for r in &records {
-                match self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup) {
+                let key = match r {
+                    Record::Open(rec) => rec.key,
+                    Record::Ended(k) => *k,
+                };
+                let bound = |l: &Ledger| l.get(&key).and_then(|e| e.runner.clone());
+                if let Some(id) = bound(&self.ledger) {
+                    touched.insert(id);
+                }
+                let applied = self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup);
+                if let Some(id) = bound(&self.ledger) {
+                    touched.insert(id);
+                }
+                match applied {
                     Applied::Ignored => {}
                     Applied::Opened => {
                         changed += 1;
@@ -241,6 +263,13 @@ impl Worker {
             }
             for (key, pid) in opened {
                 self.drop_if_from_dead_process(key, pid);
+            }
+            // only the runners whose spans changed need a new verdict
+            for id in touched {
+                if self.runners.contains_key(&id) {
+                    self.due.set_by(&id, now);
+                    self.sched.wake_by(now);
+                }
             }
             self.stats
                 .ledger_records
@@ -291,7 +320,8 @@ impl Worker {
                 tracing::info!(runner = %id, "runner said goodbye: stopping");
                 r.stopping_since = Some(now);
                 r.lifecycle = RunnerLifecycle::Stopping;
-                r.next_eval = now;
+                self.due.set_by(id, now);
+                self.board_dirty.insert(id.to_string());
                 self.sched.wake_by(now);
             }
         }
@@ -313,22 +343,30 @@ impl Worker {
                         Ok(())
                     }
                 };
-                self.publish_board(now, true);
-                self.want_full();
+                self.board_dirty.insert(id.clone());
+                if self.runners.contains_key(&id) {
+                    self.due.set_by(&id, now);
+                    self.sched.wake_by(now);
+                }
+                self.publish_board(now);
                 let _ = reply.send(out);
             }
         }
     }
 
-    /// Asks for an evaluation of every runner at the next wake (at most once per tick).
-    fn want_full(&mut self) {
-        self.sched.want_full();
+    /// Asks for an evaluation of `id` at once (its inputs changed).
+    fn due_now(&mut self, id: &str, now: Instant) {
+        if self.runners.contains_key(id) {
+            self.due.set_by(id, now);
+            self.sched.wake_by(now);
+        }
+        self.board_dirty.insert(id.to_string());
     }
 
-    /// Evaluates the runners that are due (or all of them after a change), runs the
-    /// resulting actions, flushes the ledger, republishes the board, and computes the next
-    /// wake-up: the earliest runner deadline, never later than a tick when a full pass is
-    /// pending and never later than the board interval.
+    /// Evaluates the runners that are due (all of them after our own task was starved),
+    /// runs the resulting actions, flushes the ledger, republishes the board, and computes
+    /// the next wake-up: the earliest runner deadline, never later than a tick when a full
+    /// pass is pending and never later than the board interval.
     async fn evaluate(&mut self, now: Instant) {
         let gap = now.saturating_duration_since(self.last_eval);
         self.last_eval = now;
@@ -337,7 +375,7 @@ impl Worker {
             for r in self.runners.values_mut() {
                 r.hb.own_fault(now);
             }
-            self.sched.force_full();
+            self.sched.want_full();
             let why = format!(
                 "the watchdog task did not run for {} ms (stallwatch starved or stopped)",
                 gap.as_millis()
@@ -345,22 +383,27 @@ impl Worker {
             self.degraded(now, None, why).await;
         }
         let full = self.sched.begin(now);
+        let ids: Vec<String> = if full {
+            self.runners.keys().cloned().collect()
+        } else {
+            self.due.take_due(now)
+        };
+        self.stats
+            .evaluations
+            .fetch_add(ids.len() as u64, Ordering::Relaxed);
         let mut actions: Vec<(String, Action)> = Vec::new();
         let mut pings: Vec<String> = Vec::new();
-        let mut changed = false;
-        let mut next_wake = now + MAX_IDLE;
         {
             let cfg = &self.cfg;
             let ledger = &self.ledger;
             let stats = &self.stats;
-            for (id, r) in self.runners.iter_mut() {
-                if !full && r.next_eval > now {
-                    next_wake = next_wake.min(r.next_eval);
+            for id in ids {
+                let Some(r) = self.runners.get_mut(&id) else {
                     continue;
-                }
+                };
                 let view = || LedgerView {
-                    worst: ledger.worst_for(id, now, cfg.staleness),
-                    next_crossing: ledger.next_crossing(id, now, cfg.staleness),
+                    worst: ledger.worst_for(&id, now, cfg.staleness),
+                    next_crossing: ledger.next_crossing(&id, now, cfg.staleness),
                 };
                 let st = r.step(now, cfg, self.max_in_flight, &view);
                 if st.ping {
@@ -369,11 +412,13 @@ impl Worker {
                 if let Some(v) = st.entered {
                     stats.verdict(v);
                 }
+                let moved = r.published != Some(r.board_code(now, cfg));
                 actions.extend(st.actions.into_iter().map(|a| (id.clone(), a)));
-                let next = st.next;
-                r.next_eval = next.max(now + Duration::from_millis(1));
-                next_wake = next_wake.min(r.next_eval);
-                changed |= r.published != Some(r.board_code(now, cfg));
+                self.due
+                    .set(&id, st.next.max(now + Duration::from_millis(1)));
+                if moved {
+                    self.board_dirty.insert(id);
+                }
             }
         }
         for id in pings {
@@ -393,25 +438,24 @@ impl Worker {
                 Action::Suspect(hb) => self.suspect(&id, now, hb).await,
                 Action::Trip => self.trip(&id, now).await,
             }
-            if let Some(r) = self.runners.get_mut(&id) {
-                r.next_eval = now + Duration::from_millis(1);
-                next_wake = next_wake.min(r.next_eval);
+            if self.runners.contains_key(&id) {
+                self.due.set(&id, now + Duration::from_millis(1));
             }
-            changed = true;
-        }
-        if full {
-            self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
-            self.stats
-                .ledger_open_spans
-                .store(self.ledger.len() as u64, Ordering::Relaxed);
+            self.board_dirty.insert(id);
         }
         self.flush_ledger(false).await;
+        let mut next_wake = self
+            .due
+            .earliest()
+            .unwrap_or(now + MAX_IDLE)
+            .min(now + MAX_IDLE);
         if self.ledger.dirty_len() > 0 {
-            self.want_full();
+            // the persister was busy: try again within a tick
+            next_wake = next_wake.min(now + self.cfg.tick);
         }
-        self.publish_board(now, changed);
+        self.publish_board(now);
         self.sched
-            .end(next_wake, self.last_board + self.cfg.board_interval);
+            .end(next_wake, self.last_board_full + self.cfg.board_interval);
     }
 
     async fn flush_ledger(&mut self, last: bool) {
@@ -428,53 +472,85 @@ impl Worker {
         }
     }
 
-    fn publish_board(&mut self, now: Instant, changed: bool) {
-        if !changed && now.saturating_duration_since(self.last_board) < self.cfg.board_interval {
+    /// Republishes the board: every runner once per `board_interval` (their elapsed
+    /// times, retry-after and heartbeat figures move with time; the open-span ledger's
+    /// inferred entries are swept then too), else only the runners marked changed, in
+    /// place, so a change costs `O(log n)` and not a rebuild of thousands of entries.
+    fn publish_board(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.last_board_full) >= self.cfg.board_interval {
+            self.last_board_full = now;
+            self.board_dirty.clear();
+            self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
+            self.stats
+                .ledger_open_spans
+                .store(self.ledger.len() as u64, Ordering::Relaxed);
+            let cfg = &self.cfg;
+            let map: BTreeMap<String, RunnerStatus> = self
+                .runners
+                .iter_mut()
+                .map(|(id, r)| (id.clone(), status(id, r, now, cfg)))
+                .collect();
+            self.board.send_replace(Arc::new(map));
             return;
         }
-        self.last_board = now;
-        let cfg = &self.cfg;
-        let mut map = BTreeMap::new();
-        for (id, r) in self.runners.iter_mut() {
-            let hb = r.heartbeat_label(now, cfg);
-            let adm = r.breaker.admission(now);
-            let reason = if r.breaker.state() != BreakerState::Closed {
-                r.breaker.reason().to_string()
-            } else if r.fused.verdict == Verdict::Suspect {
-                format!("suspect: {}", r.fused.cause.as_str())
-            } else {
-                String::new()
-            };
-            r.published = Some(r.board_code(now, cfg));
-            let verdict = if r.dead && r.breaker.state() == BreakerState::Closed {
-                "gone".to_string()
-            } else {
-                r.fused.verdict.as_str().to_string()
-            };
-            map.insert(
-                id.clone(),
-                RunnerStatus {
-                    id: id.clone(),
-                    pid: r.pid,
-                    spawned: r.spawned,
-                    lifecycle: r.lifecycle,
-                    breaker: r.breaker.state(),
-                    verdict,
-                    reason,
-                    retry_after_ms: adm.retry_after_ms,
-                    heartbeat: hb,
-                    heartbeat_rtt_us: r.hb.rtt_samples(),
-                    worst_span: r.worst.as_ref().map(|w| WorstSpan {
-                        trace_id: w.key.trace_id,
-                        span_id: w.key.span_id,
-                        tool_name: w.tool.clone(),
-                        elapsed_ms: w.elapsed.as_millis() as u64,
-                        sla_ms: w.sla.as_millis() as u64,
-                        stale: w.stale,
-                    }),
-                },
-            );
+        if self.board_dirty.is_empty() {
+            return;
         }
-        self.board.send_replace(Arc::new(map));
+        let dirty = std::mem::take(&mut self.board_dirty);
+        let (cfg, runners) = (&self.cfg, &mut self.runners);
+        self.board.send_modify(|board| {
+            // readers clone the Arc only for the length of one request: this rarely copies
+            let map = Arc::make_mut(board);
+            for id in dirty {
+                match runners.get_mut(&id) {
+                    Some(r) => {
+                        let st = status(&id, r, now, cfg);
+                        map.insert(id, st);
+                    }
+                    None => {
+                        map.remove(&id);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One runner's board entry (and marks it published).
+fn status(id: &str, r: &mut Runner, now: Instant, cfg: &WatchdogConfig) -> RunnerStatus {
+    let hb = r.heartbeat_label(now, cfg);
+    let adm = r.breaker.admission(now);
+    let reason = if r.breaker.state() != BreakerState::Closed {
+        r.breaker.reason().to_string()
+    } else if r.fused.verdict == Verdict::Suspect {
+        format!("suspect: {}", r.fused.cause.as_str())
+    } else {
+        String::new()
+    };
+    r.published = Some(r.board_code(now, cfg));
+    let verdict = if r.dead && r.breaker.state() == BreakerState::Closed {
+        "gone".to_string()
+    } else {
+        r.fused.verdict.as_str().to_string()
+    };
+    RunnerStatus {
+        id: id.to_string(),
+        pid: r.pid,
+        spawned: r.spawned,
+        lifecycle: r.lifecycle,
+        breaker: r.breaker.state(),
+        verdict,
+        reason,
+        retry_after_ms: adm.retry_after_ms,
+        heartbeat: hb,
+        heartbeat_rtt_us: r.hb.rtt_samples(),
+        worst_span: r.worst.as_ref().map(|w| WorstSpan {
+            trace_id: w.key.trace_id,
+            span_id: w.key.span_id,
+            tool_name: w.tool.clone(),
+            elapsed_ms: w.elapsed.as_millis() as u64,
+            sla_ms: w.sla.as_millis() as u64,
+            stale: w.stale,
+        }),
     }
 }

@@ -5,4 +5,5 @@
 mod common;
 mod heartbeats;
 mod ledger;
+mod scale;
 mod verdicts;

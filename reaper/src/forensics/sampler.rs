@@ -1,0 +1,219 @@
+//! The forensics task: the CPU sampler behind "0% CPU for 58 s" (every
+//! `forensics_sample_ms`), stacks-file cleanup, and evidence for `verdict.suspect`
+//! incidents from the event bus (issue 18; `docs/design.md`, Stall forensics).
+//!
+//! The sampler reads `/proc` only for the runners that can be tripped (issue 17 #10: with
+//! 2,000 runners, reading every one every period starved the runtime): those the watchdog's
+//! board shows with an open tool span (from its start, so "CPU since the span started"
+//! means what it says), with a verdict other than healthy (a suspect), or with a heartbeat
+//! that is failing to answer ([`needs_sampling`]). Without a board (a reaper alone) it
+//! samples every live runner.
+
+use std::collections::HashSet;
+
+use stallwatch_storage::control::RunnerStatus;
+use stallwatch_storage::labels::HeartbeatLabel;
+
+use super::*;
+
+/// Whether the CPU sampler reads a runner this period, from its board entry (`None`: the
+/// board does not know it yet, so it is read). Healthy runners with no open tool span and
+/// a heartbeat that answers (or none configured, or one whose socket was never created)
+/// are left alone; the evidence of a trip without history says so (`cpu.samples = 0`).
+pub fn needs_sampling(status: Option<&RunnerStatus>) -> bool {
+    let Some(st) = status else { return true };
+    if st.verdict == "gone" {
+        return false;
+    }
+    if st.verdict != "healthy" {
+        return true;
+    }
+    let answering_badly = matches!(
+        st.heartbeat,
+        HeartbeatLabel::Lost
+            | HeartbeatLabel::Timeout
+            | HeartbeatLabel::BadAnswer
+            | HeartbeatLabel::ConnectionRefused
+            | HeartbeatLabel::IoError
+    );
+    answering_badly || st.worst_span.is_some()
+}
+
+impl Forensics {
+    /// Follows the watchdog's board: from now on the sampler reads only the runners
+    /// [`needs_sampling`] picks. Set once; later calls are ignored.
+    pub fn follow_board(&self, board: watch::Receiver<RunnerBoard>) {
+        let _ = self.board.set(board);
+    }
+
+    /// The `(pid, instance_id)` of `live` runners (`(id, pid, instance_id)`) that the
+    /// sampler reads this period.
+    pub fn to_sample(&self, live: &[(String, u32, String)]) -> Vec<(u32, String)> {
+        let pick = |r: &(String, u32, String)| (r.1, r.2.clone());
+        match self.board.get() {
+            None => live.iter().map(pick).collect(),
+            Some(rx) => {
+                let board = rx.borrow().clone();
+                live.iter()
+                    .filter(|r| needs_sampling(board.get(&r.0)))
+                    .map(pick)
+                    .collect()
+            }
+        }
+    }
+
+    /// Takes one CPU sample of each of `sampled` (`(pid, instance_id)`) and forgets the
+    /// histories of processes not in `live`.
+    pub fn sample(&self, sampled: &[(u32, String)], live: &[(u32, String)]) {
+        let now = Instant::now();
+        let at_unix_nano = now_unix_nano();
+        let samples: Vec<((u32, String), Sample)> = sampled
+            .iter()
+            .filter_map(|(pid, inst)| {
+                let (total, demand_ns, per, per_demand) = procfs::read_cpu(*pid)?;
+                Some((
+                    (*pid, inst.clone()),
+                    Sample {
+                        at: now,
+                        at_unix_nano,
+                        total_ticks: total,
+                        demand_ns,
+                        per_thread: per,
+                        per_thread_demand: per_demand,
+                    },
+                ))
+            })
+            .collect();
+        let live: HashSet<(u32, &str)> = live.iter().map(|(p, i)| (*p, i.as_str())).collect();
+        if let Ok(mut h) = self.histories.lock() {
+            h.retain(|k, _| live.contains(&(k.0, k.1.as_str())));
+            for (k, s) in samples {
+                h.entry(k).or_default().push(s);
+            }
+        }
+    }
+
+    /// Removes stacks files of runner instances no longer registered.
+    pub fn clean_stacks_files(&self, current: &[(String, String)]) {
+        let Ok(dir) = std::fs::read_dir(self.data_dir.join("run")) else {
+            return;
+        };
+        let current: HashSet<String> = current
+            .iter()
+            .map(|(id, inst)| format!("{id}.{inst}"))
+            .collect();
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // `<id>.<instance>.stacks` and files a kit names after it (`....stacks.report.json`).
+            let Some(stem) = name.find(".stacks").map(|i| &name[..i]) else {
+                continue;
+            };
+            if !current.contains(stem) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// The runner id of a `verdict.suspect` incident, when it is one.
+pub fn suspect_runner(kind: EventKind, runner_id: Option<&str>) -> Option<&str> {
+    (kind == EventKind::VerdictSuspect)
+        .then_some(runner_id)
+        .flatten()
+}
+
+/// Starts the forensics task of a reaper: the CPU sampler (every `forensics_sample_ms`),
+/// stacks-file cleanup, and evidence for `verdict.suspect` incidents from the event bus.
+/// Does nothing when forensics is off.
+pub fn start(reaper: crate::ReaperHandle) {
+    let fx = reaper.forensics();
+    if !fx.enabled() {
+        return;
+    }
+    let every = fx.sample_every;
+    let mut events = reaper.events().subscribe();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = 0u64;
+        loop {
+            tokio::select! {
+                _ = reaper.shutdown_token().cancelled() => break,
+                _ = tick.tick() => {
+                    let runners = reaper.forensics_runners();
+                    let live: Vec<(u32, String)> = runners.iter().map(|r| (r.1, r.2.clone())).collect();
+                    let fx2 = reaper.forensics();
+                    let sampled = fx2.to_sample(&runners);
+                    let _ = tokio::task::spawn_blocking(move || fx2.sample(&sampled, &live)).await;
+                    ticks += 1;
+                    if ticks % 32 == 1 {
+                        let current: Vec<(String, String)> = runners.into_iter().map(|r| (r.0, r.2)).collect();
+                        reaper.forensics().clean_stacks_files(&current);
+                    }
+                }
+                ev = events.recv() => match ev {
+                    Ok(inc) => {
+                        let Some(id) = suspect_runner(inc.incident.kind, inc.incident.runner_id.as_deref()) else { continue };
+                        if inc.id <= 0 { continue; }
+                        if let Some(subject) = reaper.forensics_subject(id).await {
+                            let r = reaper.clone();
+                            let inc_id = inc.id;
+                            tokio::spawn(async move {
+                                r.forensics().on_suspect(r.storage(), inc_id, subject).await;
+                            });
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => break,
+                },
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stallwatch_storage::control::{BreakerState, RunnerLifecycle, WorstSpan};
+    use stallwatch_storage::model::{SpanId, TraceId};
+
+    fn status(verdict: &str, hb: HeartbeatLabel, span: Option<(u64, u64)>) -> RunnerStatus {
+        RunnerStatus {
+            id: "r".into(),
+            pid: Some(1),
+            spawned: true,
+            lifecycle: RunnerLifecycle::Running,
+            breaker: BreakerState::Closed,
+            verdict: verdict.into(),
+            reason: String::new(),
+            retry_after_ms: None,
+            heartbeat: hb,
+            heartbeat_rtt_us: Vec::new(),
+            worst_span: span.map(|(elapsed_ms, sla_ms)| WorstSpan {
+                trace_id: TraceId([1; 16]),
+                span_id: SpanId([2; 8]),
+                tool_name: "t".into(),
+                elapsed_ms,
+                sla_ms,
+                stale: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn only_runners_that_can_trip_are_sampled() {
+        use HeartbeatLabel::*;
+        let yes = |v: &str, hb, span| needs_sampling(Some(&status(v, hb, span)));
+        // healthy and idle: left alone
+        assert!(!yes("healthy", Ok, None));
+        assert!(!yes("healthy", NotConfigured, None));
+        assert!(!yes("healthy", SocketMissing, None));
+        assert!(!yes("gone", NotRunning, None));
+        // an open tool span (from its start), a suspect, a failing heartbeat, an unknown one
+        assert!(yes("healthy", Ok, Some((0, 1000))));
+        assert!(yes("suspect", Lost, Some((10, 1000))));
+        assert!(yes("healthy", Timeout, None));
+        assert!(yes("healthy", BadAnswer, None));
+        assert!(needs_sampling(None));
+    }
+}

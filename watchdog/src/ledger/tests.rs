@@ -1,0 +1,164 @@
+//! The open-span ledger against its rules (docs/design.md, "Open spans").
+
+use super::*;
+use crate::shapes::Shape;
+use stallwatch_storage::model::TraceId;
+
+fn key(s: u8) -> SpanKey {
+    SpanKey {
+        trace_id: TraceId([1; 16]),
+        span_id: SpanId([s; 8]),
+    }
+}
+
+fn open(s: u8, parent: Option<u8>, tool: bool) -> Record {
+    Record::Open(OpenRecord {
+        key: key(s),
+        parent: parent.map(|p| SpanId([p; 8])),
+        name: format!("span{s}"),
+        tool_attr: None,
+        semconv_tool: tool,
+        sla_override_ms: None,
+        runner_attr: Some("r1".into()),
+        pid: None,
+        service: "svc".into(),
+        start_unix_nano: 0,
+        shape: Shape::Snapshot,
+    })
+}
+
+/// Issue 12 #13: age counts from the span's own start when plausible, else arrival.
+#[test]
+fn start_time_backdates_within_the_window_only() {
+    let t0 = Instant::now() + Duration::from_secs(100);
+    let arr = 1_000_000_000_000u64;
+    let w = Duration::from_secs(10);
+    let s3 = arr - 3_000_000_000;
+    assert_eq!(
+        backdated_start(s3, t0, arr, w),
+        (t0 - Duration::from_secs(3), s3)
+    );
+    // future, too old, unknown: arrival
+    assert_eq!(backdated_start(arr + 1, t0, arr, w), (t0, arr));
+    assert_eq!(backdated_start(arr - 11_000_000_000, t0, arr, w), (t0, arr));
+    assert_eq!(backdated_start(0, t0, arr, w), (t0, arr));
+    let cfg = WatchdogConfig::default();
+    let mut l = Ledger::new();
+    let Record::Open(mut r) = open(2, None, true) else {
+        unreachable!()
+    };
+    r.start_unix_nano = s3;
+    l.apply(&Record::Open(r), t0, arr, &cfg, &|_| None);
+    let w = l.worst_for("r1", t0, cfg.staleness).unwrap();
+    assert_eq!(w.elapsed, Duration::from_secs(3));
+}
+
+#[test]
+fn open_refresh_close_and_no_late_reopen() {
+    let cfg = WatchdogConfig::default();
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let none = |_| None;
+    assert_eq!(
+        l.apply(&open(2, Some(1), true), t0, 1, &cfg, &none),
+        Applied::Opened
+    );
+    // the parent is inferred, never a tool span
+    assert!(l.get(&key(1)).unwrap().inferred);
+    let later = t0 + Duration::from_secs(1);
+    assert_eq!(
+        l.apply(&open(2, Some(1), true), later, 2, &cfg, &none),
+        Applied::Refreshed
+    );
+    assert_eq!(l.get(&key(2)).unwrap().refreshes, 1);
+    assert_eq!(l.get(&key(2)).unwrap().first_seen, t0);
+    let w = l.worst_for("r1", later, cfg.staleness).unwrap();
+    assert_eq!(w.key, key(2));
+    assert_eq!(w.sla, Duration::from_secs(60));
+    assert_eq!(
+        l.apply(&Record::Ended(key(2)), later, 3, &cfg, &none),
+        Applied::Closed
+    );
+    assert_eq!(
+        l.apply(&open(2, Some(1), true), later, 4, &cfg, &none),
+        Applied::Ignored
+    );
+    assert!(l.worst_for("r1", later, cfg.staleness).is_none());
+    // the inferred parent opens for real, then ends
+    assert_eq!(
+        l.apply(&open(1, None, false), later, 5, &cfg, &none),
+        Applied::Refreshed
+    );
+    assert!(!l.get(&key(1)).unwrap().inferred);
+    assert_eq!(
+        l.apply(&Record::Ended(key(1)), later, 6, &cfg, &none),
+        Applied::Closed
+    );
+    assert!(l.is_empty());
+}
+
+#[test]
+fn staleness_needs_one_refresh() {
+    let cfg = WatchdogConfig::default();
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let none = |_| None;
+    l.apply(&open(3, None, true), t0, 1, &cfg, &none);
+    let far = t0 + Duration::from_secs(40);
+    assert!(!l.worst_for("r1", far, cfg.staleness).unwrap().stale);
+    l.apply(
+        &open(3, None, true),
+        t0 + Duration::from_secs(1),
+        2,
+        &cfg,
+        &none,
+    );
+    assert!(l.worst_for("r1", far, cfg.staleness).unwrap().stale);
+}
+
+#[test]
+fn worst_is_highest_elapsed_over_sla() {
+    let cfg = WatchdogConfig::default();
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let none = |_| None;
+    // span 4: default 60 s SLA, opened at t0; span 5: override 2 s, opened 1 s later
+    l.apply(&open(4, None, true), t0, 1, &cfg, &none);
+    let Record::Open(mut r) = open(5, None, true) else {
+        unreachable!()
+    };
+    r.sla_override_ms = Some(2000);
+    l.apply(
+        &Record::Open(r),
+        t0 + Duration::from_secs(1),
+        2,
+        &cfg,
+        &none,
+    );
+    let w = l
+        .worst_for("r1", t0 + Duration::from_secs(2), cfg.staleness)
+        .unwrap();
+    assert_eq!(w.key, key(5));
+    assert_eq!(w.sla, Duration::from_secs(2));
+}
+
+#[test]
+fn pid_binding_after_registration() {
+    let cfg = WatchdogConfig::default();
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let Record::Open(mut r) = open(6, None, true) else {
+        unreachable!()
+    };
+    r.runner_attr = None;
+    r.pid = Some(777);
+    l.apply(&Record::Open(r.clone()), t0, 1, &cfg, &|p| {
+        (p == 777).then(|| "rp".to_string())
+    });
+    assert_eq!(l.runner_tool_spans("rp"), vec![key(6)]);
+    let mut l = Ledger::new();
+    l.apply(&Record::Open(r), t0, 1, &cfg, &|_| None);
+    assert!(l.runner_tool_spans("rp").is_empty());
+    l.bind_pid(777, "rp");
+    assert_eq!(l.runner_tool_spans("rp"), vec![key(6)]);
+}
