@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use stallwatch_storage::keys::StopCause;
 use stallwatch_storage::model::now_unix_nano;
 use stallwatch_storage::runners::ActionRecord;
 use stallwatch_storage::Storage;
@@ -76,8 +77,8 @@ pub struct TerminationReport {
     pub termination_id: String,
     /// Runner id.
     pub runner_id: String,
-    /// Why: `trip`, `delete`, `shutdown`, `resume`.
-    pub cause: String,
+    /// Why (written as its wire string: `trip: <verdict>`, `delete`, `shutdown`, ...).
+    pub cause: StopCause,
     /// The steps, in order.
     pub steps: Vec<Step>,
     /// Which step ended the runner: `sigterm`, `sigkill`, `already_exited`,
@@ -397,7 +398,7 @@ pub async fn terminate(
     stats: &ReaperStats,
     grace: Duration,
     t: Target<'_>,
-    cause: &str,
+    cause: &StopCause,
     resume: Option<Resume>,
 ) -> TerminationReport {
     terminate_traced(storage, stats, grace, t, cause, resume)
@@ -411,7 +412,7 @@ pub(crate) async fn terminate_traced(
     stats: &ReaperStats,
     grace: Duration,
     t: Target<'_>,
-    cause: &str,
+    cause: &StopCause,
     resume: Option<Resume>,
 ) -> (TerminationReport, Trace) {
     stats.terminations.fetch_add(1, Ordering::Relaxed);
@@ -426,7 +427,7 @@ pub(crate) async fn terminate_traced(
         report: TerminationReport {
             termination_id: resume.termination_id,
             runner_id: t.runner_id.to_string(),
-            cause: cause.to_string(),
+            cause: cause.clone(),
             steps: Vec::new(),
             ended_by: String::new(),
             exit: None,
@@ -530,7 +531,15 @@ mod tests {
             pidfd: Some(&fd),
             own_child_group: true,
         };
-        let (report, trace) = terminate_traced(&storage, &stats, grace, t, "trip", None).await;
+        let (report, trace) = terminate_traced(
+            &storage,
+            &stats,
+            grace,
+            t,
+            &StopCause::trip("stalled"),
+            None,
+        )
+        .await;
         // 1. the executor did what the plan answers for what it saw, and nothing else
         let mut plan = Plan::new(grace, AFTER_KILL, true);
         for (now, seen, acts, done) in &trace {

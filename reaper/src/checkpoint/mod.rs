@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use stallwatch_storage::checkpoints::{CheckpointRow, CheckpointState};
+use stallwatch_storage::keys;
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
 
@@ -603,7 +604,7 @@ impl Checkpoints {
             span_id: None,
             reason,
             evidence: serde_json::json!({"checkpoint_id": row.id, "detail": evidence}),
-            idempotency_key: format!("{}:{}", kind.as_str(), row.id),
+            idempotency_key: keys::checkpoint(kind, &row.id),
             at_unix_nano: now_unix_nano(),
         };
         if let Err(e) = self.events.publish(inc).await {
