@@ -19,7 +19,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::model::{EventKind, SpanId, TraceId};
 
 /// Why a termination runs (docs/design.md, Termination). The wire string is
-/// [`StopCause::fmt`] (`Display`); serde reads and writes the same string.
+/// its `Display`; serde reads and writes the same string.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum StopCause {
     /// The watchdog tripped the runner's breaker: `trip: <verdict>` (`trip: stalled`,
