@@ -141,7 +141,7 @@ async fn serve(
             span_id: None,
             reason: "disk full at start: started degraded (telemetry refused, runners watched and stopped)".into(),
             evidence: serde_json::json!({ "free_bytes": data.free_bytes(), "degraded_start": true }),
-            idempotency_key: format!("storage.full:start:{at}"),
+            idempotency_key: stallwatch_storage::keys::storage_full_at_start(at),
             at_unix_nano: at,
         };
         if let Err(e) = events.publish(incident).await {
@@ -489,7 +489,7 @@ async fn watch_storage_full(storage: Storage, events: EventBus) {
                 span_id: None,
                 reason: format!("telemetry ingest paused: {reason}"),
                 evidence: serde_json::json!({ "reason": reason }),
-                idempotency_key: format!("storage.full:{at}:{episode}"),
+                idempotency_key: stallwatch_storage::keys::storage_full(at, episode),
                 at_unix_nano: at,
             };
             if let Err(e) = events.publish(incident).await {

@@ -14,6 +14,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use stallwatch_storage::keys::StopCause;
 use stallwatch_storage::model::now_unix_nano;
 use stallwatch_storage::runners::ActionRecord;
 use stallwatch_storage::Storage;
@@ -162,7 +163,7 @@ pub async fn stop_all(
     stats: &ReaperStats,
     grace: Duration,
     members: &[Member<'_>],
-    cause: &str,
+    cause: &StopCause,
 ) -> Vec<TerminationReport> {
     let started = Instant::now();
     stats
@@ -181,7 +182,7 @@ pub async fn stop_all(
                 report: TerminationReport {
                     termination_id: uuid::Uuid::new_v4().simple().to_string(),
                     runner_id: m.runner_id.to_string(),
-                    cause: cause.to_string(),
+                    cause: cause.clone(),
                     steps: Vec::new(),
                     ended_by: String::new(),
                     exit: None,

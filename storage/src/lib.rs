@@ -32,7 +32,7 @@ pub mod runners;
 mod schema;
 pub mod telemetry;
 
-pub use stallwatch_vocabulary::{control, labels, model, prometheus, MetricsSource};
+pub use stallwatch_vocabulary::{control, keys, labels, model, prometheus, MetricsSource};
 
 pub use config::{RawStorageConfig, StorageConfig, Synchronous};
 pub use db::Storage;

@@ -252,4 +252,14 @@ impl Driver {
             Some(json!({ "text": text })),
         );
     }
+
+    /// Runs the Chrome DevTools command `cmd` with `params` through chromedriver's
+    /// `goog/cdp/execute` (e.g. `Emulation.setEmulatedMedia` for a dark colour scheme).
+    pub fn cdp(&self, cmd: &str, params: Value) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/goog/cdp/execute",
+            Some(json!({ "cmd": cmd, "params": params })),
+        )
+    }
 }

@@ -5,6 +5,8 @@
 //!   incidents and their event names);
 //! - [`control`]: the messages between stages (observations, trips, runner lifecycle
 //!   notices, control requests with their typed replies and errors, the runner board).
+//! - [`keys`]: why a runner is stopped ([`keys::StopCause`]) and the one constructor of
+//!   each incident idempotency key;
 //! - [`labels`]: closed sets of label values (heartbeat labels) as enums whose `as_str()`
 //!   is the wire string.
 //! - [`MetricsSource`]: how a stage exposes its counters to `GET /metrics`.
@@ -16,6 +18,7 @@
 //! Nothing here knows an HTTP status: the wire mapping lives in `dashboards/src/error.rs`.
 
 pub mod control;
+pub mod keys;
 pub mod labels;
 pub mod model;
 pub mod prometheus;

@@ -16,11 +16,14 @@
 //!
 //! The module is split along its seams: [`paths`] (path safety), [`validate`] (content
 //! rules), [`commit`] (descriptor-based moves and the journal's inodes), [`rollback`]
-//! (removal without following links). Errors are [`CheckpointError`]; the HTTP mapping
-//! lives at the edge. The filesystem work is plain blocking code on tokio's blocking pool.
+//! (removal without following links), `recover.rs` (settling what nobody will finish: start-up
+//! recovery and a stopped runner's checkpoints). Errors are [`CheckpointError`]
+//! (`error.rs`); the HTTP mapping lives at the edge. The filesystem work is plain blocking code on tokio's blocking pool.
 
 pub mod commit;
+mod error;
 pub mod paths;
+mod recover;
 pub mod rollback;
 pub mod validate;
 
@@ -31,88 +34,15 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use stallwatch_storage::checkpoints::{CheckpointRow, CheckpointState};
+use stallwatch_storage::keys;
 use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
 
 use crate::stats::ReaperStats;
 pub use commit::StagedFile;
+pub use error::CheckpointError;
 pub use paths::{check_relative, check_workspace, staging_dir, STAGING_ROOT};
 pub use validate::{csv_width_mismatch, has_hdf5_signature, HDF5_SIGNATURE};
-
-/// Why a checkpoint operation was refused or failed. No HTTP here: the edge maps each
-/// variant (bad input → 400/422, state → 404/409, transient → 503).
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// No checkpoint with that id.
-    #[error("no checkpoint {id}")]
-    NotFound {
-        /// The id asked for.
-        id: String,
-    },
-    /// The checkpoint is not `open`: finished, or owned by another request (`committing`,
-    /// `rolling_back`).
-    #[error("checkpoint {id} is {state}")]
-    NotOpen {
-        /// The id.
-        id: String,
-        /// Where it stands (`committing`, `rolling_back`, `committed`, `rolled_back`).
-        state: &'static str,
-    },
-    /// The workspace changed under the commit (a folder appeared at a destination, ...);
-    /// the commit was undone and the checkpoint is open again.
-    #[error("{why}")]
-    Conflict {
-        /// What happened.
-        why: String,
-    },
-    /// A path would leave the workspace: `..`, absolute, or through a symlink.
-    #[error("{why}")]
-    PathEscape {
-        /// The offending path.
-        path: PathBuf,
-        /// The rule it broke.
-        why: String,
-    },
-    /// The workspace root is unusable (relative, missing, not a folder, `/`, inside the
-    /// data folder, no access).
-    #[error("{why}")]
-    InvalidWorkspace {
-        /// Why.
-        why: String,
-    },
-    /// A staged entry breaks a content or kind rule; nothing was moved.
-    #[error("{}: {why}", path.display())]
-    Validation {
-        /// The entry, relative to the staging folder.
-        path: PathBuf,
-        /// The rule.
-        why: String,
-    },
-    /// The runner named for a new checkpoint is not registered.
-    #[error("no runner {0} is registered")]
-    RunnerNotFound(String),
-    /// A transient fault (I/O, storage, a worker thread); worth retrying.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
-impl CheckpointError {
-    /// A transient I/O fault while doing `what`.
-    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            what: what.into(),
-            source,
-        }
-    }
-    fn storage(e: impl std::fmt::Display) -> Self {
-        Self::io("checkpoint journal", std::io::Error::other(e.to_string()))
-    }
-}
 
 /// The answer of [`Checkpoints::create`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -386,65 +316,6 @@ impl Checkpoints {
         })
     }
 
-    /// Settles a `committing` checkpoint after a crash: with a journal it is rolled
-    /// forward; without one (its commit had changed nothing) it is reopened.
-    ///
-    /// Errors: [`CheckpointError::NotOpen`] when it is not `committing`,
-    /// [`CheckpointError::PathEscape`], [`CheckpointError::Io`].
-    pub async fn roll_forward(&self, id: &str) -> Result<Settled, CheckpointError> {
-        let row = self.row(id).await?;
-        if row.state != CheckpointState::Committing {
-            return Err(CheckpointError::NotOpen {
-                id: id.to_string(),
-                state: row.state.as_str(),
-            });
-        }
-        let journal = self
-            .storage
-            .checkpoint_journal(id.to_string())
-            .await
-            .map_err(CheckpointError::storage)?;
-        let inodes = row.detail.get("inodes").and_then(|v| v.as_array()).cloned();
-        let Some(inodes) = inodes else {
-            self.reopen(id).await;
-            return Ok(Settled {
-                id: id.to_string(),
-                state: "open",
-                files: None,
-            });
-        };
-        let entries: Vec<StagedFile> = journal
-            .iter()
-            .zip(inodes.iter())
-            .map(|(p, i)| StagedFile {
-                rel: path_of(p),
-                dev: i.get(0).and_then(|v| v.as_u64()).unwrap_or(0),
-                ino: i.get(1).and_then(|v| v.as_u64()).unwrap_or(0),
-                size: i.get(2).and_then(|v| v.as_u64()).unwrap_or(0),
-                mtime_ns: i.get(3).and_then(|v| v.as_i64()).unwrap_or(0),
-            })
-            .collect();
-        let n = entries.len();
-        let (ws, cid, sp) = (
-            path_of(&row.workspace),
-            row.id.clone(),
-            path_of(&row.staging),
-        );
-        let (_, skipped) = blocking(move || {
-            let root = paths::open_root(&ws)?;
-            let staging = paths::open_staging(&root, &ws, &cid)?;
-            let r = commit::roll_forward(&root, &ws, staging.as_ref(), &sp, &entries)?;
-            rollback::remove_staging(&root, &ws, &cid)?;
-            Ok(r)
-        })
-        .await?;
-        if !skipped.is_empty() {
-            tracing::warn!(checkpoint = id, ?skipped, "roll-forward skipped entries");
-        }
-        self.finish_commit(&row, n - skipped.len().min(n), skipped)
-            .await
-    }
-
     /// Claims an `open` checkpoint and removes its staging folder; the workspace is
     /// untouched. Rolling back a rolled-back checkpoint answers the same.
     ///
@@ -522,72 +393,6 @@ impl Checkpoints {
         })
     }
 
-    /// Start-up recovery, run before any runner is registered or swept (issue 17 #1):
-    /// every `committing` checkpoint is rolled forward from its journal (or reopened when
-    /// it had not reached it) and every `rolling_back` one finished, whether or not its
-    /// runner lives. Answers the ids settled and the errors met.
-    pub async fn recover(&self, batch: usize) -> (Vec<String>, Vec<String>) {
-        self.for_each_active(None, batch, Settle::Recover).await
-    }
-
-    /// Settles every active checkpoint of `runner_id` (or of every runner): `open` ones are
-    /// rolled back, `committing` ones rolled forward. Answers the ids handled and the
-    /// errors met (the loop goes on after an error).
-    pub async fn settle_runner(
-        &self,
-        runner_id: Option<&str>,
-        reason: &str,
-        batch: usize,
-    ) -> (Vec<String>, Vec<String>) {
-        self.for_each_active(runner_id, batch, Settle::Runner { reason })
-            .await
-    }
-
-    /// Pages through the active checkpoints of `runner_id` (or of every runner), `batch`
-    /// rows at a time in id order, and settles each as `how` says. Answers the ids settled
-    /// and the errors met: a failed row is named and the loop goes on; a failed listing
-    /// ends it. (An enum rather than a closure: the futures stay `Send` for the reaper's
-    /// spawned tasks.)
-    async fn for_each_active(
-        &self,
-        runner_id: Option<&str>,
-        batch: usize,
-        how: Settle<'_>,
-    ) -> (Vec<String>, Vec<String>) {
-        let (mut done, mut errors) = (Vec::new(), Vec::new());
-        let mut after = String::new();
-        loop {
-            let rows = match self
-                .storage
-                .active_checkpoints(runner_id.map(str::to_string), after.clone(), batch)
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    errors.push(format!("listing checkpoints: {e}"));
-                    break;
-                }
-            };
-            let Some(last) = rows.last() else { break };
-            after = last.id.clone();
-            for row in rows {
-                let r = match (how, row.state) {
-                    (_, CheckpointState::Committing) => self.roll_forward(&row.id).await,
-                    (Settle::Recover, CheckpointState::RollingBack) => {
-                        self.finish_rollback(&row, "interrupted by a restart").await
-                    }
-                    (Settle::Recover, _) => continue,
-                    (Settle::Runner { reason }, _) => self.rollback(&row.id, reason).await,
-                };
-                match r {
-                    Ok(_) => done.push(row.id),
-                    Err(e) => errors.push(format!("checkpoint {}: {e}", row.id)),
-                }
-            }
-        }
-        (done, errors)
-    }
-
     async fn incident(
         &self,
         kind: EventKind,
@@ -603,7 +408,7 @@ impl Checkpoints {
             span_id: None,
             reason,
             evidence: serde_json::json!({"checkpoint_id": row.id, "detail": evidence}),
-            idempotency_key: format!("{}:{}", kind.as_str(), row.id),
+            idempotency_key: keys::checkpoint(kind, &row.id),
             at_unix_nano: now_unix_nano(),
         };
         if let Err(e) = self.events.publish(inc).await {

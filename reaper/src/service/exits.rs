@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stallwatch_storage::control::RunnerChange;
+use stallwatch_storage::keys::{self, StopCause};
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::runners::RunnerRowState;
 use tokio::task::JoinHandle;
@@ -77,7 +78,7 @@ impl ReaperHandle {
                     entry.pid
                 ),
                 serde_json::json!({"pid": entry.pid}),
-                format!("runner.exited:{id}:{}", entry.instance_id),
+                keys::runner_instance(EventKind::RunnerExited, &id, &entry.instance_id),
             )
             .await;
             h.notify(RunnerChange::Gone { id, removed: false }).await;
@@ -106,7 +107,7 @@ impl ReaperHandle {
                     pidfd: st.pidfd.as_ref(),
                     own_child_group: true,
                 },
-                "exit_cleanup",
+                &StopCause::ExitCleanup,
                 None,
             )
             .await;
@@ -159,7 +160,7 @@ impl ReaperHandle {
             &id,
             reason,
             evidence,
-            format!("{}:{id}:{}", kind.as_str(), entry.instance_id),
+            keys::runner_instance(kind, &id, &entry.instance_id),
         )
         .await;
         self.notify(RunnerChange::Gone {

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use stallwatch_storage::control::{
     AttachedRunner, RegisterError, Registered, RunnerChange, RunnerSpec, SpawnedRunner,
 };
+use stallwatch_storage::keys::StopCause;
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::runners::{RunnerRow, RunnerRowState};
 
@@ -348,8 +349,8 @@ impl ReaperHandle {
         if let Some((_, Some(resume))) = adopt {
             let h = self.clone();
             tokio::spawn(async move {
-                if let Some(r) = h.stop(&entry, "resume", Some(resume)).await {
-                    h.after_stop(&entry, &r, "resume", &[]).await;
+                if let Some(r) = h.stop(&entry, &StopCause::Resume, Some(resume)).await {
+                    h.after_stop(&entry, &r, &StopCause::Resume, &[]).await;
                 }
             });
         }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use stallwatch_storage::control::RunnerLifecycle;
+use stallwatch_storage::keys;
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::runners::RunnerRowState;
 
@@ -74,7 +75,7 @@ impl ReaperHandle {
                     policy.window.as_millis()
                 ),
                 serde_json::json!({"gave_up": true, "max_restarts": policy.max_restarts, "window_ms": policy.window.as_millis() as u64, "last_stderr": entry.tail.lines("stderr")}),
-                format!("runner.gave_up:{id}:{}", entry.instance_id),
+                keys::runner_gave_up(&id, &entry.instance_id),
             )
             .await;
             return;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use stallwatch_storage::control::{
     RunnerChange, RunnerDeleted, RunnerError, RunnerLifecycle, Trip,
 };
+use stallwatch_storage::keys::{self, StopCause};
 use stallwatch_storage::model::{now_unix_nano, EventKind, SpanId, TraceId};
 use stallwatch_storage::runners::{ActionRecord, RunnerRowState};
 
@@ -49,10 +50,10 @@ impl ReaperHandle {
                 _ => {
                     let (h, e, permits) = (self.clone(), e.clone(), permits.clone());
                     others.spawn(async move {
-                        let r = h.stop(&e, "shutdown", None).await;
+                        let r = h.stop(&e, &StopCause::Shutdown, None).await;
                         let _permit = permits.acquire_owned().await;
                         if let Some(r) = &r {
-                            h.after_stop(&e, r, "shutdown", &[]).await;
+                            h.after_stop(&e, r, &StopCause::Shutdown, &[]).await;
                         }
                         r
                     });
@@ -81,7 +82,7 @@ impl ReaperHandle {
             &self.inner.stats,
             self.inner.config.grace,
             &members,
-            "shutdown",
+            &StopCause::Shutdown,
         )
         .await;
         drop(members);
@@ -101,7 +102,7 @@ impl ReaperHandle {
             after.spawn(async move {
                 let _permit = permits.acquire_owned().await;
                 h.wait_readers(&e).await;
-                h.after_stop(&e, &r2, "shutdown", &[]).await;
+                h.after_stop(&e, &r2, &StopCause::Shutdown, &[]).await;
             });
             out.push(r);
         }
@@ -170,7 +171,7 @@ impl ReaperHandle {
     pub(super) async fn stop(
         &self,
         entry: &Arc<Entry>,
-        cause: &str,
+        cause: &StopCause,
         resume: Option<Resume>,
     ) -> Option<TerminationReport> {
         let mut st = entry.proc.lock().await;
@@ -229,7 +230,7 @@ impl ReaperHandle {
         &self,
         entry: &Arc<Entry>,
         report: &TerminationReport,
-        cause: &str,
+        cause: &StopCause,
         open_spans: &[(TraceId, SpanId)],
     ) {
         let id = entry.id.clone();
@@ -259,7 +260,7 @@ impl ReaperHandle {
                 at_unix_nano: rollback_at,
             });
         }
-        let end_cause = if cause == "delete" {
+        let end_cause = if cause.removes_runner() {
             EndCause::Killed
         } else {
             EndCause::Timeout
@@ -285,12 +286,8 @@ impl ReaperHandle {
                 })
                 .await;
         }
-        let forensics = self
-            .inner
-            .forensics
-            .take(&id)
-            .filter(|_| cause.starts_with("trip"));
-        let state = if cause == "delete" {
+        let forensics = self.inner.forensics.take(&id).filter(|_| cause.is_trip());
+        let state = if cause.removes_runner() {
             RunnerRowState::Removed
         } else if report.ended_by == "not_signalled" {
             // Watched, never signalled (no proof of identity): it may still be running.
@@ -329,18 +326,18 @@ impl ReaperHandle {
                         .unwrap_or_default()
                 ),
                 evidence,
-                format!("runner.terminated:{id}:{}", report.termination_id),
+                keys::runner_terminated(&id, &report.termination_id),
             )
             .await;
         }
-        if report.ended_by == "not_signalled" && cause != "delete" {
+        if report.ended_by == "not_signalled" && !cause.removes_runner() {
             // still running, never signalled: watched on, its breaker recovers as usual
             self.lifecycle(&id, RunnerLifecycle::Detached).await;
             return;
         }
         self.notify(RunnerChange::Gone {
             id,
-            removed: cause == "delete",
+            removed: cause.removes_runner(),
         })
         .await;
     }
@@ -356,7 +353,7 @@ impl ReaperHandle {
             .storage
             .record_action(ActionRecord {
                 runner_id: entry.id.clone(),
-                termination_id: format!("trip-{}-{}", entry.instance_id, trip.at_unix_nano),
+                termination_id: keys::trip_termination_id(&entry.instance_id, trip.at_unix_nano),
                 step: "open_spans".into(),
                 phase: "done".into(),
                 pid: Some(entry.pid),
@@ -367,7 +364,7 @@ impl ReaperHandle {
                 at_unix_nano: now_unix_nano(),
             })
             .await;
-        let cause = format!("trip: {}", trip.verdict);
+        let cause = StopCause::trip(trip.verdict.as_str());
         let fx = self.inner.forensics.enabled();
         if let Some(subject) = self.forensics_subject(&entry.id).await.filter(|_| fx) {
             self.inner
@@ -396,9 +393,9 @@ impl ReaperHandle {
         let Some(entry) = self.entry(id) else {
             return Err(RunnerError::NotFound(format!("no runner {id}")));
         };
-        let report = self.stop(&entry, "delete", None).await;
+        let report = self.stop(&entry, &StopCause::Delete, None).await;
         if let Some(r) = &report {
-            self.after_stop(&entry, r, "delete", &[]).await;
+            self.after_stop(&entry, r, &StopCause::Delete, &[]).await;
         } else {
             let _ = self
                 .inner
@@ -406,7 +403,7 @@ impl ReaperHandle {
                 .set_runner_state(
                     id.to_string(),
                     RunnerRowState::Removed,
-                    serde_json::json!({"cause": "delete"}),
+                    serde_json::json!({"cause": StopCause::Delete}),
                     now_unix_nano(),
                 )
                 .await;

@@ -505,7 +505,7 @@ impl ReaperHandle {
             &id,
             why,
             evidence,
-            format!("{}:{id}:{}", kind.as_str(), entry.instance_id),
+            stallwatch_storage::keys::runner_instance(kind, &id, &entry.instance_id),
         )
         .await;
         self.notify(RunnerChange::Gone { id, removed: false }).await;
@@ -738,7 +738,7 @@ impl ReaperHandle {
                 }
             ),
             evidence,
-            format!("runner.terminated:{id}:{}", report.termination_id),
+            stallwatch_storage::keys::runner_terminated(&id, &report.termination_id),
         )
         .await;
         self.notify(RunnerChange::Gone {
@@ -753,7 +753,8 @@ impl ReaperHandle {
             tracing::warn!(runner = %trip.runner_id, "trip for an unknown runner ignored");
             return;
         };
-        let tid = format!("trip-{}-{}", entry.instance_id, trip.at_unix_nano);
+        let tid =
+            stallwatch_storage::keys::trip_termination_id(&entry.instance_id, trip.at_unix_nano);
         self.action(
             &entry,
             &tid,
@@ -765,7 +766,7 @@ impl ReaperHandle {
             }),
         )
         .await;
-        let cause = format!("trip: {}", trip.verdict);
+        let cause = stallwatch_storage::keys::StopCause::trip(trip.verdict.as_str()).to_string();
         if let Some(report) = self.stop(&entry, &cause).await {
             self.after_stop(&entry, &report, &trip.open_spans).await;
         }

@@ -4,6 +4,7 @@
 //! records it before the trip it belongs to is sent (`docs/design.md`, Durability levels).
 
 use super::*;
+use stallwatch_storage::keys;
 
 impl Worker {
     /// Raises `sidecar.degraded` (at most once per [`DEGRADED_INCIDENT_EVERY`]): stallwatch's
@@ -27,7 +28,7 @@ impl Worker {
             span_id: None,
             reason: format!("stallwatch itself is degraded: {why}; heartbeats count as unknown, no runner is tripped for them"),
             evidence: json!({"runner": runner, "why": why}),
-            idempotency_key: format!("sidecar.degraded/{at}"),
+            idempotency_key: keys::sidecar_degraded(at),
             at_unix_nano: at,
         }))
         .await;
@@ -56,7 +57,7 @@ impl Worker {
             None,
             format!("breaker of runner {id} CLOSED: {why}"),
             ev,
-            format!("breaker.closed/{id}/{}", now_unix_nano()),
+            keys::breaker_closed(id, now_unix_nano()),
         )))
         .await;
     }
@@ -80,7 +81,7 @@ impl Worker {
             None,
             format!("breaker of runner {id} OPEN again: {reason}"),
             ev,
-            format!("breaker.opened/{id}/probe/{at}"),
+            keys::breaker_reopened(id, at),
         );
         let trip = Trip {
             runner_id: id.to_string(),
@@ -143,7 +144,7 @@ impl Worker {
             None,
             format!("breaker of runner {id} HALF_OPEN after its cooldown: sending one probe ping"),
             ev,
-            format!("breaker.half_open/{id}/{}", now_unix_nano()),
+            keys::breaker_half_open(id, now_unix_nano()),
         )))
         .await;
         let Some(r) = self.runners.get_mut(id) else {
@@ -205,12 +206,7 @@ impl Worker {
             ),
         };
         let ev = self.evidence(id, now);
-        let key = format!(
-            "verdict.suspect/{id}/{}/{}/{}",
-            r.fused.cause.as_str(),
-            w.key.trace_id,
-            w.key.span_id
-        );
+        let key = keys::verdict_suspect(id, r.fused.cause.as_str(), w.key.trace_id, w.key.span_id);
         let mut inc = incident(EventKind::VerdictSuspect, id, Some(&w), reason, ev, key);
         inc.tool_name = Some(w.tool.clone());
         self.emit(Effect::Incident(inc)).await;
@@ -274,13 +270,10 @@ impl Worker {
         self.sync_breaker(id);
         let at = now_unix_nano();
         let key = match &worst {
-            Some(w) if f.cause != Cause::LostNoSpan => format!(
-                "breaker.opened/{id}/{}/{}/{}",
-                f.verdict.as_str(),
-                w.key.trace_id,
-                w.key.span_id
-            ),
-            _ => format!("breaker.opened/{id}/{}/{at}", f.verdict.as_str()),
+            Some(w) if f.cause != Cause::LostNoSpan => {
+                keys::breaker_opened_span(id, f.verdict.as_str(), w.key.trace_id, w.key.span_id)
+            }
+            _ => keys::breaker_opened_at(id, f.verdict.as_str(), at),
         };
         let mut inc = incident(
             EventKind::BreakerOpened,

@@ -1,0 +1,134 @@
+//! Lines from the server: answers end their request's span, the wrapper's own `ping` and
+//! replayed `initialize` answers are kept from the client, and the tool list's SLAs are
+//! read; the ping tick sends the heartbeat pings.
+
+use super::*;
+
+impl Relay {
+    pub(super) async fn on_server(&mut self, line: Vec<u8>) {
+        let Some(msg) = jsonrpc::parse(&line) else {
+            self.to_client(line);
+            return;
+        };
+        match jsonrpc::kind(&msg) {
+            Kind::Response { id } => {
+                if let Some(pos) = self.pings.iter().position(|(k, _)| *k == id) {
+                    self.pings.remove(pos);
+                    self.health_mut(|h| h.last_answer = Some(Instant::now()));
+                    return;
+                }
+                if self.replaying.as_deref() == Some(id.as_str()) {
+                    self.replaying = None;
+                    self.read_initialize_result(&msg);
+                    if let Some(note) = self.initialized_note.clone() {
+                        self.write_server_now(note);
+                    }
+                    self.mark_session_ready();
+                    self.flush_held();
+                    if let Some(pid) = self.unregistered.take() {
+                        self.register(pid);
+                    }
+                    return;
+                }
+                if self.answered.remove(&id) {
+                    return;
+                }
+                if let Some(mut f) = self.inflight.remove(&id) {
+                    match f.method.as_str() {
+                        "initialize" => self.read_initialize_result(&msg),
+                        "tools/list" => self.read_tool_slas(&msg),
+                        _ => {
+                            if !self.session_ready && self.init_request.is_none() {
+                                // A session that started without `initialize`.
+                                self.mark_session_ready();
+                            }
+                        }
+                    }
+                    let err = if let Some(e) = msg.get("error") {
+                        let code = e.get("code").and_then(Value::as_i64).unwrap_or(0);
+                        f.span.set_str("rpc.response.status_code", code.to_string());
+                        let m = e
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string();
+                        Some((code.to_string(), m))
+                    } else if msg["result"]["isError"] == Value::Bool(true) {
+                        Some((
+                            "tool_error".to_string(),
+                            "the tool reported an error".into(),
+                        ))
+                    } else {
+                        None
+                    };
+                    f.span
+                        .end(err.as_ref().map(|(t, m)| (t.as_str(), m.clone())));
+                    let r = self.resource();
+                    self.exporter.send(&r, &f.span).await;
+                }
+                self.to_client(line);
+            }
+            Kind::Notification { method } if method == "notifications/progress" => {
+                let token = msg
+                    .get("params")
+                    .and_then(|p| p.get("progressToken"))
+                    .map(jsonrpc::id_key);
+                if let Some(t) = token {
+                    let span = self
+                        .inflight
+                        .values()
+                        .find(|f| f.progress_token.as_deref() == Some(t.as_str()))
+                        .map(|f| f.span.clone());
+                    if let Some(span) = span {
+                        let r = self.resource();
+                        self.exporter.send(&r, &span).await;
+                    }
+                }
+                self.to_client(line);
+            }
+            _ => self.to_client(line),
+        }
+    }
+
+    pub(super) fn read_initialize_result(&mut self, msg: &Value) {
+        let result = &msg["result"];
+        if let Some(n) = result["serverInfo"]["name"].as_str() {
+            self.server_name = Some(n.to_string());
+        }
+        if let Some(v) = result["protocolVersion"].as_str() {
+            self.protocol_version = Some(v.to_string());
+        }
+    }
+
+    /// Reads `_meta["dev.stallwatch/sla_ms"]` of each tool in a `tools/list` result (a
+    /// positive integer, ms); other values are ignored.
+    pub(super) fn read_tool_slas(&mut self, msg: &Value) {
+        let Some(tools) = msg["result"]["tools"].as_array() else {
+            return;
+        };
+        for t in tools {
+            let (Some(name), Some(sla)) = (
+                t["name"].as_str(),
+                t["_meta"][SLA_META_KEY].as_i64().filter(|v| *v > 0),
+            ) else {
+                continue;
+            };
+            self.slas.insert(name.to_string(), sla);
+        }
+    }
+
+    pub(super) fn on_ping_tick(&mut self) {
+        if !self.session_ready || self.replaying.is_some() || self.server.is_none() {
+            return;
+        }
+        self.ping_seq += 1;
+        let id = format!("stallwatch-ping-{}", self.ping_seq);
+        let key = jsonrpc::id_key(&Value::from(id.clone()));
+        self.pings.push_back((key, Instant::now()));
+        while self.pings.len() > MAX_PINGS {
+            self.pings.pop_front();
+        }
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": "ping"}).to_string();
+        self.write_server_now(line.into_bytes());
+    }
+}

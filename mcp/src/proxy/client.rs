@@ -1,0 +1,234 @@
+//! Requests from the client: each one opens its MCP span (MCP semantic conventions), a
+//! `tools/call` is admitted or refused by the breaker, and in-flight requests are answered
+//! in the server's place when it is tripped or dies.
+
+use super::*;
+
+impl Relay {
+    pub(super) async fn on_client(&mut self, line: Vec<u8>) {
+        let Some(msg) = jsonrpc::parse(&line) else {
+            self.send_to_server(line);
+            return;
+        };
+        match jsonrpc::kind(&msg) {
+            Kind::Request { id, method } => {
+                if method == "initialize" {
+                    self.init_request = Some(msg.clone());
+                }
+                let params = msg.get("params");
+                let refuse = method == "tools/call"
+                    && matches!(self.breaker, Breaker::Open { .. })
+                    && !self.admitted_now().await;
+                let mut span = self.start_span(&method, params, &msg["id"]);
+                if refuse {
+                    let Breaker::Open {
+                        verdict, reason, ..
+                    } = self.breaker.clone()
+                    else {
+                        return;
+                    };
+                    let retry_after_ms = self.retry_after_ms();
+                    let message = format!(
+                        "stallwatch refused the call: the breaker of MCP server runner {} is open ({}); retry after {retry_after_ms} ms",
+                        self.cfg.runner_id,
+                        verdict_and_reason(&verdict, &reason)
+                    );
+                    self.to_client(jsonrpc::error_response(
+                        &msg["id"],
+                        TRIPPED_ERROR_CODE,
+                        &message,
+                        json!({"runner_id": self.cfg.runner_id, "verdict": verdict, "retry_after_ms": retry_after_ms}),
+                    ));
+                    span.end(Some(("breaker_open", message)));
+                    let r = self.resource();
+                    self.exporter.send(&r, &span).await;
+                    return;
+                }
+                if method == "tools/call" {
+                    let r = self.resource();
+                    self.exporter.send(&r, &span).await;
+                }
+                let progress_token = params
+                    .and_then(|p| p.get("_meta"))
+                    .and_then(|m| m.get("progressToken"))
+                    .map(jsonrpc::id_key);
+                self.answered.remove(&id);
+                self.inflight.insert(
+                    id,
+                    InFlight {
+                        id: msg["id"].clone(),
+                        method,
+                        span,
+                        progress_token,
+                    },
+                );
+                self.send_to_server(line);
+            }
+            Kind::Notification { method } => {
+                match method.as_str() {
+                    "notifications/initialized" => {
+                        self.initialized_note = Some(line.clone());
+                        self.send_to_server(line);
+                        self.mark_session_ready();
+                        return;
+                    }
+                    "notifications/cancelled" => {
+                        let key = msg
+                            .get("params")
+                            .and_then(|p| p.get("requestId"))
+                            .map(jsonrpc::id_key);
+                        if let Some(mut f) = key.and_then(|k| self.inflight.remove(&k)) {
+                            let why = msg["params"]["reason"]
+                                .as_str()
+                                .unwrap_or("cancelled by the client")
+                                .to_string();
+                            f.span.end(Some(("cancelled", why)));
+                            let r = self.resource();
+                            self.exporter.send(&r, &f.span).await;
+                        }
+                    }
+                    _ => {}
+                }
+                self.send_to_server(line);
+            }
+            Kind::Response { .. } | Kind::Other => self.send_to_server(line),
+        }
+    }
+
+    /// While the breaker was last heard OPEN or HALF_OPEN, asks admission now
+    /// (`GET /api/v1/runners/{id}/admit`); true when it says CLOSED (the breaker closed
+    /// since). Without an answer within [`ADMIT_DEADLINE`] the call is refused.
+    pub(super) async fn admitted_now(&mut self) -> bool {
+        let Some(s) = &self.sidecar else {
+            return false;
+        };
+        let answer =
+            tokio::time::timeout(ADMIT_DEADLINE, s.client.admit(&self.cfg.runner_id)).await;
+        match answer {
+            Ok(Ok(a)) if a.admit => {
+                self.on_news(BreakerNews::Closed).await;
+                true
+            }
+            Ok(Ok(a)) => {
+                if let Breaker::Open {
+                    retry_after_ms,
+                    heard,
+                    ..
+                } = &mut self.breaker
+                {
+                    *retry_after_ms = a.retry_after_ms.unwrap_or(0);
+                    *heard = Instant::now();
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn mark_session_ready(&mut self) {
+        self.session_ready = true;
+        self.health_mut(|h| {
+            h.ready = true;
+            h.last_answer = Some(Instant::now());
+        });
+    }
+
+    pub(super) fn start_span(&self, method: &str, params: Option<&Value>, id: &Value) -> McpSpan {
+        let name = params.and_then(|p| p.get("name")).and_then(Value::as_str);
+        let target = match method {
+            "tools/call" | "prompts/get" => name,
+            _ => None,
+        };
+        let mut span = McpSpan::start(method, target, params);
+        span.set_str("mcp.method.name", method);
+        span.set_str(
+            "jsonrpc.request.id",
+            match id {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            },
+        );
+        span.set_str("mcp.session.id", &self.session_id);
+        if let Some(v) = &self.protocol_version {
+            span.set_str("mcp.protocol.version", v);
+        }
+        span.set_str("network.transport", "pipe");
+        match method {
+            "tools/call" => {
+                span.set_str("gen_ai.operation.name", "execute_tool");
+                if let Some(tool) = name {
+                    span.set_str("gen_ai.tool.name", tool);
+                    if let Some(sla) = self.slas.get(tool) {
+                        span.set_int("stallwatch.sla_ms", *sla);
+                    }
+                }
+            }
+            "prompts/get" => {
+                if let Some(p) = name {
+                    span.set_str("gen_ai.prompt.name", p);
+                }
+            }
+            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+                if let Some(uri) = params.and_then(|p| p.get("uri")).and_then(Value::as_str) {
+                    span.set_str("mcp.resource.uri", uri);
+                }
+            }
+            _ => {}
+        }
+        span
+    }
+
+    pub(super) fn retry_after_ms(&self) -> u64 {
+        match &self.breaker {
+            Breaker::Open {
+                retry_after_ms,
+                heard,
+                ..
+            } => retry_after_ms.saturating_sub(heard.elapsed().as_millis() as u64),
+            Breaker::Closed => 0,
+        }
+    }
+
+    /// Answers every in-flight request with [`TRIPPED_ERROR_CODE`]. Tool spans are ended
+    /// here only when `end_tool_spans` (a crash); after a trip stallwatch writes their ends
+    /// itself (`error.type = timeout`).
+    pub(super) async fn fail_inflight(
+        &mut self,
+        verdict: &str,
+        reason: &str,
+        end_tool_spans: bool,
+    ) {
+        let retry_after_ms = self.retry_after_ms();
+        let message = format!(
+            "stallwatch stopped MCP server runner {}: {}",
+            self.cfg.runner_id,
+            verdict_and_reason(verdict, reason)
+        );
+        let data = json!({
+            "runner_id": self.cfg.runner_id,
+            "verdict": verdict,
+            "retry_after_ms": retry_after_ms,
+        });
+        let resource = self.resource();
+        let mut drained: Vec<(String, InFlight)> = self.inflight.drain().collect();
+        drained.sort_by_key(|(_, f)| f.span.start_unix_nano);
+        for (key, mut f) in drained {
+            self.to_client(jsonrpc::error_response(
+                &f.id,
+                TRIPPED_ERROR_CODE,
+                &message,
+                data.clone(),
+            ));
+            self.answered.insert(key);
+            if f.method != "tools/call" || end_tool_spans {
+                let ty = if verdict == "crashed" {
+                    "crashed"
+                } else {
+                    "timeout"
+                };
+                f.span.end(Some((ty, message.clone())));
+                self.exporter.send(&resource, &f.span).await;
+            }
+        }
+    }
+}
