@@ -35,18 +35,17 @@ const MAX_QUERY_TRIGRAMS: usize = 12;
 /// The FTS5 query for a lowercased body query of 3+ characters: its trigrams, each one
 /// FTS5 string (double quotes doubled, SQLite FTS5 documentation, "FTS5 Strings"), all
 /// required (implicit AND). `detail=none` answers no phrase queries, so adjacency is left
-/// to the check on the decoded body. Trigrams start every 3 characters plus the last one,
-/// so together they cover the whole query; at most [`MAX_QUERY_TRIGRAMS`].
+/// to the check on the decoded body. Every trigram of the query is sent
+/// (overlapping: without positions, only overlapping trigrams tie the query's parts
+/// together); at most [`MAX_QUERY_TRIGRAMS`], spread over the query, the last one always.
 pub(crate) fn fts_query(lower: &str) -> String {
     let chars: Vec<char> = lower.chars().collect();
     let n = chars.len().saturating_sub(2);
-    let mut starts: Vec<usize> = (0..n).step_by(3).collect();
-    if n > 0 && starts.last() != Some(&(n - 1)) {
-        starts.push(n - 1);
-    }
+    let mut starts: Vec<usize> = (0..n).collect();
     if starts.len() > MAX_QUERY_TRIGRAMS {
         let step = starts.len().div_ceil(MAX_QUERY_TRIGRAMS);
         starts = starts.iter().step_by(step).copied().collect();
+        starts.push(n - 1);
     }
     let mut terms: Vec<String> = starts
         .iter()
@@ -106,8 +105,8 @@ mod tests {
 
     #[test]
     fn queries_are_trigrams_covering_the_text_with_quotes_doubled() {
-        assert_eq!(fts_query(r#"a "hi""#), r#""a """ "hi""""#);
-        assert_eq!(fts_query("abcdefg"), r#""abc" "def" "efg""#);
+        assert_eq!(fts_query(r#"a "hi""#), r#"" ""h" """hi" "a """ "hi""""#);
+        assert_eq!(fts_query("abcdef"), r#""abc" "bcd" "cde" "def""#);
         assert_eq!(fts_query("abc"), r#""abc""#);
         assert_eq!(
             fts_query(&"x".repeat(100)),
@@ -115,7 +114,11 @@ mod tests {
             "one distinct trigram"
         );
         let long: String = ('a'..='z').chain('A'..='Z').collect();
-        assert!(fts_query(&long).matches('"').count() <= 2 * MAX_QUERY_TRIGRAMS);
+        assert!(fts_query(&long).matches('"').count() <= 2 * (MAX_QUERY_TRIGRAMS + 1));
+        assert!(
+            fts_query(&long).contains(r#""XYZ""#),
+            "the last trigram is kept"
+        );
         assert!(indexable("abc"));
         assert!(!indexable("ab"));
         assert!(indexable("äöü"), "characters, not bytes");
