@@ -1,27 +1,45 @@
 //! Schema migrations by `PRAGMA user_version`.
 //!
-//! Migration N is the list of DDL strings in `MIGRATIONS[N-1]`; each domain module owns its
-//! own DDL constant. Until a release ships, version 1 may still be edited; after that, only
+//! Migration N is the list of steps in `MIGRATIONS[N-1]`: DDL strings, or a Rust function
+//! where rows must be computed from payloads (a back-fill); each domain module owns its own
+//! DDL constant. Until a release ships, version 1 may still be edited; after that, only
 //! new entries are appended. A database whose version is newer than [`SCHEMA_VERSION`] is
 //! refused ([`StorageError::SchemaTooNew`]).
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction};
 
 use crate::error::StorageError;
 
+/// One step of a migration.
+enum Step {
+    /// DDL (or plain SQL), run with `execute_batch`.
+    Sql(&'static str),
+    /// Rust code inside the migration's transaction (a back-fill that decodes payloads).
+    Rust(fn(&Transaction<'_>) -> Result<(), StorageError>),
+}
+
+use Step::{Rust, Sql};
+
 /// The migrations, oldest first. Each is applied in one transaction.
-const MIGRATIONS: &[&[&str]] = &[
+const MIGRATIONS: &[&[Step]] = &[
     &[
-        crate::telemetry::SCHEMA,
-        crate::incidents::SCHEMA,
-        crate::ledger::SCHEMA,
-        crate::runners::SCHEMA,
-        crate::checkpoints::SCHEMA,
-        crate::outbox::SCHEMA,
-        crate::forward::SCHEMA,
+        Sql(crate::telemetry::SCHEMA),
+        Sql(crate::incidents::SCHEMA),
+        Sql(crate::ledger::SCHEMA),
+        Sql(crate::runners::SCHEMA),
+        Sql(crate::checkpoints::SCHEMA),
+        Sql(crate::outbox::SCHEMA),
+        Sql(crate::forward::SCHEMA),
     ],
     // 2: log and metric read-back columns and indexes (issue 13)
-    &[crate::telemetry::READBACK_SCHEMA],
+    &[Sql(crate::telemetry::READBACK_SCHEMA)],
+    // 3: the log body substring index (FTS5 trigram), back-filled from the stored rows, and
+    // the covering metric point index (issue 13, query speed)
+    &[
+        Sql(crate::telemetry::LOGS_BODY_SCHEMA),
+        Sql(crate::telemetry::QUERY_INDEX_SCHEMA),
+        Rust(crate::telemetry::backfill_log_bodies),
+    ],
 ];
 
 /// The schema version this binary writes.
@@ -32,8 +50,11 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), StorageError> {
     let found = check(conn)?;
     for (i, parts) in MIGRATIONS.iter().enumerate().skip(found.max(0) as usize) {
         let tx = conn.transaction()?;
-        for ddl in parts.iter() {
-            tx.execute_batch(ddl)?;
+        for step in parts.iter() {
+            match step {
+                Sql(ddl) => tx.execute_batch(ddl)?,
+                Rust(f) => f(&tx)?,
+            }
         }
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;

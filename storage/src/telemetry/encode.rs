@@ -338,6 +338,8 @@ pub(crate) struct LogRow {
     pub severity: i32,
     /// Resource `stallwatch.runner.id` when present (search column).
     pub runner_id: Option<String>,
+    /// The body's lowercased searchable text, for `logs_body` (migration 3).
+    pub body: String,
     /// postcard `(Resource, Scope, LogRecord)`.
     pub payload: Vec<u8>,
 }
@@ -365,6 +367,7 @@ pub(crate) fn prepare_logs(batch: &LogBatch) -> Result<Vec<LogRow>, String> {
                     service: service.clone(),
                     severity: r.severity_number.clamp(0, 24),
                     runner_id: runner_id.clone(),
+                    body: super::log_body::body_key(&r.body),
                     payload,
                 });
             }

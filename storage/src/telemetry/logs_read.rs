@@ -11,6 +11,12 @@
 //! be searched: then at most [`MAX_SCANNED_ROWS`] rows are examined and the page ends early
 //! with a cursor to go on from (the same contract as a normal page end).
 //!
+//! A body query of 3+ characters (without a trace id, whose records are few) first asks
+//! the body index (`log_body.rs`, FTS5 trigram): when at most [`super::MAX_INDEX_CANDIDATES`]
+//! rows may match, those rows drive instead (filtered and sorted in SQL, each checked
+//! against its decoded body), so a rare text costs its candidates, not a scan. A common
+//! text is found quickly by the walk above.
+//!
 //! The live tail reads rows by id (arrival order) after the last one it sent.
 
 use std::sync::Arc;
@@ -19,6 +25,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection};
 
 use super::encode::value_text;
+use super::log_body::{few_candidates, fts_query, indexable, FROM_CANDIDATES};
 use super::read::snapshot;
 use super::{StoredLog, DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
 use crate::error::StorageError;
@@ -229,6 +236,18 @@ pub(super) fn search_logs(conn: &Connection, q: &LogQuery) -> Result<LogPage, Lo
         ("logs_time", false)
     };
     let residual = Residual::new(q);
+    let body_drives = residual
+        .body_lower
+        .as_deref()
+        .filter(|b| q.trace_id.is_none() && indexable(b));
+    if let Some(lower) = body_drives {
+        let page = snapshot(conn, |c| {
+            search_by_body(c, q, lower, &residual, limit, (ct, ci), min_sev)
+        })?;
+        if let Some(page) = page {
+            return Ok(page);
+        }
+    }
     let payload_col = "payload";
     let mut stmts = Vec::new();
     let mut stmt_args = Vec::new();
@@ -314,6 +333,73 @@ pub(super) fn search_logs(conn: &Connection, q: &LogQuery) -> Result<LogPage, Lo
             }
         }
     })
+}
+
+/// A body search driven by the body index (`log_body.rs`) when the query text is rare:
+/// the candidates' rows are filtered by the column filters and the cursor in SQL, sorted
+/// newest first, and each is checked against its decoded body until the page is full.
+/// `None` when there are more than [`super::MAX_INDEX_CANDIDATES`] candidates (the caller walks
+/// the time-ordered indexes instead).
+fn search_by_body(
+    conn: &Connection,
+    q: &LogQuery,
+    lower: &str,
+    residual: &Residual,
+    limit: usize,
+    (ct, ci): (i64, i64),
+    min_sev: i32,
+) -> Result<Option<LogPage>, LogQueryError> {
+    if !few_candidates(conn, lower)? {
+        return Ok(None);
+    }
+    let mut sql = format!(
+        "SELECT id, time_unix_nano FROM {FROM_CANDIDATES}
+         AND time_unix_nano <= ? AND (time_unix_nano, id) < (?, ?)"
+    );
+    let mut args = vec![
+        SqlValue::Text(fts_query(lower)),
+        SqlValue::Integer(ct),
+        SqlValue::Integer(ct),
+        SqlValue::Integer(ci),
+    ];
+    column_filters(q, &mut sql, &mut args);
+    if min_sev > 0 {
+        sql.push_str(" AND severity >= ?");
+        args.push(SqlValue::Integer(i64::from(min_sev)));
+    }
+    sql.push_str(" ORDER BY time_unix_nano DESC, id DESC");
+    let hits = conn
+        .prepare_cached(&sql)?
+        .query_map(params_from_iter(args.iter()), |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut row =
+        conn.prepare_cached("SELECT received_unix_nano, payload FROM logs WHERE id = ?1")?;
+    let mut items = Vec::new();
+    for (n, (id, time)) in hits.iter().enumerate() {
+        let (received, payload): (i64, Vec<u8>) =
+            row.query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let log = decode(&payload)?;
+        if residual.matches(&log) {
+            items.push(LogEntry {
+                id: *id,
+                received_unix_nano: received as u64,
+                log,
+            });
+            if items.len() == limit {
+                let more = n + 1 < hits.len();
+                return Ok(Some(LogPage {
+                    items,
+                    next_cursor: more.then(|| encode_cursor(*time, *id)),
+                }));
+            }
+        }
+    }
+    Ok(Some(LogPage {
+        items,
+        next_cursor: None,
+    }))
 }
 
 fn next_row(rows: &mut rusqlite::Rows<'_>) -> Result<Option<Row>, rusqlite::Error> {

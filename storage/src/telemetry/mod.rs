@@ -12,20 +12,26 @@
 //! - `encode`: caller-side encoding (CPU work stays off the writer thread);
 //! - `writer`: the writer thread, bounded queue, group commit, deduplication, size cap;
 //! - `retention`: by age and by size, then `incremental_vacuum`;
-//! - `read`: trace view, span, search, services, span names, metric points;
+//! - `read`: trace view, span, services, span names, metric points;
+//! - `trace_search`: trace search over the term postings;
 //! - `logs_read`: log search and the live tail's reads;
+//! - `log_body`: the log body substring index (FTS5 trigram) and its back-fill;
 //! - `metrics_read`: the instrument list and points per series per step;
+//! - `metrics_hist`: histogram points as distributions, and their quantile estimates;
 //! - `stats`: counters for `/metrics`.
 
 mod bloom;
 mod checkpoint;
 pub(crate) mod encode;
+mod log_body;
 mod logs_read;
+mod metrics_hist;
 mod metrics_read;
 mod read;
 mod retention;
 mod schema;
 mod stats;
+mod trace_search;
 mod traceidx;
 mod writer;
 
@@ -40,12 +46,14 @@ use crate::model::{
     TraceBatch, TraceId,
 };
 
+pub(crate) use log_body::backfill_log_bodies;
+pub use log_body::{MAX_INDEX_CANDIDATES, MIN_INDEXED_QUERY_CHARS};
 pub use logs_read::{
     body_text, LogEntry, LogPage, LogQuery, LogQueryError, MAX_SCANNED_ROWS, MAX_SEVERITY,
 };
 pub use metrics_read::{Instrument, MetricSeries, PointsQuery, StepValue, MAX_STEPS};
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
-pub(crate) use schema::{READBACK_SCHEMA, SCHEMA};
+pub(crate) use schema::{LOGS_BODY_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA, SCHEMA};
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
 pub use writer::Degraded;
 pub(crate) use writer::TelemetryWriter;
@@ -366,7 +374,7 @@ impl Storage {
     pub async fn search_traces(&self, query: TraceQuery) -> Result<TracePage, QueryError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            this.read_blocking(|c| match read::search(c, &query) {
+            this.read_blocking(|c| match trace_search::search(c, &query) {
                 Ok(p) => Ok(Ok(p)),
                 Err(QueryError::Storage(e)) => Err(e),
                 Err(other) => Ok(Err(other)),

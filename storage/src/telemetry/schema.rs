@@ -143,3 +143,37 @@ CREATE TABLE metric_instruments (
     PRIMARY KEY (name, service)
 ) WITHOUT ROWID;
 ";
+
+/// The log body index of migration 3 (see [`QUERY_INDEX_SCHEMA`]).
+pub(crate) const LOGS_BODY_SCHEMA: &str = "
+CREATE VIRTUAL TABLE logs_body USING fts5(
+    body, content='', contentless_delete=1, tokenize='trigram case_sensitive 1', detail=none
+);
+";
+
+/// DDL of migration 3 (issue 13, query speed), after [`LOGS_BODY_SCHEMA`]. The back-fill of
+/// `logs_body` from the rows stored before it runs in the same transaction (`log_body.rs`).
+///
+/// - `logs_body` ([`LOGS_BODY_SCHEMA`]): an FTS5 index of each log record's body text, rowid = `logs.id`, with the
+///   `trigram` tokenizer (SQLite FTS5 documentation, "The Trigram Tokenizer": every
+///   three-character sequence is a token, so any substring of 3+ characters is a query).
+///   The text indexed is the body's searchable text lowercased by stallwatch
+///   ([`super::log_body::body_key`]) and the tokenizer is case-sensitive, so the index
+///   folds case exactly as the search does. Contentless (`content=''`, the text lives only
+///   in the payload) with `contentless_delete=1` (rows can be deleted by rowid) and
+///   `detail=none` (no positions: a candidate filter, every candidate is checked against the
+///   decoded body). The writer fills it in the transaction that inserts the log rows.
+/// - `logs_body_delete`: deleting a `logs` row (retention by age or size) deletes its
+///   index row in the same statement, so the index never holds orphans.
+/// - `metric_points_series_time`: a covering index for the points query
+///   (`name, service, time_unix_nano` then the aggregated columns), replacing
+///   `metric_points_name_time`; a query without a service seeks once per service of the
+///   instrument (`metric_instruments`).
+pub(crate) const QUERY_INDEX_SCHEMA: &str = "
+CREATE TRIGGER logs_body_delete AFTER DELETE ON logs BEGIN
+    DELETE FROM logs_body WHERE rowid = old.id;
+END;
+DROP INDEX metric_points_name_time;
+CREATE INDEX metric_points_series_time
+    ON metric_points(name, service, time_unix_nano, series, value, count, sum);
+";

@@ -791,6 +791,10 @@ impl Writer {
                     let mut same = self
                         .conn
                         .prepare_cached("SELECT payload = ?2 FROM logs WHERE id = ?1")?;
+                    // the body index, in the same transaction (migration 3)
+                    let mut body = self
+                        .conn
+                        .prepare_cached("INSERT INTO logs_body(rowid, body) VALUES (?1, ?2)")?;
                     for r in &rows {
                         let hash = RecentLogs::hash(&r.payload);
                         if let Some(&row) = self.recent_logs.by_hash.get(&hash) {
@@ -812,8 +816,9 @@ impl Writer {
                             r.severity,
                             r.runner_id,
                         ])?;
-                        self.recent_logs
-                            .remember(hash, self.conn.last_insert_rowid());
+                        let id = self.conn.last_insert_rowid();
+                        body.execute(params![id, r.body])?;
+                        self.recent_logs.remember(hash, id);
                         c.logs += 1;
                     }
                 }
