@@ -2,6 +2,8 @@
 //! scanned span by span from the protobuf body ([`traces_wire`]).
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1 as pc;
+use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
 use stallwatch_storage::model::{Event, Link, ResourceSpans, ScopeSpans, Span, Status, TraceBatch};
 

@@ -8,7 +8,7 @@ use super::scalar::{
     boolean, double, enumeration, f64_field, hex_id, i32_field, list, object, opt_f64_field,
     opt_object, parse_root, ranged, string, take, u32_field, u64_field, Obj,
 };
-use super::{attributes, envelope, key_values, resource, scope};
+use super::{attributes, envelope, key_values};
 use crate::decode::path::Path;
 use crate::decode::DecodeError;
 

@@ -20,19 +20,14 @@
 //! Split: JSON scalars (integers, doubles, enums, ids) in `scalar.rs`, the envelope, values,
 //! spans and logs here, metrics in `metrics.rs`.
 
-use base64::alphabet;
-use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
-use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1 as pc;
 use opentelemetry_proto::tonic::logs::v1 as pl;
-use opentelemetry_proto::tonic::metrics::v1 as pm;
 use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::path::Path;
 use super::DecodeError;
@@ -163,7 +158,7 @@ pub(super) fn attributes(o: &mut Obj, p: &Path) -> Result<Vec<pc::KeyValue>, Dec
     key_values(o, "attributes", "attributes", p)
 }
 
-pub(super) fn resource(o: &mut Obj, p: &Path) -> Result<Option<pr::Resource>, DecodeError> {
+fn resource(o: &mut Obj, p: &Path) -> Result<Option<pr::Resource>, DecodeError> {
     let Some(mut r) = opt_object(o, "resource", "resource", p)? else {
         return Ok(None);
     };
@@ -180,7 +175,7 @@ pub(super) fn resource(o: &mut Obj, p: &Path) -> Result<Option<pr::Resource>, De
     }))
 }
 
-pub(super) fn scope(
+fn scope(
     o: &mut Obj,
     p: &Path,
 ) -> Result<Option<pc::InstrumentationScope>, DecodeError> {
