@@ -175,10 +175,7 @@ fn resource(o: &mut Obj, p: &Path) -> Result<Option<pr::Resource>, DecodeError> 
     }))
 }
 
-fn scope(
-    o: &mut Obj,
-    p: &Path,
-) -> Result<Option<pc::InstrumentationScope>, DecodeError> {
+fn scope(o: &mut Obj, p: &Path) -> Result<Option<pc::InstrumentationScope>, DecodeError> {
     let Some(mut s) = opt_object(o, "scope", "scope", p)? else {
         return Ok(None);
     };
