@@ -1,0 +1,388 @@
+//! Metric exports → flattened [`MetricPoint`]s, with what a point does not keep in its
+//! columns (buckets, quantiles, exemplars, temporality, flags) as JSON `detail`.
+
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::metrics::v1 as pm;
+use serde_json::{json, Map, Value};
+use stallwatch_storage::model::{
+    AnyValue, KeyValue, MetricBatch, MetricKind, MetricPoint, ResourceMetrics, ScopeMetrics,
+};
+
+use super::{attributes, resource, scope, span_id, trace_id, Refusals};
+use crate::decode::path::Path;
+use crate::decode::{DecodeError, Decoded, Limits};
+
+/// A double as JSON: finite numbers as numbers, NaN and the infinities as the proto3-JSON
+/// strings (serde_json would write `null`).
+fn jf(d: f64) -> Value {
+    if d.is_nan() {
+        Value::from("NaN")
+    } else if d == f64::INFINITY {
+        Value::from("Infinity")
+    } else if d == f64::NEG_INFINITY {
+        Value::from("-Infinity")
+    } else {
+        Value::from(d)
+    }
+}
+
+/// The detail fields both histogram kinds share: `min`, `max` (when present) and `flags`.
+fn histogram_tail(d: &mut Map<String, Value>, min: Option<f64>, max: Option<f64>, flags: u32) {
+    if let Some(v) = min {
+        d.insert("min".into(), jf(v));
+    }
+    if let Some(v) = max {
+        d.insert("max".into(), jf(v));
+    }
+    d.insert("flags".into(), flags.into());
+}
+
+fn any_to_json(v: &AnyValue) -> Value {
+    match v {
+        AnyValue::Empty => json!({}),
+        AnyValue::String(s) => json!({ "stringValue": s }),
+        AnyValue::Bool(b) => json!({ "boolValue": b }),
+        AnyValue::Int(i) => json!({ "intValue": i.to_string() }),
+        AnyValue::Double(d) => json!({ "doubleValue": jf(*d) }),
+        AnyValue::Bytes(b) => json!({ "bytesValue": hex::encode(b) }),
+        AnyValue::Array(a) => {
+            json!({ "arrayValue": { "values": a.iter().map(any_to_json).collect::<Vec<_>>() } })
+        }
+        AnyValue::KvList(kv) => json!({ "kvlistValue": { "values": kvs_to_json(kv) } }),
+    }
+}
+
+fn kvs_to_json(kvs: &[KeyValue]) -> Value {
+    Value::Array(
+        kvs.iter()
+            .map(|kv| json!({ "key": kv.key, "value": any_to_json(&kv.value) }))
+            .collect(),
+    )
+}
+
+/// Exemplars as JSON for a point's `detail`; ids in lowercase hex (validated lengths).
+fn exemplars(
+    ex: Vec<pm::Exemplar>,
+    p: &Path,
+    limits: &Limits,
+) -> Result<Option<Value>, DecodeError> {
+    if ex.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(ex.len());
+    for (i, e) in ex.into_iter().enumerate() {
+        let pi = p.index(i);
+        let tid = trace_id(&e.trace_id, &pi.field("traceId"))?;
+        let sid = span_id(&e.span_id, &pi.field("spanId"))?;
+        let attrs = attributes(
+            e.filtered_attributes,
+            &pi.field("filteredAttributes"),
+            limits,
+        )?;
+        let mut m = Map::new();
+        m.insert("time_unix_nano".into(), e.time_unix_nano.to_string().into());
+        match e.value {
+            Some(pm::exemplar::Value::AsDouble(d)) => {
+                m.insert("as_double".into(), jf(d));
+            }
+            Some(pm::exemplar::Value::AsInt(v)) => {
+                m.insert("as_int".into(), v.to_string().into());
+            }
+            None => {}
+        }
+        if let Some(t) = tid {
+            m.insert("trace_id".into(), t.to_hex().into());
+        }
+        if let Some(s) = sid {
+            m.insert("span_id".into(), s.to_hex().into());
+        }
+        if !attrs.is_empty() {
+            m.insert("filtered_attributes".into(), kvs_to_json(&attrs));
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(Some(Value::Array(out)))
+}
+
+/// Identity of the metric a point belongs to.
+struct MetricHead<'a> {
+    name: &'a str,
+    description: &'a str,
+    unit: &'a str,
+    kind: MetricKind,
+    metadata: &'a Option<Value>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn point(
+    head: &MetricHead<'_>,
+    start: u64,
+    time: u64,
+    value: Option<f64>,
+    count: Option<u64>,
+    sum: Option<f64>,
+    attributes: Vec<KeyValue>,
+    mut detail: Map<String, Value>,
+) -> MetricPoint {
+    if let Some(md) = head.metadata {
+        detail.insert("metadata".into(), md.clone());
+    }
+    MetricPoint {
+        name: head.name.to_string(),
+        description: head.description.to_string(),
+        unit: head.unit.to_string(),
+        kind: head.kind,
+        start_time_unix_nano: start,
+        time_unix_nano: time,
+        value,
+        count,
+        sum,
+        attributes,
+        detail: Value::Object(detail).to_string(),
+    }
+}
+
+fn temporality(t: i32) -> Value {
+    match pm::AggregationTemporality::try_from(t) {
+        Ok(k) => Value::from(k.as_str_name()),
+        Err(_) => Value::from(t),
+    }
+}
+
+/// Converts a metrics export into flattened points: gauge/sum keep `value` (int values are
+/// also kept exactly in `detail.as_int`), histograms and summaries keep `count`/`sum`, and
+/// everything else (buckets, quantiles, exemplars, temporality, flags) goes to `detail`.
+/// A metric with no data is kept out and reported as a warning in partial success.
+pub(crate) fn metrics(
+    req: ExportMetricsServiceRequest,
+    limits: &Limits,
+) -> Result<Decoded<MetricBatch>, DecodeError> {
+    let mut refusals = Refusals::default();
+    let root = Path::ROOT;
+    let prm = root.field("resourceMetrics");
+    let mut out = Vec::with_capacity(req.resource_metrics.len());
+    for (ri, rm) in req.resource_metrics.into_iter().enumerate() {
+        let pr = prm.index(ri);
+        let resource = resource(rm.resource, rm.schema_url, &pr, limits)?;
+        let psm = pr.field("scopeMetrics");
+        let mut scopes = Vec::with_capacity(rm.scope_metrics.len());
+        for (si, sm) in rm.scope_metrics.into_iter().enumerate() {
+            let ps = psm.index(si);
+            let scope = scope(sm.scope, sm.schema_url, &ps, limits)?;
+            let pms = ps.field("metrics");
+            let mut points = Vec::new();
+            for (mi, m) in sm.metrics.into_iter().enumerate() {
+                metric(m, &pms.index(mi), limits, &mut points, &mut refusals)?;
+            }
+            scopes.push(ScopeMetrics { scope, points });
+        }
+        out.push(ResourceMetrics {
+            resource,
+            scope_metrics: scopes,
+        });
+    }
+    Ok(refusals.into_decoded(
+        MetricBatch {
+            resource_metrics: out,
+        },
+        "data point",
+    ))
+}
+
+fn metric(
+    m: pm::Metric,
+    p: &Path,
+    limits: &Limits,
+    points: &mut Vec<MetricPoint>,
+    refusals: &mut Refusals,
+) -> Result<(), DecodeError> {
+    use pm::metric::Data;
+    let metadata = if m.metadata.is_empty() {
+        None
+    } else {
+        Some(kvs_to_json(&attributes(
+            m.metadata,
+            &p.field("metadata"),
+            limits,
+        )?))
+    };
+    let Some(data) = m.data else {
+        refusals.warnings.push(format!(
+            "metric {:?} at {p} has no data (gauge, sum, histogram, exponentialHistogram or summary); nothing stored for it",
+            m.name
+        ));
+        return Ok(());
+    };
+    let kind = match &data {
+        Data::Gauge(_) => MetricKind::Gauge,
+        Data::Sum(_) => MetricKind::Sum,
+        Data::Histogram(_) => MetricKind::Histogram,
+        Data::ExponentialHistogram(_) => MetricKind::ExponentialHistogram,
+        Data::Summary(_) => MetricKind::Summary,
+    };
+    let head = MetricHead {
+        name: &m.name,
+        description: &m.description,
+        unit: &m.unit,
+        kind,
+        metadata: &metadata,
+    };
+    match data {
+        Data::Gauge(g) => {
+            let pd = p.field("gauge");
+            number_points(&head, g.data_points, &pd, limits, Map::new(), points)?;
+        }
+        Data::Sum(s) => {
+            let pd = p.field("sum");
+            let mut base = Map::new();
+            base.insert(
+                "aggregation_temporality".into(),
+                temporality(s.aggregation_temporality),
+            );
+            base.insert("is_monotonic".into(), s.is_monotonic.into());
+            number_points(&head, s.data_points, &pd, limits, base, points)?;
+        }
+        Data::Histogram(h) => {
+            let pd = p.field("histogram");
+            let pdp = pd.field("dataPoints");
+            for (i, dp) in h.data_points.into_iter().enumerate() {
+                let pi = pdp.index(i);
+                let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
+                let mut d = Map::new();
+                d.insert(
+                    "aggregation_temporality".into(),
+                    temporality(h.aggregation_temporality),
+                );
+                d.insert(
+                    "bucket_counts".into(),
+                    Value::Array(dp.bucket_counts.iter().map(|c| Value::from(*c)).collect()),
+                );
+                d.insert(
+                    "explicit_bounds".into(),
+                    Value::Array(dp.explicit_bounds.iter().map(|b| jf(*b)).collect()),
+                );
+                histogram_tail(&mut d, dp.min, dp.max, dp.flags);
+                if let Some(ex) = exemplars(dp.exemplars, &pi.field("exemplars"), limits)? {
+                    d.insert("exemplars".into(), ex);
+                }
+                points.push(point(
+                    &head,
+                    dp.start_time_unix_nano,
+                    dp.time_unix_nano,
+                    None,
+                    Some(dp.count),
+                    dp.sum,
+                    attrs,
+                    d,
+                ));
+            }
+        }
+        Data::ExponentialHistogram(h) => {
+            let pd = p.field("exponentialHistogram");
+            let pdp = pd.field("dataPoints");
+            for (i, dp) in h.data_points.into_iter().enumerate() {
+                let pi = pdp.index(i);
+                let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
+                let mut d = Map::new();
+                d.insert(
+                    "aggregation_temporality".into(),
+                    temporality(h.aggregation_temporality),
+                );
+                d.insert("scale".into(), dp.scale.into());
+                d.insert("zero_count".into(), dp.zero_count.into());
+                d.insert("zero_threshold".into(), jf(dp.zero_threshold));
+                for (name, b) in [("positive", dp.positive), ("negative", dp.negative)] {
+                    if let Some(b) = b {
+                        d.insert(
+                            name.into(),
+                            json!({ "offset": b.offset, "bucket_counts": b.bucket_counts }),
+                        );
+                    }
+                }
+                histogram_tail(&mut d, dp.min, dp.max, dp.flags);
+                if let Some(ex) = exemplars(dp.exemplars, &pi.field("exemplars"), limits)? {
+                    d.insert("exemplars".into(), ex);
+                }
+                points.push(point(
+                    &head,
+                    dp.start_time_unix_nano,
+                    dp.time_unix_nano,
+                    None,
+                    Some(dp.count),
+                    dp.sum,
+                    attrs,
+                    d,
+                ));
+            }
+        }
+        Data::Summary(s) => {
+            let pd = p.field("summary");
+            let pdp = pd.field("dataPoints");
+            for (i, dp) in s.data_points.into_iter().enumerate() {
+                let pi = pdp.index(i);
+                let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
+                let mut d = Map::new();
+                d.insert(
+                    "quantile_values".into(),
+                    Value::Array(
+                        dp.quantile_values
+                            .iter()
+                            .map(|q| json!({ "quantile": jf(q.quantile), "value": jf(q.value) }))
+                            .collect(),
+                    ),
+                );
+                d.insert("flags".into(), dp.flags.into());
+                points.push(point(
+                    &head,
+                    dp.start_time_unix_nano,
+                    dp.time_unix_nano,
+                    None,
+                    Some(dp.count),
+                    Some(dp.sum),
+                    attrs,
+                    d,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn number_points(
+    head: &MetricHead<'_>,
+    dps: Vec<pm::NumberDataPoint>,
+    p: &Path,
+    limits: &Limits,
+    base: Map<String, Value>,
+    points: &mut Vec<MetricPoint>,
+) -> Result<(), DecodeError> {
+    let pdp = p.field("dataPoints");
+    for (i, dp) in dps.into_iter().enumerate() {
+        let pi = pdp.index(i);
+        let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
+        let mut d = base.clone();
+        let value = match dp.value {
+            Some(pm::number_data_point::Value::AsDouble(v)) => Some(v),
+            Some(pm::number_data_point::Value::AsInt(v)) => {
+                d.insert("as_int".into(), v.to_string().into());
+                Some(v as f64)
+            }
+            None => None,
+        };
+        d.insert("flags".into(), dp.flags.into());
+        if let Some(ex) = exemplars(dp.exemplars, &pi.field("exemplars"), limits)? {
+            d.insert("exemplars".into(), ex);
+        }
+        points.push(point(
+            head,
+            dp.start_time_unix_nano,
+            dp.time_unix_nano,
+            value,
+            None,
+            None,
+            attrs,
+            d,
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! Trace exports → [`TraceBatch`]: from prost's wire types ([`traces`], the JSON path) or
+//! scanned span by span from the protobuf body ([`traces_wire`]).
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1 as pc;
+use opentelemetry_proto::tonic::resource::v1 as pr;
+use opentelemetry_proto::tonic::trace::v1 as pt;
+use stallwatch_storage::model::{Event, Link, ResourceSpans, ScopeSpans, Span, Status, TraceBatch};
+
+use super::{attributes, resource, scope, span_id, trace_id, Refusals};
+use crate::decode::path::Path;
+use crate::decode::{DecodeError, Decoded, Limits};
+
+/// Converts and validates a trace export. Spans with an empty or all-zero trace or span id
+/// are refused one by one (partial success); wrong-length ids and over-deep attributes
+/// refuse the whole request.
+pub(crate) fn traces(
+    req: ExportTraceServiceRequest,
+    limits: &Limits,
+) -> Result<Decoded<TraceBatch>, DecodeError> {
+    let mut refusals = Refusals::default();
+    let root = Path::ROOT;
+    let prs = root.field("resourceSpans");
+    let mut out = Vec::with_capacity(req.resource_spans.len());
+    for (ri, rs) in req.resource_spans.into_iter().enumerate() {
+        let pr = prs.index(ri);
+        let resource = resource(rs.resource, rs.schema_url, &pr, limits)?;
+        let pss = pr.field("scopeSpans");
+        let mut scopes = Vec::with_capacity(rs.scope_spans.len());
+        for (si, ss) in rs.scope_spans.into_iter().enumerate() {
+            let ps = pss.index(si);
+            let scope = scope(ss.scope, ss.schema_url, &ps, limits)?;
+            let pspans = ps.field("spans");
+            let mut spans = Vec::with_capacity(ss.spans.len());
+            for (i, sp) in ss.spans.into_iter().enumerate() {
+                let p = pspans.index(i);
+                if let Some(span) = span(sp, &p, limits, &mut refusals)? {
+                    spans.push(span);
+                }
+            }
+            scopes.push(ScopeSpans { scope, spans });
+        }
+        out.push(ResourceSpans {
+            resource,
+            scope_spans: scopes,
+        });
+    }
+    Ok(refusals.into_decoded(
+        TraceBatch {
+            resource_spans: out,
+        },
+        "span",
+    ))
+}
+
+/// Decodes and converts a protobuf trace export one span at a time, with the rules of
+/// [`traces`]: the request is scanned in place ([`crate::decode::wire`]) and each span is decoded
+/// by prost from its own bytes and converted at once, so decoding holds the records plus
+/// one span's wire types, never the whole request's (issue 17 #14). Errors name the
+/// span's path.
+pub(crate) fn traces_wire(
+    body: &[u8],
+    limits: &Limits,
+) -> Result<Decoded<TraceBatch>, DecodeError> {
+    use crate::decode::wire::{self, Fields};
+    use prost::Message;
+    const WHAT: &str = "ExportTraceServiceRequest";
+    let bad = |p: &Path, why: &str| crate::decode::wire_error(WHAT, Some(p), why);
+    let mut refusals = Refusals::default();
+    let root = Path::ROOT;
+    let prs = root.field("resourceSpans");
+    let mut out = Vec::new();
+    for f in Fields::new(body) {
+        let (field, v) = f.map_err(|e| bad(&root, e))?;
+        if field != 1 {
+            continue;
+        }
+        let pr = prs.index(out.len());
+        let rs = wire::len(v).map_err(|e| bad(&pr, e))?;
+        // First pass: the resource and schema URL (they may follow the scopes on the wire).
+        let mut res: Option<pr::Resource> = None;
+        let mut schema_url = String::new();
+        let mut n_scopes = 0;
+        for f in Fields::new(rs) {
+            let (field, v) = f.map_err(|e| bad(&pr, e))?;
+            match field {
+                1 => {
+                    let b = wire::len(v).map_err(|e| bad(&pr.field("resource"), e))?;
+                    res.get_or_insert_with(Default::default)
+                        .merge(b)
+                        .map_err(|e| bad(&pr.field("resource"), &e.to_string()))?;
+                }
+                2 => n_scopes += 1,
+                3 => schema_url = wire::string(v).map_err(|e| bad(&pr.field("schemaUrl"), e))?,
+                _ => {}
+            }
+        }
+        let resource = resource(res, schema_url, &pr, limits)?;
+        let pss = pr.field("scopeSpans");
+        let mut scopes = Vec::with_capacity(n_scopes);
+        for f in Fields::new(rs) {
+            let (field, v) = f.map_err(|e| bad(&pr, e))?;
+            if field != 2 {
+                continue;
+            }
+            let ps = pss.index(scopes.len());
+            let ss = wire::len(v).map_err(|e| bad(&ps, e))?;
+            let mut sc: Option<pc::InstrumentationScope> = None;
+            let mut schema_url = String::new();
+            let mut n_spans = 0;
+            for f in Fields::new(ss) {
+                let (field, v) = f.map_err(|e| bad(&ps, e))?;
+                match field {
+                    1 => {
+                        let b = wire::len(v).map_err(|e| bad(&ps.field("scope"), e))?;
+                        sc.get_or_insert_with(Default::default)
+                            .merge(b)
+                            .map_err(|e| bad(&ps.field("scope"), &e.to_string()))?;
+                    }
+                    2 => n_spans += 1,
+                    3 => {
+                        schema_url = wire::string(v).map_err(|e| bad(&ps.field("schemaUrl"), e))?
+                    }
+                    _ => {}
+                }
+            }
+            let scope = scope(sc, schema_url, &ps, limits)?;
+            let pspans = ps.field("spans");
+            let mut spans = Vec::with_capacity(n_spans);
+            let mut i = 0;
+            for f in Fields::new(ss) {
+                let (field, v) = f.map_err(|e| bad(&ps, e))?;
+                if field != 2 {
+                    continue;
+                }
+                let p = pspans.index(i);
+                i += 1;
+                let b = wire::len(v).map_err(|e| bad(&p, e))?;
+                let sp = pt::Span::decode(b).map_err(|e| bad(&p, &e.to_string()))?;
+                if let Some(span) = span(sp, &p, limits, &mut refusals)? {
+                    spans.push(span);
+                }
+            }
+            scopes.push(ScopeSpans { scope, spans });
+        }
+        out.push(ResourceSpans {
+            resource,
+            scope_spans: scopes,
+        });
+    }
+    Ok(refusals.into_decoded(
+        TraceBatch {
+            resource_spans: out,
+        },
+        "span",
+    ))
+}
+
+fn span(
+    sp: pt::Span,
+    p: &Path,
+    limits: &Limits,
+    refusals: &mut Refusals,
+) -> Result<Option<Span>, DecodeError> {
+    let tid = trace_id(&sp.trace_id, &p.field("traceId"))?;
+    let sid = span_id(&sp.span_id, &p.field("spanId"))?;
+    // Empty or all-zero parent: a root span.
+    let parent = span_id(&sp.parent_span_id, &p.field("parentSpanId"))?;
+    let attrs = attributes(sp.attributes, &p.field("attributes"), limits)?;
+    let pe = p.field("events");
+    let mut events = Vec::with_capacity(sp.events.len());
+    for (i, e) in sp.events.into_iter().enumerate() {
+        let pi = pe.index(i);
+        events.push(Event {
+            time_unix_nano: e.time_unix_nano,
+            name: e.name,
+            attributes: attributes(e.attributes, &pi.field("attributes"), limits)?,
+            dropped_attributes_count: e.dropped_attributes_count,
+        });
+    }
+    let pl = p.field("links");
+    let mut links = Vec::with_capacity(sp.links.len());
+    for (i, l) in sp.links.into_iter().enumerate() {
+        let pi = pl.index(i);
+        // A link to an invalid (empty/zero) context is legal (OTel spec: such links are
+        // kept when they carry attributes or trace state); wrong lengths are not.
+        let ltid = trace_id(&l.trace_id, &pi.field("traceId"))?.unwrap_or_default();
+        let lsid = span_id(&l.span_id, &pi.field("spanId"))?.unwrap_or_default();
+        links.push(Link {
+            trace_id: ltid,
+            span_id: lsid,
+            trace_state: l.trace_state,
+            attributes: attributes(l.attributes, &pi.field("attributes"), limits)?,
+            dropped_attributes_count: l.dropped_attributes_count,
+            flags: l.flags,
+        });
+    }
+    let (Some(trace_id), Some(span_id)) = (tid, sid) else {
+        let which = if tid.is_none() { "traceId" } else { "spanId" };
+        refusals.refuse(format!("{which} empty or all zero (first at {p}.{which})"));
+        return Ok(None);
+    };
+    // An end before the start is no duration at all: refused one by one like a bad id
+    // (docs/design.md, "Back-pressure and limits"). `end == 0` is an open-span snapshot.
+    if sp.end_time_unix_nano != 0 && sp.end_time_unix_nano < sp.start_time_unix_nano {
+        refusals.end_before_start += 1;
+        refusals.refuse(format!(
+            "span {:?} (spanId {}) ends before it starts: endTimeUnixNano {} < startTimeUnixNano {} (first at {p})",
+            sp.name,
+            hex::encode(span_id.0),
+            sp.end_time_unix_nano,
+            sp.start_time_unix_nano
+        ));
+        return Ok(None);
+    }
+    let status = sp.status.unwrap_or_default();
+    Ok(Some(Span {
+        trace_id,
+        span_id,
+        parent_span_id: parent,
+        trace_state: sp.trace_state,
+        flags: sp.flags,
+        name: sp.name,
+        kind: sp.kind,
+        start_time_unix_nano: sp.start_time_unix_nano,
+        end_time_unix_nano: sp.end_time_unix_nano,
+        attributes: attrs,
+        dropped_attributes_count: sp.dropped_attributes_count,
+        events,
+        dropped_events_count: sp.dropped_events_count,
+        links,
+        dropped_links_count: sp.dropped_links_count,
+        status: Status {
+            code: status.code,
+            message: status.message,
+        },
+    }))
+}

@@ -1,0 +1,427 @@
+//! OTLP/JSON → protobuf wire types, by hand (the OTLP/JSON rules, not generic proto3 JSON
+//! through `with-serde`, which gets them wrong; see the cases README).
+//!
+//! Rules (OTLP spec "JSON Protobuf Encoding" and proto3 JSON mapping; case numbers from
+//! `tests/data/cases/payloads/MANIFEST.json`):
+//! - field names in lowerCamelCase or the original snake_case (C05); unknown fields are
+//!   ignored; `null` means the default, `null` lists are empty (C07);
+//! - trace and span ids are hex, case-insensitive (C01); base64, non-hex or wrong-length ids
+//!   are a 400 naming the field; the empty string is an absent id (the converter refuses
+//!   the span, C09);
+//! - 64-bit integers as decimal strings or JSON numbers, never through `f64` (serde_json
+//!   keeps integer tokens exact), out-of-range or fractional values are a 400 (C02);
+//! - doubles as numbers, numeric strings, or `"NaN"`, `"Infinity"`, `"-Infinity"` (C02);
+//! - enums as integers (unknown ones kept) or proto names; an unknown name is a 400 (C04,
+//!   docs/design.md "OTLP/JSON case choices");
+//! - `bytesValue` is base64 (standard or URL-safe alphabet, padding optional).
+//!
+//! Validation shared with protobuf input (all-zero ids, nesting depth) happens afterwards
+//! in [`super::convert`].//!
+//! Split: JSON scalars (integers, doubles, enums, ids) in `scalar.rs`, the envelope, values,
+//! spans and logs here, metrics in `metrics.rs`.
+
+use base64::Engine as _;
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1 as pc;
+use opentelemetry_proto::tonic::logs::v1 as pl;
+use opentelemetry_proto::tonic::resource::v1 as pr;
+use opentelemetry_proto::tonic::trace::v1 as pt;
+use serde_json::Value;
+
+use super::path::Path;
+use super::DecodeError;
+
+mod metrics;
+mod scalar;
+
+pub(crate) use metrics::metrics;
+use scalar::{
+    boolean, double, enumeration, hex_id, kind, list, object, opt_object, parse_root, ranged,
+    string, take, u32_field, u64_field, Obj, B64_STANDARD, B64_URL_SAFE,
+};
+
+fn any_value(v: Value, p: &Path) -> Result<pc::AnyValue, DecodeError> {
+    use pc::any_value::Value as V;
+    let mut o = object(v, p)?;
+    let mut found: Vec<(&'static str, V)> = Vec::with_capacity(1);
+    if let Some(v) = take(&mut o, "stringValue", "string_value") {
+        match v {
+            Value::String(s) => found.push(("stringValue", V::StringValue(s))),
+            other => {
+                return Err(DecodeError::at(
+                    &p.field("stringValue"),
+                    format!("expected a string, got {}", kind(&other)),
+                ))
+            }
+        }
+    }
+    if let Some(v) = take(&mut o, "boolValue", "bool_value") {
+        found.push((
+            "boolValue",
+            V::BoolValue(boolean(v, &p.field("boolValue"))?),
+        ));
+    }
+    if let Some(v) = take(&mut o, "intValue", "int_value") {
+        found.push((
+            "intValue",
+            V::IntValue(ranged(v, &p.field("intValue"), "int64")?),
+        ));
+    }
+    // `{"doubleValue": null}` is what the Rust SDK's HTTP/JSON exporter writes for NaN and
+    // ±Inf (serde_json has no non-finite numbers): keep it a double, NaN being the honest
+    // reading, rather than an empty value (issue 12 #10).
+    let double_null = [o.get("doubleValue"), o.get("double_value")]
+        .iter()
+        .any(|v| matches!(v, Some(Value::Null)));
+    if let Some(v) = take(&mut o, "doubleValue", "double_value") {
+        found.push((
+            "doubleValue",
+            V::DoubleValue(double(v, &p.field("doubleValue"))?),
+        ));
+    }
+    if let Some(v) = take(&mut o, "bytesValue", "bytes_value") {
+        let pb = p.field("bytesValue");
+        let Value::String(s) = v else {
+            return Err(DecodeError::at(
+                &pb,
+                format!("expected a base64 string, got {}", kind(&v)),
+            ));
+        };
+        let bytes = B64_STANDARD
+            .decode(s.as_bytes())
+            .or_else(|_| B64_URL_SAFE.decode(s.as_bytes()))
+            .map_err(|e| DecodeError::at(&pb, format!("invalid base64: {e}")))?;
+        found.push(("bytesValue", V::BytesValue(bytes)));
+    }
+    if let Some(v) = take(&mut o, "arrayValue", "array_value") {
+        let pa = p.field("arrayValue");
+        let mut a = object(v, &pa)?;
+        let values = list(&mut a, "values", "values", &pa)?;
+        let pv = pa.field("values");
+        let mut out = Vec::with_capacity(values.len());
+        for (i, v) in values.into_iter().enumerate() {
+            out.push(any_value(v, &pv.index(i))?);
+        }
+        found.push(("arrayValue", V::ArrayValue(pc::ArrayValue { values: out })));
+    }
+    if let Some(v) = take(&mut o, "kvlistValue", "kvlist_value") {
+        let pk = p.field("kvlistValue");
+        let mut k = object(v, &pk)?;
+        let values = key_values(&mut k, "values", "values", &pk)?;
+        found.push(("kvlistValue", V::KvlistValue(pc::KeyValueList { values })));
+    }
+    match found.len() {
+        0 if double_null => Ok(pc::AnyValue {
+            value: Some(V::DoubleValue(f64::NAN)),
+        }),
+        0 => Ok(pc::AnyValue { value: None }),
+        1 => Ok(pc::AnyValue {
+            value: found.pop().map(|(_, v)| v),
+        }),
+        _ => Err(DecodeError::at(
+            p,
+            format!(
+                "AnyValue sets more than one value ({})",
+                found.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
+}
+
+pub(super) fn key_values(
+    o: &mut Obj,
+    c: &'static str,
+    s: &'static str,
+    p: &Path,
+) -> Result<Vec<pc::KeyValue>, DecodeError> {
+    let items = list(o, c, s, p)?;
+    let pl = p.field(c);
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let pi = pl.index(i);
+        let mut kv = object(item, &pi)?;
+        let key = string(&mut kv, "key", "key", &pi)?;
+        let value = take(&mut kv, "value", "value")
+            .map(|v| any_value(v, &pi.field("value")))
+            .transpose()?;
+        out.push(pc::KeyValue {
+            key,
+            value,
+            ..Default::default()
+        });
+    }
+    Ok(out)
+}
+
+pub(super) fn attributes(o: &mut Obj, p: &Path) -> Result<Vec<pc::KeyValue>, DecodeError> {
+    key_values(o, "attributes", "attributes", p)
+}
+
+fn resource(o: &mut Obj, p: &Path) -> Result<Option<pr::Resource>, DecodeError> {
+    let Some(mut r) = opt_object(o, "resource", "resource", p)? else {
+        return Ok(None);
+    };
+    let p = p.field("resource");
+    Ok(Some(pr::Resource {
+        attributes: attributes(&mut r, &p)?,
+        dropped_attributes_count: u32_field(
+            &mut r,
+            "droppedAttributesCount",
+            "dropped_attributes_count",
+            &p,
+        )?,
+        ..Default::default()
+    }))
+}
+
+fn scope(o: &mut Obj, p: &Path) -> Result<Option<pc::InstrumentationScope>, DecodeError> {
+    let Some(mut s) = opt_object(o, "scope", "scope", p)? else {
+        return Ok(None);
+    };
+    let p = p.field("scope");
+    Ok(Some(pc::InstrumentationScope {
+        name: string(&mut s, "name", "name", &p)?,
+        version: string(&mut s, "version", "version", &p)?,
+        attributes: attributes(&mut s, &p)?,
+        dropped_attributes_count: u32_field(
+            &mut s,
+            "droppedAttributesCount",
+            "dropped_attributes_count",
+            &p,
+        )?,
+    }))
+}
+
+fn span_kind_from_name(s: &str) -> Option<i32> {
+    pt::span::SpanKind::from_str_name(s).map(|k| k as i32)
+}
+fn status_code_from_name(s: &str) -> Option<i32> {
+    pt::status::StatusCode::from_str_name(s).map(|k| k as i32)
+}
+fn severity_from_name(s: &str) -> Option<i32> {
+    pl::SeverityNumber::from_str_name(s).map(|k| k as i32)
+}
+/// Decodes an OTLP/JSON `ExportTraceServiceRequest` (also a `TracesData`).
+pub(crate) fn traces(body: &[u8]) -> Result<ExportTraceServiceRequest, DecodeError> {
+    let Some(mut root) = parse_root(body)? else {
+        return Ok(ExportTraceServiceRequest::default());
+    };
+    let resource_spans = envelope(
+        &mut root,
+        [
+            ("resourceSpans", "resource_spans"),
+            ("scopeSpans", "scope_spans"),
+            ("spans", "spans"),
+        ],
+        span,
+        |scope, spans, schema_url| pt::ScopeSpans {
+            scope,
+            spans,
+            schema_url,
+        },
+        |resource, scope_spans, schema_url| pt::ResourceSpans {
+            resource,
+            scope_spans,
+            schema_url,
+        },
+    )?;
+    Ok(ExportTraceServiceRequest { resource_spans })
+}
+
+/// The envelope all three signals share: `resource{X}[]` (resource, schemaUrl) →
+/// `scope{X}[]` (scope, schemaUrl) → items, each level named in lowerCamelCase and
+/// snake_case (`names`), with field paths for error messages. `item` decodes one item;
+/// `scope_msg` and `resource_msg` build the protobuf messages.
+pub(super) fn envelope<T, S, R>(
+    root: &mut Obj,
+    names: [(&'static str, &'static str); 3],
+    item: fn(Value, &Path) -> Result<T, DecodeError>,
+    scope_msg: fn(Option<pc::InstrumentationScope>, Vec<T>, String) -> S,
+    resource_msg: fn(Option<pr::Resource>, Vec<S>, String) -> R,
+) -> Result<Vec<R>, DecodeError> {
+    let [(res_camel, res_snake), (scope_camel, scope_snake), (item_camel, item_snake)] = names;
+    let r = Path::ROOT;
+    let resources = list(root, res_camel, res_snake, &r)?;
+    let pres = r.field(res_camel);
+    let mut out = Vec::with_capacity(resources.len());
+    for (ri, rv) in resources.into_iter().enumerate() {
+        let pr = pres.index(ri);
+        let mut ro = object(rv, &pr)?;
+        let resource = resource(&mut ro, &pr)?;
+        let schema_url = string(&mut ro, "schemaUrl", "schema_url", &pr)?;
+        let scopes = list(&mut ro, scope_camel, scope_snake, &pr)?;
+        let pscopes = pr.field(scope_camel);
+        let mut scope_out = Vec::with_capacity(scopes.len());
+        for (si, sv) in scopes.into_iter().enumerate() {
+            let ps = pscopes.index(si);
+            let mut so = object(sv, &ps)?;
+            let scope = scope(&mut so, &ps)?;
+            let scope_schema_url = string(&mut so, "schemaUrl", "schema_url", &ps)?;
+            let values = list(&mut so, item_camel, item_snake, &ps)?;
+            let pitems = ps.field(item_camel);
+            let mut items = Vec::with_capacity(values.len());
+            for (i, v) in values.into_iter().enumerate() {
+                items.push(item(v, &pitems.index(i))?);
+            }
+            scope_out.push(scope_msg(scope, items, scope_schema_url));
+        }
+        out.push(resource_msg(resource, scope_out, schema_url));
+    }
+    Ok(out)
+}
+
+fn span(v: Value, p: &Path) -> Result<pt::Span, DecodeError> {
+    let mut o = object(v, p)?;
+    let trace_id = hex_id(&mut o, "traceId", "trace_id", p, 16)?;
+    let span_id = hex_id(&mut o, "spanId", "span_id", p, 8)?;
+    let parent_span_id = hex_id(&mut o, "parentSpanId", "parent_span_id", p, 8)?;
+    let events_in = list(&mut o, "events", "events", p)?;
+    let pe = p.field("events");
+    let mut events = Vec::with_capacity(events_in.len());
+    for (i, e) in events_in.into_iter().enumerate() {
+        let pi = pe.index(i);
+        let mut e = object(e, &pi)?;
+        events.push(pt::span::Event {
+            time_unix_nano: u64_field(&mut e, "timeUnixNano", "time_unix_nano", &pi)?,
+            name: string(&mut e, "name", "name", &pi)?,
+            attributes: attributes(&mut e, &pi)?,
+            dropped_attributes_count: u32_field(
+                &mut e,
+                "droppedAttributesCount",
+                "dropped_attributes_count",
+                &pi,
+            )?,
+        });
+    }
+    let links_in = list(&mut o, "links", "links", p)?;
+    let pl = p.field("links");
+    let mut links = Vec::with_capacity(links_in.len());
+    for (i, l) in links_in.into_iter().enumerate() {
+        let pi = pl.index(i);
+        let mut l = object(l, &pi)?;
+        links.push(pt::span::Link {
+            trace_id: hex_id(&mut l, "traceId", "trace_id", &pi, 16)?,
+            span_id: hex_id(&mut l, "spanId", "span_id", &pi, 8)?,
+            trace_state: string(&mut l, "traceState", "trace_state", &pi)?,
+            attributes: attributes(&mut l, &pi)?,
+            dropped_attributes_count: u32_field(
+                &mut l,
+                "droppedAttributesCount",
+                "dropped_attributes_count",
+                &pi,
+            )?,
+            flags: u32_field(&mut l, "flags", "flags", &pi)?,
+        });
+    }
+    let status = match opt_object(&mut o, "status", "status", p)? {
+        None => None,
+        Some(mut s) => {
+            let ps = p.field("status");
+            Some(pt::Status {
+                message: string(&mut s, "message", "message", &ps)?,
+                code: enumeration(
+                    &mut s,
+                    "code",
+                    "code",
+                    &ps,
+                    status_code_from_name,
+                    "STATUS_CODE_ERROR",
+                )?,
+            })
+        }
+    };
+    Ok(pt::Span {
+        trace_id,
+        span_id,
+        trace_state: string(&mut o, "traceState", "trace_state", p)?,
+        parent_span_id,
+        flags: u32_field(&mut o, "flags", "flags", p)?,
+        name: string(&mut o, "name", "name", p)?,
+        kind: enumeration(
+            &mut o,
+            "kind",
+            "kind",
+            p,
+            span_kind_from_name,
+            "SPAN_KIND_SERVER",
+        )?,
+        start_time_unix_nano: u64_field(&mut o, "startTimeUnixNano", "start_time_unix_nano", p)?,
+        end_time_unix_nano: u64_field(&mut o, "endTimeUnixNano", "end_time_unix_nano", p)?,
+        attributes: attributes(&mut o, p)?,
+        dropped_attributes_count: u32_field(
+            &mut o,
+            "droppedAttributesCount",
+            "dropped_attributes_count",
+            p,
+        )?,
+        events,
+        dropped_events_count: u32_field(&mut o, "droppedEventsCount", "dropped_events_count", p)?,
+        links,
+        dropped_links_count: u32_field(&mut o, "droppedLinksCount", "dropped_links_count", p)?,
+        status,
+    })
+}
+
+/// Decodes an OTLP/JSON `ExportLogsServiceRequest` (also a `LogsData`).
+pub(crate) fn logs(body: &[u8]) -> Result<ExportLogsServiceRequest, DecodeError> {
+    let Some(mut root) = parse_root(body)? else {
+        return Ok(ExportLogsServiceRequest::default());
+    };
+    let resource_logs = envelope(
+        &mut root,
+        [
+            ("resourceLogs", "resource_logs"),
+            ("scopeLogs", "scope_logs"),
+            ("logRecords", "log_records"),
+        ],
+        log_record,
+        |scope, log_records, schema_url| pl::ScopeLogs {
+            scope,
+            log_records,
+            schema_url,
+        },
+        |resource, scope_logs, schema_url| pl::ResourceLogs {
+            resource,
+            scope_logs,
+            schema_url,
+        },
+    )?;
+    Ok(ExportLogsServiceRequest { resource_logs })
+}
+
+fn log_record(v: Value, p: &Path) -> Result<pl::LogRecord, DecodeError> {
+    let mut o = object(v, p)?;
+    Ok(pl::LogRecord {
+        time_unix_nano: u64_field(&mut o, "timeUnixNano", "time_unix_nano", p)?,
+        observed_time_unix_nano: u64_field(
+            &mut o,
+            "observedTimeUnixNano",
+            "observed_time_unix_nano",
+            p,
+        )?,
+        severity_number: enumeration(
+            &mut o,
+            "severityNumber",
+            "severity_number",
+            p,
+            severity_from_name,
+            "SEVERITY_NUMBER_INFO",
+        )?,
+        severity_text: string(&mut o, "severityText", "severity_text", p)?,
+        body: take(&mut o, "body", "body")
+            .map(|v| any_value(v, &p.field("body")))
+            .transpose()?,
+        attributes: attributes(&mut o, p)?,
+        dropped_attributes_count: u32_field(
+            &mut o,
+            "droppedAttributesCount",
+            "dropped_attributes_count",
+            p,
+        )?,
+        flags: u32_field(&mut o, "flags", "flags", p)?,
+        trace_id: hex_id(&mut o, "traceId", "trace_id", p, 16)?,
+        span_id: hex_id(&mut o, "spanId", "span_id", p, 8)?,
+        event_name: string(&mut o, "eventName", "event_name", p)?,
+    })
+}

@@ -1,0 +1,307 @@
+//! One group commit: every request of the group in one `BEGIN IMMEDIATE` transaction,
+//! each answered only after COMMIT returned; log records deduplicated by payload
+//! ([`RecentLogs`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use rusqlite::{params, OptionalExtension};
+
+use crate::error::{transient_kind, Transient, WriteError};
+use crate::model::now_unix_nano;
+use crate::telemetry::checkpoint;
+use crate::telemetry::schema::MERGE_BATCHES;
+use crate::telemetry::stats::RefusedReason;
+
+use super::{Degraded, Prepared, WriteRequest, Writer};
+
+/// What one group committed.
+#[derive(Default)]
+pub(super) struct Committed {
+    pub(super) spans: u64,
+    pub(super) duplicates: u64,
+    pub(super) logs: u64,
+    pub(super) log_duplicates: u64,
+    pub(super) points: u64,
+}
+
+/// Log records remembered for deduplication (by payload hash): an exporter retry arrives
+/// within seconds to minutes, long before this many other records.
+pub(super) const RECENT_LOGS: usize = 262_144;
+
+/// Hash → row id of recently stored log records, bounded FIFO.
+#[derive(Default)]
+pub(super) struct RecentLogs {
+    by_hash: HashMap<u64, i64>,
+    order: VecDeque<u64>,
+}
+
+impl RecentLogs {
+    pub(super) fn hash(payload: &[u8]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        payload.hash(&mut h);
+        h.finish()
+    }
+
+    pub(super) fn remember(&mut self, hash: u64, row: i64) {
+        if self.by_hash.insert(hash, row).is_none() {
+            self.order.push_back(hash);
+            while self.order.len() > RECENT_LOGS {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_hash.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+impl Writer {
+    pub(super) fn commit_group(&mut self, reqs: Vec<WriteRequest>) {
+        if let Some(gone) = self.moved_away() {
+            self.refuse_unavailable(reqs, gone);
+            return;
+        }
+        if self.used_bytes >= self.budget_bytes {
+            let _ = self.refresh_used();
+            if self.used_bytes >= self.budget_bytes {
+                let reason = self.full_reason();
+                self.set_full(Some(reason.clone()));
+                self.schedule_size_retention();
+                self.stats
+                    .count_refused(RefusedReason::StorageFull, reqs.len() as u64);
+                for r in reqs {
+                    let _ = r.reply.send(Err(WriteError::Full(reason.clone())));
+                }
+                return;
+            }
+        }
+        if self
+            .ckpt
+            .writer_should_checkpoint
+            .swap(false, Ordering::AcqRel)
+        {
+            // The WAL outgrew its bound: copy its tail so the next transaction rewinds it.
+            if let Err(e) = checkpoint::passive(&self.conn) {
+                tracing::debug!(error = %e, "writer-side WAL checkpoint failed");
+            }
+        }
+        let started = Instant::now();
+        let saved_next = self.next_batch_id;
+        let mut replies = Vec::with_capacity(reqs.len());
+        let mut preps = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            replies.push(r.reply);
+            preps.push(r.prepared);
+        }
+        let outcome = self.write_all(preps);
+        match outcome {
+            Ok(c) => {
+                self.stats.observe_commit(started.elapsed());
+                for (k, id) in self.pending_terms.drain(..) {
+                    self.term_cache.insert(k, id);
+                }
+                if self.term_cache.len() > 200_000 {
+                    self.term_cache.clear();
+                }
+                self.stats
+                    .spans_committed
+                    .fetch_add(c.spans, Ordering::Relaxed);
+                self.stats
+                    .spans_deduplicated
+                    .fetch_add(c.duplicates, Ordering::Relaxed);
+                self.stats
+                    .logs_committed
+                    .fetch_add(c.logs, Ordering::Relaxed);
+                if c.log_duplicates > 0 {
+                    tracing::debug!(
+                        "{} re-sent log records already stored (kept once)",
+                        c.log_duplicates
+                    );
+                }
+                self.stats
+                    .points_committed
+                    .fetch_add(c.points, Ordering::Relaxed);
+                // Checked again before acknowledging: a commit into a file unlinked meanwhile
+                // is not durable, so the exporter must retry (against the next instance).
+                if let Some(gone) = self.moved_away() {
+                    tracing::error!(detail = %gone.detail, "storage gone; not acknowledging");
+                    self.stats
+                        .count_refused(RefusedReason::StorageGone, replies.len() as u64);
+                    for r in replies {
+                        let _ = r.send(Err(WriteError::Unavailable {
+                            kind: gone.kind,
+                            detail: gone.detail.clone(),
+                        }));
+                    }
+                    self.set_degraded(Some(gone));
+                    return;
+                }
+                for r in replies {
+                    let _ = r.send(Ok(()));
+                }
+                if self.degraded_tx.borrow().is_some() && self.full_tx.borrow().is_none() {
+                    self.set_degraded(None);
+                }
+                if self.l0_batches >= MERGE_BATCHES {
+                    if let Err(e) = self.merge_l0() {
+                        tracing::warn!(error = %e, "merging the trace index failed; will retry");
+                    }
+                }
+                self.ckpt.note_commit();
+                let _ = self.refresh_used();
+                if self.used_bytes < self.budget_bytes {
+                    self.set_full(None);
+                }
+                if self.used_bytes > self.size_target() {
+                    self.schedule_size_retention();
+                }
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.next_batch_id = saved_next;
+                self.pending_terms.clear();
+                if let Err(e) = self.reload_l0() {
+                    tracing::error!(error = %e, "cannot reload the unmerged trace map");
+                }
+                self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                let err = match transient_kind(&e) {
+                    Some(Transient::Full) => {
+                        let reason = format!("disk full or size cap reached: {e}");
+                        self.set_full(Some(reason.clone()));
+                        self.schedule_size_retention();
+                        self.stats
+                            .count_refused(RefusedReason::StorageFull, replies.len() as u64);
+                        WriteError::Full(reason)
+                    }
+                    Some(kind) => {
+                        let degraded = Degraded {
+                            kind,
+                            detail: e.to_string(),
+                        };
+                        self.stats
+                            .count_refused(RefusedReason::from(kind), replies.len() as u64);
+                        self.set_degraded(Some(degraded));
+                        WriteError::Unavailable {
+                            kind,
+                            detail: e.to_string(),
+                        }
+                    }
+                    None => {
+                        tracing::error!(error = %e, "telemetry commit failed");
+                        WriteError::Failed(e.to_string())
+                    }
+                };
+                for r in replies {
+                    let _ = r.send(Err(match &err {
+                        WriteError::Full(s) => WriteError::Full(s.clone()),
+                        WriteError::Unavailable { kind, detail } => WriteError::Unavailable {
+                            kind: *kind,
+                            detail: detail.clone(),
+                        },
+                        other => WriteError::Failed(other.to_string()),
+                    }));
+                }
+            }
+        }
+    }
+
+    pub(super) fn write_all(&mut self, preps: Vec<Prepared>) -> Result<Committed, rusqlite::Error> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let received = now_unix_nano() as i64;
+        let mut c = Committed::default();
+        for p in preps {
+            match p {
+                Prepared::Traces(t) => {
+                    let (stored, dups) = self.apply_traces(t, received)?;
+                    c.spans += stored;
+                    c.duplicates += dups;
+                }
+                Prepared::Logs(rows) => {
+                    let mut st = self.conn.prepare_cached(
+                        "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id,
+                                          payload, service, severity, runner_id)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    )?;
+                    let mut same = self
+                        .conn
+                        .prepare_cached("SELECT payload = ?2 FROM logs WHERE id = ?1")?;
+                    // the body index, in the same transaction (migration 3)
+                    let mut body = self
+                        .conn
+                        .prepare_cached("INSERT INTO logs_body(rowid, body) VALUES (?1, ?2)")?;
+                    for r in &rows {
+                        let hash = RecentLogs::hash(&r.payload);
+                        if let Some(&row) = self.recent_logs.by_hash.get(&hash) {
+                            let dup: Option<bool> = same
+                                .query_row(params![row, r.payload], |x| x.get(0))
+                                .optional()?;
+                            if dup == Some(true) {
+                                c.log_duplicates += 1;
+                                continue;
+                            }
+                        }
+                        st.execute(params![
+                            received,
+                            r.time as i64,
+                            r.trace_id.as_ref().map(|t| &t[..]),
+                            r.span_id.as_ref().map(|s| &s[..]),
+                            r.payload,
+                            r.service,
+                            r.severity,
+                            r.runner_id,
+                        ])?;
+                        let id = self.conn.last_insert_rowid();
+                        body.execute(params![id, r.body])?;
+                        self.recent_logs.remember(hash, id);
+                        c.logs += 1;
+                    }
+                }
+                Prepared::Metrics(rows) => {
+                    let mut st = self.conn.prepare_cached(
+                        "INSERT INTO metric_points(received_unix_nano, name, time_unix_nano, payload,
+                                                   service, series, value, count, sum)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    )?;
+                    for r in &rows {
+                        st.execute(params![
+                            received,
+                            r.name,
+                            r.time as i64,
+                            r.payload,
+                            r.service,
+                            r.series,
+                            r.value,
+                            r.count.map(|c| c as i64),
+                            r.sum,
+                        ])?;
+                    }
+                    crate::telemetry::metrics_read::upsert_instruments(&self.conn, &rows)?;
+                    c.points += rows.len() as u64;
+                }
+            }
+        }
+        self.conn.execute_batch("COMMIT")?;
+        Ok(c)
+    }
+
+    pub(super) fn term_id(&mut self, key: &str, value: &str) -> Result<i64, rusqlite::Error> {
+        let k = (key.to_string(), value.to_string());
+        if let Some(id) = self.term_cache.get(&k) {
+            return Ok(*id);
+        }
+        if let Some((_, id)) = self.pending_terms.iter().find(|(p, _)| *p == k) {
+            return Ok(*id);
+        }
+        self.conn
+            .prepare_cached("INSERT INTO terms(key, value) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?
+            .execute(params![key, value])?;
+        let id: i64 = self
+            .conn
+            .prepare_cached("SELECT id FROM terms WHERE key = ?1 AND value = ?2")?
+            .query_row(params![key, value], |r| r.get(0))?;
+        self.pending_terms.push((k, id));
+        Ok(id)
+    }
+}

@@ -1,0 +1,428 @@
+//! The telemetry writer thread: one `std::thread` owning its own connection, fed by a
+//! bounded queue, committing groups of requests in one `BEGIN IMMEDIATE` transaction and
+//! answering each request only after COMMIT returned (docs/design.md, Durability and limits).
+//!
+//! Deduplication of (trace id, span id) happens here: a trace's stored batches come from
+//! `trace_index` plus the in-memory map of batches not merged yet (`l0`); a new trace
+//! costs one index read and no write; a known trace's copies are folded (an ended copy
+//! beats an open one, the first ended copy wins, a second open copy is dropped). Copies that lose are sliced out of the batch before
+//! it is stored; a request made only of known spans stores nothing.
+//!
+//! Log records are deduplicated too (issue 12 #9): an exporter that retries a log export
+//! after a timeout or a 503 sends the same records again. A record whose whole stored form
+//! (resource, scope, time, observed time, severity, body, attributes, trace and span id:
+//! the postcard payload) equals one stored recently is stored once. [`RecentLogs`] keeps a
+//! hash → row id of the last `RECENT_LOGS` (commit.rs) records; a hash hit is confirmed by comparing
+//! the stored payload, so a collision never drops a record.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{oneshot, watch};
+
+use super::bloom::{IdBuild, TraceBloom};
+use super::checkpoint::{self, Checkpointer};
+use super::encode::{BatchIndex, LogRow, PointRow, PreparedTraces};
+use super::stats::{RefusedReason, TelemetryStats};
+use super::RetentionReport;
+use crate::config::{StorageConfig, CONTROL_RESERVE_BYTES};
+use crate::db::open_connection;
+use crate::error::{StorageError, Transient, WriteError};
+
+mod commit;
+mod health;
+mod traces;
+
+use commit::RecentLogs;
+use health::file_identity;
+
+/// Most requests committed in one transaction.
+const MAX_GROUP_REQUESTS: usize = 256;
+/// Most payload bytes committed in one transaction: 32 MiB.
+const MAX_GROUP_BYTES: usize = 32 * 1024 * 1024;
+/// Size-based retention keeps telemetry under this share of its budget (~90%).
+const SIZE_TARGET_PERCENT: u64 = 90;
+/// Least time between two automatic size-driven retention passes.
+const SIZE_RETENTION_MIN_GAP: Duration = Duration::from_secs(1);
+/// Writer connection page cache: 32 MiB.
+const WRITER_CACHE_KIB: i64 = 32 * 1024;
+/// While degraded and idle, how often the writer probes whether storage is back.
+const DEGRADED_PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// A transient storage condition the writer is in: the source of `/readyz`'s `degraded`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Degraded {
+    /// Which condition.
+    pub kind: Transient,
+    /// What SQLite (or the file check) said.
+    pub detail: String,
+}
+
+/// A request prepared on the caller's side.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// A trace export.
+    Traces(PreparedTraces),
+    /// A log export.
+    Logs(Vec<LogRow>),
+    /// A metrics export.
+    Metrics(Vec<PointRow>),
+}
+
+impl Prepared {
+    fn bytes(&self) -> usize {
+        match self {
+            Prepared::Traces(t) => t.bytes(),
+            Prepared::Logs(l) => l.iter().map(|r| r.payload.len() + 64).sum(),
+            Prepared::Metrics(m) => m.iter().map(|r| r.payload.len() + 64).sum(),
+        }
+    }
+}
+
+pub(crate) struct WriteRequest {
+    prepared: Prepared,
+    reply: oneshot::Sender<Result<(), WriteError>>,
+}
+
+pub(crate) enum Msg {
+    Write(WriteRequest),
+    Retention(oneshot::Sender<Result<RetentionReport, StorageError>>),
+    Shutdown,
+}
+
+/// The writer thread's handle, held by [`crate::Storage`].
+pub(crate) struct TelemetryWriter {
+    tx: SyncSender<Msg>,
+    capacity: usize,
+    closed: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    checkpointer: Mutex<Checkpointer>,
+    pub(crate) stats: Arc<TelemetryStats>,
+    pub(crate) full: watch::Receiver<Option<String>>,
+    pub(crate) degraded: watch::Receiver<Option<Degraded>>,
+}
+
+impl TelemetryWriter {
+    /// Opens the writer connection and starts the thread.
+    ///
+    /// Errors: [`StorageError::Open`] / [`StorageError::Sqlite`] when the connection cannot
+    /// be configured.
+    pub(crate) fn start(config: &StorageConfig) -> Result<Self, StorageError> {
+        let conn = open_connection(
+            config,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.pragma_update(None, "synchronous", config.telemetry_synchronous.pragma())?;
+        conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+        conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024i64)?;
+        let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+        let page_size = page_size.max(512) as u64;
+        let budget_bytes = config.max_db_bytes.saturating_sub(CONTROL_RESERVE_BYTES);
+        conn.pragma_update(
+            None,
+            "max_page_count",
+            (budget_bytes / page_size).max(1) as i64,
+        )?;
+        let next_batch_id: i64 = conn.query_row(
+            "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
+            [],
+            |r| r.get(0),
+        )?;
+        let capacity = config.queue_capacity.max(1);
+        let (tx, rx) = mpsc::sync_channel(capacity);
+        let stats = Arc::new(TelemetryStats::default());
+        let (full_tx, full_rx) = watch::channel(None);
+        let (degraded_tx, degraded_rx) = watch::channel(None);
+        let identity = file_identity(&config.path);
+        let checkpointer = Checkpointer::start(config)?;
+        let mut writer = Writer {
+            ckpt: checkpointer.shared.clone(),
+            conn,
+            rx,
+            deferred: VecDeque::new(),
+            stats: stats.clone(),
+            full_tx,
+            degraded_tx,
+            db_path: config.path.clone(),
+            identity,
+            budget_bytes,
+            page_size,
+            used_bytes: 0,
+            next_batch_id,
+            term_cache: HashMap::new(),
+            recent_logs: RecentLogs::default(),
+            pending_terms: Vec::new(),
+            retention: config.retention,
+            l0: HashMap::new(),
+            l0_batches: 0,
+            merged_upto: 0,
+            idx_cache: HashMap::new(),
+            bloom: TraceBloom::with_capacity(0),
+            l0_new: HashSet::default(),
+            retention_interval: config.retention_interval,
+            next_retention: Instant::now() + config.retention_interval,
+            last_size_retention: None,
+        };
+        writer.refresh_used()?;
+        writer.reload_l0()?;
+        writer.rebuild_bloom(0)?;
+        let thread = std::thread::Builder::new()
+            .name("stallwatch-telemetry-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StorageError::Task(format!("cannot start the writer thread: {e}")))?;
+        Ok(Self {
+            tx,
+            capacity,
+            closed: AtomicBool::new(false),
+            thread: Mutex::new(Some(thread)),
+            checkpointer: Mutex::new(checkpointer),
+            stats,
+            full: full_rx,
+            degraded: degraded_rx,
+        })
+    }
+
+    /// Refuses at once when shut down or when the queue is already full (so callers skip
+    /// encoding a request that cannot be queued).
+    pub(crate) fn precheck(&self) -> Result<(), WriteError> {
+        if self.closed.load(Ordering::Acquire) {
+            self.stats.count_refused(RefusedReason::Closed, 1);
+            return Err(WriteError::Closed);
+        }
+        if self.stats.queue_depth() >= self.capacity {
+            self.stats.count_refused(RefusedReason::QueueFull, 1);
+            return Err(WriteError::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a prepared request with `try_send` and waits for the answer sent after
+    /// COMMIT.
+    pub(crate) async fn submit(&self, prepared: Prepared) -> Result<(), WriteError> {
+        if self.closed.load(Ordering::Acquire) {
+            self.stats.count_refused(RefusedReason::Closed, 1);
+            return Err(WriteError::Closed);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.stats.queue_depth.fetch_add(1, Ordering::Relaxed);
+        match self
+            .tx
+            .try_send(Msg::Write(WriteRequest { prepared, reply }))
+        {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.stats.count_refused(RefusedReason::QueueFull, 1);
+                return Err(WriteError::QueueFull {
+                    capacity: self.capacity,
+                });
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.stats.count_refused(RefusedReason::Closed, 1);
+                return Err(WriteError::Closed);
+            }
+        }
+        answer.await.unwrap_or(Err(WriteError::Closed))
+    }
+
+    /// Asks the writer thread for a retention pass and waits for its report.
+    pub(crate) async fn retention(&self) -> Result<RetentionReport, StorageError> {
+        let (reply, answer) = oneshot::channel();
+        let tx = self.tx.clone();
+        tokio::task::spawn_blocking(move || tx.send(Msg::Retention(reply)))
+            .await
+            .map_err(|e| StorageError::Task(e.to_string()))?
+            .map_err(|_| StorageError::Closed)?;
+        answer.await.unwrap_or(Err(StorageError::Closed))
+    }
+
+    /// Stops taking writes (they answer [`WriteError::Closed`]), commits what is queued,
+    /// and joins the thread.
+    pub(crate) async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let tx = self.tx.clone();
+        let _ = tokio::task::spawn_blocking(move || tx.send(Msg::Shutdown)).await;
+        let handle = self.thread.lock().ok().and_then(|mut h| h.take());
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+        if let Ok(mut c) = self.checkpointer.lock() {
+            c.stop();
+        }
+    }
+
+    /// Tells the checkpointer that a transaction committed on another connection.
+    pub(crate) fn note_commit(&self) {
+        if let Ok(c) = self.checkpointer.lock() {
+            c.shared.note_commit();
+        }
+    }
+}
+
+pub(super) struct Writer {
+    pub(super) conn: Connection,
+    ckpt: Arc<checkpoint::Shared>,
+    rx: Receiver<Msg>,
+    deferred: VecDeque<Msg>,
+    pub(super) stats: Arc<TelemetryStats>,
+    full_tx: watch::Sender<Option<String>>,
+    degraded_tx: watch::Sender<Option<Degraded>>,
+    db_path: std::path::PathBuf,
+    /// (device, inode) of the database file when opened; `None` if it could not be read.
+    identity: Option<(u64, u64)>,
+    pub(super) budget_bytes: u64,
+    page_size: u64,
+    pub(super) used_bytes: u64,
+    next_batch_id: i64,
+    pub(super) term_cache: HashMap<(String, String), i64>,
+    pending_terms: Vec<((String, String), i64)>,
+    pub(super) retention: Duration,
+    pub(super) l0: HashMap<[u8; 16], Vec<i64>>,
+    pub(super) l0_batches: usize,
+    pub(super) merged_upto: i64,
+    idx_cache: HashMap<i64, Arc<BatchIndex>>,
+    /// Every trace id in `trace_index` or `l0` (and stale ones): a miss is a new trace.
+    bloom: TraceBloom,
+    /// Traces of `l0` that had no `trace_index` row when first stored (merge skips the
+    /// read for them).
+    pub(super) l0_new: HashSet<[u8; 16], IdBuild>,
+    retention_interval: Duration,
+    next_retention: Instant,
+    last_size_retention: Option<Instant>,
+    recent_logs: RecentLogs,
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let msg = match self.deferred.pop_front() {
+                Some(m) => m,
+                None => {
+                    let mut wait = self
+                        .next_retention
+                        .saturating_duration_since(Instant::now());
+                    let degraded = self.degraded_tx.borrow().is_some();
+                    if degraded {
+                        wait = wait.min(DEGRADED_PROBE_EVERY);
+                    }
+                    match self.rx.recv_timeout(wait) {
+                        Ok(m) => m,
+                        Err(RecvTimeoutError::Timeout) if degraded => {
+                            self.probe();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.next_retention = Instant::now() + self.retention_interval;
+                            self.last_size_retention = Some(Instant::now());
+                            if let Err(e) = self.retention_pass() {
+                                tracing::warn!(error = %e, "telemetry retention pass failed");
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            };
+            match msg {
+                Msg::Write(first) => self.group(first),
+                Msg::Retention(reply) => {
+                    let _ = reply.send(self.retention_pass());
+                }
+                Msg::Shutdown => {
+                    self.drain_for_shutdown();
+                    break;
+                }
+            }
+        }
+        tracing::debug!("telemetry writer stopped");
+    }
+
+    fn drain_for_shutdown(&mut self) {
+        let mut pending: Vec<Msg> = self.deferred.drain(..).collect();
+        while let Ok(m) = self.rx.try_recv() {
+            pending.push(m);
+        }
+        for m in pending {
+            match m {
+                Msg::Write(r) => {
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    self.commit_group(vec![r]);
+                }
+                Msg::Retention(reply) => {
+                    let _ = reply.send(Err(StorageError::Closed));
+                }
+                Msg::Shutdown => {}
+            }
+        }
+    }
+
+    /// Takes `first` plus what else is queued (bounded) and commits them together.
+    fn group(&mut self, first: WriteRequest) {
+        self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        let mut bytes = first.prepared.bytes();
+        let mut reqs = vec![first];
+        while reqs.len() < MAX_GROUP_REQUESTS && bytes < MAX_GROUP_BYTES {
+            match self.rx.try_recv() {
+                Ok(Msg::Write(r)) => {
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    bytes += r.prepared.bytes();
+                    reqs.push(r);
+                }
+                Ok(other) => {
+                    self.deferred.push_back(other);
+                    break;
+                }
+                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        self.commit_group(reqs);
+    }
+
+    /// Serves queued writes (used between retention chunks so ingest keeps flowing).
+    pub(super) fn serve_pending(&mut self) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Write(r)) => self.group(r),
+                Ok(other) => self.deferred.push_back(other),
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn schedule_size_retention(&mut self) {
+        let due = self
+            .last_size_retention
+            .is_none_or(|t| t.elapsed() >= SIZE_RETENTION_MIN_GAP);
+        if due {
+            self.last_size_retention = Some(Instant::now());
+            self.next_retention = Instant::now();
+        }
+    }
+
+    /// Re-reads the bytes in use (pages minus free pages).
+    pub(super) fn refresh_used(&mut self) -> Result<u64, rusqlite::Error> {
+        let pages: i64 = self
+            .conn
+            .pragma_query_value(None, "page_count", |r| r.get(0))?;
+        let free: i64 = self
+            .conn
+            .pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+        self.used_bytes = (pages - free).max(0) as u64 * self.page_size;
+        self.stats
+            .db_used_bytes
+            .store(self.used_bytes, Ordering::Relaxed);
+        Ok(self.used_bytes)
+    }
+
+    pub(super) fn size_target(&self) -> u64 {
+        self.budget_bytes / 100 * SIZE_TARGET_PERCENT
+    }
+}
