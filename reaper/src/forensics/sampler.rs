@@ -41,7 +41,7 @@ pub fn needs_sampling(status: Option<&RunnerStatus>) -> bool {
 
 impl Forensics {
     /// Follows the watchdog's board: from now on the sampler reads only the runners
-    /// [`needs_sampling`] picks. Set once; later calls are ignored.
+    /// `needs_sampling` picks. Set once; later calls are ignored.
     pub fn follow_board(&self, board: watch::Receiver<RunnerBoard>) {
         let _ = self.board.set(board);
     }

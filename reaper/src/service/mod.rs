@@ -324,7 +324,7 @@ impl ReaperHandle {
     }
     /// Lets the forensics CPU sampler follow the watchdog's board, so it reads `/proc` only
     /// for runners that may trip soon instead of every registered one each period (issue
-    /// 17 #10; [`crate::forensics::needs_sampling`]).
+    /// 17 #10; `forensics::needs_sampling`).
     pub fn follow_board(&self, board: tokio::sync::watch::Receiver<RunnerBoard>) {
         self.inner.forensics.follow_board(board);
     }

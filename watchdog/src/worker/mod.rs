@@ -4,7 +4,7 @@
 //! breaker. It reads committed telemetry ([`Observation`]) and lifecycle notices
 //! ([`RunnerChange`]), starts pings as futures in a `JoinSet` (thousands of runners on the
 //! runtime's few threads), and evaluates each runner when it is due (fusion, breaker moves,
-//! probes): every runner has one deadline in a [`DueSet`], and a wake steps only the
+//! probes): every runner has one deadline in a `DueSet` (`schedule.rs`), and a wake steps only the
 //! runners whose deadline came or whose inputs changed (an observation of its spans, a
 //! lifecycle notice), so its cost follows what is due, not how many are registered (issue
 //! 17 #10). The board is updated the same way: the runners that changed, and all of them
