@@ -22,7 +22,7 @@
 //! `File::try_lock`) on `lock`, released by the kernel when the process dies.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 #[cfg(unix)]
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -194,6 +194,7 @@ pub fn reserve_at(_dir: &Path) -> bool {
 /// second instance prints.
 #[cfg(unix)]
 fn take_lock(dir: &Path, path: &Path) -> Result<(File, File)> {
+    use std::io::Read;
     let dir_handle =
         File::open(dir).with_context(|| format!("cannot open data folder {}", dir.display()))?;
     let mut f = OpenOptions::new()

@@ -62,10 +62,13 @@ pub(crate) fn open_connection(
 }
 
 /// Suffixes of the files SQLite keeps beside the database in WAL mode.
+#[cfg(unix)]
 const SIDE_FILES: [&str; 3] = ["", "-wal", "-shm"];
 
 /// Mode of the database and its side files: owner only, like the token (they hold every
-/// span, log and incident).
+/// span, log and incident). Unix only: on Windows the data folder's user-only ACL covers
+/// them (docs/platforms.md).
+#[cfg(unix)]
 pub const DB_FILE_MODE: u32 = 0o600;
 
 /// Creates the database file with mode 0600 when it does not exist (SQLite creates it 0644
