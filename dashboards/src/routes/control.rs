@@ -180,11 +180,24 @@ pub(crate) async fn register_runner(
             })
         }
     }
-    ask(&ctx, StatusCode::CREATED, |reply| {
+    let id = spec.id.clone();
+    let resp = ask(&ctx, StatusCode::CREATED, |reply| {
         ControlRequest::RegisterRunner { spec, reply }
     })
-    .await
+    .await?;
+    if resp.status().is_success() {
+        // Read-your-writes: the reaper answers once the runner is registered and the
+        // watchdog told, but the watchdog adds it to the board on its own task. Wait (at
+        // most BOARD_SETTLE) until the board shows it, so a `GET /api/v1/runners/{id}` right
+        // after this 201 finds the runner instead of a 404.
+        let mut board = ctx.app.board.clone();
+        let _ = tokio::time::timeout(BOARD_SETTLE, board.wait_for(|b| b.contains_key(&id))).await;
+    }
+    Ok(resp)
 }
+
+/// Longest a registration waits for the watchdog's board to show the new runner.
+const BOARD_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `DELETE /api/v1/runners/{id}` (token) → answers when termination is done.
 pub(crate) async fn delete_runner(
