@@ -177,6 +177,17 @@ fn deadlocked_python_threads_are_explained_with_their_lines_and_reported() {
         &["threads waiting in futex", "likely deadlock"],
     );
     assert_eq!(ev["stacks"]["runtime"], "python", "{:#}", ev["stacks"]);
+    // Every thread from the kit's STACKS answer: no signal was sent.
+    assert_eq!(ev["stacks"]["taken_by"], "heartbeat", "{:#}", ev["stacks"]);
+    assert!(
+        ev["stacks"]["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["main"] == true && t["name"] == "MainThread"),
+        "{:#}",
+        ev["stacks"]
+    );
     assert_frame(
         ev,
         "runner.py",
@@ -267,6 +278,7 @@ fn a_blocking_socket_read_is_named_with_its_line() {
     let (terminated, _) = tripped(&server, "fx-socket");
     let ev = &terminated["evidence"];
     assert_classified(ev, "blocked_read", &["main thread in recv", "on a socket"]);
+    assert_eq!(ev["stacks"]["taken_by"], "heartbeat", "{:#}", ev["stacks"]);
     assert_frame(
         ev,
         "runner.py",
@@ -285,6 +297,16 @@ fn a_gil_holding_c_call_is_dumped_by_faulthandler() {
     let (terminated, _) = tripped(&server, "fx-gil");
     let ev = &terminated["evidence"];
     assert_classified(ev, "native_sleep", &["nanosleep", "native call"]);
+    // The C call holds the GIL the kit's heartbeat thread needs: no STACKS answer, so
+    // SIGUSR2, and faulthandler's dump of the main thread alone.
+    assert_eq!(ev["stacks"]["taken_by"], "signal", "{:#}", ev["stacks"]);
+    assert!(
+        ev["stacks"]["threads_unavailable"]
+            .as_str()
+            .is_some_and(|w| w.contains("did not answer STACKS")),
+        "{:#}",
+        ev["stacks"]
+    );
     assert_frame(
         ev,
         "runner.py",

@@ -41,10 +41,13 @@ function fxStacks(stacks) {
   return h("div", { class: "fx-stacks" },
     h("div", { class: "muted" }, `${stacks.runtime} stacks, innermost frame first`,
       stacks.tool_frame ? ` — tool frame: ${stacks.tool_frame.function} (${stacks.tool_frame.file}:${stacks.tool_frame.line})` : ""),
+    stacks.taken_by ? h("div", { class: "muted" }, stacks.taken_by === "heartbeat" ? "taken by the kit on its heartbeat socket (no signal sent)" : "taken by the kit's SIGUSR2 handler") : null,
     stacks.note ? h("div", { class: "empty" }, stacks.note) : null,
+    stacks.threads_unavailable ? h("div", { class: "empty" }, `Other threads missing: ${stacks.threads_unavailable}`) : null,
+    stacks.main_stack_unavailable ? h("div", { class: "empty" }, `Main thread's stack missing: ${stacks.main_stack_unavailable}`) : null,
     (stacks.active_handles || []).length ? h("div", { class: "muted" }, "active handles: ", stacks.active_handles.map(a => `${a.type} × ${a.count}`).join(", ")) : null,
     threads.map(t => h("div", { class: t.main ? "fx-thread fx-main" : "fx-thread" },
-      h("h3", {}, t.label ? t.label : `thread ${t.id}`, t.main ? " (main)" : "", t.current ? " (ran the dump)" : ""),
+      h("h3", {}, t.label ? t.label : `thread ${t.name ? `${t.name} ` : ""}${t.id}`, t.main ? " (main)" : "", t.current ? " (ran the dump)" : ""),
       t.frames.length ? h("ol", { class: "fx-frames" }, t.frames.map(fxFrame)) : h("div", { class: "empty" }, "no frames"),
       t.frames_omitted ? h("div", { class: "muted" }, `${t.frames_omitted} more frames left out`) : null)));
 }

@@ -1,14 +1,16 @@
-//! Taking a kit's stacks: asking a Node kit `STACKS` on its heartbeat socket, else SIGUSR2
-//! through the runner's pidfd (only when the stacks file's header names its pid), then
-//! polling the dump file until the kit has written it (issue 18; `docs/design.md`, Stall
-//! forensics).
+//! Taking a kit's stacks: asking the kit `STACKS` on its heartbeat socket (a Node kit's
+//! `main_stack=heartbeat`, a Python kit's `threads=heartbeat`), else SIGUSR2 through the
+//! runner's pidfd (only when the stacks file's header names its pid), then polling the dump
+//! file until the kit has written it (issue 18; `docs/design.md`, Stall forensics).
 
 use super::*;
 
 impl Forensics {
     /// Takes the kit's stacks: from a Node kit that offers `main_stack=heartbeat`, by asking
-    /// `STACKS` on its heartbeat socket (no signal at all); else (or when that answer is an
-    /// error) by SIGUSR2, sent only when the header names the pid, then waits for the dump.
+    /// `STACKS` on its heartbeat socket (no signal at all); from a Python kit that offers
+    /// `threads=heartbeat`, by asking `STACKS` for at most [`python_stacks_window`] of the
+    /// budget; else (or when that answer is missing or an error) by SIGUSR2, sent only when
+    /// the header names the pid, then waits for the dump.
     pub(super) async fn dump(
         &self,
         s: &Subject,
@@ -22,19 +24,53 @@ impl Forensics {
         let file = stacks_path(&self.data_dir, &s.runner_id, &s.instance_id);
         let header = stacks::read_header(&file, s.pid)?;
         let mut heartbeat_note = None;
-        if let (Runtime::Node, true, Some(sock)) =
-            (header.runtime, header.main_stack, &s.heartbeat_socket)
-        {
-            match tokio::time::timeout_at(deadline, ask_stacks(sock)).await {
-                Ok(Ok(hb)) => return Ok(node_dump(hb, &file)),
-                Ok(Err(why)) => heartbeat_note = Some(why),
-                Err(_) => {
-                    return Err(format!(
-                        "the node kit did not answer STACKS on its heartbeat socket within the {} ms budget",
-                        self.budget.as_millis()
-                    ))
+        match (header.runtime, &s.heartbeat_socket) {
+            (Runtime::Node, Some(sock)) if header.main_stack => {
+                match tokio::time::timeout_at(deadline, ask_stacks(sock)).await {
+                    Ok(Ok(answer)) => match stacks::parse_heartbeat_stacks(&answer) {
+                        Ok(hb) => return Ok(node_dump(hb, &file)),
+                        Err(why) => heartbeat_note = Some(why),
+                    },
+                    Ok(Err(why)) => heartbeat_note = Some(why),
+                    Err(_) => {
+                        return Err(format!(
+                            "the node kit did not answer STACKS on its heartbeat socket within the {} ms budget",
+                            self.budget.as_millis()
+                        ))
+                    }
                 }
             }
+            (Runtime::Python, Some(sock)) if header.threads => {
+                // Every thread, read under the interpreter's lock, and no signal at all.
+                // No answer means the GIL is held (a C call): then SIGUSR2, whose dump of
+                // the main thread faulthandler makes without the GIL.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let window = python_stacks_window(self.budget, left);
+                let until = tokio::time::Instant::now() + window;
+                match tokio::time::timeout_at(until, ask_stacks(sock)).await {
+                    Ok(Ok(answer)) => match stacks::parse_python_heartbeat_stacks(&answer) {
+                        Ok(threads) => {
+                            return Ok(Dump {
+                                runtime: Runtime::Python,
+                                threads,
+                                active_handles: Vec::new(),
+                                source: file,
+                                heartbeat_note: None,
+                                taken_by: TakenBy::Heartbeat,
+                            })
+                        }
+                        Err(why) => heartbeat_note = Some(why),
+                    },
+                    Ok(Err(why)) => heartbeat_note = Some(why),
+                    Err(_) => {
+                        heartbeat_note = Some(format!(
+                            "the python kit did not answer STACKS within {} ms (a C call holding the GIL its heartbeat thread needs?): the main thread's stack alone, from faulthandler",
+                            window.as_millis()
+                        ))
+                    }
+                }
+            }
+            _ => {}
         }
         let Some(fd) = &s.pidfd else {
             return Err("the runner's identity is not pinned by a pidfd: no signal sent".into());
@@ -76,7 +112,8 @@ impl Forensics {
                                 threads,
                                 active_handles: Vec::new(),
                                 source: file,
-                                heartbeat_note: None,
+                                heartbeat_note,
+                                taken_by: TakenBy::Signal,
                             });
                         }
                     }
@@ -96,6 +133,7 @@ impl Forensics {
                                     active_handles: r.active_handles,
                                     source: path.to_path_buf(),
                                     heartbeat_note,
+                                    taken_by: TakenBy::Signal,
                                 });
                             }
                         }
@@ -112,8 +150,29 @@ pub(super) struct Dump {
     pub(super) threads: Vec<ThreadStack>,
     pub(super) active_handles: Vec<(String, usize)>,
     pub(super) source: PathBuf,
-    /// Why the Node kit's `STACKS` answer is missing, when it is.
+    /// Why the kit's `STACKS` answer is missing, when it is (Node: the main thread's
+    /// stack; Python: every thread but the main one).
     pub(super) heartbeat_note: Option<String>,
+    /// How the stacks were taken.
+    pub(super) taken_by: TakenBy,
+}
+
+/// How a dump was taken (`evidence.stacks.taken_by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum TakenBy {
+    /// The kit's answer to `STACKS` on its heartbeat socket: no signal was sent.
+    Heartbeat,
+    /// SIGUSR2 and the kit's dump file (Python `faulthandler`, Node `process.report`).
+    Signal,
+}
+
+/// How long stallwatch waits for a Python kit's `STACKS` answer before it sends SIGUSR2
+/// instead: two fifths of the budget (200 ms of the default 500), at most half of what is
+/// `left`, so the signal's dump keeps the rest. A heartbeat thread answers within a few ms
+/// unless a C call holds the GIL; then no wait would be long enough.
+pub(super) fn python_stacks_window(budget: Duration, left: Duration) -> Duration {
+    (budget * 2 / 5).min(left / 2)
 }
 
 fn runtime_name(r: Runtime) -> &'static str {
@@ -134,12 +193,13 @@ fn node_dump(hb: stacks::HeartbeatStacks, stacks_file: &Path) -> Dump {
         active_handles: hb.active_handles,
         source: stacks_file.to_path_buf(),
         heartbeat_note: None,
+        taken_by: TakenBy::Heartbeat,
     }
 }
 
-/// Asks the Node kit `STACKS` on its heartbeat socket; reads one answer line (bounded).
-/// The caller bounds the time.
-async fn ask_stacks(sock: &Path) -> Result<stacks::HeartbeatStacks, String> {
+/// Asks the kit `STACKS` on its heartbeat socket; returns its answer line (at most
+/// [`stacks::MAX_HEARTBEAT_ANSWER_BYTES`]). The caller bounds the time.
+async fn ask_stacks(sock: &Path) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut c = tokio::net::UnixStream::connect(sock)
         .await
@@ -159,7 +219,7 @@ async fn ask_stacks(sock: &Path) -> Result<stacks::HeartbeatStacks, String> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    stacks::parse_heartbeat_stacks(&String::from_utf8_lossy(&buf))
+    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 fn file_meta(p: &Path) -> Option<(u64, std::time::SystemTime)> {
@@ -177,4 +237,19 @@ fn read_range(p: &Path, from: u64) -> Result<String, String> {
         .read_to_end(&mut buf)
         .map_err(|e| format!("dump unreadable: {e}"))?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_python_stacks_window_leaves_the_signal_most_of_the_budget() {
+        let ms = Duration::from_millis;
+        assert_eq!(python_stacks_window(ms(500), ms(480)), ms(200));
+        assert_eq!(python_stacks_window(ms(300), ms(280)), ms(120));
+        // Little left: at most half of it, so the dump keeps the other half.
+        assert_eq!(python_stacks_window(ms(500), ms(100)), ms(50));
+        assert_eq!(python_stacks_window(ms(500), ms(0)), ms(0));
+    }
 }

@@ -128,8 +128,16 @@ impl Forensics {
                 let v = json!({
                     "runtime": d.runtime, "source": d.source, "threads": d.threads,
                     "tool_frame": tool_frame, "active_handles": d.active_handles.iter().map(|(t, n)| json!({"type": t, "count": n})).collect::<Vec<_>>(),
-                    "note": note, "main_stack_unavailable": d.heartbeat_note,
+                    "note": note, "taken_by": d.taken_by,
                 });
+                let mut v = v;
+                if let Some(why) = d.heartbeat_note {
+                    let key = match d.runtime {
+                        Runtime::Node => "main_stack_unavailable",
+                        Runtime::Python => "threads_unavailable",
+                    };
+                    v[key] = json!(why);
+                }
                 (v, Some((main_top, tool_frame)))
             }
             Err(why) => (json!({ "unavailable": why }), None),

@@ -48,7 +48,7 @@ elif stacks_file and not kit_wrote_header():
     # The handler before the header: a header must always mean a handler.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     _dump_file = open(stacks_file, "a")
-    faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR2, file=_dump_file, all_threads=False, chain=True)
     _dump_file.write(HEADER + "\n")
     _dump_file.flush()
 

@@ -27,6 +27,7 @@ from .heartbeat import (
     HeartbeatServer,
     SocketPathTooLongError,
     serve_heartbeat,
+    thread_stacks,
 )
 from .onstart import OnStartSpanProcessor, is_tool_span, snapshot
 from .spans import tool_span
@@ -53,6 +54,7 @@ __all__ = [
     "serve_heartbeat",
     "setup",
     "snapshot",
+    "thread_stacks",
     "tool_span",
 ]
 

@@ -272,17 +272,28 @@ def on_start_processor(
 _stacks_file: Optional[IO[str]] = None
 
 
-def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
-    """Stall-forensics hook: dump every thread's stack to ``path`` on SIGUSR2.
+def install_stacks_hook(path: Optional[str] = None, *, threads_on_heartbeat: bool = False) -> Optional[str]:
+    """Stall-forensics hook: dump the main thread's stack to ``path`` on SIGUSR2.
 
     ``path`` defaults to ``$STALLWATCH_STACKS_FILE``; returns the path used, or None when
     there is none (or the platform has no SIGUSR2). Registers :func:`faulthandler.register`
-    for SIGUSR2 with ``all_threads=True`` on the file (kept open, append mode), then writes
-    one header line, ``stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python``.
-    faulthandler writes from the C signal handler, so the dump is made even while a C
-    call holds the GIL. stallwatch sends SIGUSR2 only when the header names the runner's
-    pid (``docs/design.md``, "Stall forensics"), and SIGUSR2's default action ends a
-    process, so the order matters:
+    for SIGUSR2 with ``all_threads=False`` on the file (kept open, append mode), then writes
+    one header line, ``stallwatch-stacks v1 pid=<pid> signal=SIGUSR2 runtime=python``, plus
+    ``" threads=heartbeat"`` when ``threads_on_heartbeat`` (the heartbeat server answers
+    ``STACKS`` with every thread's stack, :func:`~stallwatch_runner.heartbeat.thread_stacks`).
+
+    faulthandler writes from the C signal handler, so the dump is made even while a C call
+    holds the GIL. It dumps the thread that handles the signal, which is the main thread:
+    Linux offers a process-directed signal to the main thread first when it does not block
+    it (``complete_signal()`` in ``kernel/signal.c``), and the kit's own threads block
+    SIGUSR2. Only that one thread:
+    ``all_threads=True`` walks the other threads' states from the signal handler without
+    the interpreter's lock, and a thread ending meanwhile (an exporter thread at exit)
+    crashed runners with SIGSEGV (``docs/design.md``, "Stall forensics"); the other
+    threads come from ``STACKS`` instead, read under that lock.
+
+    stallwatch sends SIGUSR2 only when the header names the runner's pid, and SIGUSR2's
+    default action ends a process, so the order matters:
 
     - called from the main thread, SIGUSR2 is first set to ``SIG_IGN``: faulthandler
       saves that as the handler it restores, so a SIGUSR2 that lands after faulthandler
@@ -292,8 +303,7 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
       handler;
     - at exit (:mod:`atexit`, which runs before the interpreter's finalization starts
       tearing down thread states) the handler is unregistered, so SIGUSR2 falls back to
-      ``SIG_IGN``: a dump made during finalization walks half-freed thread states and
-      could crash (SIGSEGV) a runner we only meant to look at.
+      ``SIG_IGN``.
     """
     global _stacks_file
     path = path if path is not None else os.environ.get(STACKS_FILE_ENV, "")
@@ -306,9 +316,17 @@ def install_stacks_hook(path: Optional[str] = None) -> Optional[str]:
     try:
         if threading.current_thread() is threading.main_thread():
             signal.signal(sigusr2, signal.SIG_IGN)
-        faulthandler.register(sigusr2, file=f, all_threads=True, chain=False)
+        # chain=True only over a handler that keeps the process: its chaining path alone
+        # restores errno, and the dump's write loop sets errno to 0 (CPython 3.11
+        # faulthandler_user); a signal landing between a failed sem_wait and its errno
+        # check then made a lock look acquired ("release unlocked lock" in threading, 3 of
+        # 10 runners under a SIGUSR2 storm; 0 of 12 with chain=True). Chained to SIG_DFL,
+        # the dump would end the process with signal 12.
+        chain = signal.getsignal(sigusr2) not in (signal.SIG_DFL, None)
+        faulthandler.register(sigusr2, file=f, all_threads=False, chain=chain)
         atexit.register(_release_stacks_hook, sigusr2)
-        f.write(f"stallwatch-stacks v1 pid={os.getpid()} signal=SIGUSR2 runtime=python\n")
+        threads = " threads=heartbeat" if threads_on_heartbeat else ""
+        f.write(f"stallwatch-stacks v1 pid={os.getpid()} signal=SIGUSR2 runtime=python{threads}\n")
         f.flush()
     except BaseException:
         f.close()
@@ -402,7 +420,7 @@ def setup(
             except Exception:  # stderr may be closed or not a real file
                 pass
         try:
-            install_stacks_hook()
+            install_stacks_hook(threads_on_heartbeat=server is not None)
         except OSError as err:
             warnings.warn(f"stallwatch_runner: stacks file not usable: {err}", RuntimeWarning)
         check_mpl_backend()
@@ -433,6 +451,11 @@ def setup(
 
         runner = Runner(provider, on_start, server, logger_provider, owns_provider=owns)
         atexit.register(runner.shutdown)
+        if _stacks_file is not None and hasattr(signal, "SIGUSR2"):
+            # atexit runs the newest first: no dumps once the exit starts (the shutdown
+            # ends the exporter's thread, and a dump is only ever for a runner that runs).
+            atexit.unregister(_release_stacks_hook)
+            atexit.register(_release_stacks_hook, signal.SIGUSR2)
         _current = runner
         return runner
 

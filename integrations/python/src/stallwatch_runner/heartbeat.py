@@ -16,6 +16,13 @@ closes. Anything else is closed without an answer. The answers:
   stallwatch marks it ``stopping`` and waits for its exit instead of tripping it
   (``docs/design.md``, "Runner lifecycle").
 
+A client may write ``STACKS\\n`` instead (stall forensics, ``docs/design.md``, "Stall
+forensics"): the answer is one line ``STACKS <json>`` with every Python thread's stack
+(:func:`thread_stacks`), taken with :func:`sys._current_frames` under the interpreter's
+locks. That is the safe way to see the other threads: ``faulthandler`` walking every
+thread from a signal handler reads thread states that another thread may be freeing
+(a thread ending, the interpreter exiting) and crashed runners with SIGSEGV.
+
 On Windows stallwatch injects a named pipe (``\\\\.\\pipe\\stallwatch-<hash>``) instead of
 a socket path (``docs/platforms.md``); the server then serves that pipe with the same bytes
 (through ``_winapi``: one pipe instance per client, byte mode, remote clients rejected).
@@ -28,13 +35,16 @@ holds the GIL starves it, and stallwatch reads that as *suspect* rather than dea
 from __future__ import annotations
 
 import errno
+import json
 import os
+import signal
 import socket
 import stat
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional
 
 #: Environment variable that carries the socket path (set by stallwatch for spawned runners).
 HEARTBEAT_SOCKET_ENV = "STALLWATCH_HEARTBEAT_SOCKET"
@@ -52,7 +62,14 @@ CLIENT_READ_TIMEOUT_S = 1.0
 #: How a named-pipe path starts (Windows): ``\\.\pipe\``.
 PIPE_PREFIX = "\\\\.\\pipe\\"
 
+#: Most frames per thread in a ``STACKS`` answer (innermost first; stallwatch keeps 48).
+MAX_STACK_FRAMES = 48
+
+#: Most bytes of a ``STACKS`` answer line (stallwatch reads at most 256 KiB).
+MAX_STACKS_ANSWER_BYTES = 256 * 1024
+
 _PING = b"PING"
+_STACKS = b"STACKS"
 _PONG = b"PONG\n"
 _BYE = b"BYE\n"
 
@@ -78,6 +95,69 @@ def is_ping(data: bytes) -> bool:
     """True when ``data`` (at most 64 bytes read from a client) holds the ``PING`` line."""
     line, newline, _ = data.partition(b"\n")
     return bool(newline) and line.rstrip(b"\r") == _PING
+
+
+def is_stacks_request(data: bytes) -> bool:
+    """True when ``data`` (at most 64 bytes read from a client) holds the ``STACKS`` line."""
+    line, newline, _ = data.partition(b"\n")
+    return bool(newline) and line.rstrip(b"\r") == _STACKS
+
+
+def thread_stacks(max_frames: int = MAX_STACK_FRAMES) -> bytes:
+    """The ``STACKS`` answer: ``STACKS {"threads": [...]}\\n``, one line of JSON.
+
+    Each thread: ``id`` (``0x`` + 16 hex digits of its ident, as ``faulthandler`` prints
+    it), ``name`` (the :class:`threading.Thread` name, or null for a thread
+    :mod:`threading` does not know), ``main`` (bool), ``frames`` (innermost first, each
+    ``{"function", "file", "line"}``, at most ``max_frames``) and ``frames_omitted``.
+    Stacks come from :func:`sys._current_frames` (the interpreter's thread list, read under
+    its lock with the GIL held), so a thread ending meanwhile is simply left out. The line
+    is at most :data:`MAX_STACKS_ANSWER_BYTES`; past that, fewer frames per thread.
+    """
+    known = {t.ident: t.name for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    frames_by_thread = sys._current_frames()
+    try:
+        limit = max_frames
+        while True:
+            threads: List[Dict[str, Any]] = []
+            for ident, top in frames_by_thread.items():
+                frames: List[Dict[str, Any]] = []
+                omitted = 0
+                f: Optional[FrameType] = top
+                while f is not None:
+                    if len(frames) < limit:
+                        code = f.f_code
+                        frames.append({"function": code.co_name, "file": code.co_filename, "line": f.f_lineno})
+                    else:
+                        omitted += 1
+                    f = f.f_back
+                threads.append(
+                    {
+                        "id": f"0x{ident:016x}",
+                        "name": known.get(ident),
+                        "main": ident == main_ident,
+                        "frames": frames,
+                        "frames_omitted": omitted,
+                    }
+                )
+            line = b"STACKS " + json.dumps({"threads": threads}, separators=(",", ":")).encode() + b"\n"
+            if len(line) <= MAX_STACKS_ANSWER_BYTES or limit <= 1:
+                return line[:MAX_STACKS_ANSWER_BYTES]
+            limit //= 2
+    finally:
+        del frames_by_thread  # frames hold their locals alive
+
+
+def _block_dump_signal() -> None:
+    # The dump signal is meant for the main thread (faulthandler dumps the thread that
+    # handles it); a kit thread never takes it, so the kernel hands it to another.
+    sigusr2 = getattr(signal, "SIGUSR2", None)
+    if sigusr2 is not None and hasattr(signal, "pthread_sigmask"):
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {sigusr2})
+        except (OSError, ValueError):
+            pass
 
 
 def _check_path(path: Path) -> bytes:
@@ -166,6 +246,7 @@ class HeartbeatServer:
             return self
 
     def _serve(self) -> None:
+        _block_dump_signal()
         sock = self._sock
         assert sock is not None
         while not self._stop.is_set():
@@ -194,6 +275,8 @@ class HeartbeatServer:
             data += chunk
         if is_ping(data):
             conn.sendall(self._reply())
+        elif is_stacks_request(data):
+            conn.sendall(thread_stacks())
 
     def _start_pipe(self, name: str) -> "HeartbeatServer":
         if sys.platform != "win32":

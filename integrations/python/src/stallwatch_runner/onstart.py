@@ -37,6 +37,8 @@ from opentelemetry.trace import SpanContext
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from .heartbeat import _block_dump_signal
+
 _logger = logging.getLogger(__name__)
 
 #: Default seconds between refreshes of a running tool span.
@@ -224,6 +226,7 @@ class OnStartSpanProcessor(SpanProcessor):
     # -- export thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        _block_dump_signal()
         next_refresh = time.monotonic() + self._interval
         while not self._stopped.is_set():
             wake = next_refresh if self._retry_at is None else min(next_refresh, self._retry_at)

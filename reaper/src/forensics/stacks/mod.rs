@@ -9,6 +9,14 @@
 //! stallwatch sends SIGUSR2 only when the header names the runner's pid: SIGUSR2 ends a
 //! process that has no handler for it.
 //!
+//! `threads=heartbeat` (the Python kit): the kit answers `STACKS\n` on its heartbeat socket
+//! with `STACKS <json>\n` ([`parse_python_heartbeat_stacks`]): every thread's stack, read
+//! by its heartbeat thread with `sys._current_frames()` under the interpreter's lock.
+//! stallwatch asks that first and sends SIGUSR2 only when no answer comes (a C call holds
+//! the GIL the heartbeat thread needs); the kit's `faulthandler` then dumps the main thread
+//! only (`all_threads=False`): walking the other threads from a signal handler read thread
+//! states being freed and crashed runners with SIGSEGV.
+//!
 //! `main_stack=heartbeat` (the Node kit): the kit also answers `STACKS\n` on its heartbeat
 //! socket with `STACKS <json>\n` ([`parse_heartbeat_stacks`]): the main thread's JavaScript
 //! stack, taken by the kit's agent thread through an in-process inspector session (V8 runs
@@ -21,8 +29,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 mod node;
+mod python;
 
 pub use self::node::*;
+pub use self::python::*;
 
 /// The header's first word.
 pub const HEADER_MAGIC: &str = "stallwatch-stacks";
@@ -30,6 +40,8 @@ pub const HEADER_MAGIC: &str = "stallwatch-stacks";
 pub const MAX_HEADER_BYTES: usize = 4096;
 /// Most bytes of a dump or report read.
 pub const MAX_DUMP_BYTES: u64 = 4 << 20;
+/// Most bytes of a `STACKS` answer read from a kit's heartbeat socket.
+pub const MAX_HEARTBEAT_ANSWER_BYTES: usize = 256 * 1024;
 /// Most frames kept per thread (innermost first).
 pub const MAX_FRAMES: usize = 48;
 
@@ -52,8 +64,11 @@ pub struct Header {
     pub runtime: Runtime,
     /// Node: the report file's absolute path.
     pub report: Option<PathBuf>,
-    /// `main_stack=heartbeat`: the kit answers `STACKS` on its heartbeat socket.
+    /// `main_stack=heartbeat`: the Node kit answers `STACKS` on its heartbeat socket.
     pub main_stack: bool,
+    /// `threads=heartbeat`: the Python kit answers `STACKS` (every thread's stack) on its
+    /// heartbeat socket.
+    pub threads: bool,
 }
 
 /// Parses a header line. Errors name what is wrong (shown as the reason stacks are missing).
@@ -66,7 +81,7 @@ pub fn parse_header(line: &str) -> Result<Header, String> {
         return Err("the stacks header is not version v1".into());
     }
     let (mut pid, mut signal, mut runtime, mut report) = (None, None, None, None);
-    let mut main_stack = false;
+    let (mut main_stack, mut threads) = (false, false);
     for w in words {
         match w.split_once('=') {
             Some(("pid", v)) => pid = v.parse::<u32>().ok(),
@@ -78,6 +93,7 @@ pub fn parse_header(line: &str) -> Result<Header, String> {
             }
             Some(("report", v)) => report = Some(PathBuf::from(v)),
             Some(("main_stack", v)) => main_stack = v == "heartbeat",
+            Some(("threads", v)) => threads = v == "heartbeat",
             _ => {}
         }
     }
@@ -94,7 +110,26 @@ pub fn parse_header(line: &str) -> Result<Header, String> {
         runtime,
         report,
         main_stack,
+        threads,
     })
+}
+
+/// The JSON of a kit's `STACKS <json>` answer line; `ERR <why>` and anything else is an
+/// error naming the `kit` (`python`, `node`) and what it said.
+pub(crate) fn heartbeat_json(answer: &str, kit: &str) -> Result<serde_json::Value, String> {
+    let line = answer.lines().next().unwrap_or_default().trim();
+    if let Some(why) = line.strip_prefix("ERR ") {
+        return Err(format!("the {kit} kit could not take the stacks: {why}"));
+    }
+    let json = line.strip_prefix("STACKS ").ok_or_else(|| {
+        if line.is_empty() {
+            format!("the {kit} kit closed the heartbeat connection without answering STACKS")
+        } else {
+            format!("the {kit} kit's answer to STACKS is not a STACKS line")
+        }
+    })?;
+    serde_json::from_str(json)
+        .map_err(|e| format!("the {kit} kit's STACKS answer is not JSON: {e}"))
 }
 
 /// Reads and checks the header of `file` against `pid`. Errors say why no signal is sent.
@@ -144,6 +179,9 @@ pub struct ThreadStack {
     /// The runtime's id for it (Python: `0x...` thread ident; Node: `main`, or
     /// `await:<span id>` for a tool span's await site).
     pub id: String,
+    /// The thread's name where the runtime has one (Python `threading`: `MainThread`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// What the stack is when it is not a thread's (shown as its heading), e.g.
     /// `await site of tool span execute_tool run_notebook`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -158,57 +196,7 @@ pub struct ThreadStack {
     pub frames_omitted: usize,
 }
 
-/// Parses one `faulthandler` dump (`dump_traceback(all_threads=True)` format).
-pub fn parse_faulthandler(text: &str) -> Vec<ThreadStack> {
-    let mut out: Vec<ThreadStack> = Vec::new();
-    for line in text.lines() {
-        let t = line.trim();
-        if let Some(rest) = t
-            .strip_prefix("Current thread ")
-            .map(|r| (r, true))
-            .or_else(|| t.strip_prefix("Thread ").map(|r| (r, false)))
-            .filter(|(r, _)| r.ends_with("(most recent call first):"))
-        {
-            let (r, current) = rest;
-            out.push(ThreadStack {
-                id: r.split_whitespace().next().unwrap_or_default().to_string(),
-                current,
-                ..Default::default()
-            });
-        } else if t == "Stack (most recent call first):" {
-            out.push(ThreadStack {
-                id: "current".into(),
-                current: true,
-                ..Default::default()
-            });
-        } else if let Some(f) = t.strip_prefix("File \"") {
-            let Some(cur) = out.last_mut() else { continue };
-            let Some((file, rest)) = f.split_once("\", line ") else {
-                continue;
-            };
-            let (line_no, func) = rest.split_once(" in ").unwrap_or((rest, "?"));
-            push_frame(
-                cur,
-                Frame {
-                    function: func.to_string(),
-                    file: file.to_string(),
-                    line: line_no.trim().parse().ok(),
-                    ..Default::default()
-                },
-            );
-        }
-    }
-    // The main thread is the one whose outermost frame is the script's top level.
-    let main = out
-        .iter()
-        .position(|s| s.frames.last().is_some_and(|f| f.function == "<module>"));
-    if let Some(i) = main {
-        out[i].main = true;
-    }
-    out
-}
-
-fn push_frame(stack: &mut ThreadStack, f: Frame) {
+pub(crate) fn push_frame(stack: &mut ThreadStack, f: Frame) {
     if stack.frames.len() < MAX_FRAMES {
         stack.frames.push(f);
     } else {

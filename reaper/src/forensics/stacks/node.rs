@@ -77,9 +77,6 @@ fn active_handles(libuv: &serde_json::Value) -> Vec<(String, usize)> {
     handles
 }
 
-/// Most bytes of a `STACKS` answer read from the heartbeat socket.
-pub const MAX_HEARTBEAT_ANSWER_BYTES: usize = 256 * 1024;
-
 /// What the Node kit answers to `STACKS` on its heartbeat socket.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HeartbeatStacks {
@@ -107,21 +104,7 @@ fn v8_frames(stack: &mut ThreadStack, lines: &serde_json::Value) {
 /// "loop_blocked_ms": N, "libuv": [{"type", "is_active"}] (free loop only)}`, or
 /// `ERR <why>`. Errors name what the kit said or what is malformed.
 pub fn parse_heartbeat_stacks(answer: &str) -> Result<HeartbeatStacks, String> {
-    let line = answer.lines().next().unwrap_or_default().trim();
-    if let Some(why) = line.strip_prefix("ERR ") {
-        return Err(format!(
-            "the node kit could not take the main thread's stack: {why}"
-        ));
-    }
-    let json = line.strip_prefix("STACKS ").ok_or_else(|| {
-        if line.is_empty() {
-            "the node kit closed the heartbeat connection without answering STACKS".to_string()
-        } else {
-            "the node kit's answer to STACKS is not a STACKS line".to_string()
-        }
-    })?;
-    let v: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| format!("the node kit's STACKS answer is not JSON: {e}"))?;
+    let v = heartbeat_json(answer, "node")?;
     let mut main = ThreadStack {
         id: "main".into(),
         main: true,
