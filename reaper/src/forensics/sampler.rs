@@ -115,6 +115,15 @@ impl Forensics {
     }
 }
 
+/// Resolves when the followed board changes (true) or its sender is gone (false); never
+/// without one.
+async fn board_changed(board: &mut Option<watch::Receiver<RunnerBoard>>) -> bool {
+    match board {
+        Some(b) => b.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
 /// The runner id of a `verdict.suspect` incident, when it is one.
 pub fn suspect_runner(kind: EventKind, runner_id: Option<&str>) -> Option<&str> {
     (kind == EventKind::VerdictSuspect)
@@ -136,11 +145,36 @@ pub fn start(reaper: crate::ReaperHandle) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks = 0u64;
+        // With no runner registered and the watchdog's board followed, the sampler waits
+        // for the board to change instead of ticking (a registration changes it), so an
+        // idle stallwatch reads nothing and wakes for nothing (issue 16: idle wake-ups).
+        let mut idle: Option<watch::Receiver<RunnerBoard>> = None;
         loop {
             tokio::select! {
                 _ = reaper.shutdown_token().cancelled() => break,
-                _ = tick.tick() => {
+                changed = board_changed(&mut idle) => {
+                    idle = None;
+                    if changed {
+                        tick.reset_immediately();
+                    }
+                }
+                _ = tick.tick(), if idle.is_none() => {
+                    // The board is marked seen before the runners are read, so a
+                    // registration in between still wakes the idle wait.
+                    let board = reaper.forensics().board.get().map(|b| {
+                        let mut b = b.clone();
+                        b.mark_unchanged();
+                        b
+                    });
                     let runners = reaper.forensics_runners();
+                    if runners.is_empty() {
+                        if let Some(board) = board {
+                            reaper.forensics().clean_stacks_files(&[]);
+                            reaper.forensics().sample(&[], &[]);
+                            idle = Some(board);
+                            continue;
+                        }
+                    }
                     let live: Vec<(u32, String)> = runners.iter().map(|r| (r.1, r.2.clone())).collect();
                     let fx2 = reaper.forensics();
                     let sampled = fx2.to_sample(&runners);

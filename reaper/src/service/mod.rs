@@ -5,8 +5,11 @@
 //! a termination) is the only one allowed to reap the leader, so `kill(-pgid)` is only sent
 //! while the leader is an unreaped child. Unowned zombies (descendants re-parented to
 //! stallwatch, a child subreaper) are found by peeking with `waitid(P_ALL, WNOHANG |
-//! WNOWAIT)`, then reaped by pid only when no runner owns them and they were already seen on
-//! the previous pass, so another owner's `wait` always wins the race (docs/design.md, Linux notes).
+//! WNOWAIT)` on SIGCHLD, then reaped by pid only when no runner owns them and they were
+//! first seen at least `zombie_interval` earlier, so another owner's `wait` always wins the
+//! race (docs/design.md, Linux notes). With no zombie pending the loop sleeps until the next
+//! SIGCHLD (looking every [`ZOMBIE_FALLBACK`] anyway), so an idle stallwatch has no
+//! zombie poll waking it (issue 16: idle wake-ups).
 
 mod exits;
 mod output;
@@ -19,7 +22,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use stallwatch_storage::control::{
     ControlRequest, RegisterError, RunnerBoard, RunnerChange, RunnerSpec, Trip,
@@ -40,6 +43,22 @@ use crate::stats::ReaperStats;
 use crate::terminate::TerminationReport;
 
 pub use restart::allow_restart;
+
+/// How often the unowned-zombie reaper looks with no zombie pending, when SIGCHLD wakes it
+/// anyway: a backstop, not the mechanism.
+pub const ZOMBIE_FALLBACK: Duration = Duration::from_secs(10);
+
+/// Waits for the next SIGCHLD (never, without a stream).
+async fn child_exited(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(sig) => {
+            if sig.recv().await.is_none() {
+                *s = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
 
 /// Pids of spawned runners not yet reaped, process-wide: the unowned-zombie reaper of any
 /// reaper instance must never take them (their owner reaps them with their status).
@@ -195,9 +214,24 @@ impl Reaper {
         });
         let h = handle.clone();
         let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(h.inner.config.zombie_interval);
-            let mut seen: HashSet<u32> = HashSet::new();
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut sigchld = match signal(SignalKind::child()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(
+                        "no SIGCHLD stream ({e}): zombies are looked for every {} ms",
+                        h.inner.config.zombie_interval.as_millis()
+                    );
+                    None
+                }
+            };
+            let mut seen: HashMap<u32, Instant> = HashMap::new();
             loop {
+                let look_in = if seen.is_empty() && sigchld.is_some() {
+                    ZOMBIE_FALLBACK
+                } else {
+                    h.inner.config.zombie_interval
+                };
                 tokio::select! {
                     _ = h.inner.shutdown.cancelled() => break,
                     t = trips.recv() => match t {
@@ -211,12 +245,13 @@ impl Reaper {
                             break;
                         }
                     },
-                    _ = tick.tick() => { h.reap_unowned(&mut seen, false); }
+                    _ = child_exited(&mut sigchld) => h.reap_unowned(&mut seen, false),
+                    _ = tokio::time::sleep(look_in) => h.reap_unowned(&mut seen, false),
                 }
             }
             h.stop_spawned_runners().await;
             sweep_task.abort();
-            let mut none = HashSet::new();
+            let mut none = HashMap::new();
             h.reap_unowned(&mut none, true);
         });
         Ok((handle, task))
@@ -413,21 +448,27 @@ impl ReaperHandle {
         OWNED_PIDS.lock().map(|o| o.contains(&pid)).unwrap_or(false)
     }
 
-    /// Reaps zombie children no runner owns. Without `now`, a zombie is reaped only when it
-    /// was already seen on the previous pass (another owner's `wait` wins the race).
-    fn reap_unowned(&self, seen: &mut HashSet<u32>, now: bool) {
+    /// Reaps zombie children no runner owns. `seen` maps each unowned zombie to when it was
+    /// first seen; without `now`, a zombie is reaped only once it was first seen at least
+    /// `zombie_interval` ago (another owner's `wait` wins the race). Zombies gone since
+    /// (reaped by their owner) leave `seen`.
+    fn reap_unowned(&self, seen: &mut HashMap<u32, Instant>, now: bool) {
         if !platform::any_child_exited() {
             seen.clear();
             return;
         }
         let Ok(owned) = OWNED_PIDS.lock() else { return };
+        let at = Instant::now();
         let zombies: HashSet<u32> = platform::zombie_children()
             .into_iter()
             .filter(|p| !owned.contains(p))
             .collect();
-        for pid in &zombies {
-            if now || seen.contains(pid) {
-                if let Ok(Some(_)) = platform::reap_child(*pid) {
+        seen.retain(|pid, _| zombies.contains(pid));
+        for pid in zombies {
+            let first = *seen.entry(pid).or_insert(at);
+            if now || at.saturating_duration_since(first) >= self.inner.config.zombie_interval {
+                seen.remove(&pid);
+                if let Ok(Some(_)) = platform::reap_child(pid) {
                     self.inner
                         .stats
                         .zombies_reaped
@@ -435,6 +476,5 @@ impl ReaperHandle {
                 }
             }
         }
-        *seen = zombies;
     }
 }

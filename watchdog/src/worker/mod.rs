@@ -490,7 +490,15 @@ impl Worker {
                 .iter_mut()
                 .map(|(id, r)| (id.clone(), status(id, r, now, cfg)))
                 .collect();
-            self.board.send_replace(Arc::new(map));
+            // An empty board stays the same board: watchers (the forensics sampler, the
+            // SSE board stream) are not woken each interval for nothing.
+            self.board.send_if_modified(|b| {
+                if map.is_empty() && b.is_empty() {
+                    return false;
+                }
+                *b = Arc::new(map);
+                true
+            });
             return;
         }
         if self.board_dirty.is_empty() {
