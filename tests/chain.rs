@@ -618,4 +618,20 @@ fn half_open_probe_reopens_the_breaker_when_the_runner_stays_dead() {
     );
     let (st, _) = server.get_json("/api/v1/runners/py-dead/admit");
     assert_eq!(st, 503);
+    // Probed once: with no process to answer, no probe every cooldown (1.5 s) after that,
+    // so no half_open/opened pair (and webhook) every cooldown, forever.
+    std::thread::sleep(Duration::from_millis(5000));
+    let count = |event: &str| {
+        incidents(&server, "py-dead")
+            .iter()
+            .filter(|i| i["event"] == event)
+            .count()
+    };
+    assert_eq!(
+        (count("breaker.half_open"), count("breaker.opened")),
+        (1, 2),
+        "a dead runner is probed once"
+    );
+    let (st, _) = server.get_json("/api/v1/runners/py-dead/admit");
+    assert_eq!(st, 503, "its breaker stays OPEN");
 }

@@ -49,6 +49,12 @@ pub(crate) struct Runner {
     pub(crate) fused: Fused,
     pub(crate) worst: Option<WorstView>,
     pub(crate) dead: bool,
+    /// A HALF_OPEN probe was sent since its process died: a dead spawned runner is probed
+    /// once after its cooldown (a restart may have been on its way), then its breaker stays
+    /// OPEN until the runner is restarted, re-registered or reset. Probing it every
+    /// cooldown made a `breaker.half_open` + `breaker.opened` pair (and their webhooks)
+    /// every 15 s, forever, for a runner that had no process to answer.
+    pub(crate) probed_dead: bool,
     pub(crate) restarted_since_trip: bool,
     pub(crate) tripped_at: Option<Instant>,
     pub(crate) incarnation: u64,
@@ -87,6 +93,11 @@ pub(crate) const DEGRADED_INCIDENT_EVERY: Duration = Duration::from_secs(10);
 /// Pings due within this margin are sent together, so 1000 runners cost a few wake-ups
 /// per interval rather than one per runner. Only pings move; trip deadlines stay exact.
 pub(crate) const PING_SLACK: Duration = Duration::from_millis(20);
+/// Longest a runner whose process is gone goes without evaluation (its breaker's deadlines
+/// still wake it): each dead runner stepped every [`MAX_IDLE`] cost an idle stallwatch
+/// ~2.7 wake-ups/s (issue 16: idle wake-ups).
+pub(crate) const DEAD_IDLE: Duration = Duration::from_secs(60);
+
 /// Longest a runner goes without evaluation, whatever its deadlines.
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(1);
 
@@ -128,6 +139,7 @@ impl Runner {
             fused: HEALTHY,
             worst: None,
             dead: false,
+            probed_dead: false,
             restarted_since_trip: false,
             tripped_at: None,
             incarnation: 0,
@@ -213,16 +225,25 @@ impl Runner {
         if pinging && self.hb.in_flight() < max_in_flight {
             out.next = out.next.min(self.hb.next_ping());
         }
-        // a dead attached runner is not probed until re-registered; a spawned one whose
-        // restart policy gave up will never answer again, so it is not probed either
-        let can_probe = (!self.dead || self.spawned) && self.lifecycle != RunnerLifecycle::GaveUp;
+        // a dead attached runner is not probed until re-registered; a dead spawned one is
+        // probed once (see `probed_dead`); one whose restart policy gave up will never
+        // answer again, so it is not probed either
+        let can_probe = (!self.dead || (self.spawned && !self.probed_dead))
+            && self.lifecycle != RunnerLifecycle::GaveUp;
         match self
             .breaker
             .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)
         {
-            Some(Transition::HalfOpen { probe }) => out.actions.push(Action::HalfOpen(probe)),
+            Some(Transition::HalfOpen { probe }) => {
+                self.probed_dead |= self.dead;
+                out.actions.push(Action::HalfOpen(probe))
+            }
             Some(Transition::Opened) => out.actions.push(Action::Reopened),
             _ => {}
+        }
+        if self.dead {
+            // no process: nothing moves but the breaker (a re-registration wakes it anyway)
+            out.next = now + DEAD_IDLE;
         }
         if let Some(d) = self.breaker.next_deadline() {
             out.next = out.next.min(d);
@@ -433,6 +454,57 @@ mod tests {
             stale,
             since_last_seen: Duration::ZERO,
         }
+    }
+
+    /// A tripped spawned runner whose process is gone is probed once after its cooldown
+    /// (a restart may be on its way); when that probe fails its breaker stays OPEN, with
+    /// no probe each cooldown, until the runner is re-registered. A live runner is probed
+    /// every cooldown as before (the healthy case next to it).
+    #[test]
+    fn a_dead_runner_is_probed_once_then_left_open_a_live_one_every_cooldown() {
+        let c = cfg();
+        let t0 = Instant::now();
+        let probes = |dead: bool| {
+            let mut r = Runner::new("r".into(), Some(1), None, true, t0);
+            r.dead = dead;
+            r.breaker.trip(t0, c.breaker_cooldown, "tool_overrun");
+            let mut t = t0;
+            let mut n = 0;
+            for _ in 0..6 {
+                t += c.breaker_cooldown + Duration::from_millis(1);
+                let st = r.step(t, &c, 4, &none);
+                for a in &st.actions {
+                    if let Action::HalfOpen(probe) = a {
+                        n += 1;
+                        r.breaker.probe_result(
+                            t,
+                            *probe,
+                            false,
+                            c.breaker_cooldown,
+                            "connection refused",
+                        );
+                    }
+                }
+                assert!(st.next > t, "a step always moves on");
+                if dead {
+                    assert!(st.next <= t + DEAD_IDLE);
+                }
+            }
+            (n, r)
+        };
+        assert_eq!(probes(false).0, 6, "a live runner: every cooldown");
+        let (n, mut r) = probes(true);
+        assert_eq!(n, 1, "a dead runner: once");
+        assert_eq!(r.breaker.state(), BreakerState::Open);
+        // re-registered (a restart): probed again after the cooldown
+        r.dead = false;
+        r.probed_dead = false;
+        let t = t0 + 20 * c.breaker_cooldown;
+        let st = r.step(t, &c, 4, &none);
+        assert!(
+            st.actions.iter().any(|a| matches!(a, Action::HalfOpen(_))),
+            "no probe after the re-registration"
+        );
     }
 
     /// Healthy case next to the stalled one (issue 10 #5): a PONG with no span, or with a

@@ -47,6 +47,7 @@ impl Worker {
                     r.spawned = spawned;
                     r.hb.restart(configured, now);
                     r.dead = false;
+                    r.probed_dead = false;
                     r.incarnation += 1;
                     r.restarted_since_trip = true;
                     r.stopping_since = None;
