@@ -21,7 +21,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the sidecar: OTLP in, SQLite, watchdog, reaper, dashboard.
     Serve(ServeArgs),
-    /// Start a throw-away sidecar and five real Python runners (one healthy, four that
+    /// Start a throw-away sidecar and six real Python runners (one healthy, five that
     /// hang inside a tool span), print the timeline as they are stopped, check the
     /// workspace is byte-for-byte as before. Needs the Python runner kit.
     Demo(DemoArgs),
