@@ -93,27 +93,55 @@ impl Forensics {
         }
     }
 
-    /// Removes stacks files of runner instances no longer registered.
+    /// Removes what runners no longer registered left in `<data_dir>/run/`: stacks files
+    /// (`<id>.<instance>.stacks`, and what a kit names after one) of instances not in
+    /// `current` (`(id, instance_id)`), and heartbeat sockets (`<id>.sock`, only if it is a
+    /// socket bound over a minute ago) of runner ids not in it. The folder is this instance's own (its data folder
+    /// is locked), so nothing there belongs to another stallwatch.
     pub fn clean_stacks_files(&self, current: &[(String, String)]) {
+        self.clean_run_dir(current, STALE_SOCKET_AGE)
+    }
+
+    fn clean_run_dir(&self, current: &[(String, String)], stale_socket_age: Duration) {
         let Ok(dir) = std::fs::read_dir(self.data_dir.join("run")) else {
             return;
         };
-        let current: HashSet<String> = current
+        let instances: HashSet<String> = current
             .iter()
             .map(|(id, inst)| format!("{id}.{inst}"))
             .collect();
+        let ids: HashSet<&str> = current.iter().map(|(id, _)| id.as_str()).collect();
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".sock") {
+                // A socket bound in the last minute may be a runner's being registered or
+                // restarted right now: removing it would cost a healthy runner its heartbeat.
+                let stale = e.metadata().is_ok_and(|m| {
+                    std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())
+                        && m.modified()
+                            .ok()
+                            .and_then(|t| t.elapsed().ok())
+                            .is_some_and(|age| age >= stale_socket_age)
+                });
+                if stale && !ids.contains(id) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                continue;
+            }
             // `<id>.<instance>.stacks` and files a kit names after it (`....stacks.report.json`).
             let Some(stem) = name.find(".stacks").map(|i| &name[..i]) else {
                 continue;
             };
-            if !current.contains(stem) {
+            if !instances.contains(stem) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
 }
+
+/// How old a heartbeat socket of a runner no longer registered must be before
+/// [`Forensics::clean_stacks_files`] removes it.
+const STALE_SOCKET_AGE: Duration = Duration::from_secs(60);
 
 /// Resolves when the followed board changes (true) or its sender is gone (false); never
 /// without one.
@@ -232,6 +260,37 @@ mod tests {
                 stale: false,
             }),
         }
+    }
+
+    #[test]
+    fn the_run_folder_loses_what_unregistered_runners_left_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        let fx = Forensics::new(&crate::config::ReaperConfig::new(dir.path()));
+        let _live = std::os::unix::net::UnixListener::bind(run.join("live.sock")).unwrap();
+        let _gone = std::os::unix::net::UnixListener::bind(run.join("gone.sock")).unwrap();
+        std::fs::write(run.join("plain.sock"), b"not a socket").unwrap();
+        for f in [
+            "live.i2.stacks",
+            "live.i1.stacks",
+            "live.i1.stacks.report.json",
+            "gone.i9.stacks",
+        ] {
+            std::fs::write(run.join(f), b"x").unwrap();
+        }
+        let current = vec![("live".to_string(), "i2".to_string())];
+        // A fresh socket is kept even when its runner is not registered (one being
+        // registered or restarted right now).
+        fx.clean_stacks_files(&current);
+        assert!(run.join("gone.sock").exists());
+        fx.clean_run_dir(&current, Duration::ZERO);
+        let mut left: Vec<String> = std::fs::read_dir(&run)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["live.i2.stacks", "live.sock", "plain.sock"]);
     }
 
     #[test]
