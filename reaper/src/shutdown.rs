@@ -336,7 +336,15 @@ pub async fn stop_all(
         st.report.survivors = terminate::live(&recorded);
         let d = serde_json::json!({"survivors": st.report.survivors});
         push(st, started, "survivors", d);
-        st.report.duration_ms = started.elapsed().as_millis() as u64;
+        // Until its own exit, not until the slowest runner's SIGKILL: all are reaped at the
+        // end of the shared phases, and the report says when this one ended.
+        st.report.duration_ms = st
+            .report
+            .steps
+            .iter()
+            .rev()
+            .find(|s| s.step == "exited")
+            .map_or_else(|| started.elapsed().as_millis() as u64, |s| s.at_ms);
     }
     ledger(storage, members, &states, "finished", "done", |st| {
         serde_json::json!({"ended_by": st.report.ended_by, "duration_ms": st.report.duration_ms})

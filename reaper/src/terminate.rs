@@ -94,7 +94,8 @@ pub struct TerminationReport {
     pub sigterm_unix_nano: u64,
     /// When SIGKILL was sent, if it was.
     pub sigkill_unix_nano: Option<u64>,
-    /// Total duration, ms.
+    /// Ms from the start of the stop to its end; at an ordered shutdown (every runner
+    /// stopped together), to this runner's own exit when one was seen.
     pub duration_ms: u64,
 }
 

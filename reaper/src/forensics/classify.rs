@@ -39,6 +39,10 @@ pub struct CpuFacts {
     pub busy_for: Duration,
     /// Share of user time in the busiest thread's lifetime CPU, percent.
     pub user_share_pct: u32,
+    /// How far back the CPU history reaches ([`super::cpu::History::reach`]): a duration
+    /// that long is shown as "for at least" (sampling starts with the tool span, a sample
+    /// period late, so the wait may be older than the history).
+    pub history: Duration,
 }
 
 /// Seconds for people: `58 s`, `2.4 s`.
@@ -51,8 +55,11 @@ pub fn secs(d: Duration) -> String {
     }
 }
 
-fn for_dur(idle: Option<Duration>) -> String {
-    match idle {
+fn for_dur(d: Option<Duration>, history: Duration) -> String {
+    match d {
+        Some(d) if !d.is_zero() && !history.is_zero() && d >= history => {
+            format!(" for at least {}", secs(d))
+        }
         Some(d) if !d.is_zero() => format!(" for {}", secs(d)),
         _ => String::new(),
     }
@@ -118,7 +125,7 @@ pub fn classify(
             "busy_loop",
             format!(
                 "{p}% CPU {space}{} ({what}{starved})",
-                for_dur(Some(cpu.busy_for))
+                for_dur(Some(cpu.busy_for), cpu.history)
             ),
         );
     }
@@ -129,7 +136,7 @@ pub fn classify(
             "uninterruptible",
             format!(
                 "main thread in uninterruptible wait (D) in {w}{}, {pct_text} (stuck I/O or a hung file system)",
-                for_dur(idle_of(main))
+                for_dur(idle_of(main), cpu.history)
             ),
         );
     }
@@ -144,7 +151,7 @@ pub fn classify(
         .filter(|t| !t.main && t.syscall.as_deref() == Some("futex"))
         .count();
     let main_call = main.syscall.as_deref().unwrap_or("");
-    let main_idle = for_dur(idle_of(main));
+    let main_idle = for_dur(idle_of(main), cpu.history);
     match main_call {
         "futex" if untimed_futex.len() >= 2 && untimed_futex.iter().any(|t| t.main) => {
             let shortest = untimed_futex.iter().filter_map(|t| idle_of(t)).min();
@@ -153,7 +160,7 @@ pub fn classify(
                 format!(
                     "{} threads waiting in futex{}, {pct_text} (likely deadlock)",
                     untimed_futex.len(),
-                    for_dur(shortest)
+                    for_dur(shortest, cpu.history)
                 ),
             )
         }
@@ -270,6 +277,23 @@ mod tests {
             k.summary,
             "2 threads waiting in futex for 58 s, 0% CPU (likely deadlock)"
         );
+        // Idle for as long as the history reaches: the wait may be older than sampling.
+        let reach = CpuFacts {
+            history: Duration::from_secs(58),
+            ..low
+        };
+        assert_eq!(
+            classify(&dead, reach, &idle(58, 2)).summary,
+            "2 threads waiting in futex for at least 58 s, 0% CPU (likely deadlock)"
+        );
+        let longer = CpuFacts {
+            history: Duration::from_secs(90),
+            ..low
+        };
+        assert_eq!(
+            classify(&dead, longer, &idle(58, 2)).summary,
+            "2 threads waiting in futex for 58 s, 0% CPU (likely deadlock)"
+        );
 
         let mut sock = thread(1, 'S', Some("read"));
         sock.syscall_fd_target = Some("socket:[991]".into());
@@ -284,6 +308,7 @@ mod tests {
             recent_demand_pct: Some(100),
             busy_for: Duration::from_secs(30),
             user_share_pct: 99,
+            history: Duration::from_secs(60),
         };
         let k = classify(&proc_of(vec![thread(1, 'R', None)]), busy, &HashMap::new());
         assert_eq!(k.summary, "100% CPU in user space for 30 s (busy loop)");

@@ -70,6 +70,14 @@ impl History {
         self.samples.len()
     }
 
+    /// How far back the history reaches from `now`: the oldest sample's age (zero with none).
+    /// A wait or a busy spell as long as this may have begun before sampling did.
+    pub fn reach(&self, now: &Sample) -> Duration {
+        self.samples
+            .front()
+            .map_or(Duration::ZERO, |s| now.at.saturating_duration_since(s.at))
+    }
+
     /// True when no sample was taken yet.
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
@@ -221,6 +229,9 @@ mod tests {
         assert_eq!(idle.busy_for(&now_i, 100, 80), Duration::ZERO);
         let idle_for = idle.idle_per_thread(&now_i);
         assert_eq!(idle_for[&1], Duration::from_secs(10));
+        // Idle over the whole history: exactly as far back as it reaches.
+        assert_eq!(idle.reach(&now_i), Duration::from_secs(10));
+        assert_eq!(History::default().reach(&now_i), Duration::ZERO);
         assert_eq!(busy.idle_per_thread(&now_b)[&1], Duration::ZERO);
         // Since a span that started at second 4.
         let since = 1_000_000_000_000 + 4 * 1_000_000_000;

@@ -70,6 +70,7 @@ impl Forensics {
             recent_demand_pct: recent.and_then(|u| u.demand_pct),
             busy_for,
             user_share_pct,
+            history: hist.reach(&sample),
         };
         let class = classify(&snap, facts, &idle);
         let ms = |ticks: u64| ticks * 1000 / self.hz;

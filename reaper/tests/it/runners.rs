@@ -314,6 +314,64 @@ async fn trip_writes_span_ends_and_rolls_back_checkpoints() {
     h.delete("spans").await.unwrap();
 }
 
+/// At an ordered shutdown every runner is stopped together and reaped at the end, but each
+/// report says when that runner ended: one that exits on SIGTERM is not reported as ending
+/// with the one that needed SIGKILL after the grace period.
+#[tokio::test]
+async fn shutdown_reports_each_runners_own_end() {
+    let mut h = harness(600).await;
+    h.register(spawn_spec("quick", &["sleep", "60"]))
+        .await
+        .unwrap();
+    // SIGTERM is ignored (and the ignore is inherited by `sleep`): only SIGKILL ends it.
+    h.register(spawn_spec(
+        "stubborn",
+        &["sh", "-c", "trap '' TERM; sleep 60"],
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.shutdown.cancel();
+    let mut reports = std::collections::HashMap::new();
+    for _ in 0..2 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let i = tokio::time::timeout(left, h.incidents.recv())
+                .await
+                .expect("two runner.terminated within 30 s")
+                .unwrap();
+            if i.incident.kind == EventKind::RunnerTerminated {
+                let id = i.incident.runner_id.clone().unwrap();
+                reports.insert(id, i.incident.evidence["report"].clone());
+                break;
+            }
+        }
+    }
+    let ms = |id: &str| reports[id]["duration_ms"].as_u64().unwrap();
+    assert_eq!(
+        reports["quick"]["ended_by"], "sigterm",
+        "{:#}",
+        reports["quick"]
+    );
+    assert_eq!(
+        reports["stubborn"]["ended_by"], "sigkill",
+        "{:#}",
+        reports["stubborn"]
+    );
+    assert!(
+        ms("stubborn") >= 600,
+        "the grace period was kept: {}",
+        ms("stubborn")
+    );
+    assert!(
+        ms("quick") < 600,
+        "the quick runner's report runs to its own exit, not the stubborn one's SIGKILL: {} ms",
+        ms("quick")
+    );
+    h.task.await.unwrap();
+}
+
 /// At shutdown only spawned runners are stopped; attached ones are left alone.
 #[tokio::test]
 async fn shutdown_stops_spawned_runners_only() {
