@@ -319,7 +319,7 @@ def install_stacks_hook(path: Optional[str] = None, *, threads_on_heartbeat: boo
         # chain=True only over a handler that keeps the process: its chaining path alone
         # restores errno, and the dump's write loop sets errno to 0 (CPython 3.11
         # faulthandler_user); a signal landing between a failed sem_wait and its errno
-        # check then made a lock look acquired ("release unlocked lock" in threading, 3 of
+        # check then made a lock look acquired ("release unlocked lock" in threading, 4 of
         # 10 runners under a SIGUSR2 storm; 0 of 12 with chain=True). Chained to SIG_DFL,
         # the dump would end the process with signal 12.
         chain = signal.getsignal(sigusr2) not in (signal.SIG_DFL, None)
