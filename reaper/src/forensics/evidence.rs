@@ -126,12 +126,11 @@ impl Forensics {
                     (true, false) => Some("no JavaScript was running: the event loop was idle, waiting on a promise or I/O that never completes"),
                     _ => None,
                 };
-                let v = json!({
+                let mut v = json!({
                     "runtime": d.runtime, "source": d.source, "threads": d.threads,
                     "tool_frame": tool_frame, "active_handles": d.active_handles.iter().map(|(t, n)| json!({"type": t, "count": n})).collect::<Vec<_>>(),
                     "note": note, "taken_by": d.taken_by,
                 });
-                let mut v = v;
                 if let Some(why) = d.heartbeat_note {
                     let key = match d.runtime {
                         Runtime::Node => "main_stack_unavailable",

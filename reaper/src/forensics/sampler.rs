@@ -96,13 +96,10 @@ impl Forensics {
     /// Removes what runners no longer registered left in `<data_dir>/run/`: stacks files
     /// (`<id>.<instance>.stacks`, and what a kit names after one) of instances not in
     /// `current` (`(id, instance_id)`), and heartbeat sockets (`<id>.sock`, only if it is a
-    /// socket bound over a minute ago) of runner ids not in it. The folder is this instance's own (its data folder
-    /// is locked), so nothing there belongs to another stallwatch.
-    pub fn clean_stacks_files(&self, current: &[(String, String)]) {
-        self.clean_run_dir(current, STALE_SOCKET_AGE)
-    }
-
-    fn clean_run_dir(&self, current: &[(String, String)], stale_socket_age: Duration) {
+    /// socket at least `stale_socket_age` old, `STALE_SOCKET_AGE` outside tests) of runner
+    /// ids not in it. The folder is this instance's own (its data folder is locked), so
+    /// nothing there belongs to another stallwatch.
+    pub fn clean_run_dir(&self, current: &[(String, String)], stale_socket_age: Duration) {
         let Ok(dir) = std::fs::read_dir(self.data_dir.join("run")) else {
             return;
         };
@@ -140,8 +137,9 @@ impl Forensics {
 }
 
 /// How old a heartbeat socket of a runner no longer registered must be before
-/// [`Forensics::clean_stacks_files`] removes it.
-const STALE_SOCKET_AGE: Duration = Duration::from_secs(60);
+/// [`Forensics::clean_run_dir`] removes it: one bound in the last minute may be a runner's
+/// being registered or restarted right now.
+pub const STALE_SOCKET_AGE: Duration = Duration::from_secs(60);
 
 /// Resolves when the followed board changes (true) or its sender is gone (false); never
 /// without one.
@@ -197,7 +195,7 @@ pub fn start(reaper: crate::ReaperHandle) {
                     let runners = reaper.forensics_runners();
                     if runners.is_empty() {
                         if let Some(board) = board {
-                            reaper.forensics().clean_stacks_files(&[]);
+                            reaper.forensics().clean_run_dir(&[], STALE_SOCKET_AGE);
                             reaper.forensics().sample(&[], &[]);
                             idle = Some(board);
                             continue;
@@ -210,7 +208,7 @@ pub fn start(reaper: crate::ReaperHandle) {
                     ticks += 1;
                     if ticks % 32 == 1 {
                         let current: Vec<(String, String)> = runners.into_iter().map(|r| (r.0, r.2)).collect();
-                        reaper.forensics().clean_stacks_files(&current);
+                        reaper.forensics().clean_run_dir(&current, STALE_SOCKET_AGE);
                     }
                 }
                 ev = events.recv() => match ev {
@@ -282,7 +280,7 @@ mod tests {
         let current = vec![("live".to_string(), "i2".to_string())];
         // A fresh socket is kept even when its runner is not registered (one being
         // registered or restarted right now).
-        fx.clean_stacks_files(&current);
+        fx.clean_run_dir(&current, STALE_SOCKET_AGE);
         assert!(run.join("gone.sock").exists());
         fx.clean_run_dir(&current, Duration::ZERO);
         let mut left: Vec<String> = std::fs::read_dir(&run)
