@@ -348,16 +348,29 @@ fn dashboard_api_auth_lock_discovery_and_ordered_shutdown() {
     );
 }
 
-/// Registers a `windows-runner <mode>` runner; answers its pid.
-fn spawn_runner(server: &WinServer, bin: &Path, id: &str, mode: &str, markers: &Path) -> u64 {
+/// Registers a `windows-runner <mode>` runner (with `workspace`, if given); answers the
+/// registration.
+fn register_runner(
+    server: &WinServer,
+    bin: &Path,
+    id: &str,
+    mode: &str,
+    markers: &Path,
+    workspace: Option<&Path>,
+) -> serde_json::Value {
     std::fs::create_dir_all(markers).unwrap();
-    let (st, body) = server.send(http_client().post(server.api("/api/v1/runners")).json(
-        &serde_json::json!({
-            "id": id,
-            "spawn": {"argv": [win(&bin.join("windows-runner.exe")), mode, win(markers)],
-                      "env": {"STALL_AFTER_MS": "3000"}},
-        }),
-    ));
+    let mut spawn = serde_json::json!({
+        "argv": [win(&bin.join("windows-runner.exe")), mode, win(markers)],
+        "env": {"STALL_AFTER_MS": "3000"},
+    });
+    if let Some(ws) = workspace {
+        spawn["workspace"] = win(ws).into();
+    }
+    let (st, body) = server.send(
+        http_client()
+            .post(server.api("/api/v1/runners"))
+            .json(&serde_json::json!({"id": id, "spawn": spawn})),
+    );
     assert_eq!(st, 201, "{body}\nstderr:\n{}", server.stderr());
     assert!(
         body["heartbeat_socket"]
@@ -366,7 +379,14 @@ fn spawn_runner(server: &WinServer, bin: &Path, id: &str, mode: &str, markers: &
             .starts_with(r"\\.\pipe\stallwatch-"),
         "{body}"
     );
-    body["pid"].as_u64().unwrap()
+    body
+}
+
+/// Registers a `windows-runner <mode>` runner; answers its pid.
+fn spawn_runner(server: &WinServer, bin: &Path, id: &str, mode: &str, markers: &Path) -> u64 {
+    register_runner(server, bin, id, mode, markers, None)["pid"]
+        .as_u64()
+        .unwrap()
 }
 
 /// Posts an open tool span (`end_time_unix_nano` 0) for `runner` over OTLP/HTTP JSON.
@@ -416,6 +436,14 @@ fn span_end(server: &WinServer, trace: &str) -> serde_json::Value {
     let (st, t) = server.get_json(&format!("/api/v1/traces/{trace}"));
     assert_eq!(st, 200, "{t}");
     span_named(&t, "execute_tool run_cell").clone()
+}
+
+/// The names of a span's events.
+fn event_names(span: &serde_json::Value) -> Vec<&str> {
+    span["events"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default()
 }
 
 fn alive_file_grows(path: &Path) -> bool {
@@ -564,13 +592,224 @@ fn runner_ignoring_the_break_is_ended_with_its_escaped_child_by_terminate_job() 
     );
     let span = span_end(&server, &trace);
     assert_eq!(span["status"]["code"], 2, "{span:#}");
-    let names: Vec<&str> = span["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["name"].as_str())
-        .collect();
+    let names = event_names(&span);
     assert!(names.contains(&"TerminateJobObject"), "{span:#}");
+}
+
+/// Registers a `windows-runner <mode>` runner with a workspace; answers the registration
+/// (its `checkpoint` names the staging folder).
+fn spawn_with_workspace(
+    server: &WinServer,
+    bin: &Path,
+    id: &str,
+    mode: &str,
+    markers: &Path,
+    workspace: &Path,
+) -> serde_json::Value {
+    let body = register_runner(server, bin, id, mode, markers, Some(workspace));
+    assert!(body["checkpoint"]["id"].is_string(), "{body:#}");
+    body
+}
+
+/// Every file (its bytes) and folder below `root`, `.workbench` left out.
+fn snapshot(root: &Path) -> std::collections::BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if rel.starts_with(".workbench") {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                out.insert(rel, None);
+                stack.push(p);
+            } else {
+                out.insert(rel, Some(std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Waits for `path` to hold a whole JSON document; answers it.
+fn wait_for_json(path: &Path) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(v) = serde_json::from_slice(&std::fs::read(path).unwrap_or_default()) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn active_checkpoints(server: &WinServer, runner: &str) -> Vec<serde_json::Value> {
+    let (st, page) = server.get_json(&format!("/api/v1/checkpoints?runner_id={runner}"));
+    assert_eq!(st, 200, "{page}");
+    page["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+#[ignore = "Windows build under Wine: run scripts/test-windows"]
+fn deadlocked_runner_with_a_workspace_is_rolled_back_byte_for_byte() {
+    let (bin, wine) = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let server = WinServer::start(&bin, &wine, dir.path(), Some(CONFIG));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("sub")).unwrap();
+    std::fs::write(ws.join("data.csv"), "a,b\n1,2\n").unwrap();
+    std::fs::write(ws.join("sub").join("notes.txt"), "keep me\n").unwrap();
+    let before = snapshot(&ws);
+    let id = "win-ckpt-trip";
+    let body = spawn_with_workspace(&server, &bin, id, "deadlock", &dir.path().join("m"), &ws);
+    let cid = body["checkpoint"]["id"].as_str().unwrap().to_string();
+    let staging = ws.join(".workbench").join("checkpoints").join(&cid);
+    assert!(staging.is_dir(), "no staging folder: {body:#}");
+    // The tool stages a changed file and a new folder (before the runner can stall), and
+    // the runner its own result through STALLWATCH_CHECKPOINT_DIR.
+    std::fs::write(staging.join("data.csv"), "a,b\n9,9\n").unwrap();
+    std::fs::create_dir_all(staging.join("new")).unwrap();
+    std::fs::write(staging.join("new").join("out.json"), "{}").unwrap();
+    wait_heartbeat_ok(&server, id);
+    let staged = wait_for_json(&staging.join("runner.json"));
+    assert_eq!(staged["checkpoint"], cid.as_str(), "{staged}");
+    let open = active_checkpoints(&server, id);
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0]["state"], "open", "{open:?}");
+    let trace = "6a".repeat(16);
+    open_tool_span(&server, id, &trace, &"6b".repeat(8));
+    // Trip, stop, then the runner's open checkpoint is rolled back.
+    let done = server.incident(id, "runner.terminated", Duration::from_secs(90));
+    assert_eq!(
+        done["evidence"]["checkpoints_rolled_back"],
+        serde_json::json!([cid]),
+        "{done:#}"
+    );
+    assert_eq!(
+        done["evidence"]["checkpoint_errors"],
+        serde_json::json!([]),
+        "{done:#}"
+    );
+    let rolled = server.incident(id, "checkpoint.rolled_back", Duration::from_secs(10));
+    assert_eq!(
+        rolled["evidence"]["checkpoint_id"],
+        cid.as_str(),
+        "{rolled:#}"
+    );
+    assert!(!staging.exists(), "the staging folder is left");
+    assert_eq!(snapshot(&ws), before, "the workspace changed");
+    assert!(active_checkpoints(&server, id).is_empty());
+    let span = span_end(&server, &trace);
+    assert_eq!(span["status"]["code"], 2, "{span:#}");
+    let names = event_names(&span);
+    assert!(names.contains(&"rollback"), "{span:#}");
+}
+
+#[test]
+#[ignore = "Windows build under Wine: run scripts/test-windows"]
+fn healthy_commit_lands_the_files_and_refuses_hard_links_and_folder_links() {
+    let (bin, wine) = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let server = WinServer::start(&bin, &wine, dir.path(), Some(CONFIG));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("data.csv"), "a,b\n1,2\n").unwrap();
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "outside\n").unwrap();
+    let id = "win-ckpt-commit";
+    let body = spawn_with_workspace(&server, &bin, id, "healthy", &dir.path().join("m"), &ws);
+    let cid = body["checkpoint"]["id"].as_str().unwrap().to_string();
+    let staging = ws.join(".workbench").join("checkpoints").join(&cid);
+    wait_heartbeat_ok(&server, id);
+    wait_for_json(&staging.join("runner.json"));
+    std::fs::write(staging.join("data.csv"), "a,b\n3,4\n5,6\n").unwrap();
+    std::fs::create_dir_all(staging.join("results")).unwrap();
+    std::fs::write(
+        staging.join("results").join("summary.json"),
+        "{\"ok\": true}",
+    )
+    .unwrap();
+    let before = snapshot(&ws);
+    let commit = || {
+        server.send(http_client().post(server.api(&format!("/api/v1/checkpoints/{cid}/commit"))))
+    };
+    // A staged hard link (its content shared with a file outside the workspace): refused
+    // from nNumberOfLinks, nothing moved, the checkpoint open again.
+    std::fs::hard_link(outside.join("secret.txt"), staging.join("linked.txt")).unwrap();
+    let (st, refused) = commit();
+    assert_eq!(st, 422, "{refused:#}\nstderr:\n{}", server.stderr());
+    assert!(refused.to_string().contains("hard link"), "{refused:#}");
+    assert_eq!(
+        snapshot(&ws),
+        before,
+        "a refused commit changed the workspace"
+    );
+    std::fs::remove_file(staging.join("linked.txt")).unwrap();
+    // A staged folder symlink (a reparse point to Wine): refused as a path escape.
+    std::os::unix::fs::symlink(&outside, staging.join("escape")).unwrap();
+    let (st, refused) = commit();
+    assert_eq!(st, 400, "{refused:#}");
+    assert_eq!(refused["error"]["code"], "path_escape", "{refused:#}");
+    assert!(refused.to_string().contains("reparse point"), "{refused:#}");
+    assert_eq!(snapshot(&ws), before);
+    std::fs::remove_file(staging.join("escape")).unwrap();
+    assert_eq!(active_checkpoints(&server, id)[0]["state"], "open");
+    // The healthy commit: every file lands (a replaced one, a new folder), staging gone.
+    let (st, ok) = commit();
+    assert_eq!(st, 200, "{ok:#}\nstderr:\n{}", server.stderr());
+    assert_eq!(ok["state"], "committed", "{ok:#}");
+    assert_eq!(ok["files"], 3, "{ok:#}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("data.csv")).unwrap(),
+        "a,b\n3,4\n5,6\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("results").join("summary.json")).unwrap(),
+        "{\"ok\": true}"
+    );
+    assert!(ws.join("runner.json").is_file());
+    assert!(!staging.exists(), "staging left after the commit");
+    assert!(!ws
+        .join(".workbench")
+        .join("checkpoints")
+        .join(format!("{cid}.undo"))
+        .exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.join("secret.txt")).unwrap(),
+        "outside\n"
+    );
+    let inc = server.incident(id, "checkpoint.committed", Duration::from_secs(10));
+    assert_eq!(inc["evidence"]["checkpoint_id"], cid.as_str(), "{inc:#}");
+    // Committed is final: a second commit is refused.
+    let (st, again) = commit();
+    assert_eq!(st, 409, "{again:#}");
+    // A second checkpoint through the API, rolled back on request: the workspace stays.
+    let (st, created) = server.send(
+        http_client()
+            .post(server.api("/api/v1/checkpoints"))
+            .json(&serde_json::json!({"runner_id": id, "workspace": win(&ws)})),
+    );
+    assert_eq!(st, 201, "{created:#}");
+    let second = created["id"].as_str().unwrap().to_string();
+    let staging2 = ws.join(".workbench").join("checkpoints").join(&second);
+    std::fs::write(staging2.join("data.csv"), "a,b\n7,7\n").unwrap();
+    let after_commit = snapshot(&ws);
+    let (st, rb) = server
+        .send(http_client().post(server.api(&format!("/api/v1/checkpoints/{second}/rollback"))));
+    assert_eq!(st, 200, "{rb:#}");
+    assert_eq!(rb["state"], "rolled_back", "{rb:#}");
+    assert!(!staging2.exists());
+    assert_eq!(snapshot(&ws), after_commit);
+    let (st, _) = server.send(http_client().delete(server.api(&format!("/api/v1/runners/{id}"))));
+    assert_eq!(st, 200);
 }
 
 /// The reaper's own Windows process calls (`reaper/src/windows/process.rs`, compiled into

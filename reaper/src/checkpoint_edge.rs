@@ -7,7 +7,11 @@ use stallwatch_storage::control::{
     CheckpointCreated, CheckpointError as WireError, CheckpointOutcome,
 };
 
-use crate::checkpoint::{CheckpointError, Created, Settled};
+use std::path::Path;
+
+use stallwatch_storage::control::{ControlRequest, RegisterError};
+
+use crate::checkpoint::{CheckpointError, Checkpoints, Created, Settled};
 
 impl From<CheckpointError> for WireError {
     fn from(e: CheckpointError) -> Self {
@@ -47,4 +51,66 @@ impl From<Settled> for CheckpointOutcome {
 /// A checkpoint result as a control reply.
 pub fn reply<T, U: From<T>>(r: Result<T, CheckpointError>) -> Result<U, WireError> {
     r.map(U::from).map_err(WireError::from)
+}
+
+/// True for the checkpoint control requests (create, commit, rollback), which
+/// [`answer`] takes.
+pub fn is_checkpoint(req: &ControlRequest) -> bool {
+    matches!(
+        req,
+        ControlRequest::CreateCheckpoint { .. }
+            | ControlRequest::CommitCheckpoint { .. }
+            | ControlRequest::RollbackCheckpoint { .. }
+    )
+}
+
+/// The checkpoint of a runner spawned with a `workspace` (`None` without one), created
+/// before the runner starts so its staging folder can be injected.
+///
+/// Errors: [`RegisterError::Checkpoint`] with the checkpoint's own error.
+pub async fn for_spawn(
+    checkpoints: &Checkpoints,
+    id: &str,
+    workspace: Option<&Path>,
+) -> Result<Option<Created>, RegisterError> {
+    match workspace {
+        Some(ws) => checkpoints
+            .create(id, ws)
+            .await
+            .map(Some)
+            .map_err(|e| RegisterError::Checkpoint(e.into())),
+        None => Ok(None),
+    }
+}
+
+/// Answers a checkpoint control request (create, commit, rollback) with `checkpoints`, on
+/// every platform; `registered` tells whether a runner id is registered (a checkpoint is
+/// created only for one). Any other request is handed back.
+pub async fn answer(
+    checkpoints: &Checkpoints,
+    req: ControlRequest,
+    registered: impl Fn(&str) -> bool,
+) -> Option<ControlRequest> {
+    match req {
+        ControlRequest::CreateCheckpoint {
+            runner_id,
+            workspace,
+            reply: to,
+        } => {
+            let r = if registered(&runner_id) {
+                checkpoints.create(&runner_id, &workspace).await
+            } else {
+                Err(CheckpointError::RunnerNotFound(runner_id))
+            };
+            let _ = to.send(reply(r));
+        }
+        ControlRequest::CommitCheckpoint { id, reply: to } => {
+            let _ = to.send(reply(checkpoints.commit(&id).await));
+        }
+        ControlRequest::RollbackCheckpoint { id, reply: to } => {
+            let _ = to.send(reply(checkpoints.rollback(&id, "requested").await));
+        }
+        other => return Some(other),
+    }
+    None
 }

@@ -8,16 +8,12 @@
 //! Checkpoints, Orphan sweep). Raw process calls live in [`platform`] only.
 
 //!
-//! Process control and checkpoints are Linux code (`cfg(unix)`); the Windows build has its
-//! own [`Reaper`] in `windows/` (spawned runners in Job Objects) and, as `checkpoint`, only
-//! the checkpoint commit step (docs/platforms.md, Windows).
+//! Process control is Linux code (`cfg(unix)`); the Windows build has its own [`Reaper`] in
+//! `windows/` (spawned runners in Job Objects). Checkpoints are shared: the orchestration,
+//! content rules and journal are the same, and only their filesystem seam has a Linux and a
+//! Windows arm (`checkpoint/mod.rs`; docs/platforms.md, Windows).
 
-#[cfg(unix)]
 pub mod checkpoint;
-#[cfg(windows)]
-#[path = "checkpoint/windows.rs"]
-pub mod checkpoint;
-#[cfg(unix)]
 mod checkpoint_edge;
 pub mod config;
 #[cfg(unix)]

@@ -33,27 +33,11 @@ use rustix::fs::{FileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
 use super::paths::{self, check_relative, open_dir_at};
+use super::recover::{roll_forward_entries, EntryMover};
 use super::rollback::names;
 use super::validate::validate_content;
-use super::CheckpointError;
+use super::{CheckpointError, StagedFile};
 use crate::failpoint;
-
-/// One staged file ready to move.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StagedFile {
-    /// Path relative to the staging folder (and to the workspace root).
-    pub rel: PathBuf,
-    /// Device of the validated inode.
-    pub dev: u64,
-    /// The validated inode.
-    pub ino: u64,
-    /// Its size, bytes, and modification time, ns since the epoch: together with the inode
-    /// they tell the validated file from a new one that reused a freed inode number (a
-    /// rename changes neither).
-    pub size: u64,
-    /// Modification time, ns since the Unix epoch.
-    pub mtime_ns: i64,
-}
 
 /// A fully validated commit plan: nothing has been created or moved yet.
 pub struct Plan {
@@ -527,48 +511,48 @@ pub fn roll_forward(
     staging_path: &Path,
     entries: &[StagedFile],
 ) -> Result<(usize, Vec<String>), CheckpointError> {
-    let mut dests = DestDirs {
-        root,
-        workspace,
-        open: HashMap::new(),
-        created: Vec::new(),
+    let mut mover = Mover {
+        dests: DestDirs {
+            root,
+            workspace,
+            open: HashMap::new(),
+            created: Vec::new(),
+        },
+        staging,
+        staging_path,
     };
-    let (mut moved, mut skipped) = (0, Vec::new());
-    for f in entries {
-        check_relative(&f.rel)?;
-        let (parent, name) = parent_and_name(&f.rel);
-        let dst = match dests.get(&parent) {
-            Ok(d) => rustix::io::dup(d).map_err(|e| CheckpointError::io("dup", e.into()))?,
-            Err(e) => {
-                skipped.push(format!("{}: {e}", f.rel.display()));
-                continue;
-            }
-        };
-        if is_validated(&dst, &name, f) {
-            continue; // moved before the crash
-        }
-        let src = match staging {
-            Some(s) => paths::open_below(s, parent.iter(), staging_path)?,
-            None => None,
-        };
-        match src {
-            Some(src) if is_validated(&src, &name, f) => {
-                match move_one(&src, &dst, &name, &f.rel) {
-                    Ok(_) => moved += 1,
-                    Err(e) => skipped.push(format!("{}: {e}", f.rel.display())),
-                }
-            }
-            _ => skipped.push(format!(
-                "{}: neither the staged file nor the destination holds the validated file",
-                f.rel.display()
-            )),
-        }
-    }
-    for fd in dests.open.values() {
+    let r = roll_forward_entries(&mut mover, entries)?;
+    for fd in mover.dests.open.values() {
         let _ = rustix::fs::fsync(fd);
     }
     let _ = rustix::fs::fsync(root);
-    Ok((moved, skipped))
+    Ok(r)
+}
+
+/// The Linux steps of a roll-forward, by descriptor.
+struct Mover<'a> {
+    dests: DestDirs<'a>,
+    staging: Option<&'a OwnedFd>,
+    staging_path: &'a Path,
+}
+
+impl EntryMover for Mover<'_> {
+    fn landed(&mut self, f: &StagedFile) -> Result<bool, CheckpointError> {
+        let (parent, name) = parent_and_name(&f.rel);
+        Ok(is_validated(self.dests.get(&parent)?, &name, f))
+    }
+
+    fn move_staged(&mut self, f: &StagedFile) -> Result<bool, CheckpointError> {
+        let (parent, name) = parent_and_name(&f.rel);
+        let src = match self.staging {
+            Some(s) => paths::open_below(s, parent.iter(), self.staging_path)?,
+            None => None,
+        };
+        let Some(src) = src.filter(|s| is_validated(s, &name, f)) else {
+            return Ok(false);
+        };
+        move_one(&src, self.dests.get(&parent)?, &name, &f.rel).map(|_| true)
+    }
 }
 
 #[cfg(test)]

@@ -6,28 +6,36 @@
 //! folder. One request owns a checkpoint at a time: it claims it in the journal
 //! (`open → committing` or `open → rolling_back`, [`stallwatch_storage::checkpoints`]) and a
 //! second request is refused with [`CheckpointError::NotOpen`] without touching a file.
-//! Commit = claim, validate every file through descriptors and check every destination
-//! without creating anything ([`commit::prepare`]), write the intent journal with each
-//! file's inode (`synchronous=FULL`, the point of no return), then move the files
-//! ([`commit::apply`]). A conflict during the moves undoes them and reopens the checkpoint.
+//! Commit = claim, validate every file without following links and check every
+//! destination without creating anything (`fs::prepare`), write the intent journal with
+//! each file's identity (`synchronous=FULL`, the point of no return), then move the files
+//! (`fs::apply`). A conflict during the moves undoes them and reopens the checkpoint.
 //! On start, before anything else touches a workspace, [`Checkpoints::recover`] rolls every
 //! journaled commit forward and reopens one that had not reached its journal, whether or not
-//! its runner lives. Rollback = claim, delete the staging folder by descriptor.
+//! its runner lives. Rollback = claim, delete the staging folder without following links.
 //!
-//! The module is split along its seams: [`paths`] (path safety), [`validate`] (content
-//! rules), [`commit`] (descriptor-based moves and the journal's inodes), [`rollback`]
-//! (removal without following links), `recover.rs` (settling what nobody will finish: start-up
-//! recovery and a stopped runner's checkpoints). Errors are [`CheckpointError`]
-//! (`error.rs`); the HTTP mapping lives at the edge. The filesystem work is plain blocking code on tokio's blocking pool.
+//! The module is split along its seams. Platform-neutral: this orchestration, [`paths`]
+//! (path rules), [`validate`] (content rules), `recover.rs` (settling what nobody will
+//! finish: start-up recovery and a stopped runner's checkpoints), errors
+//! ([`CheckpointError`], `error.rs`; the HTTP mapping lives at the edge). The filesystem
+//! seam `fs` below has a Linux arm (`paths/fd.rs`, `commit.rs`, `rollback.rs`: directory
+//! descriptors, `renameat2`) and a Windows arm (`fs_windows.rs`, `windows.rs`: folders held
+//! open, `MoveFileExW`; docs/platforms.md, "Checkpoints on Windows"). The filesystem work
+//! is plain blocking code on tokio's blocking pool.
 
+#[cfg(unix)]
 pub mod commit;
 mod error;
+#[cfg(windows)]
+pub mod fs_windows;
 pub mod paths;
 mod recover;
+#[cfg(unix)]
 pub mod rollback;
 pub mod validate;
+#[cfg(windows)]
+pub mod windows;
 
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,7 +47,6 @@ use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
 use stallwatch_storage::{EventBus, Storage};
 
 use crate::stats::ReaperStats;
-pub use commit::StagedFile;
 pub use error::CheckpointError;
 pub use paths::{check_relative, check_workspace, staging_dir, STAGING_ROOT};
 pub use validate::{csv_width_mismatch, has_hdf5_signature, HDF5_SIGNATURE};
@@ -73,9 +80,51 @@ async fn blocking<T: Send + 'static>(
     })?
 }
 
-fn path_of(bytes: &[u8]) -> PathBuf {
-    PathBuf::from(std::ffi::OsString::from_vec(bytes.to_vec()))
+/// One staged file ready to move, as validated and as the intent journal records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedFile {
+    /// Path relative to the staging folder (and to the workspace root).
+    pub rel: PathBuf,
+    /// Device of the validated file: `st_dev` on Linux, the volume serial number on Windows.
+    pub dev: u64,
+    /// The validated file: its inode on Linux, its file index on Windows
+    /// (`GetFileInformationByHandle`).
+    pub ino: u64,
+    /// Its size, bytes, and modification time, ns since the epoch: together with the inode
+    /// they tell the validated file from a new one that reused a freed inode number (a
+    /// rename changes neither).
+    pub size: u64,
+    /// Modification time, ns since the Unix epoch.
+    pub mtime_ns: i64,
 }
+
+/// The filesystem seam of checkpoints (docs/platforms.md, "durable rename"): the same
+/// operations on each platform, called by the platform-neutral orchestration here and in
+/// `recover.rs`. Linux: directory descriptors (`paths/fd.rs`, `commit.rs`, `rollback.rs`);
+/// Windows: folders held open and `MoveFileExW` (`fs_windows.rs`, `windows.rs`).
+#[cfg(unix)]
+mod fs {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::path::{Path, PathBuf};
+
+    pub use super::commit::{apply, prepare, roll_forward};
+    pub use super::paths::{create_staging, open_root, open_staging};
+    pub use super::rollback::remove_staging;
+    use super::CheckpointError;
+
+    /// A path as the journal stores it (its bytes).
+    pub fn path_bytes(p: &Path) -> Result<Vec<u8>, CheckpointError> {
+        Ok(p.as_os_str().as_bytes().to_vec())
+    }
+
+    /// A path from the journal's bytes.
+    pub fn path_of(bytes: &[u8]) -> PathBuf {
+        PathBuf::from(std::ffi::OsString::from_vec(bytes.to_vec()))
+    }
+}
+use fs::path_of;
+#[cfg(windows)]
+use fs_windows as fs;
 
 /// The checkpoint operations with their journal and incidents.
 #[derive(Clone)]
@@ -140,8 +189,8 @@ impl Checkpoints {
         let staging = staging_dir(&ws, &id);
         let (w2, id2) = (ws.clone(), id.clone());
         blocking(move || {
-            let root = paths::open_root(&w2)?;
-            paths::create_staging(&root, &w2, &id2).map(|_| ())
+            let root = fs::open_root(&w2)?;
+            fs::create_staging(&root, &w2, &id2).map(|_| ())
         })
         .await?;
         let now = now_unix_nano();
@@ -149,8 +198,8 @@ impl Checkpoints {
             .create_checkpoint(CheckpointRow {
                 id: id.clone(),
                 runner_id: runner_id.to_string(),
-                workspace: ws.as_os_str().as_bytes().to_vec(),
-                staging: staging.as_os_str().as_bytes().to_vec(),
+                workspace: fs::path_bytes(&ws)?,
+                staging: fs::path_bytes(&staging)?,
                 state: CheckpointState::Open,
                 detail: serde_json::json!({}),
                 created_unix_nano: now,
@@ -210,13 +259,12 @@ impl Checkpoints {
         let (ws, cid) = (path_of(&row.workspace), row.id.clone());
         let staging_path = path_of(&row.staging);
         let prepared = blocking(move || {
-            let root = paths::open_root(&ws)?;
-            let staging = paths::open_staging(&root, &ws, &cid)?.ok_or_else(|| {
-                CheckpointError::Conflict {
+            let root = fs::open_root(&ws)?;
+            let staging =
+                fs::open_staging(&root, &ws, &cid)?.ok_or_else(|| CheckpointError::Conflict {
                     why: format!("staging folder {} is missing", staging_path.display()),
-                }
-            })?;
-            let plan = commit::prepare(&root, &ws, staging, &staging_path)?;
+                })?;
+            let plan = fs::prepare(&root, &ws, staging, &staging_path)?;
             Ok((root, ws, plan))
         })
         .await;
@@ -227,11 +275,15 @@ impl Checkpoints {
                 return Err(e);
             }
         };
-        let journal: Vec<Vec<u8>> = plan
-            .files
-            .iter()
-            .map(|f| f.rel.as_os_str().as_bytes().to_vec())
-            .collect();
+        let journal: Result<Vec<Vec<u8>>, CheckpointError> =
+            plan.files.iter().map(|f| fs::path_bytes(&f.rel)).collect();
+        let journal = match journal {
+            Ok(j) => j,
+            Err(e) => {
+                self.reopen(id).await;
+                return Err(e);
+            }
+        };
         // [dev, ino, size, mtime_ns] of each journaled file, in journal order.
         let inodes: Vec<serde_json::Value> = plan
             .files
@@ -263,9 +315,11 @@ impl Checkpoints {
         let n = plan.files.len();
         let (w2, cid) = (ws.clone(), row.id.clone());
         let applied = blocking(move || {
-            let r = commit::apply(&root, &w2, &plan);
+            let r = fs::apply(&root, &w2, &plan);
+            // The plan holds the staging folders open (on Windows without delete sharing).
+            drop(plan);
             if r.is_ok() {
-                rollback::remove_staging(&root, &w2, &cid)?;
+                fs::remove_staging(&root, &w2, &cid)?;
             }
             r
         })
@@ -343,8 +397,8 @@ impl Checkpoints {
         // Look first (read only): a symlinked staging folder is refused before the claim.
         let (w2, c2) = (path_of(&row.workspace), row.id.clone());
         blocking(move || {
-            let root = paths::open_root(&w2)?;
-            paths::open_staging(&root, &w2, &c2).map(|_| ())
+            let root = fs::open_root(&w2)?;
+            fs::open_staging(&root, &w2, &c2).map(|_| ())
         })
         .await?;
         self.claim(id, CheckpointState::RollingBack).await?;
@@ -361,8 +415,8 @@ impl Checkpoints {
         let id = row.id.as_str();
         let (ws, cid) = (path_of(&row.workspace), row.id.clone());
         blocking(move || {
-            let root = paths::open_root(&ws)?;
-            rollback::remove_staging(&root, &ws, &cid)
+            let root = fs::open_root(&ws)?;
+            fs::remove_staging(&root, &ws, &cid)
         })
         .await?;
         let detail = serde_json::json!({"reason": reason});

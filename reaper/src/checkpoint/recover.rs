@@ -5,6 +5,50 @@
 
 use super::*;
 
+/// One platform's steps of a roll-forward for one journal entry; the loop and its rules
+/// are [`roll_forward_entries`], shared by both arms of the seam.
+pub(super) trait EntryMover {
+    /// Makes the destination folder of `f` ready (created when missing) and says whether
+    /// the destination already holds the validated file.
+    fn landed(&mut self, f: &StagedFile) -> Result<bool, CheckpointError>;
+    /// Moves `f` into the workspace if its staged name still holds the validated file;
+    /// `Ok(false)` when it does not.
+    fn move_staged(&mut self, f: &StagedFile) -> Result<bool, CheckpointError>;
+}
+
+/// The roll-forward rules (module docs of `commit.rs`): an entry whose destination holds
+/// the validated file is done; one whose staged name holds it is moved; anything else is
+/// skipped and reported as `"{path}: {why}"`. A journal entry that is not plain names, or
+/// whose way into staging is a link, ends it with [`CheckpointError::PathEscape`].
+/// Answers the files moved now and the entries skipped.
+pub(super) fn roll_forward_entries(
+    mover: &mut impl EntryMover,
+    entries: &[StagedFile],
+) -> Result<(usize, Vec<String>), CheckpointError> {
+    let (mut moved, mut skipped) = (0, Vec::new());
+    for f in entries {
+        check_relative(&f.rel)?;
+        let skip = |why: &dyn std::fmt::Display| format!("{}: {why}", f.rel.display());
+        match mover.landed(f) {
+            Ok(true) => continue, // moved before the crash
+            Ok(false) => {}
+            Err(e) => {
+                skipped.push(skip(&e));
+                continue;
+            }
+        }
+        match mover.move_staged(f) {
+            Ok(true) => moved += 1,
+            Ok(false) => skipped.push(skip(
+                &"neither the staged file nor the destination holds the validated file",
+            )),
+            Err(e @ CheckpointError::PathEscape { .. }) => return Err(e),
+            Err(e) => skipped.push(skip(&e)),
+        }
+    }
+    Ok((moved, skipped))
+}
+
 impl Checkpoints {
     /// Settles a `committing` checkpoint after a crash: with a journal it is rolled
     /// forward; without one (its commit had changed nothing) it is reopened.
@@ -51,10 +95,11 @@ impl Checkpoints {
             path_of(&row.staging),
         );
         let (_, skipped) = blocking(move || {
-            let root = paths::open_root(&ws)?;
-            let staging = paths::open_staging(&root, &ws, &cid)?;
-            let r = commit::roll_forward(&root, &ws, staging.as_ref(), &sp, &entries)?;
-            rollback::remove_staging(&root, &ws, &cid)?;
+            let root = fs::open_root(&ws)?;
+            let staging = fs::open_staging(&root, &ws, &cid)?;
+            let r = fs::roll_forward(&root, &ws, staging.as_ref(), &sp, &entries)?;
+            drop(staging);
+            fs::remove_staging(&root, &ws, &cid)?;
             Ok(r)
         })
         .await?;
@@ -71,6 +116,32 @@ impl Checkpoints {
     /// runner lives. Answers the ids settled and the errors met.
     pub async fn recover(&self, batch: usize) -> (Vec<String>, Vec<String>) {
         self.for_each_active(None, batch, Settle::Recover).await
+    }
+
+    /// [`recover`](Self::recover) at a reaper's start, before any runner is registered,
+    /// with one log line for what it settled (both reapers call it).
+    pub async fn recover_at_start(&self, batch: usize) {
+        let (recovered, errors) = self.recover(batch).await;
+        if !recovered.is_empty() || !errors.is_empty() {
+            tracing::info!(
+                ?recovered,
+                ?errors,
+                "checkpoints interrupted by a crash settled"
+            );
+        }
+    }
+
+    /// Rolls back the open checkpoints of runner `id` after the reaper stopped it for
+    /// `cause` (trip, `DELETE`, shutdown), on every platform. Answers as
+    /// [`settle_runner`](Self::settle_runner).
+    pub async fn settle_stopped(
+        &self,
+        id: &str,
+        cause: &str,
+        batch: usize,
+    ) -> (Vec<String>, Vec<String>) {
+        self.settle_runner(Some(id), &format!("runner {id} stopped ({cause})"), batch)
+            .await
     }
 
     /// Settles every active checkpoint of `runner_id` (or of every runner): `open` ones are

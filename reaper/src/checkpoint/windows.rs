@@ -12,8 +12,8 @@
 //! file before anything moves.
 //!
 //! Self-contained (std and windows-sys only), so the Windows test probe compiles this very
-//! file and runs it under Wine. The Windows reaper does not take workspace checkpoints yet
-//! (501 `unsupported_platform`); this is the commit step it will call.
+//! file and runs it under Wine. The checkpoint seam's Windows arm (`fs_windows.rs`) moves
+//! every file with [`move_file`] after its own checks.
 
 use std::ffi::OsStr;
 use std::io;
@@ -35,7 +35,7 @@ fn wide(p: &Path) -> Vec<u16> {
 
 /// The attributes of `path` itself (a reparse point is not followed), or `None` when it
 /// does not exist.
-fn attributes(path: &Path) -> io::Result<Option<u32>> {
+pub fn attributes(path: &Path) -> io::Result<Option<u32>> {
     let w = wide(path);
     // SAFETY: `w` is a NUL-terminated wide string that outlives the call.
     #[allow(unsafe_code)]
@@ -178,16 +178,25 @@ pub fn commit_file(staging: &Path, workspace: &Path, rel: &Path) -> io::Result<b
         .open(&from)
         .and_then(|f| f.sync_all())
         .map_err(|e| io::Error::new(e.kind(), format!("cannot flush {}: {e}", from.display())))?;
-    let (wf, wt) = (wide(&from), wide(&to));
+    move_file(&from, &to, true)?;
+    Ok(replaced)
+}
+
+/// `MoveFileExW(from, to, MOVEFILE_WRITE_THROUGH)`, with `MOVEFILE_REPLACE_EXISTING` when
+/// `replace`: returns once the move is on disk. Without `replace` an existing `to` fails
+/// with `AlreadyExists` and nothing moves.
+///
+/// Errors: the system's error naming both paths.
+pub fn move_file(from: &Path, to: &Path, replace: bool) -> io::Result<()> {
+    let (wf, wt) = (wide(from), wide(to));
+    let flags = if replace {
+        MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH
+    } else {
+        MOVEFILE_WRITE_THROUGH
+    };
     // SAFETY: both are NUL-terminated wide strings that outlive the call.
     #[allow(unsafe_code)]
-    let ok = unsafe {
-        MoveFileExW(
-            wf.as_ptr(),
-            wt.as_ptr(),
-            MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH,
-        )
-    };
+    let ok = unsafe { MoveFileExW(wf.as_ptr(), wt.as_ptr(), flags) };
     if ok == 0 {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(
@@ -195,5 +204,5 @@ pub fn commit_file(staging: &Path, workspace: &Path, rel: &Path) -> io::Result<b
             format!("cannot move {} to {}: {e}", from.display(), to.display()),
         ));
     }
-    Ok(replaced)
+    Ok(())
 }

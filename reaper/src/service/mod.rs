@@ -168,18 +168,11 @@ impl Reaper {
         let handle = ReaperHandle { inner };
         // Before anything else touches a workspace: finish the commits and rollbacks a crash
         // interrupted, whether or not their runners live (issue 17 #1).
-        let (recovered, errors) = handle
+        handle
             .inner
             .checkpoints
-            .recover(handle.inner.config.sweep_batch)
+            .recover_at_start(handle.inner.config.sweep_batch)
             .await;
-        if !recovered.is_empty() || !errors.is_empty() {
-            tracing::info!(
-                ?recovered,
-                ?errors,
-                "checkpoints interrupted by a crash settled"
-            );
-        }
         crate::forensics::start(handle.clone());
         for spec in &config.runners {
             // A process of this id left by a crashed run is settled first, so the sweep
@@ -275,27 +268,9 @@ impl ReaperHandle {
             ControlRequest::DeleteRunner { id, reply } => {
                 let _ = reply.send(self.delete(&id).await);
             }
-            ControlRequest::CreateCheckpoint {
-                runner_id,
-                workspace,
-                reply,
-            } => {
-                let r = if self.entry(&runner_id).is_none() {
-                    Err(crate::checkpoint::CheckpointError::RunnerNotFound(
-                        runner_id,
-                    ))
-                } else {
-                    self.inner.checkpoints.create(&runner_id, &workspace).await
-                };
-                let _ = reply.send(checkpoint_edge::reply(r));
-            }
-            ControlRequest::CommitCheckpoint { id, reply } => {
-                let r = self.inner.checkpoints.commit(&id).await;
-                let _ = reply.send(checkpoint_edge::reply(r));
-            }
-            ControlRequest::RollbackCheckpoint { id, reply } => {
-                let r = self.inner.checkpoints.rollback(&id, "requested").await;
-                let _ = reply.send(checkpoint_edge::reply(r));
+            req if checkpoint_edge::is_checkpoint(&req) => {
+                let registered = |id: &str| self.entry(id).is_some();
+                checkpoint_edge::answer(&self.inner.checkpoints, req, registered).await;
             }
             _ => {}
         }

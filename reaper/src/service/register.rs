@@ -13,6 +13,7 @@ use stallwatch_storage::keys::StopCause;
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::runners::{RunnerRow, RunnerRowState};
 
+use crate::checkpoint_edge;
 use crate::platform::{self};
 use crate::runner::{self, OutputTail};
 use crate::terminate::Resume;
@@ -89,16 +90,9 @@ impl ReaperHandle {
                 sock.path.display()
             ))
         })?;
-        let checkpoint = match &spawn.workspace {
-            Some(ws) => Some(
-                self.inner
-                    .checkpoints
-                    .create(&id, ws)
-                    .await
-                    .map_err(|e| RegisterError::Checkpoint(e.into()))?,
-            ),
-            None => None,
-        };
+        let workspace = spawn.workspace.as_deref();
+        let checkpoint =
+            checkpoint_edge::for_spawn(&self.inner.checkpoints, &id, workspace).await?;
         let instance_id = uuid::Uuid::new_v4().to_string();
         let env = runner::runner_env(
             cfg,

@@ -234,14 +234,11 @@ impl ReaperHandle {
         open_spans: &[(TraceId, SpanId)],
     ) {
         let id = entry.id.clone();
+        let batch = self.inner.config.sweep_batch;
         let (rolled, errors) = self
             .inner
             .checkpoints
-            .settle_runner(
-                Some(&id),
-                &format!("runner {id} stopped ({cause})"),
-                self.inner.config.sweep_batch,
-            )
+            .settle_stopped(&id, &cause.to_string(), batch)
             .await;
         let rollback_at = now_unix_nano();
         let mut events = vec![EndEvent {

@@ -14,10 +14,15 @@
 //! code is recorded (137 after `TerminateJobObject`); `runner.terminated` /
 //! `runner.exited` / `runner.crashed` incidents are written.
 //!
+//! Workspace checkpoints are the shared [`Checkpoints`] (its Windows filesystem arm): a
+//! runner spawned with a `workspace` gets its staging folder as `STALLWATCH_CHECKPOINT_DIR`,
+//! a stop (trip, `DELETE`, shutdown) rolls its open checkpoints back as on Linux, and
+//! journaled commits a crash interrupted are rolled forward at start.
+//!
 //! Not on Windows yet, and refused with [`RegisterError::Unsupported`] (HTTP 501) rather
-//! than pretended: attaching an existing process, workspace checkpoints, restarts, the
-//! orphan sweep, stall forensics and storing the runner's output as logs (its last stderr
-//! lines are kept for incidents).
+//! than pretended: attaching an existing process, restarts, the orphan sweep, stall
+//! forensics and storing the runner's output as logs (its last stderr lines are kept for
+//! incidents).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -27,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use stallwatch_storage::control::{
-    valid_runner_id, CheckpointError, ControlRequest, RegisterError, Registered, RunnerChange,
-    RunnerDeleted, RunnerError, RunnerLifecycle, RunnerSpec, SpawnSpec, SpawnedRunner, Trip,
+    valid_runner_id, ControlRequest, RegisterError, Registered, RunnerChange, RunnerDeleted,
+    RunnerError, RunnerLifecycle, RunnerSpec, SpawnSpec, SpawnedRunner, Trip,
 };
 use stallwatch_storage::model::{EventKind, NewIncident, SpanId, TraceId};
 use stallwatch_storage::runners::{ActionRecord, RunnerRow, RunnerRowState};
@@ -38,6 +43,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::checkpoint::Checkpoints;
+use crate::checkpoint_edge;
 use crate::config::ReaperConfig;
 use crate::error::ReaperError;
 use crate::spans::{self, EndEvent, ExitAttrs};
@@ -132,6 +139,7 @@ struct Inner {
     shutdown: CancellationToken,
     stats: Arc<ReaperStats>,
     runners: Mutex<HashMap<String, Arc<Entry>>>,
+    checkpoints: Checkpoints,
 }
 
 /// The reaper (see the module docs). Built with [`Reaper::start`].
@@ -156,17 +164,27 @@ impl Reaper {
         changes: mpsc::Sender<RunnerChange>,
         shutdown: CancellationToken,
     ) -> Result<(ReaperHandle, JoinHandle<()>), ReaperError> {
+        let stats = Arc::new(ReaperStats::default());
         let handle = ReaperHandle {
             inner: Arc::new(Inner {
+                checkpoints: Checkpoints::new(storage.clone(), events.clone(), stats.clone())
+                    .with_data_dir(&config.data_dir),
                 config: config.clone(),
                 storage,
                 events,
                 changes,
                 shutdown: shutdown.clone(),
-                stats: Arc::new(ReaperStats::default()),
+                stats,
                 runners: Mutex::new(HashMap::new()),
             }),
         };
+        // Before anything touches a workspace: finish the commits and rollbacks a crash
+        // interrupted (issue 17 #1), as on Linux.
+        handle
+            .inner
+            .checkpoints
+            .recover_at_start(handle.inner.config.sweep_batch)
+            .await;
         for spec in &config.runners {
             handle
                 .register(spec.clone())
@@ -202,8 +220,8 @@ impl ReaperHandle {
         self.inner.stats.clone()
     }
 
-    /// Answers one control request: `RegisterRunner`, `DeleteRunner`; checkpoint requests
-    /// are refused (no checkpoints on Windows yet). Others belong to the watchdog or `src/`.
+    /// Answers one control request: `RegisterRunner`, `DeleteRunner` and the checkpoint
+    /// requests. Others belong to the watchdog or `src/`.
     pub async fn handle(&self, req: ControlRequest) {
         match req {
             ControlRequest::RegisterRunner { spec, reply } => {
@@ -212,16 +230,9 @@ impl ReaperHandle {
             ControlRequest::DeleteRunner { id, reply } => {
                 let _ = reply.send(self.delete(&id).await);
             }
-            ControlRequest::CreateCheckpoint { reply, .. } => {
-                let _ = reply.send(Err(CheckpointError::InvalidWorkspace(format!(
-                    "workspace checkpoints are {UNSUPPORTED}"
-                ))));
-            }
-            ControlRequest::CommitCheckpoint { id, reply }
-            | ControlRequest::RollbackCheckpoint { id, reply } => {
-                let _ = reply.send(Err(CheckpointError::NotFound(format!(
-                    "no checkpoint {id}"
-                ))));
+            req if checkpoint_edge::is_checkpoint(&req) => {
+                let registered = |id: &str| self.entry(id).is_some();
+                checkpoint_edge::answer(&self.inner.checkpoints, req, registered).await;
             }
             _ => {}
         }

@@ -51,11 +51,40 @@ impl ReaperHandle {
             .heartbeat_socket
             .clone()
             .unwrap_or_else(|| pipe_path(&cfg.data_dir, &id));
+        let workspace = spawn.workspace.as_deref();
+        let checkpoint =
+            checkpoint_edge::for_spawn(&self.inner.checkpoints, &id, workspace).await?;
         let instance_id = uuid::Uuid::new_v4().to_string();
-        let env = runner_env(cfg, &id, &spawn, &pipe, &instance_id);
-        let (mut child, job, created) = spawn_in_job(&spawn, &env).map_err(|e| {
-            RegisterError::SpawnFailed(format!("cannot start runner {id} ({}): {e}", spawn.argv[0]))
-        })?;
+        let mut env = runner_env(cfg, &id, &spawn, &pipe, &instance_id);
+        if let Some(c) = &checkpoint {
+            // As on Linux (reaper/src/runner.rs `runner_env`); the runner's own env wins.
+            for (k, v) in [
+                (
+                    "STALLWATCH_CHECKPOINT_DIR",
+                    c.path.to_string_lossy().into_owned(),
+                ),
+                ("STALLWATCH_CHECKPOINT_ID", c.id.clone()),
+            ] {
+                env.entry(k.to_string()).or_insert(v);
+            }
+        }
+        let spawned = spawn_in_job(&spawn, &env);
+        let (mut child, job, created) = match spawned {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(c) = &checkpoint {
+                    let _ = self
+                        .inner
+                        .checkpoints
+                        .rollback(&c.id, "the runner did not start")
+                        .await;
+                }
+                return Err(RegisterError::SpawnFailed(format!(
+                    "cannot start runner {id} ({}): {e}",
+                    spawn.argv[0]
+                )));
+            }
+        };
         let pid = child.id().unwrap_or(0);
         self.inner
             .stats
@@ -95,7 +124,10 @@ impl ReaperHandle {
             instance_id: Some(instance_id.clone()),
             heartbeat_socket: Some(pipe.to_string_lossy().into_owned()),
             state: RunnerRowState::Running,
-            detail: serde_json::json!({"platform": "windows", "job_object": true}),
+            detail: serde_json::json!({
+                "platform": "windows", "job_object": true,
+                "checkpoint_id": checkpoint.as_ref().map(|c| c.id.clone()),
+            }),
             registered_unix_nano: now,
             updated_unix_nano: now,
         };
@@ -133,13 +165,13 @@ impl ReaperHandle {
             instance_id,
             heartbeat_socket: pipe,
             socket_fallback: None,
-            checkpoint: None,
+            checkpoint: checkpoint.map(Into::into),
         }))
     }
 }
 
-/// The spawn checks of the Linux reaper that apply here, plus: no workspace (checkpoints
-/// are not available) and a heartbeat path that is a named pipe.
+/// The spawn checks of the Linux reaper that apply here, plus a heartbeat path that is a
+/// named pipe. (The workspace is checked when its checkpoint is created.)
 pub(super) fn validate_spawn(spec: &RunnerSpec, spawn: &SpawnSpec) -> Result<(), RegisterError> {
     let bad = RegisterError::Invalid;
     if spawn.argv.is_empty() || spawn.argv[0].is_empty() {
@@ -172,12 +204,6 @@ pub(super) fn validate_spawn(spec: &RunnerSpec, spawn: &SpawnSpec) -> Result<(),
                 p.display()
             )));
         }
-    }
-    if spawn.workspace.is_some() {
-        return Err(RegisterError::Unsupported(format!(
-            "runner {}: workspace checkpoints are {UNSUPPORTED}",
-            spec.id
-        )));
     }
     Ok(())
 }

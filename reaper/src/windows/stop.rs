@@ -221,7 +221,8 @@ impl ReaperHandle {
         })
     }
 
-    /// After a stop: close the runner's spans, record the end, write the incident.
+    /// After a stop: roll back the runner's open checkpoints (as on Linux), close its
+    /// spans, record the end, write the incident.
     pub(super) async fn after_stop(
         &self,
         entry: &Arc<Entry>,
@@ -230,6 +231,12 @@ impl ReaperHandle {
     ) {
         let id = entry.id.clone();
         let cause = report.cause.as_str();
+        let batch = self.inner.config.sweep_batch;
+        let (rolled, errors) = self
+            .inner
+            .checkpoints
+            .settle_stopped(&id, cause, batch)
+            .await;
         let mut events = vec![EndEvent {
             name: "CTRL_BREAK".into(),
             at_unix_nano: report.ctrl_break_unix_nano,
@@ -238,6 +245,12 @@ impl ReaperHandle {
             events.push(EndEvent {
                 name: "TerminateJobObject".into(),
                 at_unix_nano: k,
+            });
+        }
+        if !rolled.is_empty() {
+            events.push(EndEvent {
+                name: "rollback".into(),
+                at_unix_nano: now_unix_nano(),
             });
         }
         let error_type = if cause == "delete" {
@@ -263,7 +276,8 @@ impl ReaperHandle {
             RunnerRowState::Terminated
         };
         let evidence = serde_json::json!({
-            "cause": cause, "report": report, "spans_closed": closed,
+            "cause": cause, "report": report, "checkpoints_rolled_back": rolled,
+            "checkpoint_errors": errors, "spans_closed": closed,
             "last_stderr": entry.stderr_tail(),
         });
         let _ = self

@@ -2,7 +2,8 @@
 //!
 //! `windows-runner <mode> <marker dir>`. It serves the heartbeat named pipe named by
 //! `STALLWATCH_HEARTBEAT_SOCKET` with the real protocol (`PING\n` → `PONG\n`) and writes
-//! `<dir>/<mode>.pid` with its pid at start. Modes:
+//! `<dir>/<mode>.pid` with its pid at start; spawned with a workspace, it also stages
+//! `runner.json` (`{"mode", "checkpoint"}`) in `STALLWATCH_CHECKPOINT_DIR`. Modes:
 //! - `healthy`: answers every ping; exits 0 on `CTRL_BREAK_EVENT`, writing `<dir>/break`;
 //! - `deadlock`: answers for `STALL_AFTER_MS` (default 1000 ms), then stops answering (its
 //!   pipe still accepts, as a process whose heartbeat thread is stuck on a lock); exits 0

@@ -35,6 +35,16 @@ pub fn main() {
         &format!("{mode}.pid"),
         &std::process::id().to_string(),
     );
+    // A runner spawned with a workspace stages its result where stallwatch says
+    // (`STALLWATCH_CHECKPOINT_DIR`), as a tool would.
+    if let Some(staging) = std::env::var_os("STALLWATCH_CHECKPOINT_DIR") {
+        let id = std::env::var("STALLWATCH_CHECKPOINT_ID").unwrap_or_default();
+        write(
+            Path::new(&staging),
+            "runner.json",
+            &format!("{{\"mode\": \"{mode}\", \"checkpoint\": \"{id}\"}}"),
+        );
+    }
     IGNORE_BREAK.store(
         matches!(mode.as_str(), "ignore-break" | "escape" | "child"),
         Ordering::SeqCst,
