@@ -63,12 +63,21 @@ impl Writer {
             self.refuse_unavailable(reqs, gone);
             return;
         }
-        if self.used_bytes >= self.budget_bytes {
+        let need: u64 = reqs.iter().map(|r| r.prepared.bytes() as u64).sum();
+        if self.used_bytes.saturating_add(need) > self.budget_bytes {
+            // The group would pass the budget: delete the oldest first (unless this group
+            // is being served from inside that very step).
             let _ = self.refresh_used();
+            // A request larger than the whole budget cannot fit: it is refused below (or by
+            // SQLite) without deleting anything for it.
+            if self.used_bytes.saturating_add(need) > self.budget_bytes && need <= self.budget_bytes
+            {
+                self.retain_size(need);
+            }
             if self.used_bytes >= self.budget_bytes {
                 let reason = self.full_reason();
                 self.set_full(Some(reason.clone()));
-                self.schedule_size_retention();
+                self.schedule_retention();
                 self.stats
                     .count_refused(RefusedReason::StorageFull, reqs.len() as u64);
                 for r in reqs {
@@ -154,8 +163,9 @@ impl Writer {
                 if self.used_bytes < self.budget_bytes {
                     self.set_full(None);
                 }
-                if self.used_bytes > self.size_target() {
-                    self.schedule_size_retention();
+                if self.used_bytes > self.size_high() {
+                    // Past the high watermark: the oldest go now, before the next group.
+                    self.retain_size(0);
                 }
             }
             Err(e) => {
@@ -170,7 +180,11 @@ impl Writer {
                     Some(Transient::Full) => {
                         let reason = format!("disk full or size cap reached: {e}");
                         self.set_full(Some(reason.clone()));
-                        self.schedule_size_retention();
+                        let _ = self.refresh_used();
+                        if self.used_bytes > self.size_high() {
+                            self.retain_size(0);
+                        }
+                        self.schedule_retention();
                         self.stats
                             .count_refused(RefusedReason::StorageFull, replies.len() as u64);
                         WriteError::Full(reason)
