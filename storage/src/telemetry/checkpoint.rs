@@ -14,7 +14,8 @@
 //! has been checkpointed. Under continuous load a concurrent checkpoint never quite catches
 //! up (the writer appends while it copies), so when the WAL holds more than its bound
 //! (`[storage] max_db_bytes`' WAL share, [`crate::config::wal_budget_bytes`], in frames)
-//! the checkpointer raises a flag and the writer runs one PASSIVE checkpoint itself between
+//! the checkpointer (or the writer, finding the `-wal` file past it after a commit) raises a
+//! flag, the checkpointer stands aside, and the writer runs one PASSIVE checkpoint itself between
 //! two groups (only the tail is left to copy), after which its next transaction rewinds
 //! the WAL; `journal_size_limit` (the same bound) then truncates the file back. While the
 //! WAL is past a quarter of its bound the checkpointer copies at once after a commit
@@ -156,6 +157,12 @@ fn run(conn: Connection, shared: Arc<Shared>) {
             }
         }
         seen = shared.commits.load(Ordering::Acquire);
+        if shared.writer_should_checkpoint.load(Ordering::Acquire) {
+            // The writer copies the tail itself between two groups; a checkpoint here
+            // would hold the lock it needs.
+            last_log = 0;
+            continue;
+        }
         match passive(&conn) {
             Ok((_, log, _)) => {
                 last_log = log;

@@ -86,14 +86,18 @@ impl Writer {
                 return;
             }
         }
-        if self
-            .ckpt
-            .writer_should_checkpoint
-            .swap(false, Ordering::AcqRel)
-        {
+        if self.ckpt.writer_should_checkpoint.load(Ordering::Acquire) {
             // The WAL outgrew its bound: copy its tail so the next transaction rewinds it.
-            if let Err(e) = checkpoint::passive(&self.conn) {
-                tracing::debug!(error = %e, "writer-side WAL checkpoint failed");
+            // The checkpointer stands aside while the flag is up; a checkpoint of its own
+            // still running answers busy, and the flag stays for the next group.
+            match checkpoint::passive(&self.conn) {
+                Ok((0, log, done)) if done >= log => {
+                    self.ckpt
+                        .writer_should_checkpoint
+                        .store(false, Ordering::Release);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "writer-side WAL checkpoint failed"),
             }
         }
         let started = Instant::now();
@@ -159,6 +163,11 @@ impl Writer {
                     }
                 }
                 self.ckpt.note_commit();
+                if self.wal_file_bytes() > self.wal_budget {
+                    self.ckpt
+                        .writer_should_checkpoint
+                        .store(true, Ordering::Release);
+                }
                 let _ = self.refresh_used();
                 if self.used_bytes < self.budget_bytes {
                     self.set_full(None);

@@ -160,6 +160,12 @@ impl TelemetryWriter {
             identity,
             budget_bytes,
             max_db_bytes: config.max_db_bytes,
+            wal_budget: wal_budget_bytes(config.max_db_bytes),
+            wal_path: {
+                let mut p = config.path.clone().into_os_string();
+                p.push("-wal");
+                p.into()
+            },
             page_size,
             used_bytes: 0,
             next_batch_id,
@@ -290,6 +296,10 @@ pub(super) struct Writer {
     pub(super) budget_bytes: u64,
     /// `[storage] max_db_bytes`.
     max_db_bytes: u64,
+    /// The WAL's share of `max_db_bytes`, bytes ([`wal_budget_bytes`]).
+    wal_budget: u64,
+    /// `<database>-wal`.
+    wal_path: std::path::PathBuf,
     pub(super) page_size: u64,
     pub(super) used_bytes: u64,
     next_batch_id: i64,
@@ -431,6 +441,12 @@ impl Writer {
             .db_used_bytes
             .store(self.used_bytes, Ordering::Relaxed);
         Ok(self.used_bytes)
+    }
+
+    /// Size of the `-wal` file (0 when it cannot be read): past [`wal_budget_bytes`] the
+    /// writer checkpoints the tail itself before its next group.
+    pub(super) fn wal_file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.wal_path).map_or(0, |m| m.len())
     }
 
     /// The high watermark: bytes in use above which size retention starts.
