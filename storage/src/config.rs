@@ -18,6 +18,30 @@ pub const DEFAULT_MAX_DB_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// Telemetry ingest stops this many bytes before `max_db_bytes`, so control records
 /// always fit (docs/design.md, Durability levels): 16 MiB.
 pub const CONTROL_RESERVE_BYTES: u64 = 16 * 1024 * 1024;
+/// Smallest share of `max_db_bytes` kept for the write-ahead log (`-wal`): 4 MiB.
+pub const MIN_WAL_BUDGET_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest share of `max_db_bytes` kept for the write-ahead log: 64 MiB.
+pub const MAX_WAL_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The bytes of `max_db_bytes` kept for the write-ahead log: a sixteenth of the cap, at
+/// least [`MIN_WAL_BUDGET_BYTES`] and at most [`MAX_WAL_BUDGET_BYTES`] (4 MiB at the
+/// smallest cap, 64 MiB at the 2 GiB default). The cap bounds the database file plus its
+/// `-wal` and `-shm` (docs/design.md, Durability levels): the file is limited to
+/// `max_db_bytes` minus this, and the WAL is checkpointed and rewound before it passes
+/// this (`journal_size_limit` truncates it back to it).
+pub fn wal_budget_bytes(max_db_bytes: u64) -> u64 {
+    (max_db_bytes / 16).clamp(MIN_WAL_BUDGET_BYTES, MAX_WAL_BUDGET_BYTES)
+}
+
+/// Bytes of the database file telemetry may fill: `max_db_bytes` minus the WAL's share
+/// ([`wal_budget_bytes`]) and [`CONTROL_RESERVE_BYTES`]. Size retention deletes the oldest
+/// telemetry from 85% of it down to 75% (`telemetry/retention.rs`).
+pub fn telemetry_budget_bytes(max_db_bytes: u64) -> u64 {
+    max_db_bytes
+        .saturating_sub(wal_budget_bytes(max_db_bytes))
+        .saturating_sub(CONTROL_RESERVE_BYTES)
+}
+
 /// Default SQLite `busy_timeout`: 5 s.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default interval of the background retention pass: 60 s.
@@ -61,7 +85,8 @@ pub struct StorageConfig {
     pub queue_capacity: usize,
     /// Retention by age.
     pub retention: Duration,
-    /// Database size cap, bytes; telemetry stops [`CONTROL_RESERVE_BYTES`] before it.
+    /// Size cap of the database file plus its `-wal` and `-shm`, bytes; telemetry gets
+    /// [`telemetry_budget_bytes`] of it, the oldest going first.
     pub max_db_bytes: u64,
     /// SQLite `busy_timeout`.
     pub busy_timeout: Duration,

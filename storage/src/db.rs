@@ -144,7 +144,11 @@ impl Storage {
         schema::migrate(&mut control)?;
         control.pragma_update(None, "synchronous", "FULL")?;
         let page_size: i64 = control.pragma_query_value(None, "page_size", |r| r.get(0))?;
-        let max_pages = (config.max_db_bytes / page_size.max(512) as u64).max(64);
+        // The cap bounds the file plus its WAL: the file gets the cap minus the WAL's share.
+        let file_cap = config
+            .max_db_bytes
+            .saturating_sub(crate::config::wal_budget_bytes(config.max_db_bytes));
+        let max_pages = (file_cap / page_size.max(512) as u64).max(64);
         control.pragma_update(None, "max_page_count", max_pages as i64)?;
 
         let ro = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;

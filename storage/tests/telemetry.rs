@@ -811,20 +811,29 @@ async fn size_cap_refuses_then_recovers_after_retention() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir);
     cfg.max_db_bytes = CONTROL_RESERVE_BYTES + 6 * 1024 * 1024;
+    let budget = stallwatch_storage::config::telemetry_budget_bytes(cfg.max_db_bytes);
     let storage = Storage::open(cfg).unwrap();
     let mut full = storage.storage_full();
     assert!(full.borrow().is_none());
+    // At the cap the oldest batches make room: every request that fits is accepted.
+    for i in 0..20u8 {
+        storage.write_traces(big_batch(i, 512)).await.unwrap();
+    }
+    assert!(storage
+        .trace(big_batch(0, 1).resource_spans[0].scope_spans[0].spans[0].trace_id)
+        .await
+        .unwrap()
+        .is_none());
+    // A request larger than telemetry's whole budget cannot fit: refused, nothing deleted for it.
+    let huge = big_batch(200, 8192);
     let mut got_full = false;
-    for i in 0..200u8 {
-        match storage.write_traces(big_batch(i, 512)).await {
-            Ok(()) => {}
-            Err(WriteError::Full(reason)) => {
-                assert!(!reason.is_empty());
-                got_full = true;
-                break;
-            }
-            Err(e) => panic!("unexpected {e}"),
+    match storage.write_traces(huge).await {
+        Ok(()) => {}
+        Err(WriteError::Full(reason)) => {
+            assert!(!reason.is_empty());
+            got_full = true;
         }
+        Err(e) => panic!("unexpected {e}"),
     }
     assert!(got_full, "the size cap never refused a write");
     assert!(full.borrow_and_update().is_some());
@@ -834,11 +843,13 @@ async fn size_cap_refuses_then_recovers_after_retention() {
             .refused(RefusedReason::StorageFull)
             >= 1
     );
-    let report = storage.run_retention().await.unwrap();
+    let newest = big_batch(19, 1).resource_spans[0].scope_spans[0].spans[0].trace_id;
     assert!(
-        report.batches_deleted > 0 || report.bytes_after < report.bytes_before,
-        "{report:?}"
+        storage.trace(newest).await.unwrap().is_some(),
+        "the refusal deleted stored data"
     );
+    let report = storage.run_retention().await.unwrap();
+    assert!(report.bytes_after <= budget, "{report:?}");
     assert!(
         report.bytes_after <= (6 * 1024 * 1024) / 100 * 90 + 16384,
         "{report:?}"

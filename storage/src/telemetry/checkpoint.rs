@@ -9,14 +9,20 @@
 //! no timeout (the writer wakes it through [`Shared::note_commit`]), so an idle sidecar
 //! pays no wake-ups for it.
 //!
-//! Bounding the WAL: SQLite rewinds the WAL at the start of a write transaction once every
-//! frame has been checkpointed. Under continuous load a concurrent checkpoint never quite
-//! catches up (the writer appends while it copies), so when the WAL holds more than
-//! [`WAL_BOUND_FRAMES`] frames the checkpointer raises a flag and the writer runs one
-//! PASSIVE checkpoint itself between two groups (only the tail is left to copy), after
-//! which its next transaction rewinds the WAL.
+//! Bounding the WAL (docs/design.md, Durability levels: `max_db_bytes` bounds the file plus
+//! its WAL): SQLite rewinds the WAL at the start of a write transaction once every frame
+//! has been checkpointed. Under continuous load a concurrent checkpoint never quite catches
+//! up (the writer appends while it copies), so when the WAL holds more than its bound
+//! (`[storage] max_db_bytes`' WAL share, [`crate::config::wal_budget_bytes`], in frames)
+//! the checkpointer (or the writer, finding the `-wal` file past it after a commit) raises a
+//! flag, the checkpointer stands aside, and the writer runs one PASSIVE checkpoint itself between
+//! two groups (only the tail is left to copy), after which its next transaction rewinds
+//! the WAL; `journal_size_limit` (the same bound) then truncates the file back. While the
+//! WAL is past a quarter of its bound the checkpointer copies at once after a commit
+//! instead of gathering commits for [`CHECKPOINT_INTERVAL`], so the writer's share of the
+//! copying stays small at full ingest.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -29,17 +35,17 @@ use crate::error::StorageError;
 
 /// How often the checkpointer looks for new commits.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
-/// WAL frames (pages) above which the writer checkpoints the tail itself: 4096 frames,
-/// 64 MiB at 16 KiB pages.
-pub(crate) const WAL_BOUND_FRAMES: i64 = 4096;
 
 /// State shared by the writer and the checkpointer.
 #[derive(Default)]
 pub(crate) struct Shared {
     /// Commits made by the writer (bumped after each COMMIT).
     pub(crate) commits: AtomicU64,
-    /// Set when the WAL outgrew [`WAL_BOUND_FRAMES`]; the writer checkpoints and clears it.
+    /// Set when the WAL outgrew `bound_frames`; the writer checkpoints and clears it.
     pub(crate) writer_should_checkpoint: AtomicBool,
+    /// WAL frames (pages) above which the writer checkpoints the tail itself: the WAL
+    /// budget over the page size.
+    pub(crate) bound_frames: AtomicI64,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -80,7 +86,13 @@ impl Checkpointer {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.pragma_update(None, "cache_size", 16i64)?;
+        let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
         let shared = Arc::new(Shared::default());
+        shared.bound_frames.store(
+            (crate::config::wal_budget_bytes(config.max_db_bytes) / page_size.max(512) as u64)
+                .max(16) as i64,
+            Ordering::Relaxed,
+        );
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("stallwatch-wal-checkpoint".into())
@@ -115,6 +127,8 @@ impl Drop for Checkpointer {
 
 fn run(conn: Connection, shared: Arc<Shared>) {
     let mut seen = shared.commits.load(Ordering::Acquire);
+    let bound = shared.bound_frames.load(Ordering::Relaxed);
+    let mut last_log: i64 = 0;
     loop {
         {
             // Sleep until a commit happens (no timeout: an idle sidecar never wakes here).
@@ -131,18 +145,28 @@ fn run(conn: Connection, shared: Arc<Shared>) {
                 return;
             }
             // Then let commits gather for one interval, so a busy writer gets one
-            // checkpoint per interval rather than one per commit.
-            let Ok((stop, _)) = shared.wake.wait_timeout(stop, CHECKPOINT_INTERVAL) else {
-                return;
-            };
-            if *stop {
-                return;
+            // checkpoint per interval rather than one per commit; not while the WAL is
+            // already past a quarter of its bound.
+            if last_log <= bound / 4 {
+                let Ok((stop, _)) = shared.wake.wait_timeout(stop, CHECKPOINT_INTERVAL) else {
+                    return;
+                };
+                if *stop {
+                    return;
+                }
             }
         }
         seen = shared.commits.load(Ordering::Acquire);
+        if shared.writer_should_checkpoint.load(Ordering::Acquire) {
+            // The writer copies the tail itself between two groups; a checkpoint here
+            // would hold the lock it needs.
+            last_log = 0;
+            continue;
+        }
         match passive(&conn) {
             Ok((_, log, _)) => {
-                if log > WAL_BOUND_FRAMES {
+                last_log = log;
+                if log > bound {
                     shared
                         .writer_should_checkpoint
                         .store(true, Ordering::Release);

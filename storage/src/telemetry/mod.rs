@@ -11,7 +11,8 @@
 //!
 //! - `encode`: caller-side encoding (CPU work stays off the writer thread);
 //! - `writer`: the writer thread, bounded queue, group commit, deduplication, size cap;
-//! - `retention`: by age and by size, then `incremental_vacuum`;
+//! - `retention`: by size at once when a commit passes the high watermark (oldest first,
+//!   freed pages reused), by age in the periodic pass, then `incremental_vacuum`;
 //! - `read`: trace view, span, services, span names, metric points;
 //! - `trace_search`: trace search over the term postings;
 //! - `logs_read`: log search and the live tail's reads;
@@ -266,8 +267,9 @@ impl Storage {
     /// The encoding runs on the caller's task; the writer thread only runs SQL.
     ///
     /// Errors: [`WriteError::QueueFull`] at once when the queue holds
-    /// `queue_capacity` requests, [`WriteError::Full`] when telemetry reached
-    /// `max_db_bytes` minus [`crate::config::CONTROL_RESERVE_BYTES`] or the disk is full,
+    /// `queue_capacity` requests, [`WriteError::Full`] when the request does not fit in
+    /// telemetry's share of `max_db_bytes` ([`crate::config::telemetry_budget_bytes`]) even
+    /// after the oldest telemetry was deleted for it, or the disk is full,
     /// [`WriteError::Closed`] after [`Storage::shutdown`] (all retryable);
     /// [`WriteError::Failed`] for other commit failures.
     pub async fn write_traces(&self, batch: Arc<TraceBatch>) -> Result<(), WriteError> {
@@ -338,10 +340,10 @@ impl Storage {
         self.inner.telemetry.degraded.clone()
     }
 
-    /// Runs one retention pass now on the writer thread (by age, then by size down to ~90%
-    /// of telemetry's budget, then `PRAGMA incremental_vacuum`). The writer also runs it
-    /// every `retention_interval` and soon after a commit that leaves telemetry over 90% of
-    /// its budget.
+    /// Runs one retention pass now on the writer thread (by age; then, when telemetry uses
+    /// over 85% of its budget, the oldest down to 75%; then `PRAGMA incremental_vacuum`).
+    /// The writer also runs it every `retention_interval` when idle, and runs the size step
+    /// on its own right after any commit that leaves telemetry over 85% of its budget.
     ///
     /// Errors: [`StorageError::Closed`] after shutdown; SQLite failures.
     pub async fn run_retention(&self) -> Result<RetentionReport, StorageError> {

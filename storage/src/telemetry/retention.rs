@@ -1,14 +1,28 @@
-//! Retention: by age ([`crate::StorageConfig::retention`]) and by size (oldest batches go
-//! while telemetry uses more than ~90% of its budget, `max_db_bytes` minus
-//! [`crate::config::CONTROL_RESERVE_BYTES`]), then `PRAGMA incremental_vacuum`.
+//! Retention: by age ([`crate::StorageConfig::retention`]) and by size (docs/design.md,
+//! Durability levels).
 //!
-//! Runs on the writer thread (a periodic tick, a size alarm after a commit, or
-//! [`crate::Storage::run_retention`]), in small transactions; queued writes are served
-//! between chunks so ingest keeps flowing.
+//! Size: telemetry has a budget ([`crate::config::telemetry_budget_bytes`]: `max_db_bytes`
+//! minus the WAL's share and [`crate::config::CONTROL_RESERVE_BYTES`]). Once a commit
+//! leaves more than the high watermark (85%) of it in use, the writer deletes the oldest
+//! telemetry at once, before it takes the next group, down to the low watermark (75%):
+//! the oldest span batches by id range (about [`CHUNK_BYTES`] per transaction, the
+//! queued groups served between chunks), with their trace index entries and term
+//! postings, and the logs and metric points received up to the newest batch deleted. The
+//! pages freed stay in the file's freelist and the next commits reuse them, so the file
+//! neither shrinks nor grows and nothing waits for `incremental_vacuum`. A group that
+//! would pass the budget runs the same step first; only what still does not fit is
+//! refused (503 / UNAVAILABLE, counted as `storage_full`).
+//!
+//! Age: the periodic pass (every `retention_interval`, when the queue is idle) and
+//! [`crate::Storage::run_retention`] delete what is older than the retention, run the size
+//! step if needed, then return free pages to the file system with `PRAGMA
+//! incremental_vacuum`, keeping those below the high watermark while telemetry is near its
+//! budget (they would be reused within moments).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 
 use super::traceidx::{encode_batches, indexed_batches};
 use super::writer::Writer;
@@ -16,15 +30,21 @@ use super::RetentionReport;
 use crate::error::StorageError;
 use crate::model::now_unix_nano;
 
-/// Batches deleted per transaction.
+/// Batches deleted by age per transaction.
 const BATCH_CHUNK: usize = 64;
+/// Stored bytes (index, trace list and payload) of the batches one size-retention
+/// transaction deletes, at most: 8 MiB (a fifth of the telemetry budget at the smallest
+/// cap; a few milliseconds of work).
+pub(super) const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
+/// Most batches one size-retention transaction deletes.
+const CHUNK_MAX_BATCHES: i64 = 1024;
 /// Log records / metric points deleted per transaction.
 const ROW_CHUNK: i64 = 5000;
 /// Pages returned to the file system per `incremental_vacuum` step.
 const VACUUM_STEP_PAGES: i64 = 2048;
 
 impl Writer {
-    /// One full retention pass.
+    /// One full retention pass: by age, by size, then `incremental_vacuum`.
     pub(super) fn retention_pass(&mut self) -> Result<RetentionReport, StorageError> {
         let mut report = RetentionReport {
             bytes_before: self.refresh_used()?,
@@ -52,54 +72,35 @@ impl Writer {
         }
 
         // by size
-        while self.refresh_used()? > self.size_target() {
-            let ids = self.oldest_batches(None)?;
-            if !ids.is_empty() {
-                let last = *ids.last().unwrap_or(&0);
-                let received: Option<i64> = self
-                    .conn
-                    .query_row(
-                        "SELECT received_unix_nano FROM span_batches WHERE id = ?1",
-                        [last],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                self.delete_batches(&ids, &mut report)?;
-                if let Some(t) = received {
-                    loop {
-                        let (logs, points) = self.delete_rows_before(t.saturating_add(1))?;
-                        report.logs_deleted += logs;
-                        report.points_deleted += points;
-                        if logs + points == 0 {
-                            break;
-                        }
-                    }
-                }
-            } else {
-                let (logs, points) = self.delete_oldest_rows()?;
-                report.logs_deleted += logs;
-                report.points_deleted += points;
-                if logs + points == 0 {
-                    break;
-                }
-            }
-            self.serve_pending();
-        }
-
-        if report.points_deleted > 0 {
+        if self.refresh_used()? > self.size_high() {
+            self.retaining = true;
+            let out = self.size_retention(&mut report);
+            self.retaining = false;
+            out?;
+        } else if report.points_deleted > 0 {
             super::metrics_read::recompute_instruments(&self.conn)?;
         }
 
-        // give free pages back
+        // give free pages back, keeping those below the high watermark while telemetry is
+        // near its budget (the next commits reuse them)
+        self.refresh_used()?;
+        let keep_pages = if self.used_bytes >= self.size_low() {
+            self.size_high().saturating_sub(self.used_bytes) / self.page_size
+        } else {
+            0
+        };
         loop {
             let free: i64 = self
                 .conn
                 .pragma_query_value(None, "freelist_count", |r| r.get(0))?;
-            if free == 0 {
+            let extra = free - keep_pages as i64;
+            if extra <= 0 {
                 break;
             }
-            self.conn
-                .execute_batch(&format!("PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})"))?;
+            self.conn.execute_batch(&format!(
+                "PRAGMA incremental_vacuum({})",
+                extra.min(VACUUM_STEP_PAGES)
+            ))?;
             self.serve_pending();
         }
         report.bytes_after = self.refresh_used()?;
@@ -113,6 +114,98 @@ impl Writer {
             tracing::info!(?report, "telemetry retention pass");
         }
         Ok(report)
+    }
+
+    /// The size step on its own (after a commit passed the high watermark, or before a
+    /// group that would not fit): deletes the oldest telemetry down to the low watermark,
+    /// or further when the group of `need` bytes would still not fit. Failures are logged;
+    /// the commit that follows reports the condition.
+    pub(super) fn retain_size(&mut self, need: u64) {
+        if self.retaining {
+            return;
+        }
+        self.retaining = true;
+        let mut report = RetentionReport {
+            bytes_before: self.used_bytes,
+            ..Default::default()
+        };
+        let floor = self.size_low().min(self.budget_bytes.saturating_sub(need));
+        let out = self.size_retention_to(floor, &mut report);
+        self.retaining = false;
+        report.bytes_after = self.used_bytes;
+        self.stats
+            .retention_batches_deleted
+            .fetch_add(report.batches_deleted, Ordering::Relaxed);
+        match out {
+            Ok(()) => tracing::debug!(?report, "telemetry size retention"),
+            Err(e) => tracing::warn!(error = %e, "telemetry size retention failed; will retry"),
+        }
+    }
+
+    fn size_retention(&mut self, report: &mut RetentionReport) -> Result<(), StorageError> {
+        let low = self.size_low();
+        self.size_retention_to(low, report)
+    }
+
+    /// Deletes the oldest telemetry until at most `floor` bytes are in use (or nothing is
+    /// left), serving queued groups between transactions.
+    fn size_retention_to(
+        &mut self,
+        floor: u64,
+        report: &mut RetentionReport,
+    ) -> Result<(), StorageError> {
+        let points_before = report.points_deleted;
+        while self.refresh_used()? > floor {
+            let want = (self.used_bytes - floor).min(CHUNK_BYTES);
+            let batches = self.oldest_batches_by_size(want)?;
+            if let Some(&(last, received)) = batches.last() {
+                let ids: Vec<i64> = batches.iter().map(|b| b.0).collect();
+                self.delete_batches(&ids, report)?;
+                self.idx_cache_forget(last);
+                // logs and points received no later than the newest batch deleted
+                loop {
+                    let (logs, points) = self.delete_rows_before(received.saturating_add(1))?;
+                    report.logs_deleted += logs;
+                    report.points_deleted += points;
+                    if logs < ROW_CHUNK as u64 && points < ROW_CHUNK as u64 {
+                        break;
+                    }
+                }
+            } else {
+                let (logs, points) = self.delete_oldest_rows()?;
+                report.logs_deleted += logs;
+                report.points_deleted += points;
+                if logs + points == 0 {
+                    break;
+                }
+            }
+            self.serve_pending();
+        }
+        if report.points_deleted > points_before {
+            super::metrics_read::recompute_instruments(&self.conn)?;
+        }
+        Ok(())
+    }
+
+    /// The oldest batches, in id order, whose stored bytes add up to at least `want` (at
+    /// least one, at most [`CHUNK_MAX_BATCHES`]): `(id, received_unix_nano)` each. Blob
+    /// lengths come from the record headers; no payload is read.
+    fn oldest_batches_by_size(&mut self, want: u64) -> Result<Vec<(i64, i64)>, rusqlite::Error> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT id, received_unix_nano, length(traces) + length(idx) + length(payload)
+             FROM span_batches ORDER BY id LIMIT ?1",
+        )?;
+        let mut rows = st.query([CHUNK_MAX_BATCHES])?;
+        let mut out = Vec::new();
+        let mut sum = 0u64;
+        while let Some(r) = rows.next()? {
+            out.push((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?));
+            sum += r.get::<_, i64>(2)?.max(0) as u64;
+            if sum >= want {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// Up to [`BATCH_CHUNK`] oldest batch ids, only those received before `cutoff` when
@@ -136,19 +229,25 @@ impl Writer {
         Ok(out)
     }
 
-    /// Deletes batches (the oldest ones, in id order) with their trace entries and
-    /// postings, in one transaction.
+    /// Deletes the oldest batches `ids` (ascending, every stored batch between the first
+    /// and the last) with their trace entries and postings, in one transaction.
     fn delete_batches(
         &mut self,
         ids: &[i64],
         report: &mut RetentionReport,
     ) -> Result<(), StorageError> {
+        let (Some(&lo), Some(&hi)) = (ids.first(), ids.last()) else {
+            return Ok(());
+        };
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        let out = self.delete_batches_tx(ids, report);
-        match out {
+        let mut r = RetentionReport::default();
+        let out = self.delete_batches_tx(lo, hi, &mut r);
+        match out.and_then(|()| Ok(self.conn.execute_batch("COMMIT")?)) {
             Ok(()) => {
-                self.conn.execute_batch("COMMIT")?;
                 self.term_cache.clear();
+                report.batches_deleted += r.batches_deleted;
+                report.spans_deleted += r.spans_deleted;
+                report.traces_deleted += r.traces_deleted;
                 Ok(())
             }
             Err(e) => {
@@ -159,77 +258,100 @@ impl Writer {
         }
     }
 
+    /// The body of [`Writer::delete_batches`] for the batches with ids in `lo..=hi`. The
+    /// rows go first (their pages are free for what follows in the same transaction, so a
+    /// file at its page limit can still be cleaned), then each affected trace once, in
+    /// trace id order: its unmerged entries in `l0`, and its `trace_index` row only when a
+    /// merged batch (id up to `merged_upto`) went.
     fn delete_batches_tx(
         &mut self,
-        ids: &[i64],
+        lo: i64,
+        hi: i64,
         report: &mut RetentionReport,
     ) -> Result<(), StorageError> {
-        for &id in ids {
-            let row: Option<(Vec<u8>, i64)> = self
-                .conn
-                .prepare_cached("SELECT traces, span_count FROM span_batches WHERE id = ?1")?
-                .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?;
-            let Some((list, count)) = row else { continue };
-            for c in list.chunks_exact(16) {
-                let mut t = [0u8; 16];
-                t.copy_from_slice(c);
-                let mut l0_emptied = false;
-                if let Some(l) = self.l0.get_mut(&t) {
-                    l.retain(|b| *b != id);
-                    if l.is_empty() {
-                        self.l0.remove(&t);
-                        l0_emptied = true;
-                    }
+        // trace id -> (deleted batches, any of them merged)
+        let mut traces: BTreeMap<[u8; 16], (Vec<i64>, bool)> = BTreeMap::new();
+        {
+            let mut st = self.conn.prepare_cached(
+                "SELECT id, traces, span_count FROM span_batches WHERE id BETWEEN ?1 AND ?2",
+            )?;
+            let mut rows = st.query(params![lo, hi])?;
+            while let Some(row) = rows.next()? {
+                let id: i64 = row.get(0)?;
+                let list: Vec<u8> = row.get(1)?;
+                let count: i64 = row.get(2)?;
+                for c in list.chunks_exact(16) {
+                    let mut t = [0u8; 16];
+                    t.copy_from_slice(c);
+                    let e = traces.entry(t).or_default();
+                    e.0.push(id);
+                    e.1 |= id <= self.merged_upto;
                 }
-                let mut batches = indexed_batches(&self.conn, &t)?;
-                let before = batches.len();
-                batches.retain(|b| *b != id);
-                if batches.len() == before {
-                    if l0_emptied && before == 0 {
-                        report.traces_deleted += 1;
-                    }
-                    continue;
+                if id > self.merged_upto {
+                    self.l0_batches = self.l0_batches.saturating_sub(1);
                 }
-                if batches.is_empty() {
-                    self.conn
-                        .prepare_cached("DELETE FROM trace_index WHERE trace_id = ?1")?
-                        .execute([&t[..]])?;
-                    report.traces_deleted += 1;
-                } else {
-                    self.conn
-                        .prepare_cached("UPDATE trace_index SET batches = ?2 WHERE trace_id = ?1")?
-                        .execute(params![&t[..], encode_batches(&batches)])?;
-                }
+                report.batches_deleted += 1;
+                report.spans_deleted += count.max(0) as u64;
             }
-            self.conn
-                .prepare_cached("DELETE FROM span_batches WHERE id = ?1")?
-                .execute([id])?;
-            if id > self.merged_upto {
-                self.l0_batches = self.l0_batches.saturating_sub(1);
-            }
-            report.batches_deleted += 1;
-            report.spans_deleted += count.max(0) as u64;
         }
-        if let Some(max_id) = ids.iter().max() {
-            let term_ids: Vec<i64> = {
-                let mut st = self.conn.prepare_cached("SELECT id FROM terms")?;
-                let rows = st.query_map([], |r| r.get(0))?;
-                rows.collect::<Result<_, _>>()?
-            };
-            for tid in term_ids {
-                self.conn
-                    .prepare_cached(
-                        "DELETE FROM batch_terms WHERE term_id = ?1 AND batch_id <= ?2",
-                    )?
-                    .execute(params![tid, max_id])?;
+        self.conn
+            .prepare_cached("DELETE FROM span_batches WHERE id BETWEEN ?1 AND ?2")?
+            .execute(params![lo, hi])?;
+        for (t, (gone, any_merged)) in traces {
+            let mut l0_left = 0;
+            if let Some(l) = self.l0.get_mut(&t) {
+                l.retain(|b| !gone.contains(b));
+                l0_left = l.len();
+                if l0_left == 0 {
+                    self.l0.remove(&t);
+                }
             }
-            self.conn.execute(
+            if !any_merged {
+                // The trace_index row (if any) lists merged batches only: untouched. The
+                // trace is gone when nothing is left in l0 and it has no row (known without
+                // a read when it was new since the last merge).
+                if l0_left == 0
+                    && (self.l0_new.contains(&t) || indexed_batches(&self.conn, &t)?.is_empty())
+                {
+                    report.traces_deleted += 1;
+                }
+                continue;
+            }
+            let mut batches = indexed_batches(&self.conn, &t)?;
+            let before = batches.len();
+            batches.retain(|b| !gone.contains(b));
+            if batches.len() == before {
+                continue;
+            }
+            if batches.is_empty() {
+                self.conn
+                    .prepare_cached("DELETE FROM trace_index WHERE trace_id = ?1")?
+                    .execute([&t[..]])?;
+                if l0_left == 0 {
+                    report.traces_deleted += 1;
+                }
+            } else {
+                self.conn
+                    .prepare_cached("UPDATE trace_index SET batches = ?2 WHERE trace_id = ?1")?
+                    .execute(params![&t[..], encode_batches(&batches)])?;
+            }
+        }
+        let term_ids: Vec<i64> = {
+            let mut st = self.conn.prepare_cached("SELECT id FROM terms")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for tid in term_ids {
+            self.conn
+                .prepare_cached("DELETE FROM batch_terms WHERE term_id = ?1 AND batch_id <= ?2")?
+                .execute(params![tid, hi])?;
+        }
+        self.conn
+            .prepare_cached(
                 "DELETE FROM terms WHERE NOT EXISTS
                     (SELECT 1 FROM batch_terms WHERE batch_terms.term_id = terms.id)",
-                [],
-            )?;
-        }
+            )?
+            .execute([])?;
         Ok(())
     }
 

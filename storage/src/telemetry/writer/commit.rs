@@ -63,12 +63,21 @@ impl Writer {
             self.refuse_unavailable(reqs, gone);
             return;
         }
-        if self.used_bytes >= self.budget_bytes {
+        let need: u64 = reqs.iter().map(|r| r.prepared.bytes() as u64).sum();
+        if self.used_bytes.saturating_add(need) > self.budget_bytes {
+            // The group would pass the budget: delete the oldest first (unless this group
+            // is being served from inside that very step).
             let _ = self.refresh_used();
+            // A request larger than the whole budget cannot fit: it is refused below (or by
+            // SQLite) without deleting anything for it.
+            if self.used_bytes.saturating_add(need) > self.budget_bytes && need <= self.budget_bytes
+            {
+                self.retain_size(need);
+            }
             if self.used_bytes >= self.budget_bytes {
                 let reason = self.full_reason();
                 self.set_full(Some(reason.clone()));
-                self.schedule_size_retention();
+                self.schedule_retention();
                 self.stats
                     .count_refused(RefusedReason::StorageFull, reqs.len() as u64);
                 for r in reqs {
@@ -77,14 +86,18 @@ impl Writer {
                 return;
             }
         }
-        if self
-            .ckpt
-            .writer_should_checkpoint
-            .swap(false, Ordering::AcqRel)
-        {
+        if self.ckpt.writer_should_checkpoint.load(Ordering::Acquire) {
             // The WAL outgrew its bound: copy its tail so the next transaction rewinds it.
-            if let Err(e) = checkpoint::passive(&self.conn) {
-                tracing::debug!(error = %e, "writer-side WAL checkpoint failed");
+            // The checkpointer stands aside while the flag is up; a checkpoint of its own
+            // still running answers busy, and the flag stays for the next group.
+            match checkpoint::passive(&self.conn) {
+                Ok((0, log, done)) if done >= log => {
+                    self.ckpt
+                        .writer_should_checkpoint
+                        .store(false, Ordering::Release);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "writer-side WAL checkpoint failed"),
             }
         }
         let started = Instant::now();
@@ -150,12 +163,18 @@ impl Writer {
                     }
                 }
                 self.ckpt.note_commit();
+                if self.wal_file_bytes() > self.wal_budget {
+                    self.ckpt
+                        .writer_should_checkpoint
+                        .store(true, Ordering::Release);
+                }
                 let _ = self.refresh_used();
                 if self.used_bytes < self.budget_bytes {
                     self.set_full(None);
                 }
-                if self.used_bytes > self.size_target() {
-                    self.schedule_size_retention();
+                if self.used_bytes > self.size_high() {
+                    // Past the high watermark: the oldest go now, before the next group.
+                    self.retain_size(0);
                 }
             }
             Err(e) => {
@@ -170,7 +189,11 @@ impl Writer {
                     Some(Transient::Full) => {
                         let reason = format!("disk full or size cap reached: {e}");
                         self.set_full(Some(reason.clone()));
-                        self.schedule_size_retention();
+                        let _ = self.refresh_used();
+                        if self.used_bytes > self.size_high() {
+                            self.retain_size(0);
+                        }
+                        self.schedule_retention();
                         self.stats
                             .count_refused(RefusedReason::StorageFull, replies.len() as u64);
                         WriteError::Full(reason)

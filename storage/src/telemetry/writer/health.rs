@@ -2,7 +2,7 @@
 //! degraded (transient) conditions published for `/readyz`, and the idle probe that
 //! notices recovery (docs/design.md, Durability and limits).
 
-use crate::config::CONTROL_RESERVE_BYTES;
+use crate::config::{wal_budget_bytes, CONTROL_RESERVE_BYTES};
 use crate::error::{transient_kind, Transient, WriteError};
 use crate::telemetry::stats::RefusedReason;
 
@@ -50,8 +50,11 @@ pub(super) fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
 impl Writer {
     pub(super) fn full_reason(&self) -> String {
         format!(
-            "telemetry reached its share of max_db_bytes ({} of {} bytes in use; {} bytes are kept for control records)",
-            self.used_bytes, self.budget_bytes, CONTROL_RESERVE_BYTES
+            "telemetry reached its share of max_db_bytes ({} of {} bytes in use; {} bytes are kept for control records and {} for the write-ahead log) and retention could not yet delete enough of the oldest",
+            self.used_bytes,
+            self.budget_bytes,
+            CONTROL_RESERVE_BYTES,
+            wal_budget_bytes(self.max_db_bytes)
         )
     }
 

@@ -30,7 +30,7 @@ use super::checkpoint::{self, Checkpointer};
 use super::encode::{BatchIndex, LogRow, PointRow, PreparedTraces};
 use super::stats::{RefusedReason, TelemetryStats};
 use super::RetentionReport;
-use crate::config::{StorageConfig, CONTROL_RESERVE_BYTES};
+use crate::config::{telemetry_budget_bytes, wal_budget_bytes, StorageConfig};
 use crate::db::open_connection;
 use crate::error::{StorageError, Transient, WriteError};
 
@@ -43,12 +43,15 @@ use health::file_identity;
 
 /// Most requests committed in one transaction.
 const MAX_GROUP_REQUESTS: usize = 256;
-/// Most payload bytes committed in one transaction: 32 MiB.
+/// Most payload bytes committed in one transaction: 32 MiB (and at most a quarter of
+/// telemetry's budget).
 const MAX_GROUP_BYTES: usize = 32 * 1024 * 1024;
-/// Size-based retention keeps telemetry under this share of its budget (~90%).
-const SIZE_TARGET_PERCENT: u64 = 90;
-/// Least time between two automatic size-driven retention passes.
-const SIZE_RETENTION_MIN_GAP: Duration = Duration::from_secs(1);
+/// Size retention starts once telemetry uses more than this share of its budget (the high
+/// watermark, 85%) ...
+const SIZE_HIGH_PERCENT: u64 = 85;
+/// ... and deletes the oldest telemetry down to this share (the low watermark, 75%), so
+/// the pages it frees are reused by the next commits and the file stays put.
+const SIZE_LOW_PERCENT: u64 = 75;
 /// Writer connection page cache: 32 MiB.
 const WRITER_CACHE_KIB: i64 = 32 * 1024;
 /// While degraded and idle, how often the writer probes whether storage is back.
@@ -119,10 +122,15 @@ impl TelemetryWriter {
         )?;
         conn.pragma_update(None, "synchronous", config.telemetry_synchronous.pragma())?;
         conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
-        conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024i64)?;
+        // After the WAL is rewound its file is truncated back to its share of the cap.
+        conn.pragma_update(
+            None,
+            "journal_size_limit",
+            wal_budget_bytes(config.max_db_bytes) as i64,
+        )?;
         let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
         let page_size = page_size.max(512) as u64;
-        let budget_bytes = config.max_db_bytes.saturating_sub(CONTROL_RESERVE_BYTES);
+        let budget_bytes = telemetry_budget_bytes(config.max_db_bytes);
         conn.pragma_update(
             None,
             "max_page_count",
@@ -151,6 +159,13 @@ impl TelemetryWriter {
             db_path: config.path.clone(),
             identity,
             budget_bytes,
+            max_db_bytes: config.max_db_bytes,
+            wal_budget: wal_budget_bytes(config.max_db_bytes),
+            wal_path: {
+                let mut p = config.path.clone().into_os_string();
+                p.push("-wal");
+                p.into()
+            },
             page_size,
             used_bytes: 0,
             next_batch_id,
@@ -166,7 +181,7 @@ impl TelemetryWriter {
             l0_new: HashSet::default(),
             retention_interval: config.retention_interval,
             next_retention: Instant::now() + config.retention_interval,
-            last_size_retention: None,
+            retaining: false,
         };
         writer.refresh_used()?;
         writer.reload_l0()?;
@@ -279,7 +294,13 @@ pub(super) struct Writer {
     /// (device, inode) of the database file when opened; `None` if it could not be read.
     identity: Option<(u64, u64)>,
     pub(super) budget_bytes: u64,
-    page_size: u64,
+    /// `[storage] max_db_bytes`.
+    max_db_bytes: u64,
+    /// The WAL's share of `max_db_bytes`, bytes ([`wal_budget_bytes`]).
+    wal_budget: u64,
+    /// `<database>-wal`.
+    wal_path: std::path::PathBuf,
+    pub(super) page_size: u64,
     pub(super) used_bytes: u64,
     next_batch_id: i64,
     pub(super) term_cache: HashMap<(String, String), i64>,
@@ -296,7 +317,9 @@ pub(super) struct Writer {
     pub(super) l0_new: HashSet<[u8; 16], IdBuild>,
     retention_interval: Duration,
     next_retention: Instant,
-    last_size_retention: Option<Instant>,
+    /// True while a size retention step runs (the groups it serves between its chunks do
+    /// not start another).
+    pub(super) retaining: bool,
     recent_logs: RecentLogs,
 }
 
@@ -321,7 +344,6 @@ impl Writer {
                         }
                         Err(RecvTimeoutError::Timeout) => {
                             self.next_retention = Instant::now() + self.retention_interval;
-                            self.last_size_retention = Some(Instant::now());
                             if let Err(e) = self.retention_pass() {
                                 tracing::warn!(error = %e, "telemetry retention pass failed");
                             }
@@ -369,7 +391,10 @@ impl Writer {
         self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
         let mut bytes = first.prepared.bytes();
         let mut reqs = vec![first];
-        while reqs.len() < MAX_GROUP_REQUESTS && bytes < MAX_GROUP_BYTES {
+        // A group never takes more than a quarter of telemetry's budget, so at a small cap
+        // size retention makes room for it by deleting a few of the oldest batches.
+        let max_bytes = MAX_GROUP_BYTES.min((self.budget_bytes / 4) as usize);
+        while reqs.len() < MAX_GROUP_REQUESTS && bytes < max_bytes {
             match self.rx.try_recv() {
                 Ok(Msg::Write(r)) => {
                     self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
@@ -397,14 +422,10 @@ impl Writer {
         }
     }
 
-    fn schedule_size_retention(&mut self) {
-        let due = self
-            .last_size_retention
-            .is_none_or(|t| t.elapsed() >= SIZE_RETENTION_MIN_GAP);
-        if due {
-            self.last_size_retention = Some(Instant::now());
-            self.next_retention = Instant::now();
-        }
+    /// Runs the periodic retention pass at the next idle moment (after a commit failed for
+    /// want of room: the disk is full, or control records used their reserve).
+    fn schedule_retention(&mut self) {
+        self.next_retention = Instant::now();
     }
 
     /// Re-reads the bytes in use (pages minus free pages).
@@ -422,7 +443,19 @@ impl Writer {
         Ok(self.used_bytes)
     }
 
-    pub(super) fn size_target(&self) -> u64 {
-        self.budget_bytes / 100 * SIZE_TARGET_PERCENT
+    /// Size of the `-wal` file (0 when it cannot be read): past [`wal_budget_bytes`] the
+    /// writer checkpoints the tail itself before its next group.
+    pub(super) fn wal_file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.wal_path).map_or(0, |m| m.len())
+    }
+
+    /// The high watermark: bytes in use above which size retention starts.
+    pub(super) fn size_high(&self) -> u64 {
+        self.budget_bytes / 100 * SIZE_HIGH_PERCENT
+    }
+
+    /// The low watermark: bytes in use size retention deletes down to.
+    pub(super) fn size_low(&self) -> u64 {
+        self.budget_bytes / 100 * SIZE_LOW_PERCENT
     }
 }

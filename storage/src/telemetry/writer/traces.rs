@@ -38,6 +38,12 @@ impl Writer {
         Ok(Some(idx))
     }
 
+    /// Drops the cached indexes of batches up to `upto` (deleted by retention), so
+    /// deduplication never sees spans that are no longer stored.
+    pub(in crate::telemetry) fn idx_cache_forget(&mut self, upto: i64) {
+        self.idx_cache.retain(|id, _| *id > upto);
+    }
+
     /// Re-reads the unmerged trace map after a rollback.
     pub(in crate::telemetry) fn reload_l0(&mut self) -> Result<(), rusqlite::Error> {
         self.idx_cache.clear();

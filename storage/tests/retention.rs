@@ -1,0 +1,259 @@
+//! Size retention at the cap on a real SQLite file (issue 16, "Retention keeps up with
+//! ingest"; docs/design.md, Durability levels): sustained writes at the cap are accepted
+//! while the oldest batches go, the database file plus its `-wal` and `-shm` stay within
+//! the cap, and below the high watermark nothing is deleted.
+
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stallwatch_storage::config::telemetry_budget_bytes;
+use stallwatch_storage::model::*;
+use stallwatch_storage::telemetry::{RefusedReason, TraceQuery};
+use stallwatch_storage::{Storage, StorageConfig};
+
+const MIB: u64 = 1024 * 1024;
+
+fn config(dir: &tempfile::TempDir, cap: u64) -> StorageConfig {
+    let mut c = StorageConfig::new(dir.path().join("stallwatch.db"));
+    c.retention_interval = Duration::from_secs(3600);
+    c.max_db_bytes = cap;
+    c
+}
+
+/// Request `seq` of writer `w` shaped like an otlp-blast request: 512 spans in 8-span
+/// traces over two services, each span with a tool name and four 24-character attributes.
+fn request(w: u8, seq: u32) -> Arc<TraceBatch> {
+    let mut x = u64::from(seq) << 8 | u64::from(w);
+    let mut next = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x >> 16
+    };
+    let trace = |i: usize| {
+        let mut t = [0u8; 16];
+        t[0] = w;
+        t[1..5].copy_from_slice(&seq.to_le_bytes());
+        t[5..9].copy_from_slice(&(i as u32 / 8).to_le_bytes());
+        t[15] = 1;
+        TraceId(t)
+    };
+    let resource_spans = ["tauri-backend", "mcp-runner-python"]
+        .iter()
+        .enumerate()
+        .map(|(r, service)| ResourceSpans {
+            resource: Resource {
+                attributes: vec![
+                    KeyValue::new("service.name", AnyValue::String((*service).into())),
+                    KeyValue::new("process.pid", AnyValue::Int(4000 + r as i64)),
+                ],
+                ..Default::default()
+            },
+            scope_spans: vec![ScopeSpans {
+                scope: Scope {
+                    name: "blast".into(),
+                    ..Default::default()
+                },
+                spans: (r * 256..(r + 1) * 256)
+                    .map(|i| {
+                        let mut sid = [0u8; 8];
+                        sid[..4].copy_from_slice(&(i as u32).to_le_bytes());
+                        sid[4..].copy_from_slice(&seq.to_le_bytes());
+                        let mut attributes = vec![KeyValue::new(
+                            "gen_ai.tool.name",
+                            AnyValue::String(
+                                if i % 2 == 0 {
+                                    "run_notebook"
+                                } else {
+                                    "read_file"
+                                }
+                                .into(),
+                            ),
+                        )];
+                        for k in 0..4 {
+                            let v: String = (0..24)
+                                .map(|_| (b'a' + (next() % 26) as u8) as char)
+                                .collect();
+                            attributes.push(KeyValue::new(
+                                format!("workbench.attr.{k}"),
+                                AnyValue::String(v),
+                            ));
+                        }
+                        Span {
+                            trace_id: trace(i),
+                            span_id: SpanId(sid),
+                            name: "tools/call".into(),
+                            start_time_unix_nano: 1_000_000 + u64::from(seq) * 1000 + i as u64,
+                            end_time_unix_nano: 2_000_000 + u64::from(seq) * 1000 + i as u64,
+                            attributes,
+                            ..Default::default()
+                        }
+                    })
+                    .collect(),
+            }],
+        })
+        .collect();
+    Arc::new(TraceBatch { resource_spans })
+}
+
+/// Bytes of the database file, its `-wal` and its `-shm`.
+fn file_set_bytes(db: &Path) -> u64 {
+    ["", "-wal", "-shm"]
+        .iter()
+        .map(|s| {
+            let mut p = db.as_os_str().to_owned();
+            p.push(s);
+            std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 32 * MIB;
+    let cfg = config(&dir, cap);
+    let db = cfg.path.clone();
+    let storage = Storage::open(cfg).unwrap();
+    let budget = telemetry_budget_bytes(cap);
+
+    // sample the file set while two writers keep the writer busy
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak, db) = (stop.clone(), peak.clone(), db.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(file_set_bytes(&db), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    const PER_WRITER: u32 = 100;
+    let writers: Vec<_> = (0..2u8)
+        .map(|w| {
+            let storage = storage.clone();
+            tokio::spawn(async move {
+                let mut refused = Vec::new();
+                for seq in 0..PER_WRITER {
+                    if let Err(e) = storage.write_traces(request(w, seq)).await {
+                        refused.push((seq, e.to_string()));
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for w in writers {
+        refused.extend(w.await.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+
+    let stats = storage.telemetry_stats();
+    assert!(
+        refused.is_empty(),
+        "{} of {} writes refused at the cap, first: {:?}",
+        refused.len(),
+        2 * PER_WRITER,
+        refused.first()
+    );
+    assert_eq!(stats.refused(RefusedReason::StorageFull), 0);
+    assert_eq!(stats.spans_committed(), 2 * u64::from(PER_WRITER) * 512);
+    // The cap was reached several times over: retention deleted most of what was written.
+    let deleted = stats_batches_deleted(&storage);
+    assert!(
+        deleted > u64::from(PER_WRITER),
+        "only {deleted} batches deleted: the cap was never really reached"
+    );
+    assert!(
+        stats.db_used_bytes() <= budget,
+        "{} bytes in use over the telemetry budget {budget}",
+        stats.db_used_bytes()
+    );
+    let peak = peak.load(Ordering::Relaxed);
+    eprintln!(
+        "cap {cap}: file set peak {peak} bytes, {deleted} batches deleted, {} bytes in use of {budget}",
+        stats.db_used_bytes()
+    );
+    assert!(
+        peak <= cap + cap / 10,
+        "database + WAL + shm peaked at {peak} bytes against the {cap}-byte cap"
+    );
+
+    // Oldest first: both writers' first requests are gone, their last ones are whole.
+    for w in 0..2u8 {
+        let first = request(w, 0).resource_spans[0].scope_spans[0].spans[0].trace_id;
+        assert!(
+            storage.trace(first).await.unwrap().is_none(),
+            "writer {w}'s first trace is still stored"
+        );
+        let last = request(w, PER_WRITER - 1);
+        for rs in &last.resource_spans {
+            for s in rs.scope_spans[0].spans.iter().step_by(8) {
+                let view = storage.trace(s.trace_id).await.unwrap();
+                assert_eq!(
+                    view.map(|v| v.spans.len()),
+                    Some(8),
+                    "writer {w}'s newest trace {:?} is not whole",
+                    s.trace_id
+                );
+            }
+        }
+    }
+    // The read API still works over what is left: the newest page is of the newest requests.
+    let page = storage
+        .search_traces(TraceQuery {
+            limit: 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 20);
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
+fn stats_batches_deleted(storage: &Storage) -> u64 {
+    use stallwatch_storage::MetricsSource;
+    let mut text = String::new();
+    storage.telemetry_stats().render_prometheus(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix("stallwatch_storage_retention_batches_deleted_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn below_the_high_watermark_nothing_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 32 * MIB;
+    let storage = Storage::open(config(&dir, cap)).unwrap();
+    let budget = telemetry_budget_bytes(cap);
+    let stats = storage.telemetry_stats();
+    let mut seq = 0;
+    // up to 70% of the budget (the high watermark is 85%)
+    while stats.db_used_bytes() < budget / 100 * 70 {
+        storage.write_traces(request(0, seq)).await.unwrap();
+        seq += 1;
+    }
+    assert!(seq > 4, "only {seq} requests filled 70% of the budget");
+    assert_eq!(stats_batches_deleted(&storage), 0);
+    let report = storage.run_retention().await.unwrap();
+    assert_eq!(report.batches_deleted, 0, "{report:?}");
+    let first = request(0, 0).resource_spans[0].scope_spans[0].spans[0].trace_id;
+    assert_eq!(
+        storage.trace(first).await.unwrap().map(|v| v.spans.len()),
+        Some(8),
+        "the oldest trace went below the high watermark"
+    );
+    storage.shutdown().await;
+}
