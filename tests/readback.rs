@@ -1104,13 +1104,14 @@ fn bench_trace_view_10000_spans() {
     let d = Driver::start(profile.path());
     let url = server.api(&format!("/#/trace/{tid}"));
     let (mut ready, mut painted, mut fetch, mut key) = (vec![], vec![], vec![], vec![]);
+    let (mut before, mut build) = (vec![], vec![]);
     for i in 0..=runs {
         d.goto("about:blank");
         d.goto(&url);
         let r = d.wait_for(
             "the trace view painted",
             Duration::from_secs(60),
-            "const r = window.__traceViewReady; return r && r.painted ? [r.at, r.painted, r.fetched - r.start] : null",
+            "const r = window.__traceViewReady; return r && r.painted ? [r.at, r.painted, r.fetched - r.start, r.start, r.built - r.fetched] : null",
         );
         let k = d.js(
             "const t = performance.now(); document.dispatchEvent(new KeyboardEvent('keydown', {key: 'j', bubbles: true})); \
@@ -1122,6 +1123,8 @@ fn bench_trace_view_10000_spans() {
         ready.push(r[0].as_f64().unwrap());
         painted.push(r[1].as_f64().unwrap());
         fetch.push(r[2].as_f64().unwrap());
+        before.push(r[3].as_f64().unwrap());
+        build.push(r[4].as_f64().unwrap());
         key.push(k.as_f64().unwrap());
     }
     let show = |what: &str, v: Vec<f64>| {
@@ -1136,7 +1139,9 @@ fn bench_trace_view_10000_spans() {
     );
     show("navigation → keyboard-ready", ready);
     show("navigation → first rows painted", painted);
+    show("navigation → trace fetch sent", before);
     show("fetch + JSON parse", fetch);
+    show("model built (tree, order, critical path)", build);
     show("key j handled", key);
     drop(d);
     assert_eq!(server.stop(), Some(0));

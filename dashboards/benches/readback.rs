@@ -10,6 +10,10 @@
 //! tied to a trace, 1 ms apart. Metrics: 10 instruments (sums, gauges, histograms,
 //! exponential histograms) × 10 series × 10,000 points each, 10 s apart (~28 h).
 //!
+//! Each line also gives the process CPU time per request (`CLOCK_PROCESS_CPUTIME_ID`:
+//! server and client together, all threads), which a loaded machine does not inflate as it
+//! does wall time.
+//!
 //! Run: `cargo bench -p stallwatch-dashboards --bench readback`. `STALLWATCH_BENCH_DB`
 //! keeps the database at that path (filled only when it is new); `STALLWATCH_BENCH_RUNS`
 //! sets the requests per query (default 30).
@@ -197,6 +201,12 @@ fn pct(mut v: Vec<Duration>, p: f64) -> Duration {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// CPU time of this process (all threads), ns.
+fn cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -294,8 +304,10 @@ async fn main() {
             let mut v = Vec::new();
             let mut bytes = 0;
             let mut items = 0;
+            let mut cpu = 0;
             for _ in 0..runs {
                 let t = Instant::now();
+                let c = cpu_ns();
                 let r = client
                     .get(format!("http://{addr}{path}"))
                     .send()
@@ -304,6 +316,7 @@ async fn main() {
                 assert!(r.status().is_success(), "{path}: {}", r.status());
                 let body = r.bytes().await.unwrap();
                 v.push(t.elapsed());
+                cpu += cpu_ns() - c;
                 bytes = body.len();
                 let j: serde_json::Value = serde_json::from_slice(&body).unwrap();
                 items = j["items"]
@@ -312,10 +325,11 @@ async fn main() {
                     .map_or(0, Vec::len);
             }
             println!(
-                "{label} {path:<90} {items:>4} items {:>6} KiB  p50 {:>9.2?}  p95 {:>9.2?}",
+                "{label} {path:<90} {items:>4} items {:>6} KiB  p50 {:>9.2?}  p95 {:>9.2?}  cpu/req {:>7.2} ms",
                 bytes / 1024,
                 pct(v.clone(), 0.5),
-                pct(v.clone(), 0.95)
+                pct(v.clone(), 0.95),
+                cpu as f64 / runs as f64 / 1e6
             );
             v
         }

@@ -19,29 +19,39 @@ function tvBuild(t) {
   const byId = new Map(spans.map((s, i) => [s.span_id, i]));
   const kids = spans.map(() => []);
   const roots = [];
-  const start = spans.map(s => BigInt(s.start_time_unix_nano));
+  // times as Numbers: ns offsets from the first span's start, exact below 2^53 ns (~104 days)
+  // as BigInt differences; comparing and sorting Numbers is what keeps the build quick
+  const base = spans.length ? BigInt(spans[0].start_time_unix_nano) : 0n;
+  const off = (ns) => Number(BigInt(ns) - base);
+  const start = spans.map(s => off(s.start_time_unix_nano));
   spans.forEach((s, i) => {
     const p = s.parent_span_id && byId.get(s.parent_span_id);
     if (p !== undefined && p !== null && p !== i) kids[p].push(i); else roots.push(i);
   });
-  const cmp = (a, b) => (start[a] < start[b] ? -1 : start[a] > start[b] ? 1 : 0);
-  kids.forEach(k => k.sort(cmp));
+  const cmp = (a, b) => start[a] - start[b];
+  kids.forEach(k => { if (k.length > 1) k.sort(cmp); });
   roots.sort(cmp);
   let t0 = null, t1 = null;
-  const nowNs = BigInt(Date.now()) * 1000000n;
-  const end = spans.map((s, i) => { const e = BigInt(s.end_time_unix_nano); return e > 0n ? e : start[i]; });
+  const nowNs = Number(BigInt(Date.now()) * 1000000n - base);
+  const end = spans.map((s, i) => (s.end_time_unix_nano && s.end_time_unix_nano !== "0" ? off(s.end_time_unix_nano) : start[i]));
   spans.forEach((s, i) => { if (t0 === null || start[i] < t0) t0 = start[i]; if (t1 === null || end[i] > t1) t1 = end[i]; });
-  if (t0 === null) { t0 = 0n; t1 = 1n; }
+  if (t0 === null) { t0 = 0; t1 = 1; }
   const anyOpen = spans.some(s => s.state === "open");
   // a running span is drawn up to now (this browser's clock), unless now is more than an
   // hour past the trace's last known time (an old span that never ended, or skewed clocks)
-  const toNow = anyOpen && nowNs > t1 && nowNs - t1 < 3600n * 1000000000n;
+  const toNow = anyOpen && nowNs > t1 && nowNs - t1 < 3600e9;
   if (toNow) t1 = nowNs;
   const runEnd = spans.map((s, i) => (s.state === "ended" ? end[i] : t1));
   const depth = new Array(spans.length).fill(0);
   const order = [];
-  const walk = (i, d) => { depth[i] = d; order.push(i); for (const c of kids[i]) walk(c, d + 1); };
-  for (const r of roots) walk(r, 0);
+  // depth-first, children by start time (iterative: a deep chain must not overflow the stack)
+  const stack = roots.slice().reverse().map(i => [i, 0]);
+  while (stack.length) {
+    const [i, d] = stack.pop();
+    depth[i] = d; order.push(i);
+    const k = kids[i];
+    for (let c = k.length - 1; c >= 0; c--) stack.push([k[c], d + 1]);
+  }
   // inferred parents: still running when a child is open, else only "not received"
   const openBelow = new Array(spans.length).fill(false);
   for (let k = order.length - 1; k >= 0; k--) { const i = order[k]; openBelow[i] = spans[i].state === "open" || kids[i].some(c => openBelow[c]); }
@@ -58,7 +68,7 @@ function tvBuild(t) {
       i = best;
     }
   }
-  return { spans, kids, roots, start, runEnd, depth, order, label, critical, t0, t1, toNow, total: Number(t1 - t0) || 1 };
+  return { spans, kids, roots, start, runEnd, depth, order, label, critical, t0, t1, toNow, total: (t1 - t0) || 1 };
 }
 
 function tvTicks(totalNs, n) {
@@ -137,7 +147,7 @@ async function viewTraceV2(traceId, spanId) {
   const rowFor = (pos) => {
     const i = visible[pos];
     const s = m.spans[i];
-    const st = Number(m.start[i] - m.t0), en = Number(m.runEnd[i] - m.t0);
+    const st = m.start[i] - m.t0, en = m.runEnd[i] - m.t0;
     const left = (st / m.total) * 100, width = Math.max(0.3, ((en - st) / m.total) * 100);
     const cls = "wf-bar" + (s.state === "open" ? " open" : s.state === "inferred" ? " inferred" : s.status.code === 2 ? " error" : "") + (m.critical.has(i) ? " critical" : "");
     const running = s.state !== "ended";

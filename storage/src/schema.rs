@@ -40,6 +40,8 @@ const MIGRATIONS: &[&[Step]] = &[
         Sql(crate::telemetry::QUERY_INDEX_SCHEMA),
         Rust(crate::telemetry::backfill_log_bodies),
     ],
+    // 4: the metric point index by series then time (issue 13, points query speed)
+    &[Sql(crate::telemetry::SERIES_INDEX_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

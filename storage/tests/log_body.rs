@@ -230,7 +230,7 @@ async fn migration_3_back_fills_the_body_index_from_stored_rows() {
         c.execute_batch(
             "DROP TRIGGER logs_body_delete;
              DROP TABLE logs_body;
-             DROP INDEX metric_points_series_time;
+             DROP INDEX metric_points_series;
              CREATE INDEX metric_points_name_time ON metric_points(name, time_unix_nano);
              PRAGMA user_version = 2;",
         )

@@ -502,3 +502,72 @@ async fn trace_search_and_filters_several_attributes_and_a_duration_range() {
     assert_eq!(all.operations[1].span_name, "other");
     st.shutdown().await;
 }
+
+/// Migration 4 replaces the `(name, service, time, …)` point index of migration 3 by
+/// `metric_points_series` `(name, service, series, time, …)` on a file an older stallwatch
+/// left, and the points query reads the points stored before it.
+#[tokio::test]
+async fn migration_4_moves_the_point_index_to_series_then_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = open(&dir);
+    let sec = 1_000_000_000u64;
+    let mut pts = Vec::new();
+    for (i, set) in ["a", "b", "a"].iter().enumerate() {
+        let mut p = point(
+            "temp",
+            MetricKind::Gauge,
+            (i as u64 + 1) * sec,
+            &[("set", set)],
+        );
+        p.value = Some(i as f64);
+        pts.push(p);
+    }
+    st.write_metrics(metrics("svc", pts)).await.unwrap();
+    st.shutdown().await;
+    drop(st);
+    let path = dir.path().join("stallwatch.db");
+    let indexes = || -> Vec<String> {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let mut q = c
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'metric_points' AND name LIKE 'metric_points_series%' ORDER BY name")
+            .unwrap();
+        q.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    assert_eq!(indexes(), ["metric_points_series"]);
+    // back to schema 3, as an older stallwatch left it
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "DROP INDEX metric_points_series;
+             CREATE INDEX metric_points_series_time
+                 ON metric_points(name, service, time_unix_nano, series, value, count, sum);
+             PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    assert_eq!(indexes(), ["metric_points_series_time"]);
+    let st = open(&dir);
+    assert_eq!(indexes(), ["metric_points_series"]);
+    let series = st
+        .metric_series(PointsQuery {
+            name: "temp".into(),
+            service: Some("svc".into()),
+            from_unix_nano: 0,
+            to_unix_nano: 10 * sec,
+            step_ns: 10 * sec,
+        })
+        .await
+        .unwrap();
+    let got: Vec<(u64, Option<f64>)> = series
+        .iter()
+        .map(|s| (s.steps[0].points, s.steps[0].value))
+        .collect();
+    assert_eq!(
+        got,
+        [(2, Some(2.0)), (1, Some(1.0))],
+        "set a first, as it arrived"
+    );
+    st.shutdown().await;
+}

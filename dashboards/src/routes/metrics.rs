@@ -7,10 +7,13 @@
 //! `telemetry/metrics_read.rs` and in the OpenAPI document.
 
 use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use stallwatch_storage::model::now_unix_nano;
-use stallwatch_storage::telemetry::{MetricSeries, PointsQuery, MAX_STEPS};
+use stallwatch_storage::telemetry::{MetricSeries, PointsQuery, StepValue, MAX_STEPS};
 
 use crate::error::DashboardError;
 use crate::json::nanos;
@@ -85,35 +88,90 @@ fn step_ns(v: &str) -> Result<u64, DashboardError> {
     Ok(ns as u64)
 }
 
-fn series_json(s: &MetricSeries) -> Value {
-    let points: Vec<Value> = s
-        .steps
-        .iter()
-        .map(|p| {
-            json!({
-                "time_unix_nano": nanos(p.start_unix_nano),
-                "points": p.points,
-                "value": p.value.filter(|v| v.is_finite()),
-                "count": p.count,
-                "sum": p.sum.filter(|v| v.is_finite()),
-                "p50": p.p50.filter(|v| v.is_finite()),
-                "p90": p.p90.filter(|v| v.is_finite()),
-                "p99": p.p99.filter(|v| v.is_finite()),
-            })
-        })
-        .collect();
-    json!({
-        "key": format!("{:016x}", s.key),
-        "service_name": s.resource.service_name(),
-        "resource": { "attributes": serde_json::to_value(Attrs(&s.resource.attributes)).unwrap_or(Value::Null) },
-        "scope": serde_json::to_value(Scp(&s.scope)).unwrap_or(Value::Null),
-        "attributes": serde_json::to_value(Attrs(&s.attributes)).unwrap_or(Value::Null),
-        "type": s.kind.as_str(),
-        "unit": s.unit,
-        "description": s.description,
-        "temporality": s.temporality,
-        "points": points,
-    })
+/// One series' steps as the points JSON, written straight to the output (a points query
+/// answers thousands of steps: one `Value` map per step cost more than the query). Keys in
+/// the order `serde_json::Value` maps write them (sorted), so the bytes are those of the
+/// `json!` form this replaced (test `points_json_matches_the_value_form`).
+struct StepsJ<'a>(&'a [StepValue]);
+
+impl Serialize for StepsJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let fin = |v: Option<f64>| v.filter(|v| v.is_finite());
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for p in self.0 {
+            struct Step<'a>(&'a StepValue, &'a dyn Fn(Option<f64>) -> Option<f64>);
+            impl Serialize for Step<'_> {
+                fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    let (p, fin) = (self.0, self.1);
+                    let mut m = s.serialize_map(Some(8))?;
+                    m.serialize_entry("count", &p.count)?;
+                    m.serialize_entry("p50", &fin(p.p50))?;
+                    m.serialize_entry("p90", &fin(p.p90))?;
+                    m.serialize_entry("p99", &fin(p.p99))?;
+                    m.serialize_entry("points", &p.points)?;
+                    m.serialize_entry("sum", &fin(p.sum))?;
+                    m.serialize_entry("time_unix_nano", &p.start_unix_nano.to_string())?;
+                    m.serialize_entry("value", &fin(p.value))?;
+                    m.end()
+                }
+            }
+            seq.serialize_element(&Step(p, &fin))?;
+        }
+        seq.end()
+    }
+}
+
+/// One series of the points JSON (keys sorted, as [`StepsJ`]); the identity parts go
+/// through `Value` once per series, so they are written exactly as before.
+struct SeriesJ<'a>(&'a MetricSeries);
+
+impl Serialize for SeriesJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let v = |x: Result<Value, serde_json::Error>| x.unwrap_or(Value::Null);
+        let x = self.0;
+        let mut m = s.serialize_map(Some(10))?;
+        m.serialize_entry("attributes", &v(serde_json::to_value(Attrs(&x.attributes))))?;
+        m.serialize_entry("description", &x.description)?;
+        m.serialize_entry("key", &format!("{:016x}", x.key))?;
+        m.serialize_entry("points", &StepsJ(&x.steps))?;
+        m.serialize_entry(
+            "resource",
+            &json!({ "attributes": v(serde_json::to_value(Attrs(&x.resource.attributes))) }),
+        )?;
+        m.serialize_entry("scope", &v(serde_json::to_value(Scp(&x.scope))))?;
+        m.serialize_entry("service_name", x.resource.service_name())?;
+        m.serialize_entry("temporality", &x.temporality)?;
+        m.serialize_entry("type", x.kind.as_str())?;
+        m.serialize_entry("unit", &x.unit)?;
+        m.end()
+    }
+}
+
+/// The points answer (keys sorted, as [`StepsJ`]).
+struct PointsJ<'a> {
+    name: &'a str,
+    from: u64,
+    to: u64,
+    step: u64,
+    series: &'a [MetricSeries],
+}
+
+impl Serialize for PointsJ<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct All<'a>(&'a [MetricSeries]);
+        impl Serialize for All<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().map(SeriesJ))
+            }
+        }
+        let mut m = s.serialize_map(Some(5))?;
+        m.serialize_entry("from_unix_nano", &self.from.to_string())?;
+        m.serialize_entry("name", self.name)?;
+        m.serialize_entry("series", &All(self.series))?;
+        m.serialize_entry("step_ms", &(self.step as f64 / 1e6))?;
+        m.serialize_entry("to_unix_nano", &self.to.to_string())?;
+        m.end()
+    }
 }
 
 /// `GET /api/v1/metrics/{name}/points?service=&from=&to=&step=` → `{"name",
@@ -127,7 +185,7 @@ pub(crate) async fn points(
     State(ctx): State<Shared>,
     Path(name): Path<String>,
     Query(q): Query<Vec<(String, String)>>,
-) -> Result<Json<Value>, DashboardError> {
+) -> Result<Response, DashboardError> {
     let mut p = Params::new(q)?;
     let service = p.string("service")?;
     let to = p
@@ -167,18 +225,120 @@ pub(crate) async fn points(
             step_ns: step,
         })
         .await?;
-    Ok(Json(json!({
-        "name": name,
-        "from_unix_nano": nanos(from),
-        "to_unix_nano": nanos(to),
-        "step_ms": step as f64 / 1e6,
-        "series": series.iter().map(series_json).collect::<Vec<_>>(),
-    })))
+    Ok(Json(PointsJ {
+        name: &name,
+        from,
+        to,
+        step,
+        series: &series,
+    })
+    .into_response())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stallwatch_storage::model::{AnyValue, KeyValue, MetricKind, Resource, Scope};
+    use std::sync::Arc;
+
+    /// The `json!` form the points answer had before [`PointsJ`].
+    fn series_json_value(s: &MetricSeries) -> Value {
+        let points: Vec<Value> = s
+            .steps
+            .iter()
+            .map(|p| {
+                json!({
+                    "time_unix_nano": nanos(p.start_unix_nano),
+                    "points": p.points,
+                    "value": p.value.filter(|v| v.is_finite()),
+                    "count": p.count,
+                    "sum": p.sum.filter(|v| v.is_finite()),
+                    "p50": p.p50.filter(|v| v.is_finite()),
+                    "p90": p.p90.filter(|v| v.is_finite()),
+                    "p99": p.p99.filter(|v| v.is_finite()),
+                })
+            })
+            .collect();
+        json!({
+            "key": format!("{:016x}", s.key),
+            "service_name": s.resource.service_name(),
+            "resource": { "attributes": serde_json::to_value(Attrs(&s.resource.attributes)).unwrap_or(Value::Null) },
+            "scope": serde_json::to_value(Scp(&s.scope)).unwrap_or(Value::Null),
+            "attributes": serde_json::to_value(Attrs(&s.attributes)).unwrap_or(Value::Null),
+            "type": s.kind.as_str(),
+            "unit": s.unit,
+            "description": s.description,
+            "temporality": s.temporality,
+            "points": points,
+        })
+    }
+
+    #[test]
+    fn points_json_matches_the_value_form() {
+        let step = |t: u64, v: Option<f64>, c: Option<u64>| StepValue {
+            start_unix_nano: t,
+            points: 3,
+            value: v,
+            count: c,
+            sum: c.map(|c| c as f64 * 0.25),
+            p50: c.map(|_| 1.5),
+            p90: c.map(|_| f64::INFINITY),
+            p99: None,
+        };
+        let s = MetricSeries {
+            key: 0xab,
+            resource: Arc::new(Resource {
+                attributes: vec![KeyValue::new(
+                    "service.name",
+                    AnyValue::String("api".into()),
+                )],
+                ..Resource::default()
+            }),
+            scope: Arc::new(Scope {
+                name: "sc".into(),
+                version: "1".into(),
+                ..Scope::default()
+            }),
+            attributes: vec![
+                KeyValue::new("z", AnyValue::Int(-3)),
+                KeyValue::new("a", AnyValue::Double(0.1)),
+            ],
+            kind: MetricKind::Histogram,
+            unit: "ms".into(),
+            description: "d \"q\"".into(),
+            temporality: Some("AGGREGATION_TEMPORALITY_DELTA".into()),
+            steps: vec![
+                step(1_767_225_600_000_000_000, Some(-0.5), None),
+                step(2, None, Some(7)),
+                step(3, Some(f64::NAN), Some(0)),
+            ],
+        };
+        let series = vec![
+            s.clone(),
+            MetricSeries {
+                temporality: None,
+                ..s
+            },
+        ];
+        let old = json!({
+            "name": "n",
+            "from_unix_nano": nanos(5),
+            "to_unix_nano": nanos(u64::MAX),
+            "step_ms": 15_000.5,
+            "series": series.iter().map(series_json_value).collect::<Vec<_>>(),
+        });
+        let new = PointsJ {
+            name: "n",
+            from: 5,
+            to: u64::MAX,
+            step: 15_000_500_000,
+            series: &series,
+        };
+        assert_eq!(
+            serde_json::to_string(&new).unwrap(),
+            serde_json::to_string(&old).unwrap()
+        );
+    }
 
     #[test]
     fn steps_parse_like_prometheus_durations() {

@@ -32,13 +32,13 @@ pub(crate) fn body_key(v: &AnyValue) -> String {
 /// Trigrams of a query sent to the index at most: enough to make a long query selective.
 const MAX_QUERY_TRIGRAMS: usize = 12;
 
-/// The FTS5 query for a lowercased body query of 3+ characters: its trigrams, each one
-/// FTS5 string (double quotes doubled, SQLite FTS5 documentation, "FTS5 Strings"), all
-/// required (implicit AND). `detail=none` answers no phrase queries, so adjacency is left
-/// to the check on the decoded body. Every trigram of the query is sent
-/// (overlapping: without positions, only overlapping trigrams tie the query's parts
-/// together); at most [`MAX_QUERY_TRIGRAMS`], spread over the query, the last one always.
-pub(crate) fn fts_query(lower: &str) -> String {
+/// The FTS5 terms of a lowercased body query of 3+ characters: its trigrams, each one
+/// FTS5 string (double quotes doubled, SQLite FTS5 documentation, "FTS5 Strings"), sorted
+/// and distinct. `detail=none` answers no phrase queries, so adjacency is left to the check
+/// on the decoded body. Every trigram of the query is a term (overlapping: without
+/// positions, only overlapping trigrams tie the query's parts together); at most
+/// [`MAX_QUERY_TRIGRAMS`], spread over the query, the last one always.
+fn trigram_terms(lower: &str) -> Vec<String> {
     let chars: Vec<char> = lower.chars().collect();
     let n = chars.len().saturating_sub(2);
     let mut starts: Vec<usize> = (0..n).collect();
@@ -56,7 +56,13 @@ pub(crate) fn fts_query(lower: &str) -> String {
         .collect();
     terms.sort();
     terms.dedup();
-    terms.join(" ")
+    terms
+}
+
+/// The FTS5 query of all of [`trigram_terms`], all required (implicit AND).
+#[cfg(test)]
+pub(crate) fn fts_query(lower: &str) -> String {
+    trigram_terms(lower).join(" ")
 }
 
 /// Whether `lower` (a lowercased body query) can be looked up in the index.
@@ -65,22 +71,49 @@ pub(crate) fn indexable(lower: &str) -> bool {
 }
 
 /// The `FROM` clause of a search driven by the index: each candidate's `logs` row by rowid
-/// (`CROSS JOIN` keeps the index as the outer loop); binds the [`fts_query`] first.
+/// (`CROSS JOIN` keeps the index as the outer loop); binds the [`candidate_query`] first.
 pub(crate) const FROM_CANDIDATES: &str =
     "logs_body CROSS JOIN logs ON logs.id = logs_body.rowid WHERE logs_body MATCH ?";
 
-/// Whether at most [`MAX_INDEX_CANDIDATES`] rows may hold `lower` (the index then drives the
-/// search; it reads at most one id past the bound).
-pub(crate) fn few_candidates(conn: &Connection, lower: &str) -> Result<bool, StorageError> {
-    let n: i64 = conn
-        .prepare_cached(
-            "SELECT count(*) FROM (SELECT rowid FROM logs_body WHERE logs_body MATCH ?1 LIMIT ?2)",
-        )?
-        .query_row(
-            params![fts_query(lower), (MAX_INDEX_CANDIDATES + 1) as i64],
-            |r| r.get(0),
-        )?;
-    Ok(n as usize <= MAX_INDEX_CANDIDATES)
+/// The FTS5 query a body search drives from when at most [`MAX_INDEX_CANDIDATES`] rows may
+/// hold `lower`; `None` when more may (the caller walks the time-ordered indexes).
+///
+/// The query is built from the rare trigrams: each trigram of the query is first counted
+/// in the index up to the bound (`LIMIT`, so a common one costs at most the bound's rowids,
+/// never its whole doclist), and the query ANDs only those under the bound. Intersecting
+/// the doclists of the common trigrams (every row holds "cel" of "cell 499") cost more
+/// than the rest of the search, and adds nothing to a candidate set the rare ones already
+/// bound: any subset of the trigrams still selects every matching row (each candidate is
+/// checked against its decoded body). When no single trigram is rare, all of them are
+/// ANDed and counted as a whole. Reads at most one rowid past the bound per count.
+pub(crate) fn candidate_query(
+    conn: &Connection,
+    lower: &str,
+) -> Result<Option<String>, StorageError> {
+    let terms = trigram_terms(lower);
+    let cap = MAX_INDEX_CANDIDATES as i64 + 1;
+    let mut count = conn.prepare_cached(
+        "SELECT count(*) FROM (SELECT rowid FROM logs_body WHERE logs_body MATCH ?1 LIMIT ?2)",
+    )?;
+    let mut rare = Vec::new();
+    if terms.len() > 1 {
+        for t in &terms {
+            let n: i64 = count.query_row(params![t, cap], |r| r.get(0))?;
+            if n == 0 {
+                // no row holds this trigram: nothing matches
+                return Ok(Some(t.clone()));
+            }
+            if n < cap {
+                rare.push(t.as_str());
+            }
+        }
+    }
+    if !rare.is_empty() {
+        return Ok(Some(rare.join(" ")));
+    }
+    let all = terms.join(" ");
+    let n: i64 = count.query_row(params![all, cap], |r| r.get(0))?;
+    Ok((n < cap).then_some(all))
 }
 
 /// Migration 3's back-fill: indexes the body of every stored log row, in the migration's
@@ -160,9 +193,47 @@ mod tests {
         assert_eq!(candidates(&conn, "on ref"), vec![1], "across words");
         assert_eq!(candidates(&conn, "refus"), vec![3, 1]);
         assert_eq!(candidates(&conn, "nothing"), Vec::<i64>::new());
-        assert!(few_candidates(&conn, "refus").unwrap());
+        assert_eq!(
+            candidate_query(&conn, "refus").unwrap().as_deref(),
+            Some(r#""efu" "fus" "ref""#),
+            "every trigram is rare here"
+        );
         conn.execute("DELETE FROM logs_body WHERE rowid = 1", [])
             .unwrap();
         assert_eq!(candidates(&conn, "refus"), vec![3]);
+    }
+
+    /// The index is asked for the rare trigrams only; a text whose every trigram is common
+    /// is left to the walk; a trigram no row holds answers no candidate at once.
+    #[test]
+    fn the_candidate_query_keeps_the_rare_trigrams() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(super::super::schema::LOGS_BODY_SCHEMA)
+            .unwrap();
+        let mut ins = conn
+            .prepare("INSERT INTO logs_body(rowid, body) VALUES (?1, ?2)")
+            .unwrap();
+        for id in 1..=MAX_INDEX_CANDIDATES as i64 + 1 {
+            ins.execute(params![id, format!("cell {} ok", id % 97)])
+                .unwrap();
+        }
+        ins.execute(params![0, "cell zebra ok"]).unwrap();
+        let q = candidate_query(&conn, "cell zeb").unwrap();
+        assert_eq!(q.as_deref(), Some(r#"" ze" "l z" "zeb""#));
+        assert_eq!(
+            candidates(&conn, "cell zeb"),
+            vec![0],
+            "the full query agrees"
+        );
+        assert_eq!(candidate_query(&conn, "cell").unwrap(), None, "common");
+        let none = candidate_query(&conn, "cell qq").unwrap().unwrap();
+        let n: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM logs_body WHERE logs_body MATCH ?1",
+                [&none],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, 0, "{none}");
     }
 }

@@ -12,8 +12,8 @@
 //! with a cursor to go on from (the same contract as a normal page end).
 //!
 //! A body query of 3+ characters (without a trace id, whose records are few) first asks
-//! the body index (`log_body.rs`, FTS5 trigram): when at most [`super::MAX_INDEX_CANDIDATES`]
-//! rows may match, those rows drive instead (filtered and sorted in SQL, each checked
+//! the body index (`log_body.rs`, FTS5 trigram, from the query's rare trigrams): when at
+//! most [`super::MAX_INDEX_CANDIDATES`] rows may match, those rows drive instead (filtered and sorted in SQL, each checked
 //! against its decoded body), so a rare text costs its candidates, not a scan. A common
 //! text is found quickly by the walk above.
 //!
@@ -25,7 +25,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection};
 
 use super::encode::value_text;
-use super::log_body::{few_candidates, fts_query, indexable, FROM_CANDIDATES};
+use super::log_body::{candidate_query, indexable, FROM_CANDIDATES};
 use super::read::snapshot;
 use super::{StoredLog, DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
 use crate::error::StorageError;
@@ -349,15 +349,15 @@ fn search_by_body(
     (ct, ci): (i64, i64),
     min_sev: i32,
 ) -> Result<Option<LogPage>, LogQueryError> {
-    if !few_candidates(conn, lower)? {
+    let Some(fts) = candidate_query(conn, lower)? else {
         return Ok(None);
-    }
+    };
     let mut sql = format!(
         "SELECT id, time_unix_nano FROM {FROM_CANDIDATES}
          AND time_unix_nano <= ? AND (time_unix_nano, id) < (?, ?)"
     );
     let mut args = vec![
-        SqlValue::Text(fts_query(lower)),
+        SqlValue::Text(fts),
         SqlValue::Integer(ct),
         SqlValue::Integer(ct),
         SqlValue::Integer(ci),

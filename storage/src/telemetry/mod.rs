@@ -28,6 +28,8 @@ mod log_body;
 mod logs_read;
 mod metrics_hist;
 mod metrics_read;
+#[cfg(test)]
+mod metrics_read_v3;
 mod read;
 mod retention;
 mod schema;
@@ -54,7 +56,9 @@ pub use logs_read::{
 };
 pub use metrics_read::{Instrument, MetricSeries, PointsQuery, StepValue, MAX_STEPS};
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
-pub(crate) use schema::{LOGS_BODY_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA, SCHEMA};
+pub(crate) use schema::{
+    LOGS_BODY_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA, SCHEMA, SERIES_INDEX_SCHEMA,
+};
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
 pub use writer::Degraded;
 pub(crate) use writer::TelemetryWriter;

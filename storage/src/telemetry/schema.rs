@@ -168,7 +168,8 @@ CREATE VIRTUAL TABLE logs_body USING fts5(
 /// - `metric_points_series_time`: a covering index for the points query
 ///   (`name, service, time_unix_nano` then the aggregated columns), replacing
 ///   `metric_points_name_time`; a query without a service seeks once per service of the
-///   instrument (`metric_instruments`).
+///   instrument (`metric_instruments`). Replaced by `metric_points_series` in migration 4
+///   ([`SERIES_INDEX_SCHEMA`]).
 pub(crate) const QUERY_INDEX_SCHEMA: &str = "
 CREATE TRIGGER logs_body_delete AFTER DELETE ON logs BEGIN
     DELETE FROM logs_body WHERE rowid = old.id;
@@ -176,4 +177,16 @@ END;
 DROP INDEX metric_points_name_time;
 CREATE INDEX metric_points_series_time
     ON metric_points(name, service, time_unix_nano, series, value, count, sum);
+";
+
+/// DDL of migration 4 (issue 13, points query speed): `metric_points_series`, the covering
+/// index `(name, service, series, time_unix_nano, value, count, sum)` replacing
+/// `metric_points_series_time`. The points query reads each series' window as one index
+/// range already in time order and groups it by step as it streams, so no temporary
+/// B-tree sorts the window's rows (`metrics_read.rs`); the distinct series of an
+/// instrument are found by a skip-scan, one seek per series.
+pub(crate) const SERIES_INDEX_SCHEMA: &str = "
+DROP INDEX metric_points_series_time;
+CREATE INDEX metric_points_series
+    ON metric_points(name, service, series, time_unix_nano, value, count, sum);
 ";
