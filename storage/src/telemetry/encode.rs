@@ -136,10 +136,11 @@ impl PreparedTraces {
     }
 }
 
-/// Builds the local term table of a batch.
+/// Builds the local term table of a batch. Looked up several times per span, so it
+/// hashes with foldhash (seeded per process) rather than SipHash (issue 16's profile).
 #[derive(Default)]
 struct TermTable {
-    by_key: HashMap<&'static str, HashMap<String, u32>>,
+    by_key: foldhash::HashMap<&'static str, foldhash::HashMap<String, u32>>,
     terms: Vec<(String, String)>,
 }
 

@@ -162,3 +162,67 @@ fn pid_binding_after_registration() {
     l.bind_pid(777, "rp");
     assert_eq!(l.runner_tool_spans("rp"), vec![key(6)]);
 }
+
+fn numbered_key(i: u64) -> SpanKey {
+    let mut t = [0u8; 16];
+    t[..8].copy_from_slice(&i.to_le_bytes());
+    SpanKey {
+        trace_id: TraceId(t),
+        span_id: SpanId(i.to_le_bytes()),
+    }
+}
+
+/// The memory of ended keys: an ended span is refused a late re-open for at least
+/// `RECENTLY_ENDED_CAPACITY` later ends, and the memory stays bounded (forgotten by twice
+/// that), whether or not the span was ever open.
+#[test]
+fn an_ended_key_is_remembered_for_at_least_the_capacity_and_then_forgotten() {
+    let cfg = WatchdogConfig::default();
+    let t0 = Instant::now();
+    let mut l = Ledger::new();
+    // the first end lands at every position of a generation in turn (0 and CAPACITY - 1 are
+    // the extremes of how long it is kept)
+    for warmup in [0u64, 1, RECENTLY_ENDED_CAPACITY as u64 - 1] {
+        let mut l2 = Ledger::new();
+        for i in 0..warmup {
+            l2.close(numbered_key(1_000_000_000 + i));
+        }
+        let k = numbered_key(7);
+        l2.close(k);
+        for i in 0..RECENTLY_ENDED_CAPACITY as u64 {
+            l2.close(numbered_key(2_000_000_000 + i));
+        }
+        assert!(
+            l2.ended.contains(&k),
+            "forgotten within {RECENTLY_ENDED_CAPACITY} later ends (warm-up {warmup})"
+        );
+        for i in 0..RECENTLY_ENDED_CAPACITY as u64 {
+            l2.close(numbered_key(3_000_000_000 + i));
+        }
+        assert!(
+            !l2.ended.contains(&k),
+            "still remembered after twice the capacity (warm-up {warmup})"
+        );
+        assert!(l2.ended.current.len() + l2.ended.previous.len() <= 2 * RECENTLY_ENDED_CAPACITY);
+    }
+    // through `apply`: an end, many other ends, then a late open record is still refused
+    let mut rec = open(9, None, true);
+    if let Record::Open(r) = &mut rec {
+        r.key = numbered_key(9);
+    }
+    assert_eq!(
+        l.apply(&Record::Ended(numbered_key(9)), t0, 1, &cfg, &|_| None),
+        Applied::Ignored
+    );
+    for i in 0..(RECENTLY_ENDED_CAPACITY as u64 - 1) {
+        l.close(numbered_key(4_000_000_000 + i));
+    }
+    assert_eq!(l.apply(&rec, t0, 2, &cfg, &|_| None), Applied::Ignored);
+    assert!(l.is_empty());
+    // the healthy case: a span never ended opens
+    let mut fresh = open(10, None, true);
+    if let Record::Open(r) = &mut fresh {
+        r.key = numbered_key(10);
+    }
+    assert_eq!(l.apply(&fresh, t0, 3, &cfg, &|_| None), Applied::Opened);
+}
