@@ -14,6 +14,7 @@ use stallwatch_storage::control::{Observation, ObservedData};
 use stallwatch_storage::{Storage, Transient, WriteError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
+use crate::chunks::{ChunkedTraces, TraceChunker};
 use crate::config::CollectorConfig;
 use crate::cors::CorsPolicy;
 use crate::decode::{self, Format, Limits};
@@ -171,16 +172,21 @@ impl Budget {
             budget: self.clone(),
             permit: None,
             bytes: 0,
+            decode: 0,
         }
     }
 }
 
-/// The bytes one request holds against the [`Budget`].
+/// The bytes one request holds against the [`Budget`]: its body and the decode-time
+/// memory charged for it.
 #[derive(Debug)]
 pub(crate) struct Charge {
     budget: Budget,
     permit: Option<OwnedSemaphorePermit>,
+    /// Everything held, bytes.
     bytes: usize,
+    /// Of `bytes`, the decode-time share ([`Charge::grow_for_decode`]), bytes.
+    decode: usize,
 }
 
 impl Charge {
@@ -202,8 +208,11 @@ impl Charge {
         self.budget.stats.inflight_add(n);
         Ok(())
     }
-    /// Takes the decode-time memory of a `body_bytes` body in `format` (the records it
-    /// becomes), capped so that this request holds at most the whole budget.
+    /// Holds the decode-time memory of a `body_bytes` body in `format` (what decoding it
+    /// holds besides the body), capped so that this request holds at most the whole
+    /// budget. Called again with the final size, it takes only the difference: a transport
+    /// charges it when the body's length is declared, before reading it, so a concurrent
+    /// export that cannot be decoded is refused before it is read.
     pub(crate) fn grow_for_decode(
         &mut self,
         body_bytes: usize,
@@ -213,12 +222,16 @@ impl Charge {
             Format::Protobuf => DECODE_CHARGE_PER_PROTOBUF_BYTE,
             Format::Json => DECODE_CHARGE_PER_JSON_BYTE,
         };
-        let room = self.budget.total.saturating_sub(self.bytes);
-        self.grow(body_bytes.saturating_mul(per_byte).min(room))
+        let room = self.budget.total.saturating_sub(self.body_bytes());
+        let want = body_bytes.saturating_mul(per_byte).min(room);
+        let more = want.saturating_sub(self.decode);
+        self.grow(more)?;
+        self.decode += more;
+        Ok(())
     }
-    /// Bytes held.
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes
+    /// Body bytes held (everything but the decode-time share).
+    pub(crate) fn body_bytes(&self) -> usize {
+        self.bytes - self.decode
     }
 }
 
@@ -236,7 +249,7 @@ pub(crate) struct Accepted {
 }
 
 enum Batch {
-    Traces(decode::Decoded<stallwatch_storage::model::TraceBatch>),
+    Traces(decode::Decoded<ChunkedTraces>),
     Logs(decode::Decoded<stallwatch_storage::model::LogBatch>),
     Metrics(decode::Decoded<stallwatch_storage::model::MetricBatch>),
 }
@@ -418,7 +431,26 @@ impl IngestState {
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
                 Signal::Traces => {
-                    Batch::Traces(decode::decode_traces(&body, format, &limits).map_err(bad)?)
+                    // Encoded chunk by chunk as it decodes: the records are never all held.
+                    let mut chunker = TraceChunker::default();
+                    let d = decode::decode_traces_into(&body, format, &limits, &mut chunker);
+                    drop(body);
+                    let d = match d {
+                        Ok(d) => d,
+                        Err(e) => {
+                            return Err(match chunker.take_failure() {
+                                Some(w) => refusal_for_write(w),
+                                None => bad(e),
+                            })
+                        }
+                    };
+                    let chunked = chunker.finish().map_err(refusal_for_write)?;
+                    Batch::Traces(decode::Decoded {
+                        batch: chunked,
+                        rejected: d.rejected,
+                        rejected_end_before_start: d.rejected_end_before_start,
+                        message: d.message,
+                    })
                 }
                 Signal::Logs => {
                     Batch::Logs(decode::decode_logs(&body, format, &limits).map_err(bad)?)
@@ -446,28 +478,38 @@ impl IngestState {
         let storage = &self.inner.storage;
         let (accepted, data) = match batch {
             Batch::Traces(d) => {
-                let n = d.batch.span_count();
+                let ChunkedTraces {
+                    chunks,
+                    open,
+                    ended,
+                    spans: n,
+                } = d.batch;
                 stats.refuse_records(
                     RefuseReason::InvalidId,
                     d.rejected - d.rejected_end_before_start,
                 );
                 stats.refuse_records(RefuseReason::EndBeforeStart, d.rejected_end_before_start);
-                let b = Arc::new(d.batch);
                 if n > 0 {
-                    self.write(n, storage.write_traces(Arc::clone(&b)).await)?;
+                    self.write(n, storage.write_trace_chunks(chunks).await)?;
                     stats.committed(n, 0, 0);
                 }
                 let acc = Accepted {
                     rejected: d.rejected,
                     message: d.message,
                 };
-                (acc, (n > 0).then_some(ObservedData::Spans(b)))
+                let observed = ObservedData::Traces {
+                    open: Arc::new(open),
+                    ended: Arc::new(ended),
+                };
+                (acc, (n > 0).then_some(observed))
             }
             Batch::Logs(d) => {
                 let n = d.batch.record_count();
-                let b = Arc::new(d.batch);
+                // The watchdog reads only the open-span records; the rest are freed once
+                // storage encoded them, before the commit.
+                let b = Arc::new(d.batch.watchdog_view());
                 if n > 0 {
-                    self.write(n, storage.write_logs(Arc::clone(&b)).await)?;
+                    self.write(n, storage.write_logs(Arc::new(d.batch)).await)?;
                     stats.committed(0, n, 0);
                 }
                 let acc = Accepted {

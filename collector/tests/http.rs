@@ -362,7 +362,7 @@ async fn observation_after_commit_carries_the_spans_and_arrival_time() {
     let obs = h.next_observation().await;
     assert!(obs.received >= before);
     match obs.data {
-        ObservedData::Spans(b) => assert_eq!(b.span_count(), 2),
+        ObservedData::Traces { open, ended } => assert_eq!(open.span_count() + ended.len(), 2),
         other => panic!("{other:?}"),
     }
     // By the time it was observed, it is committed.

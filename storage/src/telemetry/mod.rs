@@ -231,6 +231,34 @@ pub enum QueryError {
     Storage(#[from] StorageError),
 }
 
+/// A slice of a trace export encoded for the writer on the caller's side (postcard payload
+/// and per-span index, in-chunk duplicates already cut): what [`Storage::write_trace_chunks`]
+/// stores as one `span_batches` row. Holding these instead of the records keeps a large
+/// export's memory near its stored size.
+#[derive(Debug)]
+pub struct TraceChunk(encode::PreparedTraces);
+
+impl TraceChunk {
+    /// Encodes `batch` (a slice of one export request).
+    ///
+    /// Errors: [`WriteError::Failed`] when postcard cannot encode it (a bug).
+    pub fn encode(batch: &TraceBatch) -> Result<Self, WriteError> {
+        encode::prepare_traces(batch)
+            .map(TraceChunk)
+            .map_err(WriteError::Failed)
+    }
+
+    /// Bytes the chunk holds (payload plus its index), bytes.
+    pub fn bytes(&self) -> usize {
+        self.0.bytes()
+    }
+
+    /// Spans in the chunk after in-chunk deduplication.
+    pub fn span_count(&self) -> usize {
+        self.0.index.spans.len()
+    }
+}
+
 /// A metric data point as read back.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredMetricPoint {
@@ -286,7 +314,33 @@ impl Storage {
             return Ok(());
         }
         let prepared = encode::prepare_traces(&batch).map_err(WriteError::Failed)?;
+        drop(batch);
         w.submit(writer::Prepared::Traces(prepared)).await
+    }
+
+    /// Queues a trace export that the caller encoded in chunks ([`TraceChunk::encode`], a
+    /// slice of its spans each) and resolves once every chunk is committed: all chunks go
+    /// in ONE transaction, each as its own `span_batches` row, so the request is stored
+    /// whole or not at all and is acknowledged only after its COMMIT. Deduplication runs
+    /// across chunks as across requests (the writer sees the earlier chunks' rows in the
+    /// same transaction). Decode-time memory stays bounded: the caller holds the encoded
+    /// chunks instead of the whole request's records, and SQLite copies one chunk at a time
+    /// (issue 17 #14). Errors: as [`Storage::write_traces`].
+    pub async fn write_trace_chunks(&self, chunks: Vec<TraceChunk>) -> Result<(), WriteError> {
+        let w = &self.inner.telemetry;
+        w.precheck()?;
+        if let Some(why) = self.ingest_paused() {
+            return Err(WriteError::Full(why));
+        }
+        let chunks: Vec<_> = chunks
+            .into_iter()
+            .map(|c| c.0)
+            .filter(|c| !c.index.spans.is_empty())
+            .collect();
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        w.submit(writer::Prepared::TraceChunks(chunks)).await
     }
 
     /// Queues a log export (one row per record, linked to its trace/span when it carries
@@ -301,6 +355,9 @@ impl Storage {
             return Ok(());
         }
         let rows = encode::prepare_logs(&batch).map_err(WriteError::Failed)?;
+        // Not held during the commit: a caller that passed its only reference frees the
+        // records here.
+        drop(batch);
         w.submit(writer::Prepared::Logs(rows)).await
     }
 
@@ -316,6 +373,9 @@ impl Storage {
             return Ok(());
         }
         let rows = encode::prepare_metrics(&batch).map_err(WriteError::Failed)?;
+        // Not held during the commit: a caller that passed its only reference frees the
+        // records here.
+        drop(batch);
         w.submit(writer::Prepared::Metrics(rows)).await
     }
 

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::scalar::{
     boolean, double, enumeration, f64_field, hex_id, i32_field, list, object, opt_f64_field,
-    opt_object, parse_root, ranged, string, take, u32_field, u64_field, Obj,
+    opt_object, ranged, string, take, u32_field, u64_field, Obj,
 };
 use super::{attributes, envelope, key_values};
 use crate::decode::path::Path;
@@ -18,11 +18,8 @@ fn temporality_from_name(s: &str) -> Option<i32> {
 
 /// Decodes an OTLP/JSON `ExportMetricsServiceRequest` (also a `MetricsData`).
 pub(crate) fn metrics(body: &[u8]) -> Result<ExportMetricsServiceRequest, DecodeError> {
-    let Some(mut root) = parse_root(body)? else {
-        return Ok(ExportMetricsServiceRequest::default());
-    };
     let resource_metrics = envelope(
-        &mut root,
+        body,
         [
             ("resourceMetrics", "resource_metrics"),
             ("scopeMetrics", "scope_metrics"),
