@@ -253,7 +253,7 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
                     // Uncompressed: its decode-time memory is known now, so a concurrent
                     // export that cannot be decoded is refused before its body is read.
                     if flag == 0 {
-                        if let Err(r) = charge.grow_for_decode(len, Format::Protobuf) {
+                        if let Err(r) = charge.grow_for_decode(len, signal, Format::Protobuf) {
                             return refuse(&state, r);
                         }
                     }

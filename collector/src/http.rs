@@ -240,7 +240,7 @@ async fn export(state: IngestState, signal: Signal, req: Request) -> Response {
     // An identity-coded body of a declared length: its decode-time memory is known now, so
     // a concurrent export that cannot be decoded is refused before its body is read.
     if codings.is_empty() && reserved > 0 {
-        if let Err(r) = charge.grow_for_decode(reserved, format) {
+        if let Err(r) = charge.grow_for_decode(reserved, signal, format) {
             return refuse(r);
         }
     }

@@ -32,14 +32,39 @@ pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
 /// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
 /// larger or compressed ones on the blocking pool, bytes.
 const INLINE_DECODE_BYTES: usize = 256 * 1024;
-/// Decode-time memory charged against `max_inflight_bytes` per byte of a protobuf body,
-/// on top of the body itself: the records built from it take ~2–3× its wire size (issue
-/// 17 #14; `tests/memory.rs` bounds the peak). A request never charges more than the whole
-/// budget, so one request of `max_request_bytes` is always admitted when nothing else is
-/// in flight.
+/// Decode-time memory charged against `max_inflight_bytes` per byte of a protobuf trace
+/// body, on top of the body itself: what decoding it holds besides the body (the encoded
+/// chunks, the watchdog's view, the chunk being built), issue 17 #14. Measured: one 19 MiB
+/// export raises peak RSS by ~3.4× (HTTP) / ~3.6× (gRPC) its body, of which 1× is the body
+/// and ~0.4× the writer's fixed 8 MiB page cache, so ~2× is per byte decoded (debug build,
+/// `cargo test -p stallwatch --test tests memory:: -- --nocapture --test-threads=1`). A
+/// request never charges more than the whole budget, so one request of
+/// `max_request_bytes` is always admitted when nothing else is in flight.
 const DECODE_CHARGE_PER_PROTOBUF_BYTE: usize = 2;
-/// The same for an OTLP/JSON body, which is larger than the records it holds.
+/// The same for an OTLP/JSON trace body (larger than the records it holds): ~2.4× growth
+/// for a 19.7 MiB body, of which 1× body and ~0.4× page cache, so ~1×.
 const DECODE_CHARGE_PER_JSON_BYTE: usize = 1;
+/// The same for a protobuf log body: decoded whole, then encoded record by record, freeing
+/// each record (~4.4× growth for a 19 MiB export, so ~3×).
+const DECODE_CHARGE_PER_PROTOBUF_LOG_BYTE: usize = 3;
+/// The same for a protobuf metrics body: decoded whole into wire types, then points, then
+/// rows (~5.8–6.8× growth for a 19 MiB export of one gauge with 93k points, so ~5×).
+const DECODE_CHARGE_PER_PROTOBUF_METRIC_BYTE: usize = 5;
+/// The same for OTLP/JSON log and metrics bodies (walked one record at a time into wire
+/// types, then as protobuf; not measured apart: charged as protobuf bytes would be, and a
+/// JSON body holds about half as many records per byte).
+const DECODE_CHARGE_PER_JSON_LOG_OR_METRIC_BYTE: usize = 2;
+
+/// Decode-time memory per body byte of `signal` in `format` (the constants above).
+fn decode_charge_per_byte(signal: Signal, format: Format) -> usize {
+    match (signal, format) {
+        (Signal::Traces, Format::Protobuf) => DECODE_CHARGE_PER_PROTOBUF_BYTE,
+        (Signal::Traces, Format::Json) => DECODE_CHARGE_PER_JSON_BYTE,
+        (Signal::Logs, Format::Protobuf) => DECODE_CHARGE_PER_PROTOBUF_LOG_BYTE,
+        (Signal::Metrics, Format::Protobuf) => DECODE_CHARGE_PER_PROTOBUF_METRIC_BYTE,
+        (Signal::Logs | Signal::Metrics, Format::Json) => DECODE_CHARGE_PER_JSON_LOG_OR_METRIC_BYTE,
+    }
+}
 
 /// Which OTLP signal an export carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,7 +233,7 @@ impl Charge {
         self.budget.stats.inflight_add(n);
         Ok(())
     }
-    /// Holds the decode-time memory of a `body_bytes` body in `format` (what decoding it
+    /// Holds the decode-time memory of a `body_bytes` body of `signal` in `format` (what decoding it
     /// holds besides the body), capped so that this request holds at most the whole
     /// budget. Called again with the final size, it takes only the difference: a transport
     /// charges it when the body's length is declared, before reading it, so a concurrent
@@ -216,12 +241,10 @@ impl Charge {
     pub(crate) fn grow_for_decode(
         &mut self,
         body_bytes: usize,
+        signal: Signal,
         format: Format,
     ) -> Result<(), Refusal> {
-        let per_byte = match format {
-            Format::Protobuf => DECODE_CHARGE_PER_PROTOBUF_BYTE,
-            Format::Json => DECODE_CHARGE_PER_JSON_BYTE,
-        };
+        let per_byte = decode_charge_per_byte(signal, format);
         let room = self.budget.total.saturating_sub(self.body_bytes());
         let want = body_bytes.saturating_mul(per_byte).min(room);
         let more = want.saturating_sub(self.decode);
@@ -427,7 +450,7 @@ impl IngestState {
         let inline = raw.len() <= INLINE_DECODE_BYTES && codings.is_empty();
         let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
             let body = decompress::decompress(raw, &codings, limit, charge)?;
-            charge.grow_for_decode(body.len(), format)?;
+            charge.grow_for_decode(body.len(), signal, format)?;
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
                 Signal::Traces => {
@@ -605,6 +628,38 @@ mod tests {
                 assert!(st.details().is_empty());
             }
         }
+    }
+
+    #[test]
+    fn decode_memory_is_charged_once_and_capped_at_the_whole_budget() {
+        let budget = Budget::new(1000, Arc::new(IngestStats::default()));
+        let mut a = budget.charge();
+        a.grow(100).unwrap();
+        a.grow_for_decode(100, Signal::Traces, Format::Protobuf)
+            .unwrap();
+        assert_eq!(a.bytes, 100 + 100 * DECODE_CHARGE_PER_PROTOBUF_BYTE);
+        // charged again with the final size: only the difference
+        a.grow(20).unwrap();
+        a.grow_for_decode(120, Signal::Traces, Format::Protobuf)
+            .unwrap();
+        assert_eq!(a.bytes, 120 + 120 * DECODE_CHARGE_PER_PROTOBUF_BYTE);
+        assert_eq!(a.body_bytes(), 120);
+        drop(a);
+        // a body as large as the budget is admitted alone: the decode share is capped
+        let mut big = budget.charge();
+        big.grow(600).unwrap();
+        big.grow_for_decode(600, Signal::Traces, Format::Protobuf)
+            .unwrap();
+        assert_eq!(big.bytes, 1000);
+        // and a second request waits its turn (refused, retryable)
+        let mut second = budget.charge();
+        assert!(matches!(second.grow(1), Err(Refusal::Busy { .. })));
+        drop(big);
+        second.grow(100).unwrap();
+        second
+            .grow_for_decode(100, Signal::Traces, Format::Json)
+            .unwrap();
+        assert_eq!(second.bytes, 100 + 100 * DECODE_CHARGE_PER_JSON_BYTE);
     }
 
     #[test]

@@ -354,10 +354,13 @@ impl Storage {
         if batch.record_count() == 0 {
             return Ok(());
         }
-        let rows = encode::prepare_logs(&batch).map_err(WriteError::Failed)?;
-        // Not held during the commit: a caller that passed its only reference frees the
-        // records here.
-        drop(batch);
+        // A caller that passed its only reference gets each record freed as it is
+        // encoded: the records and their rows are never all held at once.
+        let rows = match Arc::try_unwrap(batch) {
+            Ok(owned) => encode::prepare_logs_owned(owned),
+            Err(shared) => encode::prepare_logs(&shared),
+        }
+        .map_err(WriteError::Failed)?;
         w.submit(writer::Prepared::Logs(rows)).await
     }
 
@@ -372,10 +375,13 @@ impl Storage {
         if batch.point_count() == 0 {
             return Ok(());
         }
-        let rows = encode::prepare_metrics(&batch).map_err(WriteError::Failed)?;
-        // Not held during the commit: a caller that passed its only reference frees the
-        // records here.
-        drop(batch);
+        // A caller that passed its only reference gets each record freed as it is
+        // encoded: the records and their rows are never all held at once.
+        let rows = match Arc::try_unwrap(batch) {
+            Ok(owned) => encode::prepare_metrics_owned(owned),
+            Err(shared) => encode::prepare_metrics(&shared),
+        }
+        .map_err(WriteError::Failed)?;
         w.submit(writer::Prepared::Metrics(rows)).await
     }
 
