@@ -2,7 +2,8 @@
 //!
 //! The CPU-heavy part of a write (postcard encoding, term extraction, in-request
 //! deduplication) runs here, on the caller's task, so the single writer thread only runs
-//! SQL. A trace request becomes one `span_batches` row: a per-span index
+//! SQL. A trace request (or each ~1 MiB chunk of a large one, [`super::TraceChunk`])
+//! becomes one `span_batches` row: a per-span index
 //! ([`BatchIndex`], small, decoded by searches) and a payload holding the resources and
 //! scopes once plus each span's postcard body, length-delimited so a duplicate can be cut
 //! out by slicing.

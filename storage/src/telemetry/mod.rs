@@ -2,7 +2,8 @@
 //! thread, and the trace read queries.
 //!
 //! Layout, chosen for 170k spans/s durable on two cores: an export request of spans is
-//! stored as ONE `span_batches` row (a compact per-span index plus a postcard payload),
+//! stored as ONE `span_batches` row, or one per ~1 MiB chunk of a large request, all in one
+//! transaction (a compact per-span index plus a postcard payload),
 //! each trace has ONE summary row in `traces` (counts, root, and its known-span set for
 //! deduplication), and search goes through per-batch term postings (`terms`,
 //! `batch_terms`) for service, span name, tool name, status ERROR and the indexed
