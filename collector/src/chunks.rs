@@ -253,4 +253,45 @@ mod tests {
             .collect();
         assert_eq!(out.ended, ended);
     }
+
+    #[test]
+    fn a_large_json_export_is_walked_into_chunks_whatever_its_member_order() {
+        // `scopeSpans` before `resource`: the resource is still every chunk's.
+        let big = "y".repeat(1024);
+        let spans: Vec<String> = (1..=3000u64)
+            .map(|i| {
+                format!(
+                    r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"op","startTimeUnixNano":"10","endTimeUnixNano":"{}","attributes":[{{"key":"p","value":{{"stringValue":"{big}"}}}}]}}"#,
+                    i / 10 + 1,
+                    i,
+                    if i % 100 == 0 { 0 } else { 20 }
+                )
+            })
+            .collect();
+        let body = format!(
+            r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{}],"scope":{{"name":"s"}}}}],"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"json-svc"}}}}]}}}}]}}"#,
+            spans.join(",")
+        );
+        let mut chunker = TraceChunker::default();
+        let d = decode_traces_into(body.as_bytes(), Format::Json, &LIMITS, &mut chunker).unwrap();
+        assert_eq!(d.rejected, 0);
+        let out = chunker.finish().unwrap();
+        assert_eq!(out.spans, 3000);
+        assert!(out.chunks.len() >= 3, "{} chunks", out.chunks.len());
+        assert_eq!(
+            out.chunks.iter().map(TraceChunk::span_count).sum::<usize>(),
+            3000
+        );
+        assert_eq!(out.ended.len(), 2970);
+        assert_eq!(out.open.span_count(), 30);
+        let (res, scope, _) = out.open.spans().next().unwrap();
+        assert_eq!(res.service_name(), "json-svc");
+        assert_eq!(scope.name, "s");
+        // The same records as the whole-request decode.
+        let whole = decode_traces(body.as_bytes(), Format::Json, &LIMITS)
+            .unwrap()
+            .batch;
+        assert_eq!(whole.span_count(), 3000);
+        assert_eq!(whole.resource_spans[0].resource.service_name(), "json-svc");
+    }
 }
