@@ -35,20 +35,20 @@ const INLINE_DECODE_BYTES: usize = 256 * 1024;
 /// Decode-time memory charged against `max_inflight_bytes` per byte of a protobuf trace
 /// body, on top of the body itself: what decoding it holds besides the body (the encoded
 /// chunks, the watchdog's view, the chunk being built), issue 17 #14. Measured: one 19 MiB
-/// export raises peak RSS by ~3.4× (HTTP) / ~3.6× (gRPC) its body, of which 1× is the body
+/// export raises peak RSS by 3.3–3.7× (HTTP) / 3.5–3.8× (gRPC) its body, of which 1× is the body
 /// and ~0.4× the writer's fixed 8 MiB page cache, so ~2× is per byte decoded (debug build,
 /// `cargo test -p stallwatch --test tests memory:: -- --nocapture --test-threads=1`). A
 /// request never charges more than the whole budget, so one request of
 /// `max_request_bytes` is always admitted when nothing else is in flight.
 const DECODE_CHARGE_PER_PROTOBUF_BYTE: usize = 2;
-/// The same for an OTLP/JSON trace body (larger than the records it holds): ~2.4× growth
-/// for a 19.7 MiB body, of which 1× body and ~0.4× page cache, so ~1×.
+/// The same for an OTLP/JSON trace body (larger than the records it holds): 2.1–2.6×
+/// growth for a 19.7 MiB body, of which 1× body and ~0.4× page cache, so ~1×.
 const DECODE_CHARGE_PER_JSON_BYTE: usize = 1;
 /// The same for a protobuf log body: decoded whole, then encoded record by record, freeing
-/// each record (~4.4× growth for a 19 MiB export, so ~3×).
+/// each record (4.1–5.5× growth for a 19 MiB export, so ~3×).
 const DECODE_CHARGE_PER_PROTOBUF_LOG_BYTE: usize = 3;
 /// The same for a protobuf metrics body: decoded whole into wire types, then points, then
-/// rows (~5.8–6.8× growth for a 19 MiB export of one gauge with 93k points, so ~5×).
+/// rows (5.6–6.8× growth for a 19 MiB export of one gauge with 93k points, so ~5×).
 const DECODE_CHARGE_PER_PROTOBUF_METRIC_BYTE: usize = 5;
 /// The same for OTLP/JSON log and metrics bodies (walked one record at a time into wire
 /// types, then as protobuf; not measured apart: charged as protobuf bytes would be, and a
