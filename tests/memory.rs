@@ -517,3 +517,125 @@ fn one_19_mib_metrics_export_raises_peak_memory_by_a_bounded_multiple() {
         MAX_PEAK_METRICS_PER_BODY_BYTE,
     );
 }
+
+/// The records of [`big_logs_export`] as OTLP/JSON until the body reaches
+/// [`JSON_BODY_BYTES`]; answers the body and its record count.
+fn big_json_logs_export() -> (Vec<u8>, usize) {
+    let head = r#"{"resourceLogs":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"memory-probe"}}]},"scopeLogs":[{"logRecords":["#;
+    let tail = "]}]}]}";
+    let mut out = String::from(head);
+    let mut n = 0usize;
+    loop {
+        let i = n as u64 + 1;
+        let attrs: Vec<String> = attrs(i)
+            .into_iter()
+            .take(6)
+            .map(|(k, v)| match v {
+                Value::StringValue(t) => {
+                    format!(r#"{{"key":"{k}","value":{{"stringValue":"{t}"}}}}"#)
+                }
+                Value::IntValue(n) => format!(r#"{{"key":"{k}","value":{{"intValue":"{n}"}}}}"#),
+                _ => unreachable!("only strings and integers"),
+            })
+            .collect();
+        let rec = format!(
+            r#"{{"timeUnixNano":"{}","severityNumber":9,"severityText":"INFO","body":{{"stringValue":"tool read_file returned {i}: {:0>96x}"}},"attributes":[{}],"traceId":"{}","spanId":"{:016x}"}}"#,
+            1_700_000_000_000_000_000 + i * 1000,
+            i * 0x9e37,
+            attrs.join(","),
+            hex::encode(trace_id(0, i)),
+            i
+        );
+        if out.len() + rec.len() + 1 + tail.len() > JSON_BODY_BYTES {
+            break;
+        }
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(&rec);
+        n += 1;
+    }
+    out.push_str(tail);
+    (out.into_bytes(), n)
+}
+
+#[test]
+fn one_json_log_export_near_the_cap_raises_peak_memory_by_a_bounded_multiple() {
+    let (body, n) = big_json_logs_export();
+    let growth = peak_growth_of(
+        "HTTP OTLP/JSON logs",
+        body.len(),
+        "stallwatch_otlp_log_records_received_total",
+        n,
+        |server| {
+            let ct = "application/json";
+            post_until_accepted(server, "/v1/logs", &body, ct, Default::default())
+        },
+        |_| {},
+    );
+    assert_bounded(
+        "one OTLP/JSON log export",
+        growth,
+        MAX_PEAK_LOGS_PER_BODY_BYTE,
+    );
+}
+
+/// The points of [`big_metrics_export`] as OTLP/JSON until the body reaches
+/// [`JSON_BODY_BYTES`]; answers the body and its point count.
+fn big_json_metrics_export() -> (Vec<u8>, usize) {
+    let head = r#"{"resourceMetrics":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"memory-probe"}}]},"scopeMetrics":[{"metrics":[{"name":"memory.probe","gauge":{"dataPoints":["#;
+    let tail = "]}}]}]}]}";
+    let mut out = String::from(head);
+    let mut n = 0usize;
+    loop {
+        let i = n as u64 + 1;
+        let attrs: Vec<String> = attrs(i)
+            .into_iter()
+            .skip(3)
+            .take(4)
+            .map(|(k, v)| match v {
+                Value::StringValue(t) => {
+                    format!(r#"{{"key":"{k}","value":{{"stringValue":"{t}"}}}}"#)
+                }
+                _ => unreachable!("only strings"),
+            })
+            .collect();
+        let point = format!(
+            r#"{{"timeUnixNano":"{}","asDouble":{},"attributes":[{}]}}"#,
+            1_700_000_000_000_000_000 + i * 1000,
+            i as f64 * 0.5,
+            attrs.join(",")
+        );
+        if out.len() + point.len() + 1 + tail.len() > JSON_BODY_BYTES {
+            break;
+        }
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(&point);
+        n += 1;
+    }
+    out.push_str(tail);
+    (out.into_bytes(), n)
+}
+
+#[test]
+fn one_json_metrics_export_near_the_cap_raises_peak_memory_by_a_bounded_multiple() {
+    let (body, n) = big_json_metrics_export();
+    let growth = peak_growth_of(
+        "HTTP OTLP/JSON metrics",
+        body.len(),
+        "stallwatch_otlp_metric_points_received_total",
+        n,
+        |server| {
+            let ct = "application/json";
+            post_until_accepted(server, "/v1/metrics", &body, ct, Default::default())
+        },
+        |_| {},
+    );
+    assert_bounded(
+        "one OTLP/JSON metrics export",
+        growth,
+        MAX_PEAK_METRICS_PER_BODY_BYTE,
+    );
+}

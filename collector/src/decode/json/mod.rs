@@ -215,7 +215,7 @@ pub(crate) fn traces_walk(
             ("scopeSpans", "scope_spans"),
             ("spans", "spans"),
         ],
-        span,
+        |r, p| span(tree(r)?, p),
         out,
     )
 }
@@ -259,7 +259,12 @@ fn invalid_json(e: serde_json::Error) -> DecodeError {
     DecodeError::new(format!("invalid JSON: {e}"))
 }
 
-fn raw_object<'a>(r: &'a RawValue, p: &Path) -> Result<RawObj<'a>, DecodeError> {
+/// An unparsed value made into a JSON tree.
+pub(super) fn tree(r: &RawValue) -> Result<Value, DecodeError> {
+    serde_json::from_str(r.get()).map_err(invalid_json)
+}
+
+pub(super) fn raw_object<'a>(r: &'a RawValue, p: &Path) -> Result<RawObj<'a>, DecodeError> {
     match raw_kind(r) {
         "an object" => serde_json::from_str(r.get()).map_err(invalid_json),
         other => Err(DecodeError::at(
@@ -271,7 +276,7 @@ fn raw_object<'a>(r: &'a RawValue, p: &Path) -> Result<RawObj<'a>, DecodeError> 
 
 /// [`take`] on an unparsed object: the lowerCamelCase member, else the snake_case one;
 /// `null` counts as absent.
-fn raw_take<'a>(
+pub(super) fn raw_take<'a>(
     o: &mut RawObj<'a>,
     camel: &'static str,
     snake: &'static str,
@@ -286,7 +291,7 @@ fn raw_take<'a>(
 }
 
 /// [`list`] on an unparsed object: the array's items, unparsed.
-fn raw_list<'a>(
+pub(super) fn raw_list<'a>(
     o: &mut RawObj<'a>,
     camel: &'static str,
     snake: &'static str,
@@ -329,7 +334,7 @@ fn parsed_members(o: &mut RawObj<'_>, keys: &[&str]) -> Result<Obj, DecodeError>
 pub(super) fn walk<T>(
     body: &[u8],
     names: [(&'static str, &'static str); 3],
-    item: fn(Value, &Path) -> Result<T, DecodeError>,
+    item: fn(&RawValue, &Path) -> Result<T, DecodeError>,
     out: &mut dyn Envelope<T>,
 ) -> Result<(), DecodeError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
@@ -369,12 +374,7 @@ pub(super) fn walk<T>(
             out.scope(scope, scope_schema_url, &ps)?;
             let pitems = ps.field(item_camel);
             for (i, v) in values.into_iter().enumerate() {
-                let tree: Value = serde_json::from_str(v.get()).map_err(invalid_json)?;
-                out.item(
-                    item(tree, &pitems.index(i))?,
-                    &pitems.index(i),
-                    v.get().len(),
-                )?;
+                out.item(item(v, &pitems.index(i))?, &pitems.index(i), v.get().len())?;
             }
         }
     }
@@ -386,7 +386,7 @@ pub(super) fn walk<T>(
 pub(super) fn envelope<T, S, R>(
     body: &[u8],
     names: [(&'static str, &'static str); 3],
-    item: fn(Value, &Path) -> Result<T, DecodeError>,
+    item: fn(&RawValue, &Path) -> Result<T, DecodeError>,
     scope_msg: fn(Option<pc::InstrumentationScope>, Vec<T>, String) -> S,
     resource_msg: fn(Option<pr::Resource>, Vec<S>, String) -> R,
 ) -> Result<Vec<R>, DecodeError> {
@@ -539,7 +539,7 @@ pub(crate) fn logs(body: &[u8]) -> Result<ExportLogsServiceRequest, DecodeError>
             ("scopeLogs", "scope_logs"),
             ("logRecords", "log_records"),
         ],
-        log_record,
+        |r, p| log_record(tree(r)?, p),
         |scope, log_records, schema_url| pl::ScopeLogs {
             scope,
             log_records,
