@@ -24,16 +24,16 @@ const JSON_BODY_BYTES: usize = 20 * 1024 * 1024 - 256 * 1024;
 /// most this many times the body. Measured (debug build, 2-core machine shared with
 /// builds; `cargo test -p stallwatch --test tests memory:: -- --nocapture
 /// --test-threads=1`, several runs): HTTP protobuf 3.3–3.7×, gRPC 3.5–3.8×, OTLP/JSON
-/// 2.1–2.6×. The code before issue 17 #14 was closed measured 8.4–9.1×, 9.5× and 16.5×
+/// 2.1–2.6×. The code before issue 17 #14 was closed measured 8.4–9.1×, 9.5× and 16.3–17.3×
 /// with these tests.
 const MAX_PEAK_PER_BODY_BYTE: f64 = 5.0;
 /// The bound for three concurrent 19 MiB trace exports, in times ONE body: the in-flight
 /// budget admits one at a time (the others are refused with 503 and retry), so the peak
 /// is about one export's plus what the allocator keeps between them. Measured 5.8–6.6×;
-/// before: 11.0–12.4×.
+/// before: 10.9–12.4×.
 const MAX_PEAK_CONCURRENT_PER_BODY_BYTE: f64 = 8.0;
 /// The bound for one 19 MiB protobuf log export. Measured 4.1–5.5×; before: 6.7–7.1×.
-/// Also for a 19.7 MiB OTLP/JSON log export: measured 3.0–3.6×; before: 14.7–15.5×.
+/// Also for a 19.7 MiB OTLP/JSON log export: measured 3.0–3.6×; before: 14.7–15.6×.
 const MAX_PEAK_LOGS_PER_BODY_BYTE: f64 = 6.0;
 /// The bound for one 19 MiB protobuf metrics export (one gauge of 93k points). It is still
 /// decoded whole into wire types, then points, then rows (freed one by one as encoded).
