@@ -250,6 +250,13 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
                     if let Err(r) = charge.grow(len + FRAME_HEADER) {
                         return refuse(&state, r);
                     }
+                    // Uncompressed: its decode-time memory is known now, so a concurrent
+                    // export that cannot be decoded is refused before its body is read.
+                    if flag == 0 {
+                        if let Err(r) = charge.grow_for_decode(len, signal, Format::Protobuf) {
+                            return refuse(&state, r);
+                        }
+                    }
                     declared = Some((flag, len));
                     // One allocation for the whole message instead of doubling copies.
                     buf.reserve((FRAME_HEADER + len).saturating_sub(buf.len()));

@@ -237,6 +237,13 @@ async fn export(state: IngestState, signal: Signal, req: Request) -> Response {
     if let Err(r) = charge.grow(reserved) {
         return refuse(r);
     }
+    // An identity-coded body of a declared length: its decode-time memory is known now, so
+    // a concurrent export that cannot be decoded is refused before its body is read.
+    if codings.is_empty() && reserved > 0 {
+        if let Err(r) = charge.grow_for_decode(reserved, signal, format) {
+            return refuse(r);
+        }
+    }
     // Size-capped read of the (possibly compressed) body.
     let mut body = req.into_body();
     let mut buf = BytesMut::with_capacity(reserved.min(limit));
@@ -262,8 +269,8 @@ async fn export(state: IngestState, signal: Signal, req: Request) -> Response {
                     )));
                 }
                 buf.extend_from_slice(&data);
-                if buf.len() > charge.bytes() {
-                    if let Err(r) = charge.grow(buf.len() - charge.bytes()) {
+                if buf.len() > charge.body_bytes() {
+                    if let Err(r) = charge.grow(buf.len() - charge.body_bytes()) {
                         return refuse(r);
                     }
                 }

@@ -14,6 +14,7 @@ use stallwatch_storage::control::{Observation, ObservedData};
 use stallwatch_storage::{Storage, Transient, WriteError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
+use crate::chunks::{ChunkedTraces, TraceChunker};
 use crate::config::CollectorConfig;
 use crate::cors::CorsPolicy;
 use crate::decode::{self, Format, Limits};
@@ -31,14 +32,39 @@ pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
 /// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
 /// larger or compressed ones on the blocking pool, bytes.
 const INLINE_DECODE_BYTES: usize = 256 * 1024;
-/// Decode-time memory charged against `max_inflight_bytes` per byte of a protobuf body,
-/// on top of the body itself: the records built from it take ~2–3× its wire size (issue
-/// 17 #14; `tests/memory.rs` bounds the peak). A request never charges more than the whole
-/// budget, so one request of `max_request_bytes` is always admitted when nothing else is
-/// in flight.
+/// Decode-time memory charged against `max_inflight_bytes` per byte of a protobuf trace
+/// body, on top of the body itself: what decoding it holds besides the body (the encoded
+/// chunks, the watchdog's view, the chunk being built), issue 17 #14. Measured: one 19 MiB
+/// export raises peak RSS by 3.3–3.7× (HTTP) / 3.5–3.8× (gRPC) its body, of which 1× is the body
+/// and ~0.4× the writer's fixed 8 MiB page cache, so ~2× is per byte decoded (debug build,
+/// `cargo test -p stallwatch --test tests memory:: -- --nocapture --test-threads=1`). A
+/// request never charges more than the whole budget, so one request of
+/// `max_request_bytes` is always admitted when nothing else is in flight.
 const DECODE_CHARGE_PER_PROTOBUF_BYTE: usize = 2;
-/// The same for an OTLP/JSON body, which is larger than the records it holds.
+/// The same for an OTLP/JSON trace body (larger than the records it holds): 2.1–2.6×
+/// growth for a 19.7 MiB body, of which 1× body and ~0.4× page cache, so ~1×.
 const DECODE_CHARGE_PER_JSON_BYTE: usize = 1;
+/// The same for a protobuf log body: decoded whole, then encoded record by record, freeing
+/// each record (4.1–5.5× growth for a 19 MiB export, so ~3×).
+const DECODE_CHARGE_PER_PROTOBUF_LOG_BYTE: usize = 3;
+/// The same for a protobuf metrics body: decoded whole into wire types, then points, then
+/// rows (5.6–6.8× growth for a 19 MiB export of one gauge with 93k points, so ~5×).
+const DECODE_CHARGE_PER_PROTOBUF_METRIC_BYTE: usize = 5;
+/// The same for OTLP/JSON log and metrics bodies (walked one record, or 1,024 metric
+/// points, at a time into wire types, then as protobuf): 3.0–3.6× growth for a 19.7 MiB log
+/// export, 3.9× for a metrics one, so ~2×.
+const DECODE_CHARGE_PER_JSON_LOG_OR_METRIC_BYTE: usize = 2;
+
+/// Decode-time memory per body byte of `signal` in `format` (the constants above).
+fn decode_charge_per_byte(signal: Signal, format: Format) -> usize {
+    match (signal, format) {
+        (Signal::Traces, Format::Protobuf) => DECODE_CHARGE_PER_PROTOBUF_BYTE,
+        (Signal::Traces, Format::Json) => DECODE_CHARGE_PER_JSON_BYTE,
+        (Signal::Logs, Format::Protobuf) => DECODE_CHARGE_PER_PROTOBUF_LOG_BYTE,
+        (Signal::Metrics, Format::Protobuf) => DECODE_CHARGE_PER_PROTOBUF_METRIC_BYTE,
+        (Signal::Logs | Signal::Metrics, Format::Json) => DECODE_CHARGE_PER_JSON_LOG_OR_METRIC_BYTE,
+    }
+}
 
 /// Which OTLP signal an export carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,16 +197,21 @@ impl Budget {
             budget: self.clone(),
             permit: None,
             bytes: 0,
+            decode: 0,
         }
     }
 }
 
-/// The bytes one request holds against the [`Budget`].
+/// The bytes one request holds against the [`Budget`]: its body and the decode-time
+/// memory charged for it.
 #[derive(Debug)]
 pub(crate) struct Charge {
     budget: Budget,
     permit: Option<OwnedSemaphorePermit>,
+    /// Everything held, bytes.
     bytes: usize,
+    /// Of `bytes`, the decode-time share ([`Charge::grow_for_decode`]), bytes.
+    decode: usize,
 }
 
 impl Charge {
@@ -202,23 +233,28 @@ impl Charge {
         self.budget.stats.inflight_add(n);
         Ok(())
     }
-    /// Takes the decode-time memory of a `body_bytes` body in `format` (the records it
-    /// becomes), capped so that this request holds at most the whole budget.
+    /// Holds the decode-time memory of a `body_bytes` body of `signal` in `format` (what decoding it
+    /// holds besides the body), capped so that this request holds at most the whole
+    /// budget. Called again with the final size, it takes only the difference: a transport
+    /// charges it when the body's length is declared, before reading it, so a concurrent
+    /// export that cannot be decoded is refused before it is read.
     pub(crate) fn grow_for_decode(
         &mut self,
         body_bytes: usize,
+        signal: Signal,
         format: Format,
     ) -> Result<(), Refusal> {
-        let per_byte = match format {
-            Format::Protobuf => DECODE_CHARGE_PER_PROTOBUF_BYTE,
-            Format::Json => DECODE_CHARGE_PER_JSON_BYTE,
-        };
-        let room = self.budget.total.saturating_sub(self.bytes);
-        self.grow(body_bytes.saturating_mul(per_byte).min(room))
+        let per_byte = decode_charge_per_byte(signal, format);
+        let room = self.budget.total.saturating_sub(self.body_bytes());
+        let want = body_bytes.saturating_mul(per_byte).min(room);
+        let more = want.saturating_sub(self.decode);
+        self.grow(more)?;
+        self.decode += more;
+        Ok(())
     }
-    /// Bytes held.
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes
+    /// Body bytes held (everything but the decode-time share).
+    pub(crate) fn body_bytes(&self) -> usize {
+        self.bytes - self.decode
     }
 }
 
@@ -236,7 +272,7 @@ pub(crate) struct Accepted {
 }
 
 enum Batch {
-    Traces(decode::Decoded<stallwatch_storage::model::TraceBatch>),
+    Traces(decode::Decoded<ChunkedTraces>),
     Logs(decode::Decoded<stallwatch_storage::model::LogBatch>),
     Metrics(decode::Decoded<stallwatch_storage::model::MetricBatch>),
 }
@@ -414,11 +450,30 @@ impl IngestState {
         let inline = raw.len() <= INLINE_DECODE_BYTES && codings.is_empty();
         let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
             let body = decompress::decompress(raw, &codings, limit, charge)?;
-            charge.grow_for_decode(body.len(), format)?;
+            charge.grow_for_decode(body.len(), signal, format)?;
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
                 Signal::Traces => {
-                    Batch::Traces(decode::decode_traces(&body, format, &limits).map_err(bad)?)
+                    // Encoded chunk by chunk as it decodes: the records are never all held.
+                    let mut chunker = TraceChunker::default();
+                    let d = decode::decode_traces_into(&body, format, &limits, &mut chunker);
+                    drop(body);
+                    let d = match d {
+                        Ok(d) => d,
+                        Err(e) => {
+                            return Err(match chunker.take_failure() {
+                                Some(w) => refusal_for_write(w),
+                                None => bad(e),
+                            })
+                        }
+                    };
+                    let chunked = chunker.finish().map_err(refusal_for_write)?;
+                    Batch::Traces(decode::Decoded {
+                        batch: chunked,
+                        rejected: d.rejected,
+                        rejected_end_before_start: d.rejected_end_before_start,
+                        message: d.message,
+                    })
                 }
                 Signal::Logs => {
                     Batch::Logs(decode::decode_logs(&body, format, &limits).map_err(bad)?)
@@ -446,28 +501,38 @@ impl IngestState {
         let storage = &self.inner.storage;
         let (accepted, data) = match batch {
             Batch::Traces(d) => {
-                let n = d.batch.span_count();
+                let ChunkedTraces {
+                    chunks,
+                    open,
+                    ended,
+                    spans: n,
+                } = d.batch;
                 stats.refuse_records(
                     RefuseReason::InvalidId,
                     d.rejected - d.rejected_end_before_start,
                 );
                 stats.refuse_records(RefuseReason::EndBeforeStart, d.rejected_end_before_start);
-                let b = Arc::new(d.batch);
                 if n > 0 {
-                    self.write(n, storage.write_traces(Arc::clone(&b)).await)?;
+                    self.write(n, storage.write_trace_chunks(chunks).await)?;
                     stats.committed(n, 0, 0);
                 }
                 let acc = Accepted {
                     rejected: d.rejected,
                     message: d.message,
                 };
-                (acc, (n > 0).then_some(ObservedData::Spans(b)))
+                let observed = ObservedData::Traces {
+                    open: Arc::new(open),
+                    ended: Arc::new(ended),
+                };
+                (acc, (n > 0).then_some(observed))
             }
             Batch::Logs(d) => {
                 let n = d.batch.record_count();
-                let b = Arc::new(d.batch);
+                // The watchdog reads only the open-span records; the rest are freed once
+                // storage encoded them, before the commit.
+                let b = Arc::new(d.batch.watchdog_view());
                 if n > 0 {
-                    self.write(n, storage.write_logs(Arc::clone(&b)).await)?;
+                    self.write(n, storage.write_logs(Arc::new(d.batch)).await)?;
                     stats.committed(0, n, 0);
                 }
                 let acc = Accepted {
@@ -563,6 +628,38 @@ mod tests {
                 assert!(st.details().is_empty());
             }
         }
+    }
+
+    #[test]
+    fn decode_memory_is_charged_once_and_capped_at_the_whole_budget() {
+        let budget = Budget::new(1000, Arc::new(IngestStats::default()));
+        let mut a = budget.charge();
+        a.grow(100).unwrap();
+        a.grow_for_decode(100, Signal::Traces, Format::Protobuf)
+            .unwrap();
+        assert_eq!(a.bytes, 100 + 100 * DECODE_CHARGE_PER_PROTOBUF_BYTE);
+        // charged again with the final size: only the difference
+        a.grow(20).unwrap();
+        a.grow_for_decode(120, Signal::Traces, Format::Protobuf)
+            .unwrap();
+        assert_eq!(a.bytes, 120 + 120 * DECODE_CHARGE_PER_PROTOBUF_BYTE);
+        assert_eq!(a.body_bytes(), 120);
+        drop(a);
+        // a body as large as the budget is admitted alone: the decode share is capped
+        let mut big = budget.charge();
+        big.grow(600).unwrap();
+        big.grow_for_decode(600, Signal::Traces, Format::Protobuf)
+            .unwrap();
+        assert_eq!(big.bytes, 1000);
+        // and a second request waits its turn (refused, retryable)
+        let mut second = budget.charge();
+        assert!(matches!(second.grow(1), Err(Refusal::Busy { .. })));
+        drop(big);
+        second.grow(100).unwrap();
+        second
+            .grow_for_decode(100, Signal::Traces, Format::Json)
+            .unwrap();
+        assert_eq!(second.bytes, 100 + 100 * DECODE_CHARGE_PER_JSON_BYTE);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! Flow per request: size-capped read → capped decompression → decode and validate →
 //! `Storage::write_*` (resolves after COMMIT) → observation to the watchdog → answer.
 
+mod chunks;
 pub mod config;
 mod cors;
 pub mod decode;

@@ -320,7 +320,10 @@ async fn inflight_budget_full_is_503_with_retry_after() {
         c.max_inflight_bytes = 1024 * 1024;
     })
     .await;
-    let _held = hold_budget(&h, 600 * 1024).await;
+    // 300 KiB declared: its body and its decode-time share (1× for JSON traces) are
+    // charged at once, 600 KiB of the 1 MiB budget.
+    let _held = hold_budget(&h, 300 * 1024).await;
+    assert!(h.stats.inflight_bytes() >= 600 * 1024);
     let big = format!(
         "{{\"resourceSpans\": [], \"pad\": \"{}\"}}",
         "x".repeat(500 * 1024)
@@ -362,7 +365,7 @@ async fn observation_after_commit_carries_the_spans_and_arrival_time() {
     let obs = h.next_observation().await;
     assert!(obs.received >= before);
     match obs.data {
-        ObservedData::Spans(b) => assert_eq!(b.span_count(), 2),
+        ObservedData::Traces { open, ended } => assert_eq!(open.span_count() + ended.len(), 2),
         other => panic!("{other:?}"),
     }
     // By the time it was observed, it is committed.

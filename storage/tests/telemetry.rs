@@ -316,6 +316,74 @@ async fn dedup_rules() {
     storage.shutdown().await;
 }
 
+/// A request written in chunks (issue 17 #14) is one request: every chunk is its own
+/// `span_batches` row, all committed in one transaction, deduplicated across chunks as
+/// across requests, and a re-send of the whole request stores nothing.
+#[tokio::test]
+async fn a_request_in_chunks_is_stored_whole_and_deduplicated_across_chunks() {
+    use stallwatch_storage::telemetry::TraceChunk;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    let t = tid(7);
+    let chunks = |names: [&str; 3]| {
+        vec![
+            // sid(1) open here, ended in the next chunk: the ended copy wins
+            TraceChunk::encode(&batch(
+                Some("s"),
+                vec![
+                    span(t, sid(1), names[0], 10, 0),
+                    span(t, sid(2), "two", 10, 20),
+                ],
+            ))
+            .unwrap(),
+            TraceChunk::encode(&batch(
+                Some("s"),
+                vec![
+                    span(t, sid(1), names[1], 10, 30),
+                    span(t, sid(3), "three", 10, 20),
+                ],
+            ))
+            .unwrap(),
+            // sid(2) again, ended: the first ended copy (chunk 1) wins
+            TraceChunk::encode(&batch(Some("s"), vec![span(t, sid(2), names[2], 10, 40)])).unwrap(),
+        ]
+    };
+    let conn = rusqlite::Connection::open(storage.path()).unwrap();
+    let batches = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT count(*) FROM span_batches", [], |r| r.get(0))
+            .unwrap()
+    };
+    storage
+        .write_trace_chunks(chunks(["open", "ended", "two again"]))
+        .await
+        .unwrap();
+    assert_eq!(batches(&conn), 2, "chunk 3 held only a duplicate");
+    let mut names = names_of(&storage, t).await;
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        names,
+        vec![
+            ("ended".into(), SpanState::Ended),
+            ("three".into(), SpanState::Ended),
+            ("two".into(), SpanState::Ended),
+        ]
+    );
+    let committed = storage.telemetry_stats().spans_committed();
+    storage
+        .write_trace_chunks(chunks(["open", "ended", "two again"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        batches(&conn),
+        2,
+        "a re-sent chunked request stored a batch"
+    );
+    assert_eq!(storage.telemetry_stats().spans_committed(), committed);
+    // An empty request stores nothing and answers at once.
+    storage.write_trace_chunks(Vec::new()).await.unwrap();
+    storage.shutdown().await;
+}
+
 fn tool_span(t: TraceId, s: SpanId, tool: &str, start: u64, dur: u64, error: bool) -> Span {
     let mut sp = span(t, s, &format!("tools/call {tool}"), start, start + dur);
     sp.attributes = vec![

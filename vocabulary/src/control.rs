@@ -44,8 +44,19 @@ pub struct Observation {
 /// The committed records of one export request.
 #[derive(Clone, Debug)]
 pub enum ObservedData {
-    /// A trace export.
+    /// A trace export, every span whole.
     Spans(Arc<TraceBatch>),
+    /// A trace export as the collector sends it: the spans the watchdog reads whole
+    /// ([`crate::model::Span::watched_whole`]: open spans and Logfire pending twins, with
+    /// their resources and scopes) and the (trace id, span id) of every other span, which
+    /// ended; read in that order. An ended span costs 24 bytes here instead of its
+    /// attributes, which bounds a large export's memory (issue 17 #14).
+    Traces {
+        /// Open spans and pending twins, in request order.
+        open: Arc<TraceBatch>,
+        /// The ended spans' ids, in request order.
+        ended: Arc<Vec<(TraceId, SpanId)>>,
+    },
     /// A log export (the open-span heartbeat shape 2 arrives as logs).
     Logs(Arc<LogBatch>),
 }

@@ -279,6 +279,18 @@ impl Span {
     pub fn is_ended(&self) -> bool {
         self.end_time_unix_nano != 0
     }
+    /// True for a Logfire twin (`logfire.span_type = "pending_span"`): its parent is the
+    /// real span, still running (docs/design.md, "Open spans" shape 3).
+    pub fn is_pending_twin(&self) -> bool {
+        attr(&self.attributes, "logfire.span_type").and_then(AnyValue::as_str)
+            == Some("pending_span")
+    }
+    /// True when the watchdog reads the whole span: while it is open, or when it is a
+    /// pending twin (either becomes a ledger entry). Of any other span it needs only the
+    /// ids: an ended span only closes its entry (docs/design.md, "Open spans").
+    pub fn watched_whole(&self) -> bool {
+        !self.is_ended() || self.is_pending_twin()
+    }
     /// Duration in ns; `None` while open; `Some(0)` when the end precedes the start.
     pub fn duration_ns(&self) -> Option<u64> {
         self.is_ended().then(|| {
@@ -397,6 +409,33 @@ impl LogBatch {
             .flat_map(|r| &r.scope_logs)
             .map(|s| s.log_records.len())
             .sum()
+    }
+    /// What the watchdog reads of this export: the same resources and scopes with only the
+    /// records that carry an open-span attribute (`span.state` or `partial.event`,
+    /// docs/design.md "Open spans" shapes 2 and 4); ordinary logs are left out, so the
+    /// observation of a large log export does not hold its records (issue 17 #14).
+    pub fn watchdog_view(&self) -> LogBatch {
+        let open_span = |r: &&LogRecord| {
+            attr(&r.attributes, "span.state").is_some()
+                || attr(&r.attributes, "partial.event").is_some()
+        };
+        LogBatch {
+            resource_logs: self
+                .resource_logs
+                .iter()
+                .map(|rl| ResourceLogs {
+                    resource: rl.resource.clone(),
+                    scope_logs: rl
+                        .scope_logs
+                        .iter()
+                        .map(|sl| ScopeLogs {
+                            scope: sl.scope.clone(),
+                            log_records: sl.log_records.iter().filter(open_span).cloned().collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
     }
 }
 

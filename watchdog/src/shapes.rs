@@ -149,9 +149,7 @@ pub fn from_traces(batch: &TraceBatch, out: &mut Vec<Record>) {
         let mut binding: Option<(Option<String>, Option<u32>, String)> = None;
         for ss in &rs.scope_spans {
             for span in &ss.spans {
-                let pending = attr(&span.attributes, "logfire.span_type")
-                    .and_then(AnyValue::as_str)
-                    == Some("pending_span");
+                let pending = span.is_pending_twin();
                 if !pending && span.end_time_unix_nano != 0 {
                     out.push(Record::Ended(SpanKey {
                         trace_id: span.trace_id,

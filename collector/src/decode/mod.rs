@@ -1,8 +1,9 @@
 //! The one decode layer: OTLP request bodies (protobuf or JSON) → storage records.
 //!
 //! Protobuf goes through prost into opentelemetry-proto's wire types; JSON goes through
-//! our own OTLP/JSON layer (`json.rs`) into the same wire types; then `convert.rs` validates
-//! and converts both into `stallwatch_storage::model` batches. A [`DecodeError`] is a bad
+//! our own OTLP/JSON layer (`json/`) into the same wire types; then `convert/` validates
+//! and converts both into `stallwatch_storage::model` batches. Trace exports stream: one
+//! span's wire types at a time, handed to a [`SpanSink`] ([`decode_traces_into`]). A [`DecodeError`] is a bad
 //! request (HTTP 400 / gRPC `INVALID_ARGUMENT`) and names the field that was wrong;
 //! records refused one by one (empty or all-zero ids) are counted in [`Decoded`] for
 //! OTLP `partial_success`.
@@ -17,6 +18,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use prost::Message;
 use stallwatch_storage::model::{LogBatch, MetricBatch, TraceBatch};
 
+pub use convert::{Collect, SpanSink};
 pub use path::Path;
 
 /// The body encoding of an export request.
@@ -125,10 +127,30 @@ pub fn decode_traces(
     format: Format,
     limits: &Limits,
 ) -> Result<Decoded<TraceBatch>, DecodeError> {
+    let mut all = Collect::default();
+    let d = decode_traces_into(body, format, limits, &mut all)?;
+    Ok(Decoded {
+        batch: all.0,
+        rejected: d.rejected,
+        rejected_end_before_start: d.rejected_end_before_start,
+        message: d.message,
+    })
+}
+
+/// Decodes a trace export span by span into `sink` (a resource, its scopes, each followed
+/// by its accepted spans, in request order), never holding the whole request's wire types
+/// or JSON tree: the protobuf body is scanned in place, the JSON body walked one span at a
+/// time (issue 17 #14). On an error the sink may have seen part of the request: it must be
+/// discarded. Same errors as [`decode_traces`].
+pub fn decode_traces_into(
+    body: &[u8],
+    format: Format,
+    limits: &Limits,
+    sink: &mut dyn SpanSink,
+) -> Result<Decoded<()>, DecodeError> {
     match format {
-        // One span at a time: decode-time memory stays a small multiple of the body.
-        Format::Protobuf => convert::traces_wire(body, limits),
-        Format::Json => convert::traces(json::traces(body)?, limits),
+        Format::Protobuf => convert::traces_wire(body, limits, sink),
+        Format::Json => convert::traces_json(body, limits, sink),
     }
 }
 

@@ -826,3 +826,51 @@ fn per_span_scan_names_the_span_it_cannot_decode() {
     assert!(err.0.contains("invalid wire type"), "{err}");
     assert!(whole_request(&[0x08, 0x01]).is_err());
 }
+
+/// A JSON metric is read its data points a batch at a time (issue 17 #14): every point
+/// is kept, in order, and an error names the point's index in the whole list.
+#[test]
+fn a_json_metric_with_thousands_of_points_keeps_them_all_and_names_bad_ones_exactly() {
+    let points = |bad: Option<usize>| -> Vec<Value> {
+        (0..2500)
+            .map(|i| {
+                if Some(i) == bad {
+                    json!({"timeUnixNano": "x", "asInt": "1"})
+                } else {
+                    json!({"timeUnixNano": (1000 + i).to_string(), "asInt": i.to_string()})
+                }
+            })
+            .collect()
+    };
+    let body = |bad| {
+        json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{
+            "name": "m",
+            "sum": {"aggregationTemporality": 2, "isMonotonic": true, "dataPoints": points(bad)}
+        }]}]}]})
+        .to_string()
+    };
+    let d = decode_metrics(body(None).as_bytes(), Format::Json, &LIMITS).unwrap();
+    let got: Vec<_> = d.batch.resource_metrics[0].scope_metrics[0]
+        .points
+        .iter()
+        .map(|p| (p.name.clone(), p.time_unix_nano, p.value))
+        .collect();
+    assert_eq!(got.len(), 2500);
+    for (i, (name, time, value)) in got.into_iter().enumerate() {
+        assert_eq!(
+            (name.as_str(), time, value),
+            ("m", 1000 + i as u64, Some(i as f64))
+        );
+    }
+    assert!(d.batch.resource_metrics[0].scope_metrics[0].points[0]
+        .detail
+        .contains("is_monotonic"));
+    let err = decode_metrics(body(Some(2100)).as_bytes(), Format::Json, &LIMITS).unwrap_err();
+    assert!(err.0.contains("sum.dataPoints[2100].timeUnixNano"), "{err}");
+    // Two data members are refused as before.
+    let two = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [{
+        "name": "m", "gauge": {"dataPoints": points(None)}, "sum": {"dataPoints": []}
+    }]}]}]});
+    let err = decode_metrics(two.to_string().as_bytes(), Format::Json, &LIMITS).unwrap_err();
+    assert!(err.0.contains("more than one"), "{err}");
+}

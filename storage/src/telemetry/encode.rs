@@ -2,7 +2,8 @@
 //!
 //! The CPU-heavy part of a write (postcard encoding, term extraction, in-request
 //! deduplication) runs here, on the caller's task, so the single writer thread only runs
-//! SQL. A trace request becomes one `span_batches` row: a per-span index
+//! SQL. A trace request (or each ~1 MiB chunk of a large one, [`super::TraceChunk`])
+//! becomes one `span_batches` row: a per-span index
 //! ([`BatchIndex`], small, decoded by searches) and a payload holding the resources and
 //! scopes once plus each span's postcard body, length-delimited so a duplicate can be cut
 //! out by slicing.
@@ -16,8 +17,8 @@ use super::schema::{
     PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
 };
 use crate::model::{
-    attr, AnyValue, KeyValue, LogBatch, MetricBatch, Resource, Scope, Span, TraceBatch,
-    STATUS_ERROR,
+    attr, AnyValue, KeyValue, LogBatch, LogRecord, MetricBatch, MetricPoint, Resource, Scope, Span,
+    TraceBatch, STATUS_ERROR,
 };
 
 /// Term keys that come from attributes, besides `service.name` and `gen_ai.tool.name`.
@@ -346,6 +347,64 @@ pub(crate) struct LogRow {
 }
 
 /// Encodes a log export, one row per record.
+/// Calls `f` on the items of `v` in order, giving back its buffer as it empties (the
+/// capacity is halved whenever half of it is unused), so encoding a large request never
+/// holds both all of its records and all of its rows (issue 17 #14).
+fn drain_freeing<T>(
+    mut v: Vec<T>,
+    mut f: impl FnMut(T) -> Result<(), String>,
+) -> Result<(), String> {
+    v.reverse();
+    while let Some(x) = v.pop() {
+        f(x)?;
+    }
+    Ok(())
+}
+
+/// [`prepare_logs`] on a batch the caller no longer needs: each record is freed as soon as
+/// it is encoded. Same rows, same errors.
+pub(crate) fn prepare_logs_owned(batch: LogBatch) -> Result<Vec<LogRow>, String> {
+    let mut out = Vec::with_capacity(batch.record_count());
+    drain_freeing(batch.resource_logs, |rl| {
+        let resource = rl.resource;
+        let service = resource.service_name().to_string();
+        let runner_id =
+            attr(&resource.attributes, "stallwatch.runner.id").and_then(AnyValue::index_text);
+        drain_freeing(rl.scope_logs, |sl| {
+            let prefix =
+                postcard::to_allocvec(&(&resource, &sl.scope)).map_err(|e| e.to_string())?;
+            drain_freeing(sl.log_records, |r| {
+                out.push(log_row(&r, &prefix, &service, &runner_id)?);
+                Ok(())
+            })
+        })
+    })?;
+    Ok(out)
+}
+
+fn log_row(
+    r: &LogRecord,
+    prefix: &[u8],
+    service: &str,
+    runner_id: &Option<String>,
+) -> Result<LogRow, String> {
+    let payload = postcard::to_extend(r, prefix.to_vec()).map_err(|e| e.to_string())?;
+    Ok(LogRow {
+        time: if r.time_unix_nano != 0 {
+            r.time_unix_nano
+        } else {
+            r.observed_time_unix_nano
+        },
+        trace_id: r.trace_id.filter(|t| !t.is_zero()).map(|t| t.0),
+        span_id: r.span_id.filter(|s| !s.is_zero()).map(|s| s.0),
+        service: service.to_string(),
+        severity: r.severity_number.clamp(0, 24),
+        runner_id: runner_id.clone(),
+        body: super::log_body::body_key(&r.body),
+        payload,
+    })
+}
+
 pub(crate) fn prepare_logs(batch: &LogBatch) -> Result<Vec<LogRow>, String> {
     let mut out = Vec::with_capacity(batch.record_count());
     for rl in &batch.resource_logs {
@@ -356,21 +415,7 @@ pub(crate) fn prepare_logs(batch: &LogBatch) -> Result<Vec<LogRow>, String> {
             let runner_id = attr(&rl.resource.attributes, "stallwatch.runner.id")
                 .and_then(AnyValue::index_text);
             for r in &sl.log_records {
-                let payload = postcard::to_extend(r, prefix.clone()).map_err(|e| e.to_string())?;
-                out.push(LogRow {
-                    time: if r.time_unix_nano != 0 {
-                        r.time_unix_nano
-                    } else {
-                        r.observed_time_unix_nano
-                    },
-                    trace_id: r.trace_id.filter(|t| !t.is_zero()).map(|t| t.0),
-                    span_id: r.span_id.filter(|s| !s.is_zero()).map(|s| s.0),
-                    service: service.clone(),
-                    severity: r.severity_number.clamp(0, 24),
-                    runner_id: runner_id.clone(),
-                    body: super::log_body::body_key(&r.body),
-                    payload,
-                });
+                out.push(log_row(r, &prefix, &service, &runner_id)?);
             }
         }
     }
@@ -438,24 +483,53 @@ pub(crate) fn prepare_metrics(batch: &MetricBatch) -> Result<Vec<PointRow>, Stri
                 postcard::to_allocvec(&(&rm.resource, &sm.scope)).map_err(|e| e.to_string())?;
             let service = rm.resource.service_name().to_string();
             for p in &sm.points {
-                let payload = postcard::to_extend(p, prefix.clone()).map_err(|e| e.to_string())?;
-                out.push(PointRow {
-                    name: p.name.clone(),
-                    time: p.time_unix_nano,
-                    service: service.clone(),
-                    series: series_key(&rm.resource, &sm.scope, &p.attributes),
-                    value: p.value,
-                    count: p.count,
-                    sum: p.sum,
-                    kind: p.kind.as_str(),
-                    unit: p.unit.clone(),
-                    description: p.description.clone(),
-                    payload,
-                });
+                out.push(point_row(p, &rm.resource, &sm.scope, &prefix, &service)?);
             }
         }
     }
     Ok(out)
+}
+
+/// [`prepare_metrics`] on a batch the caller no longer needs: each point is freed as soon
+/// as it is encoded. Same rows, same errors.
+pub(crate) fn prepare_metrics_owned(batch: MetricBatch) -> Result<Vec<PointRow>, String> {
+    let mut out = Vec::with_capacity(batch.point_count());
+    drain_freeing(batch.resource_metrics, |rm| {
+        let resource = rm.resource;
+        let service = resource.service_name().to_string();
+        drain_freeing(rm.scope_metrics, |sm| {
+            let prefix =
+                postcard::to_allocvec(&(&resource, &sm.scope)).map_err(|e| e.to_string())?;
+            drain_freeing(sm.points, |p| {
+                out.push(point_row(&p, &resource, &sm.scope, &prefix, &service)?);
+                Ok(())
+            })
+        })
+    })?;
+    Ok(out)
+}
+
+fn point_row(
+    p: &MetricPoint,
+    resource: &Resource,
+    scope: &Scope,
+    prefix: &[u8],
+    service: &str,
+) -> Result<PointRow, String> {
+    let payload = postcard::to_extend(p, prefix.to_vec()).map_err(|e| e.to_string())?;
+    Ok(PointRow {
+        name: p.name.clone(),
+        time: p.time_unix_nano,
+        service: service.to_string(),
+        series: series_key(resource, scope, &p.attributes),
+        value: p.value,
+        count: p.count,
+        sum: p.sum,
+        kind: p.kind.as_str(),
+        unit: p.unit.clone(),
+        description: p.description.clone(),
+        payload,
+    })
 }
 
 /// Text form of an attribute value for attribute search (same as the term values).

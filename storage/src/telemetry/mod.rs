@@ -2,7 +2,8 @@
 //! thread, and the trace read queries.
 //!
 //! Layout, chosen for 170k spans/s durable on two cores: an export request of spans is
-//! stored as ONE `span_batches` row (a compact per-span index plus a postcard payload),
+//! stored as ONE `span_batches` row, or one per ~1 MiB chunk of a large request, all in one
+//! transaction (a compact per-span index plus a postcard payload),
 //! each trace has ONE summary row in `traces` (counts, root, and its known-span set for
 //! deduplication), and search goes through per-batch term postings (`terms`,
 //! `batch_terms`) for service, span name, tool name, status ERROR and the indexed
@@ -231,6 +232,34 @@ pub enum QueryError {
     Storage(#[from] StorageError),
 }
 
+/// A slice of a trace export encoded for the writer on the caller's side (postcard payload
+/// and per-span index, in-chunk duplicates already cut): what [`Storage::write_trace_chunks`]
+/// stores as one `span_batches` row. Holding these instead of the records keeps a large
+/// export's memory near its stored size.
+#[derive(Debug)]
+pub struct TraceChunk(encode::PreparedTraces);
+
+impl TraceChunk {
+    /// Encodes `batch` (a slice of one export request).
+    ///
+    /// Errors: [`WriteError::Failed`] when postcard cannot encode it (a bug).
+    pub fn encode(batch: &TraceBatch) -> Result<Self, WriteError> {
+        encode::prepare_traces(batch)
+            .map(TraceChunk)
+            .map_err(WriteError::Failed)
+    }
+
+    /// Bytes the chunk holds (payload plus its index), bytes.
+    pub fn bytes(&self) -> usize {
+        self.0.bytes()
+    }
+
+    /// Spans in the chunk after in-chunk deduplication.
+    pub fn span_count(&self) -> usize {
+        self.0.index.spans.len()
+    }
+}
+
 /// A metric data point as read back.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredMetricPoint {
@@ -286,7 +315,33 @@ impl Storage {
             return Ok(());
         }
         let prepared = encode::prepare_traces(&batch).map_err(WriteError::Failed)?;
+        drop(batch);
         w.submit(writer::Prepared::Traces(prepared)).await
+    }
+
+    /// Queues a trace export that the caller encoded in chunks ([`TraceChunk::encode`], a
+    /// slice of its spans each) and resolves once every chunk is committed: all chunks go
+    /// in ONE transaction, each as its own `span_batches` row, so the request is stored
+    /// whole or not at all and is acknowledged only after its COMMIT. Deduplication runs
+    /// across chunks as across requests (the writer sees the earlier chunks' rows in the
+    /// same transaction). Decode-time memory stays bounded: the caller holds the encoded
+    /// chunks instead of the whole request's records, and SQLite copies one chunk at a time
+    /// (issue 17 #14). Errors: as [`Storage::write_traces`].
+    pub async fn write_trace_chunks(&self, chunks: Vec<TraceChunk>) -> Result<(), WriteError> {
+        let w = &self.inner.telemetry;
+        w.precheck()?;
+        if let Some(why) = self.ingest_paused() {
+            return Err(WriteError::Full(why));
+        }
+        let chunks: Vec<_> = chunks
+            .into_iter()
+            .map(|c| c.0)
+            .filter(|c| !c.index.spans.is_empty())
+            .collect();
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        w.submit(writer::Prepared::TraceChunks(chunks)).await
     }
 
     /// Queues a log export (one row per record, linked to its trace/span when it carries
@@ -300,7 +355,13 @@ impl Storage {
         if batch.record_count() == 0 {
             return Ok(());
         }
-        let rows = encode::prepare_logs(&batch).map_err(WriteError::Failed)?;
+        // A caller that passed its only reference gets each record freed as it is
+        // encoded: the records and their rows are never all held at once.
+        let rows = match Arc::try_unwrap(batch) {
+            Ok(owned) => encode::prepare_logs_owned(owned),
+            Err(shared) => encode::prepare_logs(&shared),
+        }
+        .map_err(WriteError::Failed)?;
         w.submit(writer::Prepared::Logs(rows)).await
     }
 
@@ -315,7 +376,13 @@ impl Storage {
         if batch.point_count() == 0 {
             return Ok(());
         }
-        let rows = encode::prepare_metrics(&batch).map_err(WriteError::Failed)?;
+        // A caller that passed its only reference gets each record freed as it is
+        // encoded: the records and their rows are never all held at once.
+        let rows = match Arc::try_unwrap(batch) {
+            Ok(owned) => encode::prepare_metrics_owned(owned),
+            Err(shared) => encode::prepare_metrics(&shared),
+        }
+        .map_err(WriteError::Failed)?;
         w.submit(writer::Prepared::Metrics(rows)).await
     }
 

@@ -223,6 +223,14 @@ impl Worker {
         records.clear();
         match &obs.data {
             ObservedData::Spans(b) => shapes::from_traces(b, &mut records),
+            ObservedData::Traces { open, ended } => {
+                shapes::from_traces(open, &mut records);
+                records.extend(
+                    ended
+                        .iter()
+                        .map(|&(trace_id, span_id)| Record::Ended(SpanKey { trace_id, span_id })),
+                );
+            }
             ObservedData::Logs(b) => {
                 let stats = &self.stats;
                 shapes::from_logs(b, &mut records, &mut |r| stats.skipped(r))

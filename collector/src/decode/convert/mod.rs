@@ -24,7 +24,10 @@ mod metrics;
 mod traces;
 
 pub(crate) use metrics::metrics;
-pub(crate) use traces::{traces, traces_wire};
+#[cfg(test)]
+pub(crate) use traces::traces;
+pub(crate) use traces::{traces_json, traces_wire};
+pub use traces::{Collect, SpanSink};
 
 /// Counts records refused one by one (partial success) and remembers why.
 #[derive(Default)]

@@ -1,6 +1,10 @@
-//! Trace exports → [`TraceBatch`]: from prost's wire types ([`traces`], the JSON path) or
-//! scanned span by span from the protobuf body ([`traces_wire`]).
+//! Trace exports → records: from prost's wire types ([`traces`], the whole-request
+//! reference), scanned span by span from the protobuf body ([`traces_wire`]), or streamed
+//! span by span from an OTLP/JSON body ([`traces_json`]). The streaming paths hand each
+//! converted span to a [`SpanSink`] at once, so the caller decides what is held: the whole
+//! [`TraceBatch`] ([`Collect`]) or encoded chunks (the ingest pipeline, issue 17 #14).
 
+#[cfg(test)]
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1 as pc;
 use opentelemetry_proto::tonic::resource::v1 as pr;
@@ -10,10 +14,109 @@ use stallwatch_storage::model::{Event, Link, ResourceSpans, ScopeSpans, Span, St
 use super::{attributes, resource, scope, span_id, trace_id, Refusals};
 use crate::decode::path::Path;
 use crate::decode::{DecodeError, Decoded, Limits};
+use stallwatch_storage::model::{Resource, Scope};
+
+/// Where converted trace records go, in request order: a resource, then its scopes, each
+/// followed by its spans.
+pub trait SpanSink {
+    /// A new `ResourceSpans` starts.
+    fn resource(&mut self, resource: Resource);
+    /// A new `ScopeSpans` of the current resource starts.
+    fn scope(&mut self, scope: Scope);
+    /// One accepted span of the current scope; `source_bytes` is its size in the request
+    /// body (wire or JSON bytes), for the sink's chunking.
+    ///
+    /// Errors: what the sink itself fails with (it becomes the request's error).
+    fn span(&mut self, span: Span, source_bytes: usize) -> Result<(), DecodeError>;
+}
+
+/// A [`SpanSink`] collecting the whole request into one [`TraceBatch`].
+#[derive(Debug, Default)]
+pub struct Collect(pub TraceBatch);
+
+impl SpanSink for Collect {
+    fn resource(&mut self, resource: Resource) {
+        self.0.resource_spans.push(ResourceSpans {
+            resource,
+            scope_spans: Vec::new(),
+        });
+    }
+    fn scope(&mut self, scope: Scope) {
+        if let Some(rs) = self.0.resource_spans.last_mut() {
+            rs.scope_spans.push(ScopeSpans {
+                scope,
+                spans: Vec::new(),
+            });
+        }
+    }
+    fn span(&mut self, span: Span, _source_bytes: usize) -> Result<(), DecodeError> {
+        if let Some(ss) = self
+            .0
+            .resource_spans
+            .last_mut()
+            .and_then(|rs| rs.scope_spans.last_mut())
+        {
+            ss.spans.push(span);
+        }
+        Ok(())
+    }
+}
+
+/// Converts an OTLP/JSON trace export span by span into `sink` with the rules of
+/// [`traces`]: the body is walked in place ([`crate::decode::json::walk`]), each span is
+/// read into a small JSON tree and converted at once, so decoding never holds the whole
+/// request's JSON tree or wire types (issue 17 #14).
+pub(crate) fn traces_json(
+    body: &[u8],
+    limits: &Limits,
+    sink: &mut dyn SpanSink,
+) -> Result<Decoded<()>, DecodeError> {
+    struct Visit<'s> {
+        limits: Limits,
+        sink: &'s mut dyn SpanSink,
+        refusals: Refusals,
+    }
+    impl crate::decode::json::Envelope<pt::Span> for Visit<'_> {
+        fn resource(
+            &mut self,
+            r: Option<pr::Resource>,
+            schema_url: String,
+            p: &Path,
+        ) -> Result<(), DecodeError> {
+            let r = resource(r, schema_url, p, &self.limits)?;
+            self.sink.resource(r);
+            Ok(())
+        }
+        fn scope(
+            &mut self,
+            s: Option<pc::InstrumentationScope>,
+            schema_url: String,
+            p: &Path,
+        ) -> Result<(), DecodeError> {
+            let s = scope(s, schema_url, p, &self.limits)?;
+            self.sink.scope(s);
+            Ok(())
+        }
+        fn item(&mut self, sp: pt::Span, p: &Path, source_bytes: usize) -> Result<(), DecodeError> {
+            if let Some(span) = span(sp, p, &self.limits, &mut self.refusals)? {
+                self.sink.span(span, source_bytes)?;
+            }
+            Ok(())
+        }
+    }
+    let mut v = Visit {
+        limits: *limits,
+        sink,
+        refusals: Refusals::default(),
+    };
+    crate::decode::json::traces_walk(body, &mut v)?;
+    Ok(v.refusals.into_decoded((), "span"))
+}
 
 /// Converts and validates a trace export. Spans with an empty or all-zero trace or span id
 /// are refused one by one (partial success); wrong-length ids and over-deep attributes
 /// refuse the whole request.
+#[cfg(test)]
 pub(crate) fn traces(
     req: ExportTraceServiceRequest,
     limits: &Limits,
@@ -53,15 +156,16 @@ pub(crate) fn traces(
     ))
 }
 
-/// Decodes and converts a protobuf trace export one span at a time, with the rules of
-/// [`traces`]: the request is scanned in place ([`crate::decode::wire`]) and each span is decoded
-/// by prost from its own bytes and converted at once, so decoding holds the records plus
+/// Decodes and converts a protobuf trace export one span at a time into `sink`, with the
+/// rules of [`traces`]: the request is scanned in place ([`crate::decode::wire`]) and each
+/// span is decoded by prost from its own bytes and converted at once, so decoding holds
 /// one span's wire types, never the whole request's (issue 17 #14). Errors name the
 /// span's path.
 pub(crate) fn traces_wire(
     body: &[u8],
     limits: &Limits,
-) -> Result<Decoded<TraceBatch>, DecodeError> {
+    sink: &mut dyn SpanSink,
+) -> Result<Decoded<()>, DecodeError> {
     use crate::decode::wire::{self, Fields};
     use prost::Message;
     const WHAT: &str = "ExportTraceServiceRequest";
@@ -69,18 +173,18 @@ pub(crate) fn traces_wire(
     let mut refusals = Refusals::default();
     let root = Path::ROOT;
     let prs = root.field("resourceSpans");
-    let mut out = Vec::new();
+    let mut n_resources = 0;
     for f in Fields::new(body) {
         let (field, v) = f.map_err(|e| bad(&root, e))?;
         if field != 1 {
             continue;
         }
-        let pr = prs.index(out.len());
+        let pr = prs.index(n_resources);
+        n_resources += 1;
         let rs = wire::len(v).map_err(|e| bad(&pr, e))?;
         // First pass: the resource and schema URL (they may follow the scopes on the wire).
         let mut res: Option<pr::Resource> = None;
         let mut schema_url = String::new();
-        let mut n_scopes = 0;
         for f in Fields::new(rs) {
             let (field, v) = f.map_err(|e| bad(&pr, e))?;
             match field {
@@ -90,24 +194,23 @@ pub(crate) fn traces_wire(
                         .merge(b)
                         .map_err(|e| bad(&pr.field("resource"), &e.to_string()))?;
                 }
-                2 => n_scopes += 1,
                 3 => schema_url = wire::string(v).map_err(|e| bad(&pr.field("schemaUrl"), e))?,
                 _ => {}
             }
         }
-        let resource = resource(res, schema_url, &pr, limits)?;
+        sink.resource(resource(res, schema_url, &pr, limits)?);
         let pss = pr.field("scopeSpans");
-        let mut scopes = Vec::with_capacity(n_scopes);
+        let mut n_scope = 0;
         for f in Fields::new(rs) {
             let (field, v) = f.map_err(|e| bad(&pr, e))?;
             if field != 2 {
                 continue;
             }
-            let ps = pss.index(scopes.len());
+            let ps = pss.index(n_scope);
+            n_scope += 1;
             let ss = wire::len(v).map_err(|e| bad(&ps, e))?;
             let mut sc: Option<pc::InstrumentationScope> = None;
             let mut schema_url = String::new();
-            let mut n_spans = 0;
             for f in Fields::new(ss) {
                 let (field, v) = f.map_err(|e| bad(&ps, e))?;
                 match field {
@@ -117,16 +220,14 @@ pub(crate) fn traces_wire(
                             .merge(b)
                             .map_err(|e| bad(&ps.field("scope"), &e.to_string()))?;
                     }
-                    2 => n_spans += 1,
                     3 => {
                         schema_url = wire::string(v).map_err(|e| bad(&ps.field("schemaUrl"), e))?
                     }
                     _ => {}
                 }
             }
-            let scope = scope(sc, schema_url, &ps, limits)?;
+            sink.scope(scope(sc, schema_url, &ps, limits)?);
             let pspans = ps.field("spans");
-            let mut spans = Vec::with_capacity(n_spans);
             let mut i = 0;
             for f in Fields::new(ss) {
                 let (field, v) = f.map_err(|e| bad(&ps, e))?;
@@ -138,22 +239,12 @@ pub(crate) fn traces_wire(
                 let b = wire::len(v).map_err(|e| bad(&p, e))?;
                 let sp = pt::Span::decode(b).map_err(|e| bad(&p, &e.to_string()))?;
                 if let Some(span) = span(sp, &p, limits, &mut refusals)? {
-                    spans.push(span);
+                    sink.span(span, b.len())?;
                 }
             }
-            scopes.push(ScopeSpans { scope, spans });
         }
-        out.push(ResourceSpans {
-            resource,
-            scope_spans: scopes,
-        });
     }
-    Ok(refusals.into_decoded(
-        TraceBatch {
-            resource_spans: out,
-        },
-        "span",
-    ))
+    Ok(refusals.into_decoded((), "span"))
 }
 
 fn span(

@@ -6,11 +6,12 @@ use serde_json::Value;
 
 use super::scalar::{
     boolean, double, enumeration, f64_field, hex_id, i32_field, list, object, opt_f64_field,
-    opt_object, parse_root, ranged, string, take, u32_field, u64_field, Obj,
+    opt_object, ranged, string, take, u32_field, u64_field, Obj,
 };
-use super::{attributes, envelope, key_values};
+use super::{attributes, envelope, key_values, raw_list, raw_object, raw_take, tree};
 use crate::decode::path::Path;
 use crate::decode::DecodeError;
+use serde_json::value::RawValue;
 
 fn temporality_from_name(s: &str) -> Option<i32> {
     pm::AggregationTemporality::from_str_name(s).map(|k| k as i32)
@@ -18,17 +19,14 @@ fn temporality_from_name(s: &str) -> Option<i32> {
 
 /// Decodes an OTLP/JSON `ExportMetricsServiceRequest` (also a `MetricsData`).
 pub(crate) fn metrics(body: &[u8]) -> Result<ExportMetricsServiceRequest, DecodeError> {
-    let Some(mut root) = parse_root(body)? else {
-        return Ok(ExportMetricsServiceRequest::default());
-    };
     let resource_metrics = envelope(
-        &mut root,
+        body,
         [
             ("resourceMetrics", "resource_metrics"),
             ("scopeMetrics", "scope_metrics"),
             ("metrics", "metrics"),
         ],
-        metric,
+        metric_raw,
         |scope, metrics, schema_url| pm::ScopeMetrics {
             scope,
             metrics,
@@ -43,7 +41,8 @@ pub(crate) fn metrics(body: &[u8]) -> Result<ExportMetricsServiceRequest, Decode
     Ok(ExportMetricsServiceRequest { resource_metrics })
 }
 
-fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
+/// One metric from its JSON tree; its data points are numbered from `first` in paths.
+fn metric(v: Value, p: &Path, first: usize) -> Result<pm::Metric, DecodeError> {
     use pm::metric::Data;
     let mut o = object(v, p)?;
     let name = string(&mut o, "name", "name", p)?;
@@ -54,13 +53,13 @@ fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
     if let Some(mut g) = opt_object(&mut o, "gauge", "gauge", p)? {
         let pg = p.field("gauge");
         data.push(Data::Gauge(pm::Gauge {
-            data_points: number_points(&mut g, &pg)?,
+            data_points: number_points(&mut g, &pg, first)?,
         }));
     }
     if let Some(mut s) = opt_object(&mut o, "sum", "sum", p)? {
         let ps = p.field("sum");
         data.push(Data::Sum(pm::Sum {
-            data_points: number_points(&mut s, &ps)?,
+            data_points: number_points(&mut s, &ps, first)?,
             aggregation_temporality: temporality(&mut s, &ps)?,
             is_monotonic: take(&mut s, "isMonotonic", "is_monotonic")
                 .map(|v| boolean(v, &ps.field("isMonotonic")))
@@ -74,7 +73,7 @@ fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
         let pd = ph.field("dataPoints");
         let mut data_points = Vec::with_capacity(dps.len());
         for (i, dp) in dps.into_iter().enumerate() {
-            let pi = pd.index(i);
+            let pi = pd.index(first + i);
             let mut d = object(dp, &pi)?;
             data_points.push(pm::HistogramDataPoint {
                 attributes: attributes(&mut d, &pi)?,
@@ -106,7 +105,7 @@ fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
         let pd = ph.field("dataPoints");
         let mut data_points = Vec::with_capacity(dps.len());
         for (i, dp) in dps.into_iter().enumerate() {
-            let pi = pd.index(i);
+            let pi = pd.index(first + i);
             let mut d = object(dp, &pi)?;
             data_points.push(pm::ExponentialHistogramDataPoint {
                 attributes: attributes(&mut d, &pi)?,
@@ -141,7 +140,7 @@ fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
         let pd = ps.field("dataPoints");
         let mut data_points = Vec::with_capacity(dps.len());
         for (i, dp) in dps.into_iter().enumerate() {
-            let pi = pd.index(i);
+            let pi = pd.index(first + i);
             let mut d = object(dp, &pi)?;
             let qs = list(&mut d, "quantileValues", "quantile_values", &pi)?;
             let pq = pi.field("quantileValues");
@@ -186,6 +185,80 @@ fn metric(v: Value, p: &Path) -> Result<pm::Metric, DecodeError> {
     })
 }
 
+/// The members of a metric that hold its data points (lowerCamelCase, snake_case).
+const DATA_MEMBERS: [(&str, &str); 5] = [
+    ("gauge", "gauge"),
+    ("sum", "sum"),
+    ("histogram", "histogram"),
+    ("exponentialHistogram", "exponential_histogram"),
+    ("summary", "summary"),
+];
+/// Data points of one metric made into one JSON tree at a time.
+const POINTS_PER_TREE: usize = 1024;
+
+/// One metric from its unparsed text, with the rules of [`metric`], its data points
+/// [`POINTS_PER_TREE`] at a time: a metric holding most of a 20 MiB body never becomes one
+/// JSON tree (issue 17 #14).
+fn metric_raw(raw: &RawValue, p: &Path) -> Result<pm::Metric, DecodeError> {
+    use pm::metric::Data;
+    let mut o = raw_object(raw, p)?;
+    // Everything but the points, as one small tree: the checks of the whole metric.
+    let mut lists = Vec::new();
+    let mut head = Obj::new();
+    for (camel, snake) in DATA_MEMBERS {
+        let Some(r) = raw_take(&mut o, camel, snake) else {
+            continue;
+        };
+        let pd = p.field(camel);
+        let mut d = raw_object(r, &pd)?;
+        let points = raw_list(&mut d, "dataPoints", "data_points", &pd)?;
+        let mut rest = Obj::new();
+        for (k, v) in d {
+            rest.insert(k, tree(v)?);
+        }
+        head.insert(camel.to_string(), Value::Object(rest));
+        lists.push((camel, points));
+    }
+    for (k, v) in o {
+        head.insert(k, tree(v)?);
+    }
+    let mut m = metric(Value::Object(head), p, 0)?;
+    for (camel, points) in lists {
+        for (n, batch) in points.chunks(POINTS_PER_TREE).enumerate() {
+            let trees = batch
+                .iter()
+                .map(|r| tree(r))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut data = Obj::new();
+            data.insert("dataPoints".into(), Value::Array(trees));
+            let mut one = Obj::new();
+            one.insert(camel.to_string(), Value::Object(data));
+            let part = metric(Value::Object(one), p, n * POINTS_PER_TREE)?;
+            match (&mut m.data, part.data) {
+                (Some(Data::Gauge(a)), Some(Data::Gauge(b))) => a.data_points.extend(b.data_points),
+                (Some(Data::Sum(a)), Some(Data::Sum(b))) => a.data_points.extend(b.data_points),
+                (Some(Data::Histogram(a)), Some(Data::Histogram(b))) => {
+                    a.data_points.extend(b.data_points)
+                }
+                (Some(Data::ExponentialHistogram(a)), Some(Data::ExponentialHistogram(b))) => {
+                    a.data_points.extend(b.data_points)
+                }
+                (Some(Data::Summary(a)), Some(Data::Summary(b))) => {
+                    a.data_points.extend(b.data_points)
+                }
+                // `metric` refused a metric with more than one data member above.
+                _ => {
+                    return Err(DecodeError::at(
+                        p,
+                        "metric sets more than one of gauge, sum, histogram, exponentialHistogram, summary",
+                    ))
+                }
+            }
+        }
+    }
+    Ok(m)
+}
+
 fn temporality(o: &mut Obj, p: &Path) -> Result<i32, DecodeError> {
     enumeration(
         o,
@@ -197,13 +270,17 @@ fn temporality(o: &mut Obj, p: &Path) -> Result<i32, DecodeError> {
     )
 }
 
-fn number_points(o: &mut Obj, p: &Path) -> Result<Vec<pm::NumberDataPoint>, DecodeError> {
+fn number_points(
+    o: &mut Obj,
+    p: &Path,
+    first: usize,
+) -> Result<Vec<pm::NumberDataPoint>, DecodeError> {
     use pm::number_data_point::Value as NV;
     let dps = list(o, "dataPoints", "data_points", p)?;
     let pd = p.field("dataPoints");
     let mut out = Vec::with_capacity(dps.len());
     for (i, dp) in dps.into_iter().enumerate() {
-        let pi = pd.index(i);
+        let pi = pd.index(first + i);
         let mut d = object(dp, &pi)?;
         let as_double = take(&mut d, "asDouble", "as_double")
             .map(|v| double(v, &pi.field("asDouble")))

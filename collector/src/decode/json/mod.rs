@@ -22,11 +22,11 @@
 
 use base64::Engine as _;
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1 as pc;
 use opentelemetry_proto::tonic::logs::v1 as pl;
 use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::path::Path;
@@ -37,8 +37,8 @@ mod scalar;
 
 pub(crate) use metrics::metrics;
 use scalar::{
-    boolean, double, enumeration, hex_id, kind, list, object, opt_object, parse_root, ranged,
-    string, take, u32_field, u64_field, Obj, B64_STANDARD, B64_URL_SAFE,
+    boolean, double, enumeration, hex_id, kind, list, object, opt_object, ranged, string, take,
+    u32_field, u64_field, Obj, B64_STANDARD, B64_URL_SAFE,
 };
 
 fn any_value(v: Value, p: &Path) -> Result<pc::AnyValue, DecodeError> {
@@ -202,73 +202,240 @@ fn status_code_from_name(s: &str) -> Option<i32> {
 fn severity_from_name(s: &str) -> Option<i32> {
     pl::SeverityNumber::from_str_name(s).map(|k| k as i32)
 }
-/// Decodes an OTLP/JSON `ExportTraceServiceRequest` (also a `TracesData`).
-pub(crate) fn traces(body: &[u8]) -> Result<ExportTraceServiceRequest, DecodeError> {
-    let Some(mut root) = parse_root(body)? else {
-        return Ok(ExportTraceServiceRequest::default());
-    };
-    let resource_spans = envelope(
-        &mut root,
+/// Walks an OTLP/JSON `ExportTraceServiceRequest` (also a `TracesData`) span by span into
+/// `out` (see [`walk`]).
+pub(crate) fn traces_walk(
+    body: &[u8],
+    out: &mut dyn Envelope<pt::Span>,
+) -> Result<(), DecodeError> {
+    walk(
+        body,
         [
             ("resourceSpans", "resource_spans"),
             ("scopeSpans", "scope_spans"),
             ("spans", "spans"),
         ],
-        span,
-        |scope, spans, schema_url| pt::ScopeSpans {
-            scope,
-            spans,
-            schema_url,
-        },
-        |resource, scope_spans, schema_url| pt::ResourceSpans {
-            resource,
-            scope_spans,
-            schema_url,
-        },
-    )?;
-    Ok(ExportTraceServiceRequest { resource_spans })
+        |r, p| span(tree(r)?, p),
+        out,
+    )
+}
+
+/// What [`walk`] hands over, in document order: each resource, then each of its scopes,
+/// each followed by its items. Each call may fail, which ends the walk with that error.
+pub(crate) trait Envelope<T> {
+    /// A `resource{X}[]` entry starts: its resource and `schemaUrl`.
+    fn resource(
+        &mut self,
+        resource: Option<pr::Resource>,
+        schema_url: String,
+        p: &Path,
+    ) -> Result<(), DecodeError>;
+    /// A `scope{X}[]` entry of the current resource starts: its scope and `schemaUrl`.
+    fn scope(
+        &mut self,
+        scope: Option<pc::InstrumentationScope>,
+        schema_url: String,
+        p: &Path,
+    ) -> Result<(), DecodeError>;
+    /// One item of the current scope; `source_bytes` is its length in the body.
+    fn item(&mut self, item: T, p: &Path, source_bytes: usize) -> Result<(), DecodeError>;
+}
+
+/// A JSON object whose member values are left unparsed (slices of the body).
+type RawObj<'a> = std::collections::BTreeMap<String, &'a RawValue>;
+
+fn raw_kind(r: &RawValue) -> &'static str {
+    match r.get().trim_start().as_bytes().first() {
+        Some(b'n') => "null",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'"') => "a string",
+        Some(b'[') => "an array",
+        Some(b'{') => "an object",
+        _ => "a number",
+    }
+}
+
+fn invalid_json(e: serde_json::Error) -> DecodeError {
+    DecodeError::new(format!("invalid JSON: {e}"))
+}
+
+/// An unparsed value made into a JSON tree.
+pub(super) fn tree(r: &RawValue) -> Result<Value, DecodeError> {
+    serde_json::from_str(r.get()).map_err(invalid_json)
+}
+
+pub(super) fn raw_object<'a>(r: &'a RawValue, p: &Path) -> Result<RawObj<'a>, DecodeError> {
+    match raw_kind(r) {
+        "an object" => serde_json::from_str(r.get()).map_err(invalid_json),
+        other => Err(DecodeError::at(
+            p,
+            format!("expected an object, got {other}"),
+        )),
+    }
+}
+
+/// [`take`] on an unparsed object: the lowerCamelCase member, else the snake_case one;
+/// `null` counts as absent.
+pub(super) fn raw_take<'a>(
+    o: &mut RawObj<'a>,
+    camel: &'static str,
+    snake: &'static str,
+) -> Option<&'a RawValue> {
+    let is_null = |r: &&RawValue| raw_kind(r) == "null";
+    let v = match o.remove(camel) {
+        Some(r) if !is_null(&r) => Some(r),
+        _ if camel != snake => o.remove(snake),
+        other => other,
+    };
+    v.filter(|r| !is_null(r))
+}
+
+/// [`list`] on an unparsed object: the array's items, unparsed.
+pub(super) fn raw_list<'a>(
+    o: &mut RawObj<'a>,
+    camel: &'static str,
+    snake: &'static str,
+    p: &Path,
+) -> Result<Vec<&'a RawValue>, DecodeError> {
+    match raw_take(o, camel, snake) {
+        None => Ok(Vec::new()),
+        Some(r) if raw_kind(r) == "an array" => serde_json::from_str(r.get()).map_err(invalid_json),
+        Some(r) => Err(DecodeError::at(
+            &p.field(camel),
+            format!("expected an array, got {}", raw_kind(r)),
+        )),
+    }
+}
+
+/// The members of an unparsed object named in `keys`, parsed (the small ones: resource or
+/// scope and schema URL), as an [`Obj`] for the member readers.
+fn parsed_members(o: &mut RawObj<'_>, keys: &[&str]) -> Result<Obj, DecodeError> {
+    let mut out = Obj::new();
+    for k in keys {
+        if let Some(r) = o.remove(*k) {
+            out.insert(
+                (*k).to_string(),
+                serde_json::from_str(r.get()).map_err(invalid_json)?,
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// The envelope all three signals share: `resource{X}[]` (resource, schemaUrl) →
 /// `scope{X}[]` (scope, schemaUrl) → items, each level named in lowerCamelCase and
-/// snake_case (`names`), with field paths for error messages. `item` decodes one item;
-/// `scope_msg` and `resource_msg` build the protobuf messages.
-pub(super) fn envelope<T, S, R>(
-    root: &mut Obj,
+/// snake_case (`names`), with field paths for error messages. `item` decodes one item.
+///
+/// The body is checked as JSON once, then walked level by level with the members left as
+/// slices of the body; only one item at a time becomes a JSON tree, so a 20 MiB body never
+/// becomes a whole tree in memory (issue 17 #14). The rules are those of the member
+/// readers (`take`, `list`, `object`): camelCase wins unless `null`, `null` is absent, a
+/// duplicate member keeps its last value.
+pub(super) fn walk<T>(
+    body: &[u8],
     names: [(&'static str, &'static str); 3],
-    item: fn(Value, &Path) -> Result<T, DecodeError>,
+    item: fn(&RawValue, &Path) -> Result<T, DecodeError>,
+    out: &mut dyn Envelope<T>,
+) -> Result<(), DecodeError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(());
+    }
+    let whole: &RawValue = serde_json::from_slice(body).map_err(invalid_json)?;
+    if raw_kind(whole) != "an object" {
+        return Err(DecodeError::new(format!(
+            "invalid OTLP/JSON request: expected an object at the top level, got {}",
+            raw_kind(whole)
+        )));
+    }
+    let mut root: RawObj = serde_json::from_str(whole.get()).map_err(invalid_json)?;
+    let [(res_camel, res_snake), (scope_camel, scope_snake), (item_camel, item_snake)] = names;
+    let r = Path::ROOT;
+    let resources = raw_list(&mut root, res_camel, res_snake, &r)?;
+    drop(root);
+    let pres = r.field(res_camel);
+    for (ri, rv) in resources.into_iter().enumerate() {
+        let pr = pres.index(ri);
+        let mut raw = raw_object(rv, &pr)?;
+        let mut ro = parsed_members(&mut raw, &["resource", "schemaUrl", "schema_url"])?;
+        let resource = resource(&mut ro, &pr)?;
+        let schema_url = string(&mut ro, "schemaUrl", "schema_url", &pr)?;
+        let scopes = raw_list(&mut raw, scope_camel, scope_snake, &pr)?;
+        drop(raw);
+        out.resource(resource, schema_url, &pr)?;
+        let pscopes = pr.field(scope_camel);
+        for (si, sv) in scopes.into_iter().enumerate() {
+            let ps = pscopes.index(si);
+            let mut raw = raw_object(sv, &ps)?;
+            let mut so = parsed_members(&mut raw, &["scope", "schemaUrl", "schema_url"])?;
+            let scope = scope(&mut so, &ps)?;
+            let scope_schema_url = string(&mut so, "schemaUrl", "schema_url", &ps)?;
+            let values = raw_list(&mut raw, item_camel, item_snake, &ps)?;
+            drop(raw);
+            out.scope(scope, scope_schema_url, &ps)?;
+            let pitems = ps.field(item_camel);
+            for (i, v) in values.into_iter().enumerate() {
+                out.item(item(v, &pitems.index(i))?, &pitems.index(i), v.get().len())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`walk`] collected into the protobuf messages of a whole request: `scope_msg` and
+/// `resource_msg` build them (logs and metrics; traces stream through [`traces_walk`]).
+pub(super) fn envelope<T, S, R>(
+    body: &[u8],
+    names: [(&'static str, &'static str); 3],
+    item: fn(&RawValue, &Path) -> Result<T, DecodeError>,
     scope_msg: fn(Option<pc::InstrumentationScope>, Vec<T>, String) -> S,
     resource_msg: fn(Option<pr::Resource>, Vec<S>, String) -> R,
 ) -> Result<Vec<R>, DecodeError> {
-    let [(res_camel, res_snake), (scope_camel, scope_snake), (item_camel, item_snake)] = names;
-    let r = Path::ROOT;
-    let resources = list(root, res_camel, res_snake, &r)?;
-    let pres = r.field(res_camel);
-    let mut out = Vec::with_capacity(resources.len());
-    for (ri, rv) in resources.into_iter().enumerate() {
-        let pr = pres.index(ri);
-        let mut ro = object(rv, &pr)?;
-        let resource = resource(&mut ro, &pr)?;
-        let schema_url = string(&mut ro, "schemaUrl", "schema_url", &pr)?;
-        let scopes = list(&mut ro, scope_camel, scope_snake, &pr)?;
-        let pscopes = pr.field(scope_camel);
-        let mut scope_out = Vec::with_capacity(scopes.len());
-        for (si, sv) in scopes.into_iter().enumerate() {
-            let ps = pscopes.index(si);
-            let mut so = object(sv, &ps)?;
-            let scope = scope(&mut so, &ps)?;
-            let scope_schema_url = string(&mut so, "schemaUrl", "schema_url", &ps)?;
-            let values = list(&mut so, item_camel, item_snake, &ps)?;
-            let pitems = ps.field(item_camel);
-            let mut items = Vec::with_capacity(values.len());
-            for (i, v) in values.into_iter().enumerate() {
-                items.push(item(v, &pitems.index(i))?);
-            }
-            scope_out.push(scope_msg(scope, items, scope_schema_url));
-        }
-        out.push(resource_msg(resource, scope_out, schema_url));
+    type Scoped<T> = (Option<pc::InstrumentationScope>, String, Vec<T>);
+    struct Build<T> {
+        resources: Vec<(Option<pr::Resource>, String, Vec<Scoped<T>>)>,
     }
-    Ok(out)
+    impl<T> Envelope<T> for Build<T> {
+        fn resource(
+            &mut self,
+            resource: Option<pr::Resource>,
+            schema_url: String,
+            _: &Path,
+        ) -> Result<(), DecodeError> {
+            self.resources.push((resource, schema_url, Vec::new()));
+            Ok(())
+        }
+        fn scope(
+            &mut self,
+            scope: Option<pc::InstrumentationScope>,
+            schema_url: String,
+            _: &Path,
+        ) -> Result<(), DecodeError> {
+            if let Some(r) = self.resources.last_mut() {
+                r.2.push((scope, schema_url, Vec::new()));
+            }
+            Ok(())
+        }
+        fn item(&mut self, item: T, _: &Path, _: usize) -> Result<(), DecodeError> {
+            if let Some(s) = self.resources.last_mut().and_then(|r| r.2.last_mut()) {
+                s.2.push(item);
+            }
+            Ok(())
+        }
+    }
+    let mut b = Build {
+        resources: Vec::new(),
+    };
+    walk(body, names, item, &mut b)?;
+    Ok(b.resources
+        .into_iter()
+        .map(|(res, url, scopes)| {
+            let scopes = scopes
+                .into_iter()
+                .map(|(sc, url, items)| scope_msg(sc, items, url))
+                .collect();
+            resource_msg(res, scopes, url)
+        })
+        .collect())
 }
 
 fn span(v: Value, p: &Path) -> Result<pt::Span, DecodeError> {
@@ -365,17 +532,14 @@ fn span(v: Value, p: &Path) -> Result<pt::Span, DecodeError> {
 
 /// Decodes an OTLP/JSON `ExportLogsServiceRequest` (also a `LogsData`).
 pub(crate) fn logs(body: &[u8]) -> Result<ExportLogsServiceRequest, DecodeError> {
-    let Some(mut root) = parse_root(body)? else {
-        return Ok(ExportLogsServiceRequest::default());
-    };
     let resource_logs = envelope(
-        &mut root,
+        body,
         [
             ("resourceLogs", "resource_logs"),
             ("scopeLogs", "scope_logs"),
             ("logRecords", "log_records"),
         ],
-        log_record,
+        |r, p| log_record(tree(r)?, p),
         |scope, log_records, schema_url| pl::ScopeLogs {
             scope,
             log_records,

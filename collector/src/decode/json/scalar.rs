@@ -31,22 +31,6 @@ pub(super) fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// Parses the body; `None` for an empty (or whitespace-only) body.
-pub(super) fn parse_root(body: &[u8]) -> Result<Option<Obj>, DecodeError> {
-    if body.iter().all(|b| b.is_ascii_whitespace()) {
-        return Ok(None);
-    }
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| DecodeError::new(format!("invalid JSON: {e}")))?;
-    match v {
-        Value::Object(o) => Ok(Some(o)),
-        other => Err(DecodeError::new(format!(
-            "invalid OTLP/JSON request: expected an object at the top level, got {}",
-            kind(&other)
-        ))),
-    }
-}
-
 /// Removes a member by its lowerCamelCase or snake_case name; `null` counts as absent.
 pub(super) fn take(o: &mut Obj, camel: &'static str, snake: &'static str) -> Option<Value> {
     let v = match o.remove(camel) {

@@ -241,6 +241,13 @@ impl Writer {
                     c.spans += stored;
                     c.duplicates += dups;
                 }
+                Prepared::TraceChunks(chunks) => {
+                    for t in chunks {
+                        let (stored, dups) = self.apply_traces(t, received)?;
+                        c.spans += stored;
+                        c.duplicates += dups;
+                    }
+                }
                 Prepared::Logs(rows) => {
                     let mut st = self.conn.prepare_cached(
                         "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id,

@@ -52,8 +52,11 @@ const SIZE_HIGH_PERCENT: u64 = 85;
 /// ... and deletes the oldest telemetry down to this share (the low watermark, 75%), so
 /// the pages it frees are reused by the next commits and the file stays put.
 const SIZE_LOW_PERCENT: u64 = 75;
-/// Writer connection page cache: 32 MiB.
-const WRITER_CACHE_KIB: i64 = 32 * 1024;
+/// Writer connection page cache: 8 MiB. At 32 MiB a large export's freshly written pages
+/// stayed cached, one more copy of its payload in memory (issue 17 #14); the writer mostly
+/// appends, so the pages it revisits (indexes, postings) are few. Its effect on the
+/// sustained ingest rate was not re-measured with `benches/ingest.rs`.
+const WRITER_CACHE_KIB: i64 = 8 * 1024;
 /// While degraded and idle, how often the writer probes whether storage is back.
 const DEGRADED_PROBE_EVERY: Duration = Duration::from_secs(1);
 
@@ -71,6 +74,9 @@ pub struct Degraded {
 pub(crate) enum Prepared {
     /// A trace export.
     Traces(PreparedTraces),
+    /// A trace export encoded in chunks: one `span_batches` row each, all in the same
+    /// transaction (the group's).
+    TraceChunks(Vec<PreparedTraces>),
     /// A log export.
     Logs(Vec<LogRow>),
     /// A metrics export.
@@ -81,6 +87,7 @@ impl Prepared {
     fn bytes(&self) -> usize {
         match self {
             Prepared::Traces(t) => t.bytes(),
+            Prepared::TraceChunks(c) => c.iter().map(PreparedTraces::bytes).sum(),
             Prepared::Logs(l) => l.iter().map(|r| r.payload.len() + 64).sum(),
             Prepared::Metrics(m) => m.iter().map(|r| r.payload.len() + 64).sum(),
         }
