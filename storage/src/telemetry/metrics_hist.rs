@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::model::{MetricKind, MetricPoint};
+use crate::model::MetricKind;
 
 /// A number in a point's `detail` JSON (numbers, or `"NaN"`/`"Infinity"`/`"-Infinity"`).
 fn jnum(v: &Value) -> Option<f64> {
@@ -78,9 +78,21 @@ fn exp_buckets(v: Option<&Value>) -> BTreeMap<i32, u64> {
 
 impl Hist {
     /// Reads a histogram or exponential histogram point.
-    pub(crate) fn from_point(p: &MetricPoint) -> Option<Hist> {
-        let d: Value = serde_json::from_str(&p.detail).ok()?;
-        let dist = match p.kind {
+    #[cfg(test)]
+    pub(crate) fn from_point(p: &crate::model::MetricPoint) -> Option<Hist> {
+        Self::from_detail(p.kind, p.count, p.sum, &p.detail)
+    }
+
+    /// Reads a histogram or exponential histogram from a point's kind, `count`, `sum` and
+    /// `detail` JSON (what [`Hist::from_point`] reads of the point).
+    pub(crate) fn from_detail(
+        kind: MetricKind,
+        count: Option<u64>,
+        sum: Option<f64>,
+        detail: &str,
+    ) -> Option<Hist> {
+        let d: Value = serde_json::from_str(detail).ok()?;
+        let dist = match kind {
             MetricKind::Histogram => Dist::Explicit {
                 bounds: d
                     .get("explicit_bounds")
@@ -99,8 +111,8 @@ impl Hist {
         };
         Some(Hist {
             dist,
-            count: p.count.unwrap_or(0),
-            sum: p.sum,
+            count: count.unwrap_or(0),
+            sum,
             min: d.get("min").and_then(jnum),
             max: d.get("max").and_then(jnum),
         })

@@ -211,6 +211,110 @@ fn decode_point(payload: &[u8]) -> Result<(Resource, Scope, MetricPoint), Storag
     postcard::from_bytes(payload).map_err(|e| StorageError::Corrupt(e.to_string()))
 }
 
+/// Borrowing mirrors of the stored payload `(Resource, Scope, MetricPoint)` (the same
+/// fields in the same order, so the same postcard encoding), for the histogram steps:
+/// they need only a point's kind, start time, `count`, `sum` and `detail`, and reading
+/// the strings in place saves an allocation per string and attribute of every step's
+/// payload. `tests::lean_payload_reads_what_the_full_decode_reads` holds them to the model.
+mod lean {
+    use serde::Deserialize;
+
+    use crate::model::MetricKind;
+
+    /// `model::AnyValue`.
+    #[derive(Deserialize)]
+    #[allow(dead_code)] // read only to move past it
+    pub(super) enum AnyValue<'a> {
+        Empty,
+        String(&'a str),
+        Bool(bool),
+        Int(i64),
+        Double(f64),
+        Bytes(Vec<u8>),
+        Array(#[serde(borrow)] Vec<AnyValue<'a>>),
+        KvList(#[serde(borrow)] Vec<KeyValue<'a>>),
+    }
+
+    /// `model::KeyValue`.
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    pub(super) struct KeyValue<'a> {
+        key: &'a str,
+        #[serde(borrow)]
+        value: AnyValue<'a>,
+    }
+
+    /// `model::Resource`.
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    pub(super) struct Resource<'a> {
+        #[serde(borrow)]
+        attributes: Vec<KeyValue<'a>>,
+        dropped_attributes_count: u32,
+        schema_url: &'a str,
+    }
+
+    /// `model::Scope`.
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    pub(super) struct Scope<'a> {
+        name: &'a str,
+        version: &'a str,
+        #[serde(borrow)]
+        attributes: Vec<KeyValue<'a>>,
+        dropped_attributes_count: u32,
+        schema_url: &'a str,
+    }
+
+    /// `model::MetricPoint`.
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    pub(super) struct MetricPoint<'a> {
+        name: &'a str,
+        description: &'a str,
+        unit: &'a str,
+        pub(super) kind: MetricKind,
+        pub(super) start_time_unix_nano: u64,
+        time_unix_nano: u64,
+        value: Option<f64>,
+        pub(super) count: Option<u64>,
+        pub(super) sum: Option<f64>,
+        #[serde(borrow)]
+        attributes: Vec<KeyValue<'a>>,
+        pub(super) detail: &'a str,
+    }
+
+    /// A whole stored payload.
+    pub(super) type Payload<'a> = (Resource<'a>, Scope<'a>, MetricPoint<'a>);
+}
+
+/// Stored payloads by point id, read into one reused buffer.
+struct Payloads<'c> {
+    by_id: rusqlite::CachedStatement<'c>,
+    buf: Vec<u8>,
+}
+
+impl Payloads<'_> {
+    /// The payload of point `id` (valid until the next call).
+    fn get(&mut self, id: i64) -> Result<&[u8], StorageError> {
+        let buf = &mut self.buf;
+        buf.clear();
+        self.by_id.query_row([id], |r| {
+            buf.extend_from_slice(r.get_ref(0)?.as_blob()?);
+            Ok(())
+        })?;
+        Ok(&self.buf)
+    }
+}
+
+/// A stored point's histogram and start time, read from its payload without decoding
+/// its strings into owned values; `Ok(None)` when it holds no histogram.
+fn hist_of(payload: &[u8]) -> Result<Option<(u64, Hist)>, StorageError> {
+    let (_, _, p): lean::Payload<'_> =
+        postcard::from_bytes(payload).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    Ok(Hist::from_detail(p.kind, p.count, p.sum, p.detail).map(|h| (p.start_time_unix_nano, h)))
+}
+
 /// One (series, step) as the points query aggregated it; `last_*` are the columns of the
 /// step's latest point (greatest `(time_unix_nano, id)`).
 struct Group {
@@ -358,10 +462,9 @@ pub(super) fn metric_series(
 ) -> Result<Vec<MetricSeries>, StorageError> {
     let step_ns = q.step_ns.max(1);
     snapshot(conn, |c| {
-        let mut by_id = c.prepare_cached("SELECT payload FROM metric_points WHERE id = ?1")?;
-        let mut payload_of = |id: i64| -> Result<(Resource, Scope, MetricPoint), StorageError> {
-            let payload: Vec<u8> = by_id.query_row([id], |r| r.get(0))?;
-            decode_point(&payload)
+        let mut payloads = Payloads {
+            by_id: c.prepare_cached("SELECT payload FROM metric_points WHERE id = ?1")?,
+            buf: Vec::new(),
         };
         let step_start = |k: u64| q.from_unix_nano.saturating_add(k.saturating_mul(step_ns));
         let mut out: Vec<((i64, i64), MetricSeries)> = Vec::new();
@@ -376,7 +479,7 @@ pub(super) fn metric_series(
                 let Some((first_time, first_id)) = series_first(c, q, &service, key)? else {
                     continue;
                 };
-                let (res, scope, p) = payload_of(first_id)?;
+                let (res, scope, p) = decode_point(payloads.get(first_id)?)?;
                 let d: Value = serde_json::from_str(&p.detail).unwrap_or(Value::Null);
                 let temporality = d
                     .get("aggregation_temporality")
@@ -421,8 +524,7 @@ pub(super) fn metric_series(
                             g.ids.sort_unstable();
                             let mut merged: Option<Option<Hist>> = None;
                             for (_, id) in &g.ids {
-                                let (_, _, p) = payload_of(*id)?;
-                                let h = Hist::from_point(&p);
+                                let h = hist_of(payloads.get(*id)?)?.map(|(_, h)| h);
                                 merged = Some(match merged {
                                     None => h,
                                     Some(acc) => acc.zip(h).and_then(|(a, b)| a.add(&b)),
@@ -433,9 +535,7 @@ pub(super) fn metric_series(
                             }
                         }
                         _ => {
-                            let (_, _, p) = payload_of(g.last_id)?;
-                            if let Some(h) = Hist::from_point(&p) {
-                                let start = p.start_time_unix_nano;
+                            if let Some((start, h)) = hist_of(payloads.get(g.last_id)?)? {
                                 let observed = match &prev_hist {
                                     Some((s, prev)) if *s == start => h.minus(prev),
                                     _ => None,
@@ -550,6 +650,56 @@ mod tests {
             sum: hist.then_some(c as f64 * 2.5),
             attributes: vec![KeyValue::new("set", AnyValue::String(format!("s{set}")))],
             detail,
+        }
+    }
+
+    /// The borrowing payload mirror reads what the full decode reads, for a payload with
+    /// every attribute value kind, encoded as the writer encodes it.
+    #[test]
+    fn lean_payload_reads_what_the_full_decode_reads() {
+        let kv = |k: &str, v: AnyValue| KeyValue::new(k, v);
+        let every = vec![
+            kv("e", AnyValue::Empty),
+            kv("s", AnyValue::String("x".into())),
+            kv("b", AnyValue::Bool(true)),
+            kv("i", AnyValue::Int(-7)),
+            kv("d", AnyValue::Double(f64::NAN)),
+            kv("y", AnyValue::Bytes(vec![0, 255, 3])),
+            kv(
+                "a",
+                AnyValue::Array(vec![AnyValue::Int(1), AnyValue::String("z".into())]),
+            ),
+            kv(
+                "l",
+                AnyValue::KvList(vec![kv("n", AnyValue::Array(vec![AnyValue::Empty]))]),
+            ),
+        ];
+        let res = Resource {
+            attributes: every.clone(),
+            dropped_attributes_count: 3,
+            schema_url: "https://r".into(),
+        };
+        let scope = Scope {
+            name: "sc".into(),
+            version: "1.2".into(),
+            attributes: every.clone(),
+            dropped_attributes_count: 4,
+            schema_url: "https://s".into(),
+        };
+        for (kind, temp) in [
+            (MetricKind::Histogram, CUM),
+            (MetricKind::ExponentialHistogram, DELTA),
+            (MetricKind::Gauge, CUM),
+        ] {
+            let mut p = point("h", kind, temp, 1, 45, 99 * SEC);
+            p.attributes = every.clone();
+            let prefix = postcard::to_allocvec(&(&res, &scope)).unwrap();
+            let payload = postcard::to_extend(&p, prefix).unwrap();
+            let (_, _, full) = decode_point(&payload).unwrap();
+            let want = Hist::from_point(&full).map(|h| (full.start_time_unix_nano, h));
+            assert_eq!(want.is_some(), kind != MetricKind::Gauge);
+            assert_eq!(hist_of(&payload).unwrap(), want);
+            assert!(hist_of(&payload[..payload.len() - 1]).is_err());
         }
     }
 
