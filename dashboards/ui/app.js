@@ -112,6 +112,17 @@ function connectLive() {
     if (state.render) state.render("board");
   });
 }
+// Leaving the page closes the stream. A page kept in Chromium's back/forward cache keeps its
+// EventSource's connection open (and its slot in the browser's 6 HTTP/1.1 connections per
+// host), so six pages left that way made the next page load wait ~1 min for a connection
+// (issue 13's trace-view bench). Coming back from that cache reconnects, resuming after the
+// newest incident seen (replayed by the server).
+window.addEventListener("pagehide", () => {
+  if (state.es) { state.es.close(); state.es = null; }
+});
+window.addEventListener("pageshow", ev => {
+  if (ev.persisted && !state.es) connectLive();
+});
 
 // ---------- Now ----------
 function sparkline(samples) {

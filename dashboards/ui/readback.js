@@ -54,9 +54,20 @@ async function viewLogs(params) {
     } catch (e) { status.replaceChildren(errorBox(e)); }
   };
   let es = null;
+  // the stream ends with this view (any route change re-renders it) and when the page is
+  // left: a page kept in the back/forward cache would otherwise hold one of the browser's
+  // 6 connections per host (see pagehide in app.js)
+  const stop = () => {
+    if (es) { es.close(); es = null; }
+    live.checked = false;
+    window.removeEventListener("hashchange", stop);
+    window.removeEventListener("pagehide", stop);
+  };
   live.addEventListener("change", () => {
     if (es) { es.close(); es = null; }
     if (!live.checked) return;
+    window.addEventListener("hashchange", stop);
+    window.addEventListener("pagehide", stop);
     es = new EventSource(`/api/v1/logs/stream?${q}`);
     es.addEventListener("logs", (ev) => {
       if (!document.body.contains(tbody)) { es.close(); return; }
