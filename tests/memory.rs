@@ -122,21 +122,37 @@ fn big_export(seed: u64) -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// `head`, then the items `item(1)`, `item(2)`, ... joined by commas while the body stays
+/// within [`JSON_BODY_BYTES`], then `tail`; answers the body and the item count.
+fn json_until_cap(head: &str, tail: &str, mut item: impl FnMut(u64) -> String) -> (Vec<u8>, usize) {
+    let mut out = String::from(head);
+    let mut n = 0usize;
+    loop {
+        let next = item(n as u64 + 1);
+        if out.len() + next.len() + 1 + tail.len() > JSON_BODY_BYTES {
+            break;
+        }
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(&next);
+        n += 1;
+    }
+    out.push_str(tail);
+    (out.into_bytes(), n)
+}
+
 /// The same spans as OTLP/JSON (ids in hex, 64-bit integers as strings) until the body
 /// reaches [`JSON_BODY_BYTES`]; answers the body and its span count.
 fn big_json_export() -> (Vec<u8>, usize) {
     let head = r#"{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"memory-probe"}}]},"scopeSpans":[{"scope":{"name":"memory"},"spans":["#;
-    let tail = "]}]}]}";
-    let mut out = String::from(head);
-    let mut i: u64 = 0;
-    loop {
+    json_until_cap(head, "]}]}]}", |next| {
         let mut span = String::with_capacity(1024);
-        let parent = if (i + 1) % 8 == 1 {
+        let parent = if next % 8 == 1 {
             String::new()
         } else {
-            format!("{:016x}", i)
+            format!("{:016x}", next - 1)
         };
-        let next = i + 1;
         span.push_str(&format!(
             r#"{{"traceId":"{}","spanId":"{:016x}","parentSpanId":"{parent}","name":"tools/call read_file {}","kind":3,"startTimeUnixNano":"{}","endTimeUnixNano":"{}","attributes":["#,
             hex::encode(trace_id(0, next)),
@@ -157,17 +173,8 @@ fn big_json_export() -> (Vec<u8>, usize) {
             span.push_str(&format!(r#"{{"key":"{k}","value":{v}}}"#));
         }
         span.push_str("]}");
-        if out.len() + span.len() + 1 + tail.len() > JSON_BODY_BYTES {
-            break;
-        }
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&span);
-        i = next;
-    }
-    out.push_str(tail);
-    (out.into_bytes(), i as usize)
+        span
+    })
 }
 
 fn spans_in(body: &[u8]) -> usize {
@@ -525,11 +532,7 @@ fn one_19_mib_metrics_export_raises_peak_memory_by_a_bounded_multiple() {
 /// [`JSON_BODY_BYTES`]; answers the body and its record count.
 fn big_json_logs_export() -> (Vec<u8>, usize) {
     let head = r#"{"resourceLogs":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"memory-probe"}}]},"scopeLogs":[{"logRecords":["#;
-    let tail = "]}]}]}";
-    let mut out = String::from(head);
-    let mut n = 0usize;
-    loop {
-        let i = n as u64 + 1;
+    json_until_cap(head, "]}]}]}", |i| {
         let attrs: Vec<String> = attrs(i)
             .into_iter()
             .take(6)
@@ -541,25 +544,15 @@ fn big_json_logs_export() -> (Vec<u8>, usize) {
                 _ => unreachable!("only strings and integers"),
             })
             .collect();
-        let rec = format!(
+        format!(
             r#"{{"timeUnixNano":"{}","severityNumber":9,"severityText":"INFO","body":{{"stringValue":"tool read_file returned {i}: {:0>96x}"}},"attributes":[{}],"traceId":"{}","spanId":"{:016x}"}}"#,
             1_700_000_000_000_000_000 + i * 1000,
             i * 0x9e37,
             attrs.join(","),
             hex::encode(trace_id(0, i)),
             i
-        );
-        if out.len() + rec.len() + 1 + tail.len() > JSON_BODY_BYTES {
-            break;
-        }
-        if n > 0 {
-            out.push(',');
-        }
-        out.push_str(&rec);
-        n += 1;
-    }
-    out.push_str(tail);
-    (out.into_bytes(), n)
+        )
+    })
 }
 
 #[test]
@@ -587,11 +580,7 @@ fn one_json_log_export_near_the_cap_raises_peak_memory_by_a_bounded_multiple() {
 /// [`JSON_BODY_BYTES`]; answers the body and its point count.
 fn big_json_metrics_export() -> (Vec<u8>, usize) {
     let head = r#"{"resourceMetrics":[{"resource":{"attributes":[{"key":"service.name","value":{"stringValue":"memory-probe"}}]},"scopeMetrics":[{"metrics":[{"name":"memory.probe","gauge":{"dataPoints":["#;
-    let tail = "]}}]}]}]}";
-    let mut out = String::from(head);
-    let mut n = 0usize;
-    loop {
-        let i = n as u64 + 1;
+    json_until_cap(head, "]}}]}]}]}", |i| {
         let attrs: Vec<String> = attrs(i)
             .into_iter()
             .skip(3)
@@ -603,23 +592,13 @@ fn big_json_metrics_export() -> (Vec<u8>, usize) {
                 _ => unreachable!("only strings"),
             })
             .collect();
-        let point = format!(
+        format!(
             r#"{{"timeUnixNano":"{}","asDouble":{},"attributes":[{}]}}"#,
             1_700_000_000_000_000_000 + i * 1000,
             i as f64 * 0.5,
             attrs.join(",")
-        );
-        if out.len() + point.len() + 1 + tail.len() > JSON_BODY_BYTES {
-            break;
-        }
-        if n > 0 {
-            out.push(',');
-        }
-        out.push_str(&point);
-        n += 1;
-    }
-    out.push_str(tail);
-    (out.into_bytes(), n)
+        )
+    })
 }
 
 #[test]
