@@ -525,3 +525,113 @@ async fn stalled_body_is_refused_and_releases_the_budget() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A valid span of the multi-chunk exports below (~300 bytes on the wire).
+fn chunk_test_span(i: u64) -> opentelemetry_proto::tonic::trace::v1::Span {
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    let mut trace_id = [0u8; 16];
+    // 32 spans a trace: 625 traces, within `stored_span_total`'s page of 1,000
+    trace_id[..8].copy_from_slice(&(i / 32 + 1).to_be_bytes());
+    opentelemetry_proto::tonic::trace::v1::Span {
+        trace_id: trace_id.to_vec(),
+        span_id: (i + 1).to_be_bytes().to_vec(),
+        name: format!("tools/call read_file {i}"),
+        start_time_unix_nano: 1_700_000_000_000_000_000 + i,
+        end_time_unix_nano: 1_700_000_000_000_500_000 + i,
+        attributes: (0..6)
+            .map(|k| KeyValue {
+                key: format!("workbench.attr.{k}"),
+                value: Some(AnyValue {
+                    value: Some(any_value::Value::StringValue(format!(
+                        "{:032x}",
+                        i * 31 + k
+                    ))),
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Issue 17 #14: a large export is encoded for storage in ~1 MiB chunks while it decodes,
+/// but a bad span in its last chunk still refuses the whole request with a 400 and stores
+/// none of the earlier chunks, over protobuf and OTLP/JSON; the same export without the
+/// bad span is stored whole (the healthy case), and the server keeps serving.
+#[tokio::test]
+async fn a_bad_span_in_the_last_chunk_of_a_large_export_stores_nothing() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+    let h = start().await;
+    // ~6 MiB of spans: several chunks before the bad one
+    let n = 20_000u64;
+    let request = |bad: bool| {
+        let mut spans: Vec<_> = (0..n).map(chunk_test_span).collect();
+        if bad {
+            spans.push(opentelemetry_proto::tonic::trace::v1::Span {
+                trace_id: vec![7; 5],
+                ..chunk_test_span(n)
+            });
+        }
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    };
+    let body = request(true).encode_to_vec();
+    assert!(body.len() > 5 * 1024 * 1024, "{} bytes", body.len());
+    let r = h
+        .post("/v1/traces", "application/x-protobuf", None, body)
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        h.stored_span_total().await,
+        0,
+        "protobuf: chunks were stored"
+    );
+
+    // the same as OTLP/JSON (ids in hex), the bad span last
+    let mut json_spans: Vec<Value> = (0..n)
+        .map(|i| {
+            let s = chunk_test_span(i);
+            json!({
+                "traceId": hex::encode(&s.trace_id),
+                "spanId": hex::encode(&s.span_id),
+                "name": s.name,
+                "startTimeUnixNano": s.start_time_unix_nano.to_string(),
+                "endTimeUnixNano": s.end_time_unix_nano.to_string(),
+                "attributes": s.attributes.iter().enumerate().map(|(k, _)| json!({
+                    "key": format!("workbench.attr.{k}"),
+                    "value": {"stringValue": format!("{:032x}", i * 31 + k as u64)},
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json_spans.push(json!({"traceId": "not hex at all, and too short", "spanId": "0102030405060708", "name": "bad"}));
+    let json_body =
+        serde_json::to_vec(&json!({"resourceSpans": [{"scopeSpans": [{"spans": json_spans}]}]}))
+            .expect("json");
+    assert!(json_body.len() > 5 * 1024 * 1024);
+    let r = h
+        .post("/v1/traces", "application/json", None, json_body)
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(h.stored_span_total().await, 0, "JSON: chunks were stored");
+
+    // the healthy case: the same export without the bad span is stored whole
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/x-protobuf",
+            None,
+            request(false).encode_to_vec(),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.stored_span_total().await, n);
+}
