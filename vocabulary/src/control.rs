@@ -44,7 +44,9 @@ pub struct Observation {
 /// The committed records of one export request.
 #[derive(Clone, Debug)]
 pub enum ObservedData {
-    /// A trace export, every span whole.
+    /// A trace export, every span whole. The collector sends [`ObservedData::Traces`];
+    /// this whole-batch form is what the watchdog's tests and benches send (the watchdog
+    /// reads both the same way).
     Spans(Arc<TraceBatch>),
     /// A trace export as the collector sends it: the spans the watchdog reads whole
     /// ([`crate::model::Span::watched_whole`]: open spans and Logfire pending twins, with
