@@ -51,16 +51,8 @@ fn export_under_fault(
 }
 
 fn metric(server: &Server, line_prefix: &str) -> u64 {
-    let text = http_client()
-        .get(server.api("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    server
+        .metric(line_prefix)
         .unwrap_or_else(|| panic!("no metric line {line_prefix} in /metrics"))
 }
 

@@ -199,17 +199,7 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 /// Records stallwatch says it committed: the `/metrics` counter `counter`
 /// (`stallwatch_otlp_spans_received_total`, ...).
 fn committed(server: &Server, counter: &str) -> u64 {
-    let text = http_client()
-        .get(server.api("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    text.lines()
-        .find(|l| l.strip_prefix(counter).is_some_and(|r| r.starts_with(' ')))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    server.metric(&format!("{counter} ")).unwrap_or(0)
 }
 
 /// Starts a fresh server, runs `send`, checks that `spans` spans were committed and the

@@ -188,6 +188,22 @@ impl Server {
         )
     }
 
+    /// The value of the first `/metrics` line that starts with `line_prefix` (a metric
+    /// name and a space, or a name with its labels), or `None` when there is no such line.
+    pub fn metric(&self, line_prefix: &str) -> Option<u64> {
+        let text = http_client()
+            .get(self.api("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with(line_prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
     /// What it wrote on stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
