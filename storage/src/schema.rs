@@ -42,6 +42,9 @@ const MIGRATIONS: &[&[Step]] = &[
     ],
     // 4: the metric point index by series then time (issue 13, points query speed)
     &[Sql(crate::telemetry::SERIES_INDEX_SCHEMA)],
+    // 5: the trace index as sorted runs, appended and compacted (issue 16, ingest speed
+    // with millions of spans stored)
+    &[Sql(crate::telemetry::TRACE_RUNS_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

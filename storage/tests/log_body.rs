@@ -232,6 +232,10 @@ async fn migration_3_back_fills_the_body_index_from_stored_rows() {
              DROP TABLE logs_body;
              DROP INDEX metric_points_series;
              CREATE INDEX metric_points_name_time ON metric_points(name, time_unix_nano);
+             CREATE TABLE v4 (trace_id BLOB PRIMARY KEY, batches BLOB NOT NULL) WITHOUT ROWID;
+             DROP TABLE trace_index;
+             DROP TABLE trace_runs;
+             ALTER TABLE v4 RENAME TO trace_index;
              PRAGMA user_version = 2;",
         )
         .unwrap();

@@ -544,6 +544,10 @@ async fn migration_4_moves_the_point_index_to_series_then_time() {
             "DROP INDEX metric_points_series;
              CREATE INDEX metric_points_series_time
                  ON metric_points(name, service, time_unix_nano, series, value, count, sum);
+             CREATE TABLE v4 (trace_id BLOB PRIMARY KEY, batches BLOB NOT NULL) WITHOUT ROWID;
+             DROP TABLE trace_index;
+             DROP TABLE trace_runs;
+             ALTER TABLE v4 RENAME TO trace_index;
              PRAGMA user_version = 3;",
         )
         .unwrap();

@@ -1040,6 +1040,165 @@ async fn traces_survive_the_index_merge_and_a_restart() {
     storage.shutdown().await;
 }
 
+/// The trace index as runs (schema migration 5): (run, lo, hi, units), oldest first.
+fn trace_runs(path: &std::path::Path) -> Vec<(i64, i64, i64, i64)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut st = conn
+        .prepare("SELECT run, lo, hi, units FROM trace_runs ORDER BY run")
+        .unwrap();
+    let rows = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+#[tokio::test]
+async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
+    // one trace per batch, plus `long` with a span in every 50th batch
+    fn own(i: u32) -> TraceId {
+        let b = i.to_le_bytes();
+        TraceId([b[0], b[1], 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7])
+    }
+    let long = TraceId([0xee; 16]);
+    let req = |i: u32| {
+        let mut spans = vec![span(own(i), sid(1), "own", 1, 2)];
+        if i % 50 == 0 {
+            let b = i.to_le_bytes();
+            spans.push(span(
+                long,
+                SpanId([b[0], b[1], 1, 1, 1, 1, 1, 1]),
+                "long",
+                1,
+                2,
+            ));
+        }
+        batch(Some("r"), spans)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir);
+    cfg.retention = Duration::from_millis(1500);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    for i in 0..200 {
+        storage.write_traces(req(i)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    for i in 200..300 {
+        storage.write_traces(req(i)).await.unwrap();
+    }
+    // the first merge (256 batches) wrote run 1, covering old and new batches
+    assert_eq!(trace_runs(&cfg.path), vec![(1, 1, 256, 1)]);
+    let report = storage.run_retention().await.unwrap();
+    assert_eq!(
+        (report.batches_deleted, report.traces_deleted),
+        (200, 200),
+        "{report:?}"
+    );
+    // run 1 still covers live batches: kept, with the deleted batches' ids in it
+    assert_eq!(trace_runs(&cfg.path), vec![(1, 1, 256, 1)]);
+    assert!(storage.trace(own(0)).await.unwrap().is_none());
+    assert!(storage.trace(own(199)).await.unwrap().is_none());
+    assert!(storage.trace(own(200)).await.unwrap().is_some());
+    assert_eq!(names_of(&storage, long).await.len(), 2);
+
+    // three more merges: four runs of one unit compact into one of four units
+    for i in 300..1034 {
+        storage.write_traces(req(i)).await.unwrap();
+    }
+    assert_eq!(trace_runs(&cfg.path), vec![(5, 1, 1024, 4)]);
+    {
+        // the compaction dropped the deleted batches' ids, and the traces left with none
+        let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+        let mut st = conn.prepare("SELECT batches FROM trace_index").unwrap();
+        let lists: Vec<Vec<u8>> = st
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            lists.len(),
+            1024 - 200 + 1,
+            "rows: one per live merged trace"
+        );
+        for l in &lists {
+            for c in l.chunks_exact(8) {
+                let id = i64::from_le_bytes(c.try_into().unwrap());
+                assert!((201..=1024).contains(&id), "stale batch id {id}");
+            }
+        }
+    }
+    // every copy of `long` is found across the run and the unmerged batches, and a re-sent
+    // copy from a compacted batch is still a duplicate
+    let long_spans = 2 + (300..1034).filter(|i| i % 50 == 0).count();
+    assert_eq!(names_of(&storage, long).await.len(), long_spans);
+    storage.write_traces(req(250)).await.unwrap();
+    assert_eq!(names_of(&storage, long).await.len(), long_spans);
+    assert_eq!(names_of(&storage, own(250)).await.len(), 1);
+    storage.shutdown().await;
+    drop(storage);
+
+    let storage = Storage::open(cfg.clone()).unwrap();
+    assert_eq!(names_of(&storage, long).await.len(), long_spans);
+    for i in [200, 600, 1023, 1024, 1033] {
+        assert_eq!(names_of(&storage, own(i)).await.len(), 1, "trace {i}");
+    }
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_schema_4_trace_index_becomes_run_1() {
+    fn own(i: u32) -> TraceId {
+        let b = i.to_le_bytes();
+        TraceId([b[0], b[1], 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8])
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    for i in 0..300 {
+        storage
+            .write_traces(batch(Some("m"), vec![span(own(i), sid(1), "open", 5, 0)]))
+            .await
+            .unwrap();
+    }
+    storage.shutdown().await;
+    drop(storage);
+    // back to schema 4, as an older stallwatch left it: one row per merged trace
+    rusqlite::Connection::open(&cfg.path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE v4 (trace_id BLOB PRIMARY KEY, batches BLOB NOT NULL) WITHOUT ROWID;
+             INSERT INTO v4 SELECT trace_id, batches FROM trace_index;
+             DROP TABLE trace_index;
+             DROP TABLE trace_runs;
+             ALTER TABLE v4 RENAME TO trace_index;
+             PRAGMA user_version = 4;",
+        )
+        .unwrap();
+    let storage = Storage::open(cfg.clone()).unwrap();
+    assert_eq!(trace_runs(&cfg.path), vec![(1, 0, 256, 1)]);
+    // a merged trace's ended copy still wins over its open one; a re-sent open copy is
+    // still a duplicate
+    storage
+        .write_traces(batch(Some("m"), vec![span(own(3), sid(1), "ended", 5, 9)]))
+        .await
+        .unwrap();
+    storage
+        .write_traces(batch(Some("m"), vec![span(own(3), sid(1), "open", 5, 0)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        names_of(&storage, own(3)).await,
+        vec![("ended".into(), SpanState::Ended)]
+    );
+    for i in [0, 255, 256, 299] {
+        assert_eq!(names_of(&storage, own(i)).await.len(), 1, "trace {i}");
+    }
+    storage.shutdown().await;
+}
+
 #[tokio::test]
 async fn shutdown_commits_and_then_refuses() {
     let dir = tempfile::tempdir().unwrap();

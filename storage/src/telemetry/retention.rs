@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::params;
 
-use super::traceidx::{encode_batches, indexed_batches};
+use super::traceidx::indexed_batches;
 use super::writer::Writer;
 use super::RetentionReport;
 use crate::error::StorageError;
@@ -260,9 +260,9 @@ impl Writer {
 
     /// The body of [`Writer::delete_batches`] for the batches with ids in `lo..=hi`. The
     /// rows go first (their pages are free for what follows in the same transaction, so a
-    /// file at its page limit can still be cleaned), then each affected trace once, in
-    /// trace id order: its unmerged entries in `l0`, and its `trace_index` row only when a
-    /// merged batch (id up to `merged_upto`) went.
+    /// file at its page limit can still be cleaned), then the `trace_index` runs that
+    /// cover only deleted batches, then each affected trace once, in trace id order: its
+    /// unmerged entries in `l0`, and whether any batch of it is left (for the report).
     fn delete_batches_tx(
         &mut self,
         lo: i64,
@@ -297,6 +297,23 @@ impl Writer {
         self.conn
             .prepare_cached("DELETE FROM span_batches WHERE id BETWEEN ?1 AND ?2")?
             .execute(params![lo, hi])?;
+        // Runs whose every batch is gone are deleted whole (one key range each); a run
+        // partly deleted keeps stale ids (`schema::TRACE_RUNS_SCHEMA`).
+        let dead_runs: Vec<i64> = {
+            let mut st = self
+                .conn
+                .prepare_cached("SELECT run FROM trace_runs WHERE hi <= ?1")?;
+            let rows = st.query_map([hi], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for run in dead_runs {
+            self.conn
+                .prepare_cached("DELETE FROM trace_index WHERE run = ?1")?
+                .execute([run])?;
+            self.conn
+                .prepare_cached("DELETE FROM trace_runs WHERE run = ?1")?
+                .execute([run])?;
+        }
         for (t, (gone, any_merged)) in traces {
             let mut l0_left = 0;
             if let Some(l) = self.l0.get_mut(&t) {
@@ -306,34 +323,16 @@ impl Writer {
                     self.l0.remove(&t);
                 }
             }
-            if !any_merged {
-                // The trace_index row (if any) lists merged batches only: untouched. The
-                // trace is gone when nothing is left in l0 and it has no row (known without
-                // a read when it was new since the last merge).
-                if l0_left == 0
-                    && (self.l0_new.contains(&t) || indexed_batches(&self.conn, &t)?.is_empty())
-                {
-                    report.traces_deleted += 1;
-                }
+            if l0_left > 0 {
                 continue;
             }
-            let mut batches = indexed_batches(&self.conn, &t)?;
-            let before = batches.len();
-            batches.retain(|b| !gone.contains(b));
-            if batches.len() == before {
-                continue;
-            }
-            if batches.is_empty() {
-                self.conn
-                    .prepare_cached("DELETE FROM trace_index WHERE trace_id = ?1")?
-                    .execute([&t[..]])?;
-                if l0_left == 0 {
-                    report.traces_deleted += 1;
-                }
-            } else {
-                self.conn
-                    .prepare_cached("UPDATE trace_index SET batches = ?2 WHERE trace_id = ?1")?
-                    .execute(params![&t[..], encode_batches(&batches)])?;
+            // Gone when nothing is left in l0 and no run lists a batch newer than `hi`
+            // (known without a read when the trace was new since the last merge). Batches
+            // are deleted oldest first, so every id up to `hi` is gone.
+            let gone_whole = (!any_merged && self.l0_new.contains(&t))
+                || indexed_batches(&self.conn, &t)?.iter().all(|&b| b <= hi);
+            if gone_whole {
+                report.traces_deleted += 1;
             }
         }
         let term_ids: Vec<i64> = {

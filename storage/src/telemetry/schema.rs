@@ -16,7 +16,8 @@
 ///   up to `telemetry_meta.merged_upto`. Newer batches are found by scanning their
 ///   `traces` column; the writer merges them into `trace_index` in bulk (every
 ///   [`MERGE_BATCHES`] batches), so a commit never dirties one random B-tree page per
-///   trace (that alone halved throughput).
+///   trace (that alone halved throughput). Migration 5 ([`TRACE_RUNS_SCHEMA`]) splits it
+///   into sorted runs.
 /// - `terms`/`batch_terms`: postings from `(key, value)` to the batches holding a span
 ///   with that term (service, span name, service+span name, indexed attribute keys,
 ///   status error).
@@ -74,6 +75,58 @@ CREATE TABLE metric_points (
 CREATE INDEX metric_points_name ON metric_points(name, id);
 CREATE INDEX metric_points_received ON metric_points(received_unix_nano);
 ";
+
+/// DDL of migration 5 (issue 16, ingest speed with millions of spans stored): the trace
+/// index as sorted runs, written like the levels of a log-structured merge tree.
+///
+/// Until migration 5 every merge inserted its ~16k trace ids (random keys) into one
+/// B-tree of all stored traces, dirtying nearly every leaf page once the index outgrew the
+/// page cache: each merge rewrote the whole index, so the cost per stored span grew with
+/// the store (ingest fell by a third at ~10M stored spans).
+///
+/// - `trace_runs`: one row per run: the batch ids it covers (`lo..=hi`, contiguous, runs
+///   never overlap), `units` (the number of merges folded into it: 1, 4, 16, ...) and
+///   `entries` (its rows).
+/// - `trace_index` (`run, trace_id` → `batches`): a run's rows. A merge writes a new run
+///   whose key range lies after every existing row, so its pages are appended, not
+///   scattered. When the newest [`RUN_FANOUT`] runs have the same `units`, the writer
+///   compacts them into one (a k-way merge of sorted ranges, also appended), so a store of
+///   `n` merges holds at most `(RUN_FANOUT - 1) · log_RUN_FANOUT(n)` runs and each entry is
+///   rewritten about `log_RUN_FANOUT(n)` times, sequentially.
+/// - A trace's batches are the union of its rows over all runs (one B-tree seek per run).
+///   Retention deletes a run whole (one key range) once all its batches are gone; a run
+///   partly deleted keeps stale batch ids until its next compaction, and readers skip
+///   batch ids whose row is gone.
+///
+/// The index stored before migration 5 becomes run 1 (covering batches `0..=merged_upto`).
+pub(crate) const TRACE_RUNS_SCHEMA: &str = "
+CREATE TABLE trace_runs (
+    run     INTEGER PRIMARY KEY,
+    lo      INTEGER NOT NULL,
+    hi      INTEGER NOT NULL,
+    units   INTEGER NOT NULL,
+    entries INTEGER NOT NULL
+);
+ALTER TABLE trace_index RENAME TO trace_index_v1;
+CREATE TABLE trace_index (
+    run      INTEGER NOT NULL,
+    trace_id BLOB NOT NULL,
+    batches  BLOB NOT NULL,
+    PRIMARY KEY (run, trace_id)
+) WITHOUT ROWID;
+INSERT INTO trace_runs(run, lo, hi, units, entries)
+    SELECT 1, 0,
+           coalesce((SELECT value FROM telemetry_meta WHERE key = 'merged_upto'), 0),
+           max(1, coalesce((SELECT value FROM telemetry_meta WHERE key = 'merged_upto'), 0) / 256),
+           count(*)
+    FROM trace_index_v1 HAVING count(*) > 0;
+INSERT INTO trace_index(run, trace_id, batches)
+    SELECT 1, trace_id, batches FROM trace_index_v1 ORDER BY trace_id;
+DROP TABLE trace_index_v1;
+";
+
+/// Runs of the same size that the writer compacts into one ([`TRACE_RUNS_SCHEMA`]).
+pub(crate) const RUN_FANOUT: usize = 4;
 
 /// `telemetry_meta` key of the newest batch already merged into `trace_index`.
 pub(crate) const META_MERGED_UPTO: &str = "merged_upto";

@@ -1,7 +1,8 @@
 //! Finding a trace's batches, and folding its span copies into one span per id.
 //!
-//! A trace's batches are the `trace_index` row (batches up to `merged_upto`) plus the
-//! newer, not yet merged batches whose `traces` column holds its id. Folding is the one
+//! A trace's batches are its `trace_index` rows, one per run at most (batches up to
+//! `merged_upto`, see `schema::TRACE_RUNS_SCHEMA`) plus the newer, not yet merged batches
+//! whose `traces` column holds its id. Folding is the one
 //! merge rule shared by the writer and every read: copies in (batch id, position) order;
 //! the first copy is taken; a later ended copy replaces an open one; everything else is a
 //! duplicate.
@@ -61,16 +62,31 @@ pub(crate) fn merged_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
         .unwrap_or(0))
 }
 
-/// Batches listed for `t` in `trace_index`.
+/// Batches listed for `t` in `trace_index`: the union of its rows over every run
+/// (`trace_runs`, one B-tree seek per run), ascending and distinct. May hold ids of
+/// batches retention already deleted (a run partly deleted keeps them until its next
+/// compaction); readers skip ids whose row is gone.
 pub(crate) fn indexed_batches(
     conn: &Connection,
     t: &[u8; 16],
 ) -> Result<Vec<i64>, rusqlite::Error> {
-    let blob: Option<Vec<u8>> = conn
-        .prepare_cached("SELECT batches FROM trace_index WHERE trace_id = ?1")?
-        .query_row([&t[..]], |r| r.get(0))
-        .optional()?;
-    Ok(blob.map(|b| decode_batches(&b)).unwrap_or_default())
+    // CROSS JOIN keeps trace_runs as the outer loop: one (run, trace_id) seek per run.
+    let mut st = conn.prepare_cached(
+        "SELECT t.batches FROM trace_runs r CROSS JOIN trace_index t
+         ON t.run = r.run AND t.trace_id = ?1",
+    )?;
+    let mut rows = st.query([&t[..]])?;
+    let mut out = Vec::new();
+    let mut runs = 0;
+    while let Some(r) = rows.next()? {
+        out.extend(decode_batches(r.get_ref(0)?.as_blob()?));
+        runs += 1;
+    }
+    if runs > 1 {
+        out.sort_unstable();
+        out.dedup();
+    }
+    Ok(out)
 }
 
 /// Trace id → batches, for every batch newer than `merged_upto`.

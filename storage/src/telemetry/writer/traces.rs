@@ -1,6 +1,6 @@
 //! Trace storage inside a group: deduplication of (trace id, span id) against
 //! `trace_index` and the unmerged map `l0`, the trace-id filter, and the merge of `l0`
-//! into `trace_index`.
+//! into `trace_index` as sorted runs, compacted like the levels of an LSM tree.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,9 +9,10 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::telemetry::bloom::TraceBloom;
 use crate::telemetry::encode::{decode_index, BatchIndex, IdxSpan, PreparedTraces};
-use crate::telemetry::schema::META_MERGED_UPTO;
+use crate::telemetry::schema::{META_MERGED_UPTO, RUN_FANOUT};
 use crate::telemetry::traceidx::{
-    batch_trace_ids, encode_batches, fold, indexed_batches, merged_upto, unmerged_map,
+    batch_trace_ids, decode_batches, encode_batches, fold, indexed_batches, merged_upto,
+    unmerged_map,
 };
 
 use super::Writer;
@@ -194,7 +195,10 @@ impl Writer {
         Ok((kept as u64, dups))
     }
 
-    /// Merges the unmerged batches' traces into `trace_index` in one transaction.
+    /// Merges the unmerged batches' traces into `trace_index` as a new run, then compacts
+    /// the newest runs ([`Writer::compact_runs`]), in one transaction. The run's rows are
+    /// written in key order after every existing row, so the merge appends pages instead
+    /// of dirtying one random leaf per trace (`schema::TRACE_RUNS_SCHEMA`).
     pub(in crate::telemetry) fn merge_l0(&mut self) -> Result<(), rusqlite::Error> {
         if self.l0_batches == 0 {
             return Ok(());
@@ -203,22 +207,33 @@ impl Writer {
         let out = (|| -> Result<(), rusqlite::Error> {
             let mut keys: Vec<[u8; 16]> = self.l0.keys().copied().collect();
             keys.sort_unstable();
-            for t in keys {
-                let mut list = if self.l0_new.contains(&t) {
-                    Vec::new()
-                } else {
-                    indexed_batches(&self.conn, &t)?
-                };
-                if let Some(l) = self.l0.get(&t) {
-                    list.extend_from_slice(l);
+            if !keys.is_empty() {
+                let run = next_run(&self.conn)?;
+                {
+                    let mut ins = self.conn.prepare_cached(
+                        "INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)",
+                    )?;
+                    for t in &keys {
+                        if let Some(l) = self.l0.get(t) {
+                            let mut list = l.clone();
+                            list.sort_unstable();
+                            list.dedup();
+                            ins.execute(params![run, &t[..], encode_batches(&list)])?;
+                        }
+                    }
                 }
-                list.sort_unstable();
-                list.dedup();
                 self.conn
                     .prepare_cached(
-                        "INSERT OR REPLACE INTO trace_index(trace_id, batches) VALUES (?1, ?2)",
+                        "INSERT INTO trace_runs(run, lo, hi, units, entries)
+                         VALUES (?1, ?2, ?3, 1, ?4)",
                     )?
-                    .execute(params![&t[..], encode_batches(&list)])?;
+                    .execute(params![
+                        run,
+                        self.merged_upto + 1,
+                        self.next_batch_id - 1,
+                        keys.len() as i64
+                    ])?;
+                self.compact_runs()?;
             }
             self.conn.execute(
                 "INSERT OR REPLACE INTO telemetry_meta(key, value) VALUES (?1, ?2)",
@@ -241,4 +256,120 @@ impl Writer {
             }
         }
     }
+
+    /// While the newest [`RUN_FANOUT`] runs have the same `units`, merges them into one run
+    /// (`units` summed, the union of their batch ranges), inside the caller's transaction.
+    /// The runs' rows are read as [`RUN_FANOUT`] key-ordered ranges and merged in step,
+    /// so the new run is written in key order (appended) and memory stays one row per
+    /// run. Batch ids below the oldest stored batch (deleted by retention) are dropped,
+    /// and a trace left with none loses its row.
+    pub(in crate::telemetry) fn compact_runs(&mut self) -> Result<(), rusqlite::Error> {
+        loop {
+            let newest: Vec<(i64, i64, i64, i64)> = {
+                let mut st = self.conn.prepare_cached(
+                    "SELECT run, lo, hi, units FROM trace_runs ORDER BY run DESC LIMIT ?1",
+                )?;
+                let rows = st.query_map([RUN_FANOUT as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?;
+                rows.collect::<Result<_, _>>()?
+            };
+            if newest.len() < RUN_FANOUT || newest.iter().any(|r| r.3 != newest[0].3) {
+                return Ok(());
+            }
+            let oldest_live: i64 = self.conn.query_row(
+                "SELECT coalesce(min(id), 9223372036854775807) FROM span_batches",
+                [],
+                |r| r.get(0),
+            )?;
+            let run = next_run(&self.conn)?;
+            let entries = merge_runs(
+                &self.conn,
+                &newest.iter().map(|r| r.0).collect::<Vec<_>>(),
+                run,
+                oldest_live,
+            )?;
+            for r in &newest {
+                self.conn
+                    .prepare_cached("DELETE FROM trace_index WHERE run = ?1")?
+                    .execute([r.0])?;
+                self.conn
+                    .prepare_cached("DELETE FROM trace_runs WHERE run = ?1")?
+                    .execute([r.0])?;
+            }
+            let lo = newest.iter().map(|r| r.1).min().unwrap_or(0);
+            let hi = newest.iter().map(|r| r.2).max().unwrap_or(0);
+            let units: i64 = newest.iter().map(|r| r.3).sum();
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO trace_runs(run, lo, hi, units, entries)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?
+                .execute(params![run, lo, hi, units, entries])?;
+        }
+    }
+}
+
+/// The id of a new run: after every existing one, so its rows sort after every row.
+fn next_run(conn: &rusqlite::Connection) -> Result<i64, rusqlite::Error> {
+    conn.prepare_cached("SELECT coalesce(max(run), 0) + 1 FROM trace_runs")?
+        .query_row([], |r| r.get(0))
+}
+
+/// Writes run `into` as the union of runs `from` (a k-way merge of their key-ordered rows),
+/// dropping batch ids below `oldest_live`. Answers the rows written.
+fn merge_runs(
+    conn: &rusqlite::Connection,
+    from: &[i64],
+    into: i64,
+    oldest_live: i64,
+) -> Result<i64, rusqlite::Error> {
+    let mut stmts = Vec::with_capacity(from.len());
+    for _ in from {
+        stmts.push(conn.prepare(
+            "SELECT trace_id, batches FROM trace_index WHERE run = ?1 ORDER BY trace_id",
+        )?);
+    }
+    let mut cursors = Vec::with_capacity(from.len());
+    for (st, run) in stmts.iter_mut().zip(from) {
+        cursors.push(st.query([run])?);
+    }
+    // the current row of each cursor: (trace id, batches)
+    let mut heads: Vec<Option<(Vec<u8>, Vec<u8>)>> = Vec::with_capacity(cursors.len());
+    for c in cursors.iter_mut() {
+        heads.push(next_row(c)?);
+    }
+    let mut ins =
+        conn.prepare_cached("INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)")?;
+    let mut written = 0i64;
+    let mut list: Vec<i64> = Vec::new();
+    loop {
+        let Some(min) = heads.iter().flatten().map(|h| h.0.clone()).min() else {
+            break;
+        };
+        list.clear();
+        for (h, c) in heads.iter_mut().zip(cursors.iter_mut()) {
+            if h.as_ref().is_some_and(|x| x.0 == min) {
+                if let Some((_, b)) = h.take() {
+                    list.extend(decode_batches(&b).into_iter().filter(|&i| i >= oldest_live));
+                }
+                *h = next_row(c)?;
+            }
+        }
+        if list.is_empty() {
+            continue;
+        }
+        list.sort_unstable();
+        list.dedup();
+        ins.execute(params![into, min, encode_batches(&list)])?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+fn next_row(rows: &mut rusqlite::Rows<'_>) -> Result<Option<(Vec<u8>, Vec<u8>)>, rusqlite::Error> {
+    Ok(match rows.next()? {
+        Some(r) => Some((r.get(0)?, r.get(1)?)),
+        None => None,
+    })
 }
