@@ -12,6 +12,7 @@ mod parent;
 #[cfg(windows)]
 #[path = "parent_windows.rs"]
 mod parent;
+mod residency;
 mod selftrace;
 mod serve;
 

@@ -369,8 +369,11 @@ async fn serve(
     tracing::info_span!("stallwatch.ready", otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr)
         .in_scope(|| tracing::info!(data_dir = %data.path.display(), "stallwatch ready"));
 
+    let residency_task = tokio::spawn(release_code_pages_while_running());
+
     signals.wait(&shutdown).await;
     tracing::info!("shutting down");
+    residency_task.abort();
     let _ = ready_tx.send(false);
     remove_discovery(&discovery);
 
@@ -418,6 +421,30 @@ async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// First release of the executable's code pages after the ready line, once start-up work
+/// (migrations, listeners, the orphan sweep) is done.
+const RELEASE_CODE_PAGES_AFTER: Duration = Duration::from_secs(10);
+/// Later releases: code mapped by a burst of work does not stay mapped for good.
+const RELEASE_CODE_PAGES_EVERY: Duration = Duration::from_secs(600);
+
+/// Gives the executable's clean code pages back to the page cache
+/// ([`crate::residency::release_code_pages`]) after start-up and then every
+/// [`RELEASE_CODE_PAGES_EVERY`], until aborted.
+async fn release_code_pages_while_running() {
+    tokio::time::sleep(RELEASE_CODE_PAGES_AFTER).await;
+    loop {
+        match tokio::task::spawn_blocking(crate::residency::release_code_pages).await {
+            Ok(Ok(bytes)) => tracing::debug!(bytes, "released the executable's code pages"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot release the executable's code pages");
+                return;
+            }
+            Err(_) => return,
+        }
+        tokio::time::sleep(RELEASE_CODE_PAGES_EVERY).await;
+    }
 }
 
 /// Waits for one stage's task with the stage deadline, logging what went wrong.
