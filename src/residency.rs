@@ -52,7 +52,7 @@ fn clean_mappings(smaps: &str, path: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     // the current mapping: (start, len, a candidate so far)
     let mut cur: Option<(usize, usize, bool)> = None;
-    let mut flush = |cur: &mut Option<(usize, usize, bool)>, out: &mut Vec<(usize, usize)>| {
+    let flush = |cur: &mut Option<(usize, usize, bool)>, out: &mut Vec<(usize, usize)>| {
         if let Some((start, len, true)) = cur.take() {
             out.push((start, len));
         }

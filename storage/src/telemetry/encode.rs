@@ -211,26 +211,35 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
         }
     }
 
-    // 2. header, terms, bodies
-    let mut table = TermTable::default();
+    // 2. header first (it only borrows the resources and scopes), then each span's body
+    //    appended after it: no second copy of the bodies
     let mut header = HeaderRef {
         resources: Vec::with_capacity(batch.resource_spans.len()),
         scopes: Vec::new(),
     };
-    let mut bodies: Vec<u8> = Vec::with_capacity(total * 400);
+    for (ri, rs) in batch.resource_spans.iter().enumerate() {
+        header.resources.push(&rs.resource);
+        for ss in &rs.scope_spans {
+            header.scopes.push((ri as u32, &ss.scope));
+        }
+    }
+    let head = postcard::to_allocvec(&header).map_err(|e| e.to_string())?;
+    let header_len = 4 + head.len();
+    let mut bodies: Vec<u8> = Vec::with_capacity(header_len + total * 400);
+    bodies.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    bodies.extend_from_slice(&head);
+    drop(head);
+    let mut table = TermTable::default();
     let mut spans: Vec<IdxSpan> = Vec::with_capacity(total);
     let mut flat = 0usize;
+    let mut si = 0u32;
     for rs in &batch.resource_spans {
-        let ri = header.resources.len() as u32;
-        header.resources.push(&rs.resource);
         let service = rs.resource.service_name();
         let service_term = table.id(TERM_SERVICE, service);
         let mut res_terms = vec![service_term];
         attr_terms(&mut table, &rs.resource.attributes, &mut res_terms);
         let mut pair = String::with_capacity(service.len() + 32);
         for ss in &rs.scope_spans {
-            let si = header.scopes.len() as u32;
-            header.scopes.push((ri, &ss.scope));
             for s in &ss.spans {
                 let kept = keep[flat];
                 flat += 1;
@@ -267,17 +276,10 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
                     terms,
                 });
             }
+            si += 1;
         }
     }
-    let head = postcard::to_allocvec(&header).map_err(|e| e.to_string())?;
-    let header_len = 4 + head.len();
-    let mut payload = Vec::with_capacity(header_len + bodies.len());
-    payload.extend_from_slice(&(head.len() as u32).to_le_bytes());
-    payload.extend_from_slice(&head);
-    payload.extend_from_slice(&bodies);
-    for s in &mut spans {
-        s.off += header_len as u32;
-    }
+    let payload = bodies;
 
     // 3. group by trace
     let mut by_trace: HashMap<[u8; 16], usize, IdBuild> = HashMap::default();
