@@ -4,8 +4,9 @@
 //! It never answers "absent" for a stored trace id: every id in `trace_index` and in the
 //! unmerged map is inserted (at start-up by a scan, then by the writer as it stores
 //! batches). Deletions by retention leave stale bits: they only cost a lookup. When more
-//! distinct ids were inserted than it was sized for, the writer rebuilds it four times
-//! larger (~10 bits per id, ~1% false positives at capacity).
+//! distinct ids were inserted than it was sized for, the writer rebuilds it from the ids
+//! stored then, for twice as many (~10 bits per id, ~1% false positives at capacity): its
+//! size follows the store, not every id ever seen, so at the size cap it stays small.
 
 /// Bits per expected id.
 const BITS_PER_ID: usize = 10;
@@ -79,11 +80,6 @@ impl TraceBloom {
     /// True when more ids went in than it was sized for.
     pub(crate) fn overfull(&self) -> bool {
         self.inserted > self.capacity
-    }
-
-    /// Distinct ids inserted (approximately).
-    pub(crate) fn inserted(&self) -> usize {
-        self.inserted
     }
 }
 

@@ -59,8 +59,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Rebuilds the trace-id filter from `trace_index` and `l0`, sized for at least
-    /// `min_capacity` ids.
+    /// Rebuilds the trace-id filter from `trace_index` and `l0`, sized for twice the ids
+    /// they hold (and at least `min_capacity`), so it fills again only once as many new
+    /// traces arrived as are stored.
     pub(super) fn rebuild_bloom(&mut self, min_capacity: usize) -> Result<(), rusqlite::Error> {
         let rows: i64 = self
             .conn
@@ -184,8 +185,10 @@ impl Writer {
             self.bloom.insert(&t);
         }
         if self.bloom.overfull() {
-            let want = self.bloom.inserted() * 4;
-            if let Err(e) = self.rebuild_bloom(want) {
+            // Sized for the ids stored now, not for every id ever inserted: at the size
+            // cap retention deletes as fast as ingest adds, and a filter grown from the
+            // insert count alone grew without bound (issue 16, retention at the cap).
+            if let Err(e) = self.rebuild_bloom(0) {
                 // Keep the old one (still has every id); retry at the next batch.
                 tracing::warn!(error = %e, "rebuilding the trace-id filter failed");
             }
