@@ -222,6 +222,77 @@ async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() 
     storage.shutdown().await;
 }
 
+/// A counter of the writer's `/metrics` exposition.
+fn stat(storage: &Storage, name: &str) -> f64 {
+    use stallwatch_storage::MetricsSource;
+    let mut text = String::new();
+    storage.telemetry_stats().render_prometheus(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_bound_the_wal_waits_for_a_reader_then_rewinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 64 * MIB; // WAL bound: 4 MiB
+    let cfg = config(&dir, cap);
+    let mut wal = cfg.path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = std::path::PathBuf::from(wal);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    let mut seq = 0u32;
+    storage.write_traces(request(0, seq)).await.unwrap();
+
+    // Healthy: the WAL is checkpointed and rewound as it passes its bound; no wait times out.
+    for _ in 0..60 {
+        seq += 1;
+        storage.write_traces(request(0, seq)).await.unwrap();
+    }
+    assert_eq!(
+        stat(&storage, "stallwatch_storage_wal_waits_timed_out_total"),
+        0.0
+    );
+    let healthy = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        healthy <= 8 * MIB,
+        "the WAL reached {healthy} bytes with no reader (bound 4 MiB)"
+    );
+
+    // A reader holds an old snapshot: no checkpoint can pass its frames, the WAL cannot
+    // rewind. The writer waits for it (2 s at most), then commits on; nothing is refused.
+    let reader = rusqlite::Connection::open(&cfg.path).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM span_batches", [], |r| r.get(0))
+        .unwrap();
+    for _ in 0..60 {
+        seq += 1;
+        storage.write_traces(request(0, seq)).await.unwrap();
+    }
+    assert!(stat(&storage, "stallwatch_storage_wal_waits_timed_out_total") >= 1.0);
+    assert!(stat(&storage, "stallwatch_storage_wal_wait_seconds_total") >= 1.9);
+
+    // The reader lets go: the next groups checkpoint the WAL, rewind it and truncate it back.
+    reader.execute_batch("ROLLBACK").unwrap();
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(2100)).await; // past the no-wait spell
+    for _ in 0..40 {
+        seq += 1;
+        storage.write_traces(request(0, seq)).await.unwrap();
+    }
+    let after = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        after <= 8 * MIB,
+        "the WAL is {after} bytes after the reader let go (bound 4 MiB)"
+    );
+    assert_eq!(
+        storage.telemetry_stats().spans_committed(),
+        u64::from(seq + 1) * 512
+    );
+    storage.shutdown().await;
+}
+
 fn stats_batches_deleted(storage: &Storage) -> u64 {
     use stallwatch_storage::MetricsSource;
     let mut text = String::new();

@@ -91,6 +91,10 @@ pub struct TelemetryStats {
     pub(crate) commit_seconds_sum_ns: AtomicU64,
     pub(crate) retention_batches_deleted: AtomicU64,
     pub(crate) db_used_bytes: AtomicU64,
+    /// Time the writer waited for the WAL to be checkpointed past its bound, ns.
+    pub(crate) wal_wait_ns: AtomicU64,
+    /// Such waits that ended at their deadline with the WAL still past its bound.
+    pub(crate) wal_waits_timed_out: AtomicU64,
 }
 
 impl TelemetryStats {
@@ -181,6 +185,19 @@ impl MetricsSource for TelemetryStats {
             "stallwatch_storage_commit_failures_total",
             "Telemetry group commits that failed and were rolled back.",
             self.commit_failures.load(Ordering::Relaxed),
+        );
+        family(
+            out,
+            "stallwatch_storage_wal_wait_seconds_total",
+            Kind::Counter,
+            "Time group commits waited for the WAL to be checkpointed while it was past its bound (the disk slower than ingest).",
+        )
+        .sample(&[], self.wal_wait_ns.load(Ordering::Relaxed) as f64 / 1e9);
+        counter(
+            out,
+            "stallwatch_storage_wal_waits_timed_out_total",
+            "Waits for the WAL that ended at their 2 s deadline with the WAL still past its bound (a reader kept old frames).",
+            self.wal_waits_timed_out.load(Ordering::Relaxed),
         );
         counter(
             out,

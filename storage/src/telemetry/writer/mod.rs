@@ -189,6 +189,7 @@ impl TelemetryWriter {
             retention_interval: config.retention_interval,
             next_retention: Instant::now() + config.retention_interval,
             retaining: false,
+            wal_wait_again_at: Instant::now(),
         };
         writer.refresh_used()?;
         writer.reload_l0()?;
@@ -328,6 +329,8 @@ pub(super) struct Writer {
     /// not start another).
     pub(super) retaining: bool,
     recent_logs: RecentLogs,
+    /// Before this instant the writer does not wait for the WAL again (a wait timed out).
+    pub(super) wal_wait_again_at: Instant,
 }
 
 impl Writer {
