@@ -16,8 +16,9 @@
 //! (`[storage] max_db_bytes`' WAL share, [`crate::config::wal_budget_bytes`], in frames)
 //! the checkpointer (or the writer, finding the `-wal` file past it after a commit) raises a
 //! flag, the checkpointer stands aside, and the writer runs one PASSIVE checkpoint itself between
-//! two groups (only the tail is left to copy), after which its next transaction rewinds
-//! the WAL; `journal_size_limit` (the same bound) then truncates the file back. While the
+//! two groups (only the tail is left to copy; while the `-wal` file is past its bound it
+//! retries until that checkpoint completes, up to 2 s, see `writer::commit`), after which
+//! its next transaction rewinds the WAL; `journal_size_limit` (the same bound) then truncates the file back. While the
 //! WAL is past a quarter of its bound the checkpointer copies at once after a commit
 //! instead of gathering commits for [`CHECKPOINT_INTERVAL`], so the writer's share of the
 //! copying stays small at full ingest.
