@@ -45,6 +45,8 @@ const MIGRATIONS: &[&[Step]] = &[
     // 5: the trace index as sorted runs, appended and compacted (issue 16, ingest speed
     // with millions of spans stored)
     &[Sql(crate::telemetry::TRACE_RUNS_SCHEMA)],
+    // 6: term postings merged in bulk with the trace index (issue 16, bytes written per span)
+    &[Sql(crate::telemetry::POSTINGS_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

@@ -1174,6 +1174,8 @@ async fn a_schema_4_trace_index_becomes_run_1() {
              DROP TABLE trace_index;
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
+             ALTER TABLE span_batches DROP COLUMN term_ids;
+             DELETE FROM telemetry_meta WHERE key = 'postings_upto';
              PRAGMA user_version = 4;",
         )
         .unwrap();
@@ -1196,6 +1198,84 @@ async fn a_schema_4_trace_index_becomes_run_1() {
     for i in [0, 255, 256, 299] {
         assert_eq!(names_of(&storage, own(i)).await.len(), 1, "trace {i}");
     }
+    storage.shutdown().await;
+}
+
+#[tokio::test]
+async fn term_postings_are_found_before_and_after_their_merge() {
+    // 300 batches: the merge at 256 moves the postings of 1..=256 into batch_terms, those of
+    // 257..=300 stay pending (schema migration 6); a search must see both, in order
+    fn own(i: u32) -> TraceId {
+        let b = i.to_le_bytes();
+        TraceId([b[0], b[1], 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6])
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    for i in 0..300u32 {
+        let mut s = span(own(i), sid(1), "op", 1, 2);
+        if i == 10 || i == 290 {
+            s.attributes = vec![KeyValue::new(
+                "gen_ai.tool.name",
+                AnyValue::String("rare_tool".into()),
+            )];
+        }
+        let service = if i % 2 == 0 { "svc-a" } else { "svc-b" };
+        storage
+            .write_traces(batch(Some(service), vec![s]))
+            .await
+            .unwrap();
+    }
+    let found = |q: TraceQuery| {
+        let storage = storage.clone();
+        async move {
+            let mut out = Vec::new();
+            let mut q = q;
+            loop {
+                let page = storage.search_traces(q.clone()).await.unwrap();
+                out.extend(page.items.iter().map(|t| t.trace_id));
+                match page.next_cursor {
+                    Some(c) => q.cursor = Some(c),
+                    None => return out,
+                }
+            }
+        }
+    };
+    let rare = TraceQuery {
+        service: Some("svc-a".into()),
+        tool_name: Some("rare_tool".into()),
+        limit: 1,
+        ..Default::default()
+    };
+    assert_eq!(found(rare.clone()).await, vec![own(290), own(10)]);
+    let odd = TraceQuery {
+        service: Some("svc-b".into()),
+        limit: 40,
+        ..Default::default()
+    };
+    let want: Vec<TraceId> = (0..300u32).rev().filter(|i| i % 2 == 1).map(own).collect();
+    assert_eq!(found(odd.clone()).await, want);
+    storage.shutdown().await;
+    drop(storage);
+    // after a restart the pending postings are read back from their batches
+    let storage = Storage::open(cfg).unwrap();
+    let found = |q: TraceQuery| {
+        let storage = storage.clone();
+        async move {
+            let mut out = Vec::new();
+            let mut q = q;
+            loop {
+                let page = storage.search_traces(q.clone()).await.unwrap();
+                out.extend(page.items.iter().map(|t| t.trace_id));
+                match page.next_cursor {
+                    Some(c) => q.cursor = Some(c),
+                    None => return out,
+                }
+            }
+        }
+    };
+    assert_eq!(found(rare).await, vec![own(290), own(10)]);
+    assert_eq!(found(odd).await, want);
     storage.shutdown().await;
 }
 

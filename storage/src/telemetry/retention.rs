@@ -6,8 +6,8 @@
 //! leaves more than the high watermark (85%) of it in use, the writer deletes the oldest
 //! telemetry at once, before it takes the next group, down to the low watermark (75%):
 //! the oldest span batches by id range (about [`CHUNK_BYTES`] per transaction, the
-//! queued groups served between chunks), with their trace index entries and term
-//! postings, and the logs and metric points received up to the newest batch deleted. The
+//! queued groups served between chunks), with the trace index runs they wholly cover and
+//! their term postings (merged or still pending), and the logs and metric points received up to the newest batch deleted. The
 //! pages freed stay in the file's freelist and the next commits reuse them, so the file
 //! neither shrinks nor grows and nothing waits for `incremental_vacuum`. A group that
 //! would pass the budget runs the same step first; only what still does not fit is
@@ -340,17 +340,27 @@ impl Writer {
             let rows = st.query_map([], |r| r.get(0))?;
             rows.collect::<Result<_, _>>()?
         };
-        for tid in term_ids {
+        for tid in &term_ids {
             self.conn
                 .prepare_cached("DELETE FROM batch_terms WHERE term_id = ?1 AND batch_id <= ?2")?
                 .execute(params![tid, hi])?;
         }
-        self.conn
-            .prepare_cached(
-                "DELETE FROM terms WHERE NOT EXISTS
-                    (SELECT 1 FROM batch_terms WHERE batch_terms.term_id = terms.id)",
-            )?
-            .execute([])?;
+        // Postings not merged yet (schema::POSTINGS_SCHEMA) go with their batches; a term
+        // still named by one of them is kept even with no batch_terms row.
+        self.pending_postings.retain(|&(_, b)| b > hi);
+        let pending: std::collections::HashSet<i64> =
+            self.pending_postings.iter().map(|&(t, _)| t).collect();
+        for tid in term_ids {
+            if pending.contains(&tid) {
+                continue;
+            }
+            self.conn
+                .prepare_cached(
+                    "DELETE FROM terms WHERE id = ?1 AND NOT EXISTS
+                        (SELECT 1 FROM batch_terms WHERE term_id = ?1)",
+                )?
+                .execute([tid])?;
+        }
         Ok(())
     }
 

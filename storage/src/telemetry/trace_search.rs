@@ -12,7 +12,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::encode::{decode_header, decode_index, decode_span, value_text, BatchIndex, IdxSpan};
 use super::read::{corrupt, snapshot};
 use super::schema::{INDEXED_ATTRIBUTE_KEYS, TERM_SERVICE, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL};
-use super::traceidx::{fold, indexed_batches, merged_upto, summarize, unmerged_map};
+use super::traceidx::{
+    fold, indexed_batches, merged_upto, postings_upto, summarize, unmerged_map, unmerged_postings,
+};
 use super::{
     OperationStats, QueryError, StatusFilter, TracePage, TraceQuery, TraceSummary,
     DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT,
@@ -271,6 +273,27 @@ fn search_in(
     let q = s.q;
     // term ids; a term never seen means no match
     let mut term_ids: Vec<(i64, i64)> = Vec::new(); // (postings, id)
+                                                    // postings not in batch_terms yet (schema::POSTINGS_SCHEMA): batch id → its term ids,
+                                                    // newest first, all newer than `upto`
+    let upto = postings_upto(conn)?;
+    let unmerged = if s.terms.is_empty() {
+        Vec::new()
+    } else {
+        unmerged_postings(conn, upto)?
+    };
+    let holds = |b: i64, term: i64| -> Result<bool, rusqlite::Error> {
+        if b > upto {
+            return Ok(unmerged
+                .iter()
+                .find(|(id, _)| *id == b)
+                .is_some_and(|(_, t)| t.binary_search(&term).is_ok()));
+        }
+        Ok(conn
+            .prepare_cached("SELECT 1 FROM batch_terms WHERE term_id = ?1 AND batch_id = ?2")?
+            .query_row(params![term, b], |r| r.get::<_, i64>(0))
+            .optional()?
+            .is_some())
+    };
     for (k, v) in &s.terms {
         let id: Option<i64> = conn
             .prepare_cached("SELECT id FROM terms WHERE key = ?1 AND value = ?2")?
@@ -286,7 +309,11 @@ fn search_in(
         let n: i64 = conn
             .prepare_cached("SELECT count(*) FROM batch_terms WHERE term_id = ?1")?
             .query_row([id], |r| r.get(0))?;
-        term_ids.push((n, id));
+        let pending = unmerged
+            .iter()
+            .filter(|(_, t)| t.binary_search(&id).is_ok())
+            .count() as i64;
+        term_ids.push((n + pending, id));
     }
     term_ids.sort();
     let upper = cursor.map(|c| c.0).unwrap_or(i64::MAX);
@@ -301,22 +328,30 @@ fn search_in(
         candidates.clear();
         // fetch candidate ids in chunks of 256
         if let Some(&(_, driver)) = term_ids.first() {
-            let mut st = conn.prepare_cached(
-                "SELECT bt.batch_id FROM batch_terms bt WHERE bt.term_id = ?1 AND bt.batch_id <= ?2
-                 ORDER BY bt.batch_id DESC LIMIT 256",
-            )?;
-            let rows = st.query_map(params![driver, next_from], |r| r.get::<_, i64>(0))?;
-            for r in rows {
-                let id = r?;
+            // the driver's postings newest first: unmerged batches, then batch_terms
+            let mut ids: Vec<i64> = unmerged
+                .iter()
+                .filter(|(b, t)| *b <= next_from && t.binary_search(&driver).is_ok())
+                .map(|(b, _)| *b)
+                .take(256)
+                .collect();
+            if ids.len() < 256 {
+                let mut st = conn.prepare_cached(
+                    "SELECT bt.batch_id FROM batch_terms bt WHERE bt.term_id = ?1 AND bt.batch_id <= ?2
+                     ORDER BY bt.batch_id DESC LIMIT ?3",
+                )?;
+                let rows = st.query_map(
+                    params![driver, next_from.min(upto), 256 - ids.len() as i64],
+                    |r| r.get::<_, i64>(0),
+                )?;
+                for r in rows {
+                    ids.push(r?);
+                }
+            }
+            for id in ids {
                 let mut all = true;
                 for &(_, other) in &term_ids[1..] {
-                    let hit: Option<i64> = conn
-                        .prepare_cached(
-                            "SELECT 1 FROM batch_terms WHERE term_id = ?1 AND batch_id = ?2",
-                        )?
-                        .query_row(params![other, id], |r| r.get(0))
-                        .optional()?;
-                    if hit.is_none() {
+                    if !holds(id, other)? {
                         all = false;
                         break;
                     }

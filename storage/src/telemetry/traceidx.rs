@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::encode::{BatchIndex, IdxSpan};
-use super::schema::META_MERGED_UPTO;
+use super::schema::{META_MERGED_UPTO, META_POSTINGS_UPTO};
 
 /// Encodes a batch id list (i64 LE each).
 pub(crate) fn encode_batches(ids: &[i64]) -> Vec<u8> {
@@ -60,6 +60,34 @@ pub(crate) fn merged_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
         .query_row([META_MERGED_UPTO], |r| r.get::<_, i64>(0))
         .optional()?
         .unwrap_or(0))
+}
+
+/// The newest batch whose term postings are in `batch_terms` (0 when none; migration 6).
+pub(crate) fn postings_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    Ok(conn
+        .prepare_cached("SELECT value FROM telemetry_meta WHERE key = ?1")?
+        .query_row([META_POSTINGS_UPTO], |r| r.get::<_, i64>(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// (batch id, its term ids ascending) of every batch newer than `upto`, newest first: the
+/// postings not yet in `batch_terms`. A batch without `term_ids` (none is, past
+/// `postings_upto`) counts as holding no term.
+pub(crate) fn unmerged_postings(
+    conn: &Connection,
+    upto: i64,
+) -> Result<Vec<(i64, Vec<i64>)>, rusqlite::Error> {
+    let mut st = conn
+        .prepare_cached("SELECT id, term_ids FROM span_batches WHERE id > ?1 ORDER BY id DESC")?;
+    let rows = st.query_map([upto], |r| {
+        let list: Option<Vec<u8>> = r.get(1)?;
+        Ok((
+            r.get::<_, i64>(0)?,
+            list.map(|l| decode_batches(&l)).unwrap_or_default(),
+        ))
+    })?;
+    rows.collect()
 }
 
 /// Batches listed for `t` in `trace_index`: the union of its rows over every run

@@ -9,10 +9,10 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::telemetry::bloom::TraceBloom;
 use crate::telemetry::encode::{decode_index, BatchIndex, IdxSpan, PreparedTraces};
-use crate::telemetry::schema::{META_MERGED_UPTO, RUN_FANOUT};
+use crate::telemetry::schema::{META_MERGED_UPTO, META_POSTINGS_UPTO, RUN_FANOUT};
 use crate::telemetry::traceidx::{
     batch_trace_ids, decode_batches, encode_batches, fold, indexed_batches, merged_upto,
-    unmerged_map,
+    postings_upto, unmerged_map, unmerged_postings,
 };
 
 use super::Writer;
@@ -45,12 +45,17 @@ impl Writer {
         self.idx_cache.retain(|id, _| *id > upto);
     }
 
-    /// Re-reads the unmerged trace map after a rollback.
+    /// Re-reads the unmerged trace map and term postings after a rollback.
     pub(in crate::telemetry) fn reload_l0(&mut self) -> Result<(), rusqlite::Error> {
         self.idx_cache.clear();
         self.l0_new.clear();
         self.merged_upto = merged_upto(&self.conn)?;
         self.l0 = unmerged_map(&self.conn, self.merged_upto)?;
+        self.postings_upto = postings_upto(&self.conn)?;
+        self.pending_postings = unmerged_postings(&self.conn, self.postings_upto)?
+            .into_iter()
+            .flat_map(|(b, terms)| terms.into_iter().map(move |t| (t, b)))
+            .collect();
         self.l0_batches = self.conn.query_row(
             "SELECT count(*) FROM span_batches WHERE id > ?1",
             [self.merged_upto],
@@ -152,11 +157,19 @@ impl Writer {
         let trace_list = batch_trace_ids(idx);
         let idx_blob = postcard::to_allocvec(idx)
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        // The batch's postings go to batch_terms at the next merge (migration 6).
+        let terms = std::mem::take(&mut p.index.terms);
+        let mut term_ids = Vec::with_capacity(terms.len());
+        for (k, v) in &terms {
+            term_ids.push(self.term_id(k, v)?);
+        }
+        term_ids.sort_unstable();
+        term_ids.dedup();
         self.conn
             .prepare_cached(
                 "INSERT INTO span_batches(id, received_unix_nano, min_start, max_start, max_duration,
-                    span_count, traces, idx, payload)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    span_count, traces, idx, payload, term_ids)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?
             .execute(params![
                 b,
@@ -167,17 +180,11 @@ impl Writer {
                 kept as i64,
                 trace_list,
                 idx_blob,
-                p.payload
+                p.payload,
+                encode_batches(&term_ids)
             ])?;
-        let terms = std::mem::take(&mut p.index.terms);
-        for (k, v) in &terms {
-            let tid = self.term_id(k, v)?;
-            self.conn
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO batch_terms(term_id, batch_id) VALUES (?1, ?2)",
-                )?
-                .execute(params![tid, b])?;
-        }
+        self.pending_postings
+            .extend(term_ids.into_iter().map(|t| (t, b)));
         for c in trace_list.chunks_exact(16) {
             let mut t = [0u8; 16];
             t.copy_from_slice(c);
@@ -199,7 +206,8 @@ impl Writer {
     }
 
     /// Merges the unmerged batches' traces into `trace_index` as a new run, then compacts
-    /// the newest runs ([`Writer::compact_runs`]), in one transaction. The run's rows are
+    /// the newest runs ([`Writer::compact_runs`]), and inserts their term postings into
+    /// `batch_terms` (`schema::POSTINGS_SCHEMA`), in one transaction. The run's rows are
     /// written in key order after every existing row, so the merge appends pages instead
     /// of dirtying one random leaf per trace (`schema::TRACE_RUNS_SCHEMA`).
     pub(in crate::telemetry) fn merge_l0(&mut self) -> Result<(), rusqlite::Error> {
@@ -238,15 +246,33 @@ impl Writer {
                     ])?;
                 self.compact_runs()?;
             }
-            self.conn.execute(
-                "INSERT OR REPLACE INTO telemetry_meta(key, value) VALUES (?1, ?2)",
-                params![META_MERGED_UPTO, self.next_batch_id - 1],
-            )?;
+            // term postings, in key order: each term's leaf written once per merge
+            self.pending_postings.sort_unstable();
+            {
+                let mut ins = self.conn.prepare_cached(
+                    "INSERT OR IGNORE INTO batch_terms(term_id, batch_id) VALUES (?1, ?2)",
+                )?;
+                for (t, b) in &self.pending_postings {
+                    ins.execute(params![t, b])?;
+                }
+            }
+            for (key, value) in [
+                (META_MERGED_UPTO, self.next_batch_id - 1),
+                (META_POSTINGS_UPTO, self.next_batch_id - 1),
+            ] {
+                self.conn
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO telemetry_meta(key, value) VALUES (?1, ?2)",
+                    )?
+                    .execute(params![key, value])?;
+            }
             Ok(())
         })();
         match out.and_then(|()| self.conn.execute_batch("COMMIT")) {
             Ok(()) => {
                 self.merged_upto = self.next_batch_id - 1;
+                self.postings_upto = self.next_batch_id - 1;
+                self.pending_postings.clear();
                 self.l0.clear();
                 self.l0_new.clear();
                 self.l0_batches = 0;
