@@ -20,7 +20,7 @@
 ///   into sorted runs.
 /// - `terms`/`batch_terms`: postings from `(key, value)` to the batches holding a span
 ///   with that term (service, span name, service+span name, indexed attribute keys,
-///   status error).
+///   status error); written in bulk since migration 6 ([`POSTINGS_SCHEMA`]).
 /// - Unsigned 64-bit nanoseconds are stored bit-cast into INTEGER columns.
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE span_batches (
