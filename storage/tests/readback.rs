@@ -548,7 +548,7 @@ async fn migration_4_moves_the_point_index_to_series_then_time() {
              DROP TABLE trace_index;
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
-             ALTER TABLE span_batches DROP COLUMN term_ids;
+             DROP TABLE pending_terms;
              DELETE FROM telemetry_meta WHERE key = 'postings_upto';
              PRAGMA user_version = 3;",
         )

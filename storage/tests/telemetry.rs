@@ -1052,6 +1052,16 @@ fn trace_runs(path: &std::path::Path) -> Vec<(i64, i64, i64, i64)> {
     rows.map(Result::unwrap).collect()
 }
 
+/// Batches whose term postings are not in `batch_terms` yet (schema migration 6).
+fn pending_terms(path: &std::path::Path) -> Vec<i64> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut st = conn
+        .prepare("SELECT batch_id FROM pending_terms ORDER BY batch_id")
+        .unwrap();
+    let rows = st.query_map([], |r| r.get(0)).unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
 #[tokio::test]
 async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     // one trace per batch, plus `long` with a span in every 50th batch
@@ -1095,6 +1105,8 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     );
     // run 1 still covers live batches: kept, with the deleted batches' ids in it
     assert_eq!(trace_runs(&cfg.path), vec![(1, 1, 256, 1)]);
+    // the term postings of batches 257..=300 still wait in pending_terms (migration 6)
+    assert_eq!(pending_terms(&cfg.path), (257..=300).collect::<Vec<i64>>());
     assert!(storage.trace(own(0)).await.unwrap().is_none());
     assert!(storage.trace(own(199)).await.unwrap().is_none());
     assert!(storage.trace(own(200)).await.unwrap().is_some());
@@ -1105,6 +1117,23 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
         storage.write_traces(req(i)).await.unwrap();
     }
     assert_eq!(trace_runs(&cfg.path), vec![(5, 1, 1024, 4)]);
+    assert_eq!(
+        pending_terms(&cfg.path),
+        (1025..=1034).collect::<Vec<i64>>()
+    );
+    let page = storage
+        .search_traces(TraceQuery {
+            service: Some("r".into()),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.items.len(),
+        1034 - 200 + 1,
+        "every live trace, by its service term"
+    );
     {
         // the compaction dropped the deleted batches' ids, and the traces left with none
         let conn = rusqlite::Connection::open(&cfg.path).unwrap();
@@ -1174,7 +1203,7 @@ async fn a_schema_4_trace_index_becomes_run_1() {
              DROP TABLE trace_index;
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
-             ALTER TABLE span_batches DROP COLUMN term_ids;
+             DROP TABLE pending_terms;
              DELETE FROM telemetry_meta WHERE key = 'postings_upto';
              PRAGMA user_version = 4;",
         )

@@ -348,6 +348,9 @@ impl Writer {
         // Postings not merged yet (schema::POSTINGS_SCHEMA) go with their batches; a term
         // still named by one of them is kept even with no batch_terms row.
         self.pending_postings.retain(|&(_, b)| b > hi);
+        self.conn
+            .prepare_cached("DELETE FROM pending_terms WHERE batch_id BETWEEN ?1 AND ?2")?
+            .execute(params![lo, hi])?;
         let pending: std::collections::HashSet<i64> =
             self.pending_postings.iter().map(|&(t, _)| t).collect();
         for tid in term_ids {

@@ -132,15 +132,21 @@ DROP TABLE trace_index_v1;
 /// dirtied one 16 KiB leaf page per term, and those pages made up a quarter of all bytes
 /// written (1,363 → 1,020 MB per million spans with them left out, `/proc/PID/io`).
 ///
-/// - `span_batches.term_ids`: the batch's distinct term ids (i64 LE each, ascending).
-/// - `batch_terms` holds the postings of batches up to `telemetry_meta.postings_upto`;
-///   newer batches are found by their `term_ids`. The writer inserts their postings in
+/// - `pending_terms` (`batch_id` → `term_ids`, i64 LE each, ascending): the distinct term
+///   ids of each batch after `telemetry_meta.postings_upto`, one small row per batch (its
+///   own table: a column added to `span_batches` would sit after the payload, in its
+///   overflow pages). `batch_terms` holds the postings of the batches up to
+///   `postings_upto`. The writer moves the pending postings into `batch_terms` in
 ///   (term, batch) order when it merges the trace index (every [`MERGE_BATCHES`] batches,
-///   same transaction), so each term's leaf is written once per merge.
-/// - Rows stored before it have `term_ids` NULL: their postings are already in
-///   `batch_terms`, and `postings_upto` starts at the newest of them.
+///   same transaction) and deletes their `pending_terms` rows, so each term's leaf is
+///   written once per merge.
+/// - Every posting stored before it is in `batch_terms`: `postings_upto` starts at the
+///   newest batch.
 pub(crate) const POSTINGS_SCHEMA: &str = "
-ALTER TABLE span_batches ADD COLUMN term_ids BLOB;
+CREATE TABLE pending_terms (
+    batch_id INTEGER PRIMARY KEY,
+    term_ids BLOB NOT NULL
+);
 INSERT OR REPLACE INTO telemetry_meta(key, value)
     SELECT 'postings_upto', coalesce(max(id), 0) FROM span_batches;
 ";

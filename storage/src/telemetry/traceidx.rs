@@ -72,19 +72,18 @@ pub(crate) fn postings_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
 }
 
 /// (batch id, its term ids ascending) of every batch newer than `upto`, newest first: the
-/// postings not yet in `batch_terms`. A batch without `term_ids` (none is, past
-/// `postings_upto`) counts as holding no term.
+/// postings not yet in `batch_terms` (`pending_terms`).
 pub(crate) fn unmerged_postings(
     conn: &Connection,
     upto: i64,
 ) -> Result<Vec<(i64, Vec<i64>)>, rusqlite::Error> {
-    let mut st = conn
-        .prepare_cached("SELECT id, term_ids FROM span_batches WHERE id > ?1 ORDER BY id DESC")?;
+    let mut st = conn.prepare_cached(
+        "SELECT batch_id, term_ids FROM pending_terms WHERE batch_id > ?1 ORDER BY batch_id DESC",
+    )?;
     let rows = st.query_map([upto], |r| {
-        let list: Option<Vec<u8>> = r.get(1)?;
         Ok((
             r.get::<_, i64>(0)?,
-            list.map(|l| decode_batches(&l)).unwrap_or_default(),
+            decode_batches(r.get_ref(1)?.as_blob()?),
         ))
     })?;
     rows.collect()

@@ -168,8 +168,8 @@ impl Writer {
         self.conn
             .prepare_cached(
                 "INSERT INTO span_batches(id, received_unix_nano, min_start, max_start, max_duration,
-                    span_count, traces, idx, payload, term_ids)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    span_count, traces, idx, payload)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?
             .execute(params![
                 b,
@@ -180,9 +180,11 @@ impl Writer {
                 kept as i64,
                 trace_list,
                 idx_blob,
-                p.payload,
-                encode_batches(&term_ids)
+                p.payload
             ])?;
+        self.conn
+            .prepare_cached("INSERT INTO pending_terms(batch_id, term_ids) VALUES (?1, ?2)")?
+            .execute(params![b, encode_batches(&term_ids)])?;
         self.pending_postings
             .extend(term_ids.into_iter().map(|t| (t, b)));
         for c in trace_list.chunks_exact(16) {
@@ -256,6 +258,9 @@ impl Writer {
                     ins.execute(params![t, b])?;
                 }
             }
+            self.conn
+                .prepare_cached("DELETE FROM pending_terms WHERE batch_id <= ?1")?
+                .execute([self.next_batch_id - 1])?;
             for (key, value) in [
                 (META_MERGED_UPTO, self.next_batch_id - 1),
                 (META_POSTINGS_UPTO, self.next_batch_id - 1),
