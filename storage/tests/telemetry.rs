@@ -1072,7 +1072,7 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     let long = TraceId([0xee; 16]);
     let req = |i: u32| {
         let mut spans = vec![span(own(i), sid(1), "own", 1, 2)];
-        if i % 50 == 0 {
+        if i.is_multiple_of(50) {
             let b = i.to_le_bytes();
             spans.push(span(
                 long,
@@ -1157,7 +1157,7 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     }
     // every copy of `long` is found across the run and the unmerged batches, and a re-sent
     // copy from a compacted batch is still a duplicate
-    let long_spans = 2 + (300..1034).filter(|i| i % 50 == 0).count();
+    let long_spans = 2 + (300..1034u32).filter(|i| i.is_multiple_of(50)).count();
     assert_eq!(names_of(&storage, long).await.len(), long_spans);
     storage.write_traces(req(250)).await.unwrap();
     assert_eq!(names_of(&storage, long).await.len(), long_spans);

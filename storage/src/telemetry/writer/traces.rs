@@ -368,8 +368,8 @@ fn merge_runs(
     for (st, run) in stmts.iter_mut().zip(from) {
         cursors.push(st.query([run])?);
     }
-    // the current row of each cursor: (trace id, batches)
-    let mut heads: Vec<Option<(Vec<u8>, Vec<u8>)>> = Vec::with_capacity(cursors.len());
+    // the current row of each cursor
+    let mut heads: Vec<Option<RunRow>> = Vec::with_capacity(cursors.len());
     for c in cursors.iter_mut() {
         heads.push(next_row(c)?);
     }
@@ -377,10 +377,7 @@ fn merge_runs(
         conn.prepare_cached("INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)")?;
     let mut written = 0i64;
     let mut list: Vec<i64> = Vec::new();
-    loop {
-        let Some(min) = heads.iter().flatten().map(|h| h.0.clone()).min() else {
-            break;
-        };
+    while let Some(min) = heads.iter().flatten().map(|h| h.0.clone()).min() {
         list.clear();
         for (h, c) in heads.iter_mut().zip(cursors.iter_mut()) {
             if h.as_ref().is_some_and(|x| x.0 == min) {
@@ -401,7 +398,10 @@ fn merge_runs(
     Ok(written)
 }
 
-fn next_row(rows: &mut rusqlite::Rows<'_>) -> Result<Option<(Vec<u8>, Vec<u8>)>, rusqlite::Error> {
+/// One `trace_index` row of a run being compacted: (trace id, batches blob).
+type RunRow = (Vec<u8>, Vec<u8>);
+
+fn next_row(rows: &mut rusqlite::Rows<'_>) -> Result<Option<RunRow>, rusqlite::Error> {
     Ok(match rows.next()? {
         Some(r) => Some((r.get(0)?, r.get(1)?)),
         None => None,
