@@ -30,6 +30,8 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "",
     ),
+    ("stallwatch_storage_wal_wait_seconds", "counter", ""),
+    ("stallwatch_storage_wal_waits_timed_out", "counter", ""),
     ("stallwatch_storage_writes_refused", "counter", "reason"),
     ("stallwatch_storage_queue_depth_requests", "gauge", ""),
     ("stallwatch_storage_db_used_bytes", "gauge", ""),
