@@ -237,7 +237,6 @@ async fn migration_3_back_fills_the_body_index_from_stored_rows() {
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
              DROP TABLE pending_terms;
-             DELETE FROM telemetry_meta WHERE key = 'postings_upto';
              PRAGMA user_version = 2;",
         )
         .unwrap();

@@ -549,7 +549,6 @@ async fn migration_4_moves_the_point_index_to_series_then_time() {
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
              DROP TABLE pending_terms;
-             DELETE FROM telemetry_meta WHERE key = 'postings_upto';
              PRAGMA user_version = 3;",
         )
         .unwrap();

@@ -1204,7 +1204,6 @@ async fn a_schema_4_trace_index_becomes_run_1() {
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
              DROP TABLE pending_terms;
-             DELETE FROM telemetry_meta WHERE key = 'postings_upto';
              PRAGMA user_version = 4;",
         )
         .unwrap();

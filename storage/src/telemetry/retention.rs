@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::params;
 
-use super::traceidx::indexed_batches;
+use super::traceidx::{indexed_batches, unmerged_postings};
 use super::writer::Writer;
 use super::RetentionReport;
 use crate::error::StorageError;
@@ -347,12 +347,13 @@ impl Writer {
         }
         // Postings not merged yet (schema::POSTINGS_SCHEMA) go with their batches; a term
         // still named by one of them is kept even with no batch_terms row.
-        self.pending_postings.retain(|&(_, b)| b > hi);
         self.conn
             .prepare_cached("DELETE FROM pending_terms WHERE batch_id BETWEEN ?1 AND ?2")?
             .execute(params![lo, hi])?;
-        let pending: std::collections::HashSet<i64> =
-            self.pending_postings.iter().map(|&(t, _)| t).collect();
+        let pending: std::collections::HashSet<i64> = unmerged_postings(&self.conn)?
+            .into_iter()
+            .flat_map(|(_, terms)| terms)
+            .collect();
         for tid in term_ids {
             if pending.contains(&tid) {
                 continue;

@@ -133,27 +133,19 @@ DROP TABLE trace_index_v1;
 /// written (1,363 → 1,020 MB per million spans with them left out, `/proc/PID/io`).
 ///
 /// - `pending_terms` (`batch_id` → `term_ids`, i64 LE each, ascending): the distinct term
-///   ids of each batch after `telemetry_meta.postings_upto`, one small row per batch (its
-///   own table: a column added to `span_batches` would sit after the payload, in its
-///   overflow pages). `batch_terms` holds the postings of the batches up to
-///   `postings_upto`. The writer moves the pending postings into `batch_terms` in
-///   (term, batch) order when it merges the trace index (every [`MERGE_BATCHES`] batches,
-///   same transaction) and deletes their `pending_terms` rows, so each term's leaf is
-///   written once per merge.
-/// - Every posting stored before it is in `batch_terms`: `postings_upto` starts at the
-///   newest batch.
+///   ids of each batch whose postings are not in `batch_terms` yet, one small row per
+///   batch (its own table: a column added to `span_batches` would sit after the payload,
+///   in its overflow pages). The writer moves them into `batch_terms` in (term, batch)
+///   order when it merges the trace index (every [`MERGE_BATCHES`] batches, same
+///   transaction) and deletes the rows, so each term's leaf is written once per merge and
+///   every pending batch is newer than every batch in `batch_terms`.
+/// - Every posting stored before it is in `batch_terms`: `pending_terms` starts empty.
 pub(crate) const POSTINGS_SCHEMA: &str = "
 CREATE TABLE pending_terms (
     batch_id INTEGER PRIMARY KEY,
     term_ids BLOB NOT NULL
 );
-INSERT OR REPLACE INTO telemetry_meta(key, value)
-    SELECT 'postings_upto', coalesce(max(id), 0) FROM span_batches;
 ";
-
-/// `telemetry_meta` key of the newest batch whose postings are in `batch_terms`
-/// ([`POSTINGS_SCHEMA`]).
-pub(crate) const META_POSTINGS_UPTO: &str = "postings_upto";
 
 /// Runs of the same size that the writer compacts into one ([`TRACE_RUNS_SCHEMA`]).
 pub(crate) const RUN_FANOUT: usize = 4;

@@ -13,7 +13,7 @@ use super::encode::{decode_header, decode_index, decode_span, value_text, BatchI
 use super::read::{corrupt, snapshot};
 use super::schema::{INDEXED_ATTRIBUTE_KEYS, TERM_SERVICE, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL};
 use super::traceidx::{
-    fold, indexed_batches, merged_upto, postings_upto, summarize, unmerged_map, unmerged_postings,
+    fold, indexed_batches, merged_upto, summarize, unmerged_map, unmerged_postings,
 };
 use super::{
     OperationStats, QueryError, StatusFilter, TracePage, TraceQuery, TraceSummary,
@@ -271,22 +271,18 @@ fn search_in(
     cursor: Option<(i64, [u8; 16])>,
 ) -> Result<TracePage, QueryError> {
     let q = s.q;
-    // term ids; a term never seen means no match
-    let mut term_ids: Vec<(i64, i64)> = Vec::new(); // (postings, id)
-                                                    // postings not in batch_terms yet (schema::POSTINGS_SCHEMA): batch id → its term ids,
-                                                    // newest first, all newer than `upto`
-    let upto = postings_upto(conn)?;
+    // term ids as (postings, id); a term never seen means no match
+    let mut term_ids: Vec<(i64, i64)> = Vec::new();
+    // postings not in batch_terms yet (schema::POSTINGS_SCHEMA): batch id → its term ids,
+    // newest first, all newer than every batch in batch_terms
     let unmerged = if s.terms.is_empty() {
         Vec::new()
     } else {
-        unmerged_postings(conn, upto)?
+        unmerged_postings(conn)?
     };
     let holds = |b: i64, term: i64| -> Result<bool, rusqlite::Error> {
-        if b > upto {
-            return Ok(unmerged
-                .iter()
-                .find(|(id, _)| *id == b)
-                .is_some_and(|(_, t)| t.binary_search(&term).is_ok()));
+        if let Some((_, t)) = unmerged.iter().find(|(id, _)| *id == b) {
+            return Ok(t.binary_search(&term).is_ok());
         }
         Ok(conn
             .prepare_cached("SELECT 1 FROM batch_terms WHERE term_id = ?1 AND batch_id = ?2")?
@@ -340,10 +336,10 @@ fn search_in(
                     "SELECT bt.batch_id FROM batch_terms bt WHERE bt.term_id = ?1 AND bt.batch_id <= ?2
                      ORDER BY bt.batch_id DESC LIMIT ?3",
                 )?;
-                let rows = st.query_map(
-                    params![driver, next_from.min(upto), 256 - ids.len() as i64],
-                    |r| r.get::<_, i64>(0),
-                )?;
+                let rows = st
+                    .query_map(params![driver, next_from, 256 - ids.len() as i64], |r| {
+                        r.get::<_, i64>(0)
+                    })?;
                 for r in rows {
                     ids.push(r?);
                 }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::encode::{BatchIndex, IdxSpan};
-use super::schema::{META_MERGED_UPTO, META_POSTINGS_UPTO};
+use super::schema::META_MERGED_UPTO;
 
 /// Encodes a batch id list (i64 LE each).
 pub(crate) fn encode_batches(ids: &[i64]) -> Vec<u8> {
@@ -62,25 +62,14 @@ pub(crate) fn merged_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
         .unwrap_or(0))
 }
 
-/// The newest batch whose term postings are in `batch_terms` (0 when none; migration 6).
-pub(crate) fn postings_upto(conn: &Connection) -> Result<i64, rusqlite::Error> {
-    Ok(conn
-        .prepare_cached("SELECT value FROM telemetry_meta WHERE key = ?1")?
-        .query_row([META_POSTINGS_UPTO], |r| r.get::<_, i64>(0))
-        .optional()?
-        .unwrap_or(0))
-}
-
-/// (batch id, its term ids ascending) of every batch newer than `upto`, newest first: the
-/// postings not yet in `batch_terms` (`pending_terms`).
+/// (batch id, its term ids ascending) of every batch whose postings are not in
+/// `batch_terms` yet (the `pending_terms` rows), newest first.
 pub(crate) fn unmerged_postings(
     conn: &Connection,
-    upto: i64,
 ) -> Result<Vec<(i64, Vec<i64>)>, rusqlite::Error> {
-    let mut st = conn.prepare_cached(
-        "SELECT batch_id, term_ids FROM pending_terms WHERE batch_id > ?1 ORDER BY batch_id DESC",
-    )?;
-    let rows = st.query_map([upto], |r| {
+    let mut st =
+        conn.prepare_cached("SELECT batch_id, term_ids FROM pending_terms ORDER BY batch_id DESC")?;
+    let rows = st.query_map([], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             decode_batches(r.get_ref(1)?.as_blob()?),

@@ -190,8 +190,6 @@ impl TelemetryWriter {
             next_retention: Instant::now() + config.retention_interval,
             retaining: false,
             wal_wait_again_at: Instant::now(),
-            postings_upto: 0,
-            pending_postings: Vec::new(),
         };
         writer.refresh_used()?;
         writer.reload_l0()?;
@@ -333,10 +331,6 @@ pub(super) struct Writer {
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(super) wal_wait_again_at: Instant,
-    /// The newest batch whose postings are in `batch_terms`.
-    pub(super) postings_upto: i64,
-    /// (term id, batch id) of the batches after `postings_upto`, inserted at the next merge.
-    pub(super) pending_postings: Vec<(i64, i64)>,
 }
 
 impl Writer {

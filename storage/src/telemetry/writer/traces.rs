@@ -9,10 +9,10 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::telemetry::bloom::TraceBloom;
 use crate::telemetry::encode::{decode_index, BatchIndex, IdxSpan, PreparedTraces};
-use crate::telemetry::schema::{META_MERGED_UPTO, META_POSTINGS_UPTO, RUN_FANOUT};
+use crate::telemetry::schema::{META_MERGED_UPTO, RUN_FANOUT};
 use crate::telemetry::traceidx::{
     batch_trace_ids, decode_batches, encode_batches, fold, indexed_batches, merged_upto,
-    postings_upto, unmerged_map, unmerged_postings,
+    unmerged_map, unmerged_postings,
 };
 
 use super::Writer;
@@ -45,17 +45,12 @@ impl Writer {
         self.idx_cache.retain(|id, _| *id > upto);
     }
 
-    /// Re-reads the unmerged trace map and term postings after a rollback.
+    /// Re-reads the unmerged trace map after a rollback.
     pub(in crate::telemetry) fn reload_l0(&mut self) -> Result<(), rusqlite::Error> {
         self.idx_cache.clear();
         self.l0_new.clear();
         self.merged_upto = merged_upto(&self.conn)?;
         self.l0 = unmerged_map(&self.conn, self.merged_upto)?;
-        self.postings_upto = postings_upto(&self.conn)?;
-        self.pending_postings = unmerged_postings(&self.conn, self.postings_upto)?
-            .into_iter()
-            .flat_map(|(b, terms)| terms.into_iter().map(move |t| (t, b)))
-            .collect();
         self.l0_batches = self.conn.query_row(
             "SELECT count(*) FROM span_batches WHERE id > ?1",
             [self.merged_upto],
@@ -185,8 +180,6 @@ impl Writer {
         self.conn
             .prepare_cached("INSERT INTO pending_terms(batch_id, term_ids) VALUES (?1, ?2)")?
             .execute(params![b, encode_batches(&term_ids)])?;
-        self.pending_postings
-            .extend(term_ids.into_iter().map(|t| (t, b)));
         for c in trace_list.chunks_exact(16) {
             let mut t = [0u8; 16];
             t.copy_from_slice(c);
@@ -249,35 +242,31 @@ impl Writer {
                 self.compact_runs()?;
             }
             // term postings, in key order: each term's leaf written once per merge
-            self.pending_postings.sort_unstable();
+            let mut postings: Vec<(i64, i64)> = unmerged_postings(&self.conn)?
+                .into_iter()
+                .flat_map(|(b, terms)| terms.into_iter().map(move |t| (t, b)))
+                .collect();
+            postings.sort_unstable();
             {
                 let mut ins = self.conn.prepare_cached(
                     "INSERT OR IGNORE INTO batch_terms(term_id, batch_id) VALUES (?1, ?2)",
                 )?;
-                for (t, b) in &self.pending_postings {
+                for (t, b) in &postings {
                     ins.execute(params![t, b])?;
                 }
             }
             self.conn
-                .prepare_cached("DELETE FROM pending_terms WHERE batch_id <= ?1")?
-                .execute([self.next_batch_id - 1])?;
-            for (key, value) in [
-                (META_MERGED_UPTO, self.next_batch_id - 1),
-                (META_POSTINGS_UPTO, self.next_batch_id - 1),
-            ] {
-                self.conn
-                    .prepare_cached(
-                        "INSERT OR REPLACE INTO telemetry_meta(key, value) VALUES (?1, ?2)",
-                    )?
-                    .execute(params![key, value])?;
-            }
+                .prepare_cached("DELETE FROM pending_terms")?
+                .execute([])?;
+            self.conn.execute(
+                "INSERT OR REPLACE INTO telemetry_meta(key, value) VALUES (?1, ?2)",
+                params![META_MERGED_UPTO, self.next_batch_id - 1],
+            )?;
             Ok(())
         })();
         match out.and_then(|()| self.conn.execute_batch("COMMIT")) {
             Ok(()) => {
                 self.merged_upto = self.next_batch_id - 1;
-                self.postings_upto = self.next_batch_id - 1;
-                self.pending_postings.clear();
                 self.l0.clear();
                 self.l0_new.clear();
                 self.l0_batches = 0;
