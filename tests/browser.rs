@@ -355,19 +355,35 @@ fn dashboard_pages_left_in_the_back_forward_cache_hold_no_connection() {
     }
 
     // The premise: the page left for about:blank comes back from the back/forward cache
-    // (same window object), and its live stream is reopened.
-    d.js("window.__kept = true; return 1");
-    d.goto("about:blank");
-    d.js("history.back(); return 1");
-    d.wait_for(
-        "the Now page back",
-        PAGE_WAIT,
-        "return location.hash === '#/' && document.readyState === 'complete'",
-    );
-    assert_eq!(
-        d.js("return window.__kept === true"),
-        json!(true),
-        "the page was not restored from Chromium's back/forward cache: this test no longer tests it"
+    // (same window object), and its live stream is reopened. Chromium may decline to keep a
+    // page (a fetch still in flight when it was left, memory pressure on a loaded box): up to
+    // four tries, each from a settled page; the test fails when none is restored, with
+    // Chromium's reasons (`notRestoredReasons`).
+    let mut reasons = Vec::new();
+    let restored = (0..4).any(|attempt| {
+        d.wait_for("the Now page's live stream open", PAGE_WAIT, live_open);
+        std::thread::sleep(Duration::from_millis(300 * (attempt + 1)));
+        d.js("window.__kept = true; return 1");
+        d.goto("about:blank");
+        d.js("history.back(); return 1");
+        d.wait_for(
+            "the Now page back",
+            PAGE_WAIT,
+            "return location.hash === '#/' && document.readyState === 'complete'",
+        );
+        let kept = d.js("return window.__kept === true") == json!(true);
+        if !kept {
+            reasons.push(d.js(
+                "const n = performance.getEntriesByType('navigation')[0]; \
+                 return n && n.notRestoredReasons ? JSON.stringify(n.notRestoredReasons) : 'none given'",
+            ));
+        }
+        kept
+    });
+    assert!(
+        restored,
+        "the page was never restored from Chromium's back/forward cache in 4 tries: this test \
+         no longer tests it; Chromium's reasons: {reasons:?}"
     );
     d.wait_for(
         "the live stream reopened after pageshow",
