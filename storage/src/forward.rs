@@ -21,7 +21,7 @@ use crate::model::{
     LogBatch, LogRecord, MetricBatch, MetricPoint, Resource, ResourceLogs, ResourceMetrics,
     ResourceSpans, Scope, ScopeLogs, ScopeMetrics, ScopeSpans, Span, TraceBatch,
 };
-use crate::telemetry::encode::{decode_header, decode_index, decode_span};
+use crate::telemetry::encode::{decode_header, decode_index, decode_span, payload_bytes};
 
 /// DDL of the cursor table (part of migration 1; also run with `IF NOT EXISTS` before the
 /// first cursor read so a database created before this table gains it).
@@ -159,7 +159,11 @@ fn group<'a, G>(
 
 /// Adds one stored span batch row to `out`, re-grouped by resource and scope. Answers the
 /// spans added and the spans skipped as undecodable.
-fn add_span_row(out: &mut TraceBatch, idx: &[u8], payload: &[u8]) -> (u64, u64) {
+fn add_span_row(out: &mut TraceBatch, idx: &[u8], stored: &[u8]) -> (u64, u64) {
+    let Ok(payload) = payload_bytes(stored) else {
+        return (0, 1);
+    };
+    let payload = payload.as_ref();
     let (Ok(index), Ok(header)) = (decode_index(idx), decode_header(payload)) else {
         return (0, 1);
     };

@@ -133,7 +133,8 @@ async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() 
             }
         })
     };
-    const PER_WRITER: u32 = 100;
+    // enough to fill the cap several times over with payloads stored compressed (~2.5x)
+    const PER_WRITER: u32 = 250;
     let writers: Vec<_> = (0..2u8)
         .map(|w| {
             let storage = storage.clone();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::encode::{decode_header, decode_index, decode_span, BatchIndex};
+use super::encode::{decode_header, decode_index, decode_span, payload_owned, BatchIndex};
 use super::schema::{PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME};
 use super::traceidx::{fold, trace_batches};
 use super::{StoredLog, StoredMetricPoint, StoredSpan, TraceView, MAX_SEARCH_LIMIT};
@@ -50,6 +50,7 @@ fn load_full_batch(conn: &Connection, id: i64) -> Result<Option<FullBatch>, Stor
         return Ok(None);
     };
     let index = decode_index(&idx).map_err(corrupt)?;
+    let payload = payload_owned(payload).map_err(corrupt)?;
     let header = decode_header(&payload).map_err(corrupt)?;
     let resources: Vec<Arc<Resource>> = header.resources.into_iter().map(Arc::new).collect();
     let scopes = header

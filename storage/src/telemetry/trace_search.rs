@@ -9,7 +9,9 @@ use std::rc::Rc;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::encode::{decode_header, decode_index, decode_span, value_text, BatchIndex, IdxSpan};
+use super::encode::{
+    decode_header, decode_index, decode_span, payload_owned, value_text, BatchIndex, IdxSpan,
+};
 use super::read::{corrupt, snapshot};
 use super::schema::{INDEXED_ATTRIBUTE_KEYS, TERM_SERVICE, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL};
 use super::traceidx::{
@@ -77,6 +79,7 @@ impl Search<'_> {
             return Ok(None);
         };
         let index = decode_index(&idx).map_err(corrupt)?;
+        let payload = payload.map(payload_owned).transpose().map_err(corrupt)?;
         let (resources, scope_res) = match &payload {
             Some(p) => {
                 let h = decode_header(p).map_err(corrupt)?;

@@ -143,7 +143,8 @@ impl Writer {
             return Ok((0, dups));
         }
         if kept < n {
-            p.retain(&keep);
+            p.retain(&keep)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
         }
         let idx = &p.index;
         let min_start = idx.spans.iter().map(|s| s.start).min().unwrap_or(0);
