@@ -1289,6 +1289,99 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     storage.shutdown().await;
 }
 
+/// A compaction larger than one slice (`COMPACTION_SLICE_ROWS`, 16,384 rows) is written
+/// over several transactions and ends as one run holding every trace; rows of a run
+/// `trace_runs` does not name (a compaction cut short by a crash) are deleted at the next
+/// start, and the next run id does not collide with them.
+#[tokio::test]
+async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
+    const PER_BATCH: u32 = 20;
+    fn t(i: u32) -> TraceId {
+        let b = i.to_le_bytes();
+        TraceId([b[0], b[1], b[2], 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9])
+    }
+    let req = |b: u32| {
+        let spans = (0..PER_BATCH)
+            .map(|k| span(t(b * PER_BATCH + k), sid(1), "s", 1, 2))
+            .collect();
+        batch(Some("slices"), spans)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    for b in 0..1030 {
+        storage.write_traces(req(b)).await.unwrap();
+    }
+    // the writer serves writes between the slices, and takes this only after the last one
+    storage.run_retention().await.unwrap();
+    // four merges of 256 batches, compacted into one run of four units
+    assert_eq!(trace_runs(&cfg.path), vec![(5, 1, 1024, 4)]);
+    let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+    let (rows, entries): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT count(*) FROM trace_index), entries FROM trace_runs",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (rows, entries),
+        (1024 * 20, 1024 * 20),
+        "more than one slice"
+    );
+    drop(conn);
+    for b in [0, 511, 1023, 1029] {
+        assert_eq!(names_of(&storage, t(b * PER_BATCH)).await.len(), 1, "{b}");
+        assert_eq!(
+            names_of(&storage, t(b * PER_BATCH + PER_BATCH - 1))
+                .await
+                .len(),
+            1,
+            "{b}"
+        );
+    }
+    storage.shutdown().await;
+    drop(storage);
+
+    // a compaction's partial output (run 6, never named in trace_runs) left by a crash
+    let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+    conn.execute(
+        "INSERT INTO trace_index(run, trace_id, batches) VALUES (6, ?1, ?2)",
+        rusqlite::params![&t(0).0[..], 7i64.to_le_bytes().to_vec()],
+    )
+    .unwrap();
+    drop(conn);
+    let storage = Storage::open(cfg.clone()).unwrap();
+    let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+    let orphans: i64 = conn
+        .query_row("SELECT count(*) FROM trace_index WHERE run = 6", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(
+        orphans, 0,
+        "the orphan run's rows are gone after the restart"
+    );
+    drop(conn);
+    assert_eq!(names_of(&storage, t(0)).await.len(), 1);
+    for b in 1030..1280 {
+        storage.write_traces(req(b)).await.unwrap();
+    }
+    // the merge runs after the last write is answered
+    storage.run_retention().await.unwrap();
+    // the next merge gets run 6 again, now the only one of that id
+    assert_eq!(
+        trace_runs(&cfg.path),
+        vec![(5, 1, 1024, 4), (6, 1025, 1280, 1)]
+    );
+    assert_eq!(names_of(&storage, t(1279 * PER_BATCH)).await.len(), 1);
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_schema_4_trace_index_becomes_run_1() {
     fn own(i: u32) -> TraceId {

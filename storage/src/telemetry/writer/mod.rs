@@ -189,8 +189,18 @@ impl TelemetryWriter {
             retention_interval: config.retention_interval,
             next_retention: Instant::now() + config.retention_interval,
             retaining: false,
+            compaction_due: true,
+            compacting: false,
+            reserved_run: None,
             wal_wait_again_at: Instant::now(),
         };
+        let orphans = traces::drop_orphan_runs(&writer.conn)?;
+        if orphans > 0 {
+            tracing::info!(
+                rows = orphans,
+                "deleted the trace index rows of a compaction interrupted at the last stop"
+            );
+        }
         writer.refresh_used()?;
         writer.reload_l0()?;
         writer.rebuild_bloom(0)?;
@@ -328,6 +338,13 @@ pub(super) struct Writer {
     /// True while a size retention step runs (the groups it serves between its chunks do
     /// not start another).
     pub(super) retaining: bool,
+    /// A merge added a run: the loop compacts after the current message.
+    pub(super) compaction_due: bool,
+    /// True while a compaction runs (the groups it serves between its slices do not
+    /// start another).
+    pub(super) compacting: bool,
+    /// The run a compaction in progress writes (no `trace_runs` row yet).
+    pub(super) reserved_run: Option<i64>,
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(super) wal_wait_again_at: Instant,
@@ -371,6 +388,17 @@ impl Writer {
                 Msg::Shutdown => {
                     self.drain_for_shutdown();
                     break;
+                }
+            }
+            if self.compaction_due && self.degraded_tx.borrow().is_none() {
+                if let Err(e) = self.compact_runs() {
+                    tracing::warn!(
+                        error = %e,
+                        "compacting the trace index failed; will retry after the next merge"
+                    );
+                    // its partial output is invisible (no trace_runs row); delete it now
+                    // rather than at the next start
+                    let _ = traces::drop_orphan_runs(&self.conn);
                 }
             }
         }

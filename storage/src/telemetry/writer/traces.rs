@@ -201,9 +201,10 @@ impl Writer {
         Ok((kept as u64, dups))
     }
 
-    /// Merges the unmerged batches' traces into `trace_index` as a new run, then compacts
-    /// the newest runs ([`Writer::compact_runs`]), and inserts their term postings into
-    /// `batch_terms` (`schema::POSTINGS_SCHEMA`), in one transaction. The run's rows are
+    /// Merges the unmerged batches' traces into `trace_index` as a new run and inserts
+    /// their term postings into `batch_terms` (`schema::POSTINGS_SCHEMA`), in one
+    /// transaction, then leaves the compaction of the newest runs to the writer's loop
+    /// (`compaction_due`, [`Writer::compact_runs`]). The run's rows are
     /// written in key order after every existing row, so the merge appends pages instead
     /// of dirtying one random leaf per trace (`schema::TRACE_RUNS_SCHEMA`).
     pub(in crate::telemetry) fn merge_l0(&mut self) -> Result<(), rusqlite::Error> {
@@ -215,7 +216,7 @@ impl Writer {
             let mut keys: Vec<[u8; 16]> = self.l0.keys().copied().collect();
             keys.sort_unstable();
             if !keys.is_empty() {
-                let run = next_run(&self.conn)?;
+                let run = self.next_run()?;
                 {
                     let mut ins = self.conn.prepare_cached(
                         "INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)",
@@ -240,7 +241,8 @@ impl Writer {
                         self.next_batch_id - 1,
                         keys.len() as i64
                     ])?;
-                self.compact_runs()?;
+                // compacted by the writer's loop, in transactions of its own
+                self.compaction_due = true;
             }
             // term postings, in key order: each term's leaf written once per merge
             let mut postings: Vec<(i64, i64)> = unmerged_postings(&self.conn)?
@@ -282,12 +284,32 @@ impl Writer {
     }
 
     /// While the newest [`RUN_FANOUT`] runs have the same `units`, merges them into one run
-    /// (`units` summed, the union of their batch ranges), inside the caller's transaction.
-    /// The runs' rows are read as [`RUN_FANOUT`] key-ordered ranges and merged in step,
-    /// so the new run is written in key order (appended) and memory stays one row per
-    /// run. Batch ids below the oldest stored batch (deleted by retention) are dropped,
-    /// and a trace left with none loses its row.
+    /// (`units` summed, the union of their batch ranges), in transactions of at most
+    /// [`COMPACTION_SLICE_ROWS`] rows with the queued writes served between them
+    /// ([`Writer::serve_pending`]), so a large compaction (64 merges' worth of traces at
+    /// ~10M spans) never holds ingest for its whole length (issue 16, "the same rate with
+    /// 10M spans stored"). Runs the writer's main loop after a merge asked for it
+    /// (`compaction_due`); never inside another transaction, never nested.
+    ///
+    /// The new run's rows are written under a run id above every existing one, but its
+    /// `trace_runs` row is inserted only in the transaction that deletes the inputs' rows
+    /// from `trace_runs`: until then readers (which join `trace_runs`) see the inputs and
+    /// not the partial output, and after it the output and not the inputs. The inputs'
+    /// `trace_index` rows are then deleted in slices too. A crash leaves rows of a run
+    /// `trace_runs` does not name, which [`drop_orphan_runs`] deletes at the next start.
     pub(in crate::telemetry) fn compact_runs(&mut self) -> Result<(), rusqlite::Error> {
+        if self.compacting {
+            return Ok(());
+        }
+        self.compacting = true;
+        self.compaction_due = false;
+        let out = self.compact_runs_sliced();
+        self.compacting = false;
+        self.reserved_run = None;
+        out
+    }
+
+    fn compact_runs_sliced(&mut self) -> Result<(), rusqlite::Error> {
         loop {
             let newest: Vec<(i64, i64, i64, i64)> = {
                 let mut st = self.conn.prepare_cached(
@@ -301,62 +323,167 @@ impl Writer {
             if newest.len() < RUN_FANOUT || newest.iter().any(|r| r.3 != newest[0].3) {
                 return Ok(());
             }
-            let oldest_live: i64 = self.conn.query_row(
-                "SELECT coalesce(min(id), 9223372036854775807) FROM span_batches",
-                [],
-                |r| r.get(0),
-            )?;
-            let run = next_run(&self.conn)?;
-            let entries = merge_runs(
-                &self.conn,
-                &newest.iter().map(|r| r.0).collect::<Vec<_>>(),
-                run,
-                oldest_live,
-            )?;
-            for r in &newest {
-                self.conn
-                    .prepare_cached("DELETE FROM trace_index WHERE run = ?1")?
-                    .execute([r.0])?;
-                self.conn
-                    .prepare_cached("DELETE FROM trace_runs WHERE run = ?1")?
-                    .execute([r.0])?;
+            let from: Vec<i64> = newest.iter().map(|r| r.0).collect();
+            let into = self.next_run()?;
+            self.reserved_run = Some(into);
+            let mut after: Option<Vec<u8>> = None;
+            let mut entries = 0i64;
+            loop {
+                let slice = self.in_transaction(|conn| {
+                    let oldest_live: i64 = conn.query_row(
+                        "SELECT coalesce(min(id), 9223372036854775807) FROM span_batches",
+                        [],
+                        |r| r.get(0),
+                    )?;
+                    merge_runs(
+                        conn,
+                        &from,
+                        into,
+                        oldest_live,
+                        after.as_deref(),
+                        COMPACTION_SLICE_ROWS,
+                    )
+                })?;
+                entries += slice.written;
+                match slice.last {
+                    Some(last) if !slice.done => after = Some(last),
+                    _ => break,
+                }
+                self.serve_pending();
             }
             let lo = newest.iter().map(|r| r.1).min().unwrap_or(0);
             let hi = newest.iter().map(|r| r.2).max().unwrap_or(0);
             let units: i64 = newest.iter().map(|r| r.3).sum();
-            self.conn
-                .prepare_cached(
+            self.in_transaction(|conn| {
+                for r in &from {
+                    conn.prepare_cached("DELETE FROM trace_runs WHERE run = ?1")?
+                        .execute([r])?;
+                }
+                conn.prepare_cached(
                     "INSERT INTO trace_runs(run, lo, hi, units, entries)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?
-                .execute(params![run, lo, hi, units, entries])?;
+                .execute(params![into, lo, hi, units, entries])?;
+                Ok(())
+            })?;
+            self.reserved_run = None;
+            for r in &from {
+                loop {
+                    let deleted = self.in_transaction(|conn| {
+                        conn.prepare_cached(
+                            "DELETE FROM trace_index WHERE run = ?1 AND trace_id IN
+                               (SELECT trace_id FROM trace_index WHERE run = ?1
+                                ORDER BY trace_id LIMIT ?2)",
+                        )?
+                        .execute(params![r, COMPACTION_SLICE_ROWS as i64])
+                    })?;
+                    if deleted < COMPACTION_SLICE_ROWS {
+                        break;
+                    }
+                    self.serve_pending();
+                }
+            }
         }
+    }
+
+    /// Runs `f` in its own `BEGIN IMMEDIATE` transaction: committed when it succeeds,
+    /// rolled back when it or the commit fails.
+    fn in_transaction<T>(
+        &mut self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, rusqlite::Error>,
+    ) -> Result<T, rusqlite::Error> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        match f(&self.conn).and_then(|v| self.conn.execute_batch("COMMIT").map(|()| v)) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    /// The id of a new run: after every existing one (in `trace_runs`, in `trace_index`,
+    /// and the run a compaction in progress writes), so its rows sort after every row.
+    pub(super) fn next_run(&self) -> Result<i64, rusqlite::Error> {
+        let stored: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT max(coalesce((SELECT max(run) FROM trace_runs), 0),
+                            coalesce((SELECT max(run) FROM trace_index), 0))",
+            )?
+            .query_row([], |r| r.get(0))?;
+        Ok(stored.max(self.reserved_run.unwrap_or(0)) + 1)
     }
 }
 
-/// The id of a new run: after every existing one, so its rows sort after every row.
-fn next_run(conn: &rusqlite::Connection) -> Result<i64, rusqlite::Error> {
-    conn.prepare_cached("SELECT coalesce(max(run), 0) + 1 FROM trace_runs")?
-        .query_row([], |r| r.get(0))
+/// Rows a compaction writes (or deletes) per transaction: about one merge's worth of
+/// traces, a few ms of the writer's time, so queued writes wait at most that long.
+pub(in crate::telemetry) const COMPACTION_SLICE_ROWS: usize = 16_384;
+
+/// Deletes the `trace_index` rows of runs `trace_runs` does not name: what a compaction
+/// interrupted by a crash had written, or the inputs it had not deleted yet (their
+/// `trace_runs` rows went in the same transaction as the output's). Runs are found by
+/// seeking from one to the next (a dozen seeks, not a scan).
+pub(in crate::telemetry) fn drop_orphan_runs(
+    conn: &rusqlite::Connection,
+) -> Result<u64, rusqlite::Error> {
+    let mut run = i64::MIN;
+    let mut dropped = 0u64;
+    loop {
+        let next: Option<i64> = conn
+            .query_row(
+                "SELECT run FROM trace_index WHERE run > ?1 ORDER BY run LIMIT 1",
+                [run],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(r) = next else {
+            return Ok(dropped);
+        };
+        let named: bool = conn.query_row(
+            "SELECT EXISTS(SELECT 1 FROM trace_runs WHERE run = ?1)",
+            [r],
+            |x| x.get(0),
+        )?;
+        if !named {
+            dropped += conn.execute("DELETE FROM trace_index WHERE run = ?1", [r])? as u64;
+        }
+        run = r;
+    }
 }
 
-/// Writes run `into` as the union of runs `from` (a k-way merge of their key-ordered rows),
-/// dropping batch ids below `oldest_live`. Answers the rows written.
+/// What one slice of a compaction wrote.
+struct Slice {
+    /// Rows written.
+    written: i64,
+    /// The last trace id taken from the inputs (written or dropped), if any.
+    last: Option<Vec<u8>>,
+    /// True when every input is read to its end.
+    done: bool,
+}
+
+/// Writes into run `into` the union of runs `from` (a k-way merge of their key-ordered
+/// rows) for trace ids after `after`, dropping batch ids below `oldest_live`, until
+/// `max_rows` rows are written or the inputs end.
 fn merge_runs(
     conn: &rusqlite::Connection,
     from: &[i64],
     into: i64,
     oldest_live: i64,
-) -> Result<i64, rusqlite::Error> {
+    after: Option<&[u8]>,
+    max_rows: usize,
+) -> Result<Slice, rusqlite::Error> {
     let mut stmts = Vec::with_capacity(from.len());
     for _ in from {
-        stmts.push(conn.prepare(
-            "SELECT trace_id, batches FROM trace_index WHERE run = ?1 ORDER BY trace_id",
+        stmts.push(conn.prepare_cached(
+            "SELECT trace_id, batches FROM trace_index WHERE run = ?1 AND trace_id > ?2
+             ORDER BY trace_id",
         )?);
     }
+    let after = after.unwrap_or(&[]);
     let mut cursors = Vec::with_capacity(from.len());
     for (st, run) in stmts.iter_mut().zip(from) {
-        cursors.push(st.query([run])?);
+        cursors.push(st.query(params![run, after])?);
     }
     // the current row of each cursor
     let mut heads: Vec<Option<RunRow>> = Vec::with_capacity(cursors.len());
@@ -365,9 +492,16 @@ fn merge_runs(
     }
     let mut ins =
         conn.prepare_cached("INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)")?;
-    let mut written = 0i64;
+    let mut slice = Slice {
+        written: 0,
+        last: None,
+        done: false,
+    };
     let mut list: Vec<i64> = Vec::new();
     while let Some(min) = heads.iter().flatten().map(|h| h.0.clone()).min() {
+        if slice.written as usize >= max_rows {
+            return Ok(slice);
+        }
         list.clear();
         for (h, c) in heads.iter_mut().zip(cursors.iter_mut()) {
             if h.as_ref().is_some_and(|x| x.0 == min) {
@@ -377,15 +511,16 @@ fn merge_runs(
                 *h = next_row(c)?;
             }
         }
-        if list.is_empty() {
-            continue;
+        if !list.is_empty() {
+            list.sort_unstable();
+            list.dedup();
+            ins.execute(params![into, min, encode_batches(&list)])?;
+            slice.written += 1;
         }
-        list.sort_unstable();
-        list.dedup();
-        ins.execute(params![into, min, encode_batches(&list)])?;
-        written += 1;
+        slice.last = Some(min);
     }
-    Ok(written)
+    slice.done = true;
+    Ok(slice)
 }
 
 /// One `trace_index` row of a run being compacted: (trace id, batches blob).
