@@ -1382,6 +1382,51 @@ async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
     storage.shutdown().await;
 }
 
+/// Four runs of 1 merge are compacted into one of 4; four runs of 4 merges
+/// (`MAX_RUN_UNITS`) are left as they are, a lookup seeking each.
+#[tokio::test]
+async fn runs_of_four_merges_are_not_compacted_again() {
+    for (units, expect) in [
+        (1i64, vec![(5i64, 0i64, 0i64, 4i64)]),
+        (
+            4,
+            vec![(1, 0, 0, 4), (2, 0, 0, 4), (3, 0, 0, 4), (4, 0, 0, 4)],
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(&dir);
+        let storage = Storage::open(cfg.clone()).unwrap();
+        storage
+            .write_traces(batch(Some("u"), vec![span(tid(1), sid(1), "s", 1, 2)]))
+            .await
+            .unwrap();
+        storage.shutdown().await;
+        drop(storage);
+        // four runs of `units` merges each, as older merges would have left them; each
+        // names trace tid(1) in batch 1
+        let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+        for run in 1..=4i64 {
+            conn.execute(
+                "INSERT INTO trace_runs(run, lo, hi, units, entries) VALUES (?1, 0, 0, ?2, 1)",
+                rusqlite::params![run, units],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)",
+                rusqlite::params![run, &tid(1).0[..], 1i64.to_le_bytes().to_vec()],
+            )
+            .unwrap();
+        }
+        drop(conn);
+        let storage = Storage::open(cfg.clone()).unwrap();
+        // the writer compacts (or not) as it starts; this request is served after that
+        storage.run_retention().await.unwrap();
+        assert_eq!(trace_runs(&cfg.path), expect, "runs of {units} merges");
+        assert_eq!(names_of(&storage, tid(1)).await.len(), 1);
+        storage.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn a_schema_4_trace_index_becomes_run_1() {
     fn own(i: u32) -> TraceId {

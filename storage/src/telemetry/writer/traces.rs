@@ -9,7 +9,7 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::telemetry::bloom::TraceBloom;
 use crate::telemetry::encode::{decode_index, BatchIndex, IdxSpan, PreparedTraces};
-use crate::telemetry::schema::{META_MERGED_UPTO, RUN_FANOUT};
+use crate::telemetry::schema::{MAX_RUN_UNITS, META_MERGED_UPTO, RUN_FANOUT};
 use crate::telemetry::traceidx::{
     batch_trace_ids, decode_batches, encode_batches, fold, indexed_batches, merged_upto,
     unmerged_map, unmerged_postings,
@@ -283,8 +283,9 @@ impl Writer {
         }
     }
 
-    /// While the newest [`RUN_FANOUT`] runs have the same `units`, merges them into one run
-    /// (`units` summed, the union of their batch ranges), in transactions of at most
+    /// While the newest [`RUN_FANOUT`] runs have the same `units`, below
+    /// [`MAX_RUN_UNITS`], merges them into one run (`units` summed, the union of their
+    /// batch ranges), in transactions of at most
     /// [`COMPACTION_SLICE_ROWS`] rows with the queued writes served between them
     /// ([`Writer::serve_pending`]), so a large compaction (64 merges' worth of traces at
     /// ~10M spans) never holds ingest for its whole length (issue 16, "the same rate with
@@ -320,7 +321,10 @@ impl Writer {
                 })?;
                 rows.collect::<Result<_, _>>()?
             };
-            if newest.len() < RUN_FANOUT || newest.iter().any(|r| r.3 != newest[0].3) {
+            if newest.len() < RUN_FANOUT
+                || newest.iter().any(|r| r.3 != newest[0].3)
+                || newest[0].3 >= MAX_RUN_UNITS
+            {
                 return Ok(());
             }
             let from: Vec<i64> = newest.iter().map(|r| r.0).collect();
