@@ -190,8 +190,6 @@ impl TelemetryWriter {
             next_retention: Instant::now() + config.retention_interval,
             retaining: false,
             compaction_due: true,
-            compacting: false,
-            reserved_run: None,
             wal_wait_again_at: Instant::now(),
         };
         let orphans = traces::drop_orphan_runs(&writer.conn)?;
@@ -340,11 +338,6 @@ pub(super) struct Writer {
     pub(super) retaining: bool,
     /// A merge added a run: the loop compacts after the current message.
     pub(super) compaction_due: bool,
-    /// True while a compaction runs (the groups it serves between its slices do not
-    /// start another).
-    pub(super) compacting: bool,
-    /// The run a compaction in progress writes (no `trace_runs` row yet).
-    pub(super) reserved_run: Option<i64>,
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(super) wal_wait_again_at: Instant,

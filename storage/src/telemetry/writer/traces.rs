@@ -287,10 +287,11 @@ impl Writer {
     /// [`MAX_RUN_UNITS`], merges them into one run (`units` summed, the union of their
     /// batch ranges), in transactions of at most
     /// [`COMPACTION_SLICE_ROWS`] rows with the queued writes served between them
-    /// ([`Writer::serve_pending`]), so a large compaction (64 merges' worth of traces at
-    /// ~10M spans) never holds ingest for its whole length (issue 16, "the same rate with
-    /// 10M spans stored"). Runs the writer's main loop after a merge asked for it
-    /// (`compaction_due`); never inside another transaction, never nested.
+    /// ([`Writer::serve_pending`]), so a compaction (four merges' worth of traces, ~65k
+    /// rows of otlp-blast's) never holds ingest for its whole length (issue 16, "the same
+    /// rate with 10M spans stored"). Only the writer's main loop calls it, after a merge
+    /// asked for it (`compaction_due`): never inside another transaction, and never nested
+    /// (the groups served between slices only set `compaction_due`).
     ///
     /// The new run's rows are written under a run id above every existing one, but its
     /// `trace_runs` row is inserted only in the transaction that deletes the inputs' rows
@@ -299,18 +300,7 @@ impl Writer {
     /// `trace_index` rows are then deleted in slices too. A crash leaves rows of a run
     /// `trace_runs` does not name, which [`drop_orphan_runs`] deletes at the next start.
     pub(in crate::telemetry) fn compact_runs(&mut self) -> Result<(), rusqlite::Error> {
-        if self.compacting {
-            return Ok(());
-        }
-        self.compacting = true;
         self.compaction_due = false;
-        let out = self.compact_runs_sliced();
-        self.compacting = false;
-        self.reserved_run = None;
-        out
-    }
-
-    fn compact_runs_sliced(&mut self) -> Result<(), rusqlite::Error> {
         loop {
             let newest: Vec<(i64, i64, i64, i64)> = {
                 let mut st = self.conn.prepare_cached(
@@ -329,7 +319,6 @@ impl Writer {
             }
             let from: Vec<i64> = newest.iter().map(|r| r.0).collect();
             let into = self.next_run()?;
-            self.reserved_run = Some(into);
             let mut after: Option<Vec<u8>> = None;
             let mut entries = 0i64;
             loop {
@@ -370,7 +359,6 @@ impl Writer {
                 .execute(params![into, lo, hi, units, entries])?;
                 Ok(())
             })?;
-            self.reserved_run = None;
             for r in &from {
                 loop {
                     let deleted = self.in_transaction(|conn| {
@@ -396,18 +384,19 @@ impl Writer {
         &mut self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, rusqlite::Error>,
     ) -> Result<T, rusqlite::Error> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        match f(&self.conn).and_then(|v| self.conn.execute_batch("COMMIT").map(|()| v)) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let v = f(&tx)?;
+        tx.commit()?;
+        Ok(v)
     }
 
-    /// The id of a new run: after every existing one (in `trace_runs`, in `trace_index`,
-    /// and the run a compaction in progress writes), so its rows sort after every row.
+    /// The id of a new run: after every run in `trace_runs` and in `trace_index`, so its
+    /// rows sort after every row. That covers a compaction in progress: queued writes
+    /// (and so merges) are served only after a slice that wrote rows of its output (a
+    /// slice that is not the last wrote [`COMPACTION_SLICE_ROWS`]) or once its output is
+    /// named in `trace_runs`.
     pub(super) fn next_run(&self) -> Result<i64, rusqlite::Error> {
         let stored: i64 = self
             .conn
@@ -416,7 +405,7 @@ impl Writer {
                             coalesce((SELECT max(run) FROM trace_index), 0))",
             )?
             .query_row([], |r| r.get(0))?;
-        Ok(stored.max(self.reserved_run.unwrap_or(0)) + 1)
+        Ok(stored + 1)
     }
 }
 
