@@ -317,7 +317,7 @@ impl Storage {
         }
         let prepared = encode::prepare_traces(&batch).map_err(WriteError::Failed)?;
         drop(batch);
-        w.submit(writer::Prepared::Traces(prepared)).await
+        w.submit(writer::Prepared::Traces(Box::new(prepared))).await
     }
 
     /// Queues a trace export that the caller encoded in chunks ([`TraceChunk::encode`], a

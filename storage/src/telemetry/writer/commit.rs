@@ -282,7 +282,7 @@ impl Writer {
         for p in preps {
             match p {
                 Prepared::Traces(t) => {
-                    let (stored, dups) = self.apply_traces(t, received)?;
+                    let (stored, dups) = self.apply_traces(*t, received)?;
                     c.spans += stored;
                     c.duplicates += dups;
                 }

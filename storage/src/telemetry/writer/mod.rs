@@ -72,8 +72,8 @@ pub struct Degraded {
 /// A request prepared on the caller's side.
 #[derive(Debug)]
 pub(crate) enum Prepared {
-    /// A trace export.
-    Traces(PreparedTraces),
+    /// A trace export (boxed: the queue's messages stay small).
+    Traces(Box<PreparedTraces>),
     /// A trace export encoded in chunks: one `span_batches` row each, all in the same
     /// transaction (the group's).
     TraceChunks(Vec<PreparedTraces>),

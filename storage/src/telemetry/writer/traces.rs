@@ -151,8 +151,6 @@ impl Writer {
         let max_start = idx.spans.iter().map(|s| s.start).max().unwrap_or(0);
         let max_duration = idx.spans.iter().map(IdxSpan::duration).max().unwrap_or(0);
         let trace_list = batch_trace_ids(idx);
-        let idx_blob = postcard::to_allocvec(idx)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
         // The batch's postings go to batch_terms at the next merge (migration 6).
         let terms = std::mem::take(&mut p.index.terms);
         let mut term_ids = Vec::with_capacity(terms.len());
@@ -175,7 +173,7 @@ impl Writer {
                 max_duration.min(i64::MAX as u64) as i64,
                 kept as i64,
                 trace_list,
-                idx_blob,
+                p.index_blob,
                 p.payload
             ])?;
         self.conn
