@@ -16,8 +16,10 @@ const MAX_GROUP_DEPTH: u32 = 100;
 pub(super) enum Value<'a> {
     /// Wire type 0.
     Varint(u64),
-    /// Wire type 1 (8 bytes) or 5 (4 bytes): skipped, never read by the scan.
-    Fixed,
+    /// Wire type 1: 8 bytes, little-endian (`fixed64`, `double`).
+    Fixed64(u64),
+    /// Wire type 5: 4 bytes, little-endian (`fixed32`, `float`).
+    Fixed32(u32),
     /// Wire type 2: the record's bytes.
     Len(&'a [u8]),
     /// Wire type 3 … 4: a (deprecated) group, skipped whole.
@@ -95,16 +97,20 @@ impl<'a> Fields<'a> {
         Ok(match wire_type {
             0 => Value::Varint(self.varint()?),
             1 => {
-                self.take(8)?;
-                Value::Fixed
+                let b = self.take(8)?;
+                let mut le = [0u8; 8];
+                le.copy_from_slice(b);
+                Value::Fixed64(u64::from_le_bytes(le))
             }
             2 => {
                 let n = self.varint()?;
                 Value::Len(self.take(n)?)
             }
             5 => {
-                self.take(4)?;
-                Value::Fixed
+                let b = self.take(4)?;
+                let mut le = [0u8; 4];
+                le.copy_from_slice(b);
+                Value::Fixed32(u32::from_le_bytes(le))
             }
             _ => return Err("invalid wire type value"),
         })
@@ -137,6 +143,31 @@ pub(super) fn len<'a>(v: Value<'a>) -> Result<&'a [u8], &'static str> {
     }
 }
 
+/// A varint field's value (`int32`, `int64`, `uint32`, `bool`, enums: the caller casts as
+/// prost does), or prost's error for another wire type.
+pub(super) fn varint(v: Value<'_>) -> Result<u64, &'static str> {
+    match v {
+        Value::Varint(n) => Ok(n),
+        _ => Err("invalid wire type: expected Varint"),
+    }
+}
+
+/// A `fixed64` or `double` field's bits, or prost's error for another wire type.
+pub(super) fn fixed64(v: Value<'_>) -> Result<u64, &'static str> {
+    match v {
+        Value::Fixed64(n) => Ok(n),
+        _ => Err("invalid wire type: expected SixtyFourBit"),
+    }
+}
+
+/// A `fixed32` field, or prost's error for another wire type.
+pub(super) fn fixed32(v: Value<'_>) -> Result<u32, &'static str> {
+    match v {
+        Value::Fixed32(n) => Ok(n),
+        _ => Err("invalid wire type: expected ThirtyTwoBit"),
+    }
+}
+
 /// A `string` field: UTF-8 checked, as prost checks it.
 pub(super) fn string(v: Value<'_>) -> Result<String, &'static str> {
     std::str::from_utf8(len(v)?)
@@ -164,8 +195,8 @@ mod tests {
             vec![
                 (1, Value::Varint(150)),
                 (2, Value::Len(b"hi")),
-                (3, Value::Fixed),
-                (4, Value::Fixed),
+                (3, Value::Fixed64(0x0807_0605_0403_0201)),
+                (4, Value::Fixed32(0x0403_0201)),
                 (5, Value::Group),
             ]
         );

@@ -21,6 +21,7 @@ use super::path::Path;
 use super::{DecodeError, Decoded, Limits};
 
 mod metrics;
+mod span_wire;
 mod traces;
 
 pub(crate) use metrics::metrics;

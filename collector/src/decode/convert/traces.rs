@@ -9,7 +9,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1 as pc;
 use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
-use stallwatch_storage::model::{Event, Link, ResourceSpans, ScopeSpans, Span, Status, TraceBatch};
+use stallwatch_storage::model::{
+    Event, Link, ResourceSpans, ScopeSpans, Span, SpanId, Status, TraceBatch, TraceId,
+};
 
 use super::{attributes, resource, scope, span_id, trace_id, Refusals};
 use crate::decode::path::Path;
@@ -158,9 +160,10 @@ pub(crate) fn traces(
 
 /// Decodes and converts a protobuf trace export one span at a time into `sink`, with the
 /// rules of [`traces`]: the request is scanned in place ([`crate::decode::wire`]) and each
-/// span is decoded by prost from its own bytes and converted at once, so decoding holds
-/// one span's wire types, never the whole request's (issue 17 #14). Errors name the
-/// span's path.
+/// span is decoded from its own bytes straight into the record
+/// ([`super::span_wire::span`]), so decoding holds one span, never the whole request's
+/// wire types (issue 17 #14), and never builds prost's wire types for a span at all
+/// (issue 16). Errors name the span's path, or the field's inside it.
 pub(crate) fn traces_wire(
     body: &[u8],
     limits: &Limits,
@@ -237,8 +240,7 @@ pub(crate) fn traces_wire(
                 let p = pspans.index(i);
                 i += 1;
                 let b = wire::len(v).map_err(|e| bad(&p, e))?;
-                let sp = pt::Span::decode(b).map_err(|e| bad(&p, &e.to_string()))?;
-                if let Some(span) = span(sp, &p, limits, &mut refusals)? {
+                if let Some(span) = super::span_wire::span(b, &p, limits, &mut refusals)? {
                     sink.span(span, b.len())?;
                 }
             }
@@ -286,28 +288,10 @@ fn span(
             flags: l.flags,
         });
     }
-    let (Some(trace_id), Some(span_id)) = (tid, sid) else {
-        let which = if tid.is_none() { "traceId" } else { "spanId" };
-        refusals.refuse(format!("{which} empty or all zero (first at {p}.{which})"));
-        return Ok(None);
-    };
-    // An end before the start is no duration at all: refused one by one like a bad id
-    // (docs/design.md, "Back-pressure and limits"). `end == 0` is an open-span snapshot.
-    if sp.end_time_unix_nano != 0 && sp.end_time_unix_nano < sp.start_time_unix_nano {
-        refusals.end_before_start += 1;
-        refusals.refuse(format!(
-            "span {:?} (spanId {}) ends before it starts: endTimeUnixNano {} < startTimeUnixNano {} (first at {p})",
-            sp.name,
-            hex::encode(span_id.0),
-            sp.end_time_unix_nano,
-            sp.start_time_unix_nano
-        ));
-        return Ok(None);
-    }
     let status = sp.status.unwrap_or_default();
-    Ok(Some(Span {
-        trace_id,
-        span_id,
+    let span = Span {
+        trace_id: TraceId::default(),
+        span_id: SpanId::default(),
         parent_span_id: parent,
         trace_state: sp.trace_state,
         flags: sp.flags,
@@ -325,5 +309,40 @@ fn span(
             code: status.code,
             message: status.message,
         },
-    }))
+    };
+    Ok(accept(span, tid, sid, p, refusals))
+}
+
+/// The per-span refusals both decoders share, after every request-level check passed:
+/// an empty or all-zero trace or span id (`tid`, `sid` from [`trace_id`], [`span_id`]) and
+/// an end before the start refuse the span alone (partial success). Gives the span with
+/// its ids set, or `None` when refused.
+pub(super) fn accept(
+    mut span: Span,
+    tid: Option<TraceId>,
+    sid: Option<SpanId>,
+    p: &Path,
+    refusals: &mut Refusals,
+) -> Option<Span> {
+    let (Some(trace_id), Some(span_id)) = (tid, sid) else {
+        let which = if tid.is_none() { "traceId" } else { "spanId" };
+        refusals.refuse(format!("{which} empty or all zero (first at {p}.{which})"));
+        return None;
+    };
+    // An end before the start is no duration at all: refused one by one like a bad id
+    // (docs/design.md, "Back-pressure and limits"). `end == 0` is an open-span snapshot.
+    if span.end_time_unix_nano != 0 && span.end_time_unix_nano < span.start_time_unix_nano {
+        refusals.end_before_start += 1;
+        refusals.refuse(format!(
+            "span {:?} (spanId {}) ends before it starts: endTimeUnixNano {} < startTimeUnixNano {} (first at {p})",
+            span.name,
+            hex::encode(span_id.0),
+            span.end_time_unix_nano,
+            span.start_time_unix_nano
+        ));
+        return None;
+    }
+    span.trace_id = trace_id;
+    span.span_id = span_id;
+    Some(span)
 }
