@@ -686,3 +686,9 @@ pub fn now_unix_nano() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
 }
+
+mod borrowed;
+pub use borrowed::{
+    owned_attributes, AnyValueRef, EventRef, KeyValueRef, LinkRef, ResourceSpansRef, ScopeSpansRef,
+    SpanRef, StatusRef,
+};
