@@ -8,6 +8,7 @@
 //! scopes once plus each span's postcard body, length-delimited so a duplicate can be cut
 //! out by slicing.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
@@ -17,8 +18,8 @@ use super::schema::{
     PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
 };
 use crate::model::{
-    attr, AnyValue, KeyValue, LogBatch, LogRecord, MetricBatch, MetricPoint, Resource, Scope, Span,
-    TraceBatch, STATUS_ERROR,
+    attr, AnyValue, KeyValue, LogBatch, LogRecord, MetricBatch, MetricPoint, Resource,
+    ResourceSpansRef, Scope, Span, SpanRef, TraceBatch, STATUS_ERROR,
 };
 
 /// Term keys that come from attributes, besides `service.name` and `gen_ai.tool.name`.
@@ -154,7 +155,7 @@ impl PreparedTraces {
 /// Builds the local term table of a batch. Looked up several times per span, so it
 /// hashes with foldhash (seeded per process) rather than SipHash (issue 16's profile).
 #[derive(Default)]
-struct TermTable {
+pub(crate) struct TermTable {
     by_key: foldhash::HashMap<&'static str, foldhash::HashMap<String, u32>>,
     terms: Vec<(String, String)>,
 }
@@ -172,18 +173,28 @@ impl TermTable {
     }
 }
 
-/// Terms from indexed attribute keys present in `attrs`.
-fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
-    for kv in attrs {
-        let key: &'static str = match kv.key.as_str() {
-            "error.type" => ATTR_TERM_KEYS[0],
-            "process.pid" => ATTR_TERM_KEYS[1],
-            "stallwatch.runner.id" => ATTR_TERM_KEYS[2],
-            "gen_ai.tool.name" => TERM_TOOL,
-            "service.name" => TERM_SERVICE,
-            _ => continue,
-        };
-        if let Some(v) = kv.value.index_text() {
+/// The term key an indexed attribute key is stored under, or `None` for a key that is
+/// not indexed.
+fn term_key(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "error.type" => ATTR_TERM_KEYS[0],
+        "process.pid" => ATTR_TERM_KEYS[1],
+        "stallwatch.runner.id" => ATTR_TERM_KEYS[2],
+        "gen_ai.tool.name" => TERM_TOOL,
+        "service.name" => TERM_SERVICE,
+        _ => return None,
+    })
+}
+
+/// Pushes the term of one attribute, if its key is indexed and its value has a text.
+fn attr_term<'v>(
+    table: &mut TermTable,
+    key: &str,
+    text: impl FnOnce() -> Option<Cow<'v, str>>,
+    out: &mut Vec<u32>,
+) {
+    if let Some(key) = term_key(key) {
+        if let Some(v) = text() {
             let id = table.id(key, &v);
             if !out.contains(&id) {
                 out.push(id);
@@ -192,29 +203,160 @@ fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
     }
 }
 
+/// [`AnyValue::index_text`] without copying a string value.
+fn value_index_text(v: &AnyValue) -> Option<Cow<'_, str>> {
+    match v {
+        AnyValue::String(s) => Some(Cow::Borrowed(s)),
+        v => v.index_text().map(Cow::Owned),
+    }
+}
+
+/// Terms from indexed attribute keys present in `attrs`.
+fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
+    for kv in attrs {
+        attr_term(table, &kv.key, || value_index_text(&kv.value), out);
+    }
+}
+
+/// A span as the encoder reads it: the owned [`Span`] (internal writers, OTLP/JSON) or the
+/// borrowed [`SpanRef`] (protobuf exports, issue 16). Both serialize to the same postcard
+/// bytes, so the stored body is the same whichever was encoded.
+pub(crate) trait StoredSpan: Serialize {
+    /// (trace id, span id).
+    fn ids(&self) -> ([u8; 16], [u8; 8]);
+    /// True when the span has an end time.
+    fn ended(&self) -> bool;
+    /// The index entry's fields: (root, start ns, end ns, status code).
+    fn summary(&self) -> (bool, u64, u64, i32);
+    /// Span name.
+    fn span_name(&self) -> &str;
+    /// Pushes the terms of the span's indexed attributes.
+    fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>);
+}
+
+impl StoredSpan for Span {
+    fn ids(&self) -> ([u8; 16], [u8; 8]) {
+        (self.trace_id.0, self.span_id.0)
+    }
+    fn ended(&self) -> bool {
+        self.is_ended()
+    }
+    fn summary(&self) -> (bool, u64, u64, i32) {
+        (
+            self.parent_span_id.is_none(),
+            self.start_time_unix_nano,
+            self.end_time_unix_nano,
+            self.status.code,
+        )
+    }
+    fn span_name(&self) -> &str {
+        &self.name
+    }
+    fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>) {
+        attr_terms(table, &self.attributes, out);
+    }
+}
+
+impl StoredSpan for SpanRef<'_> {
+    fn ids(&self) -> ([u8; 16], [u8; 8]) {
+        (self.trace_id.0, self.span_id.0)
+    }
+    fn ended(&self) -> bool {
+        self.is_ended()
+    }
+    fn summary(&self) -> (bool, u64, u64, i32) {
+        (
+            self.parent_span_id.is_none(),
+            self.start_time_unix_nano,
+            self.end_time_unix_nano,
+            self.status.code,
+        )
+    }
+    fn span_name(&self) -> &str {
+        self.name
+    }
+    fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>) {
+        for kv in &self.attributes {
+            attr_term(table, kv.key, || kv.value.index_text(), out);
+        }
+    }
+}
+
+/// One resource of a request being encoded, with its scopes and their spans.
+pub(crate) struct Group<'b, S> {
+    /// The resource.
+    pub resource: &'b Resource,
+    /// Its scopes, each with its spans.
+    pub scopes: Vec<(&'b Scope, &'b [S])>,
+}
+
 /// (trace id, span id) → (flat index of the kept copy, whether that copy is ended).
 type SeenSpans = HashMap<([u8; 16], [u8; 8]), (usize, bool), IdBuild>;
+
+/// Encodes an owned trace export ([`prepare_spans`]).
+///
+/// Errors: as [`prepare_spans`].
+pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, String> {
+    let groups: Vec<Group<'_, Span>> = batch
+        .resource_spans
+        .iter()
+        .map(|rs| Group {
+            resource: &rs.resource,
+            scopes: rs
+                .scope_spans
+                .iter()
+                .map(|ss| (&ss.scope, ss.spans.as_slice()))
+                .collect(),
+        })
+        .collect();
+    prepare_spans(&groups)
+}
+
+/// Encodes a protobuf export's borrowed spans ([`prepare_spans`]).
+///
+/// Errors: as [`prepare_spans`].
+pub(crate) fn prepare_borrowed(parts: &[ResourceSpansRef<'_>]) -> Result<PreparedTraces, String> {
+    let groups: Vec<Group<'_, SpanRef<'_>>> = parts
+        .iter()
+        .map(|rs| Group {
+            resource: &rs.resource,
+            scopes: rs
+                .scope_spans
+                .iter()
+                .map(|ss| (&ss.scope, ss.spans.as_slice()))
+                .collect(),
+        })
+        .collect();
+    prepare_spans(&groups)
+}
 
 /// Encodes a trace export. Duplicates inside the request are resolved here with the same
 /// rules as the writer (an ended copy wins over an open one; otherwise the first wins).
 ///
 /// Errors: a postcard failure (a bug), as text.
-pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, String> {
+pub(crate) fn prepare_spans<S: StoredSpan>(
+    groups: &[Group<'_, S>],
+) -> Result<PreparedTraces, String> {
+    let flat = || {
+        groups
+            .iter()
+            .flat_map(|g| g.scopes.iter().flat_map(|(_, spans)| spans.iter()))
+    };
     // 1. in-request deduplication over the flat span order
-    let total = batch.span_count();
+    let total = flat().count();
     let mut keep = vec![true; total];
     let mut duplicates = 0u64;
     {
         let mut seen: SeenSpans = HashMap::with_capacity_and_hasher(total, IdBuild::default());
-        for (i, (_, _, s)) in batch.spans().enumerate() {
-            let key = (s.trace_id.0, s.span_id.0);
+        for (i, s) in flat().enumerate() {
+            let key = s.ids();
             match seen.get(&key).copied() {
                 None => {
-                    seen.insert(key, (i, s.is_ended()));
+                    seen.insert(key, (i, s.ended()));
                 }
                 Some((prev, prev_ended)) => {
                     duplicates += 1;
-                    if !prev_ended && s.is_ended() {
+                    if !prev_ended && s.ended() {
                         keep[prev] = false;
                         seen.insert(key, (i, true));
                     } else {
@@ -228,13 +370,13 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
     // 2. header first (it only borrows the resources and scopes), then each span's body
     //    appended after it: no second copy of the bodies
     let mut header = HeaderRef {
-        resources: Vec::with_capacity(batch.resource_spans.len()),
+        resources: Vec::with_capacity(groups.len()),
         scopes: Vec::new(),
     };
-    for (ri, rs) in batch.resource_spans.iter().enumerate() {
-        header.resources.push(&rs.resource);
-        for ss in &rs.scope_spans {
-            header.scopes.push((ri as u32, &ss.scope));
+    for (ri, g) in groups.iter().enumerate() {
+        header.resources.push(g.resource);
+        for (scope, _) in &g.scopes {
+            header.scopes.push((ri as u32, *scope));
         }
     }
     let head = postcard::to_allocvec(&header).map_err(|e| e.to_string())?;
@@ -245,43 +387,47 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
     drop(head);
     let mut table = TermTable::default();
     let mut spans: Vec<IdxSpan> = Vec::with_capacity(total);
-    let mut flat = 0usize;
+    let mut flat_i = 0usize;
     let mut si = 0u32;
-    for rs in &batch.resource_spans {
-        let service = rs.resource.service_name();
+    for g in groups {
+        let service = g.resource.service_name();
         let service_term = table.id(TERM_SERVICE, service);
         let mut res_terms = vec![service_term];
-        attr_terms(&mut table, &rs.resource.attributes, &mut res_terms);
+        attr_terms(&mut table, &g.resource.attributes, &mut res_terms);
         let mut pair = String::with_capacity(service.len() + 32);
-        for ss in &rs.scope_spans {
-            for s in &ss.spans {
-                let kept = keep[flat];
-                flat += 1;
+        for (_, scope_spans) in &g.scopes {
+            for s in scope_spans.iter() {
+                let kept = keep[flat_i];
+                flat_i += 1;
                 if !kept {
                     continue;
                 }
                 let off = bodies.len();
                 bodies = postcard::to_extend(s, bodies).map_err(|e| e.to_string())?;
-                let name = table.id(TERM_SPAN_NAME, &s.name);
+                let span_name = s.span_name();
+                let name = table.id(TERM_SPAN_NAME, span_name);
                 pair.clear();
                 pair.push_str(service);
                 pair.push(PAIR_SEP);
-                pair.push_str(&s.name);
+                pair.push_str(span_name);
                 let pair_id = table.id(TERM_SERVICE_SPAN, &pair);
-                let mut terms = res_terms.clone();
+                let mut terms = Vec::with_capacity(res_terms.len() + 4);
+                terms.extend_from_slice(&res_terms);
                 terms.push(name);
                 terms.push(pair_id);
-                attr_terms(&mut table, &s.attributes, &mut terms);
-                if s.status.code == STATUS_ERROR {
+                s.attr_terms(&mut table, &mut terms);
+                let (root, start, end, status) = s.summary();
+                if status == STATUS_ERROR {
                     terms.push(table.id(TERM_STATUS, "error"));
                 }
+                let (trace_id, span_id) = s.ids();
                 spans.push(IdxSpan {
-                    trace_id: s.trace_id.0,
-                    span_id: s.span_id.0,
-                    root: s.parent_span_id.is_none(),
-                    start: s.start_time_unix_nano,
-                    end: s.end_time_unix_nano,
-                    status: s.status.code,
+                    trace_id,
+                    span_id,
+                    root,
+                    start,
+                    end,
+                    status,
                     scope: si,
                     off: off as u32,
                     len: (bodies.len() - off) as u32,
@@ -724,6 +870,129 @@ mod tests {
         assert_eq!(stored.spans.len(), 1);
         assert_eq!(stored.spans[0].span_id, [1; 8]);
         assert_eq!(stored.spans[0].end, 7);
+    }
+
+    /// Borrowed spans (the protobuf ingest path) are stored as the very bytes of their
+    /// owned twins: every value kind, nested lists, events, links and status, plus the
+    /// index and terms.
+    #[test]
+    fn borrowed_spans_store_the_bytes_of_their_owned_twins() {
+        use crate::model::{
+            AnyValueRef as V, EventRef, KeyValueRef, LinkRef, ResourceSpansRef, ScopeSpansRef,
+            SpanRef, StatusRef,
+        };
+        let kv = |key, value| KeyValueRef { key, value };
+        let attrs = vec![
+            kv("gen_ai.tool.name", V::String("run_notebook")),
+            kv("process.pid", V::Int(4242)),
+            kv("error.type", V::Bool(true)),
+            kv("ratio", V::Double(f64::NAN)),
+            kv("raw", V::Bytes(&[0, 1, 255])),
+            kv("none", V::Empty),
+            kv(
+                "nested",
+                V::Array(vec![
+                    V::Int(-1),
+                    V::KvList(vec![
+                        kv("inner", V::String("x")),
+                        kv("deeper", V::Array(vec![])),
+                    ]),
+                ]),
+            ),
+        ];
+        let span = |sid: u8, end: u64| SpanRef {
+            trace_id: TraceId([7; 16]),
+            span_id: SpanId([sid; 8]),
+            parent_span_id: (sid > 1).then_some(SpanId([1; 8])),
+            trace_state: "k=v",
+            flags: 0x301,
+            name: "tools/call run_notebook",
+            kind: 3,
+            start_time_unix_nano: 1_700_000_000_000_000_000,
+            end_time_unix_nano: end,
+            attributes: attrs.clone(),
+            dropped_attributes_count: 2,
+            events: vec![EventRef {
+                time_unix_nano: 5,
+                name: "exception",
+                attributes: vec![kv("exception.type", V::String("Timeout"))],
+                dropped_attributes_count: 1,
+            }],
+            dropped_events_count: 3,
+            links: vec![LinkRef {
+                trace_id: TraceId([9; 16]),
+                span_id: SpanId([8; 8]),
+                trace_state: "",
+                attributes: vec![kv("l", V::Int(1))],
+                dropped_attributes_count: 0,
+                flags: 1,
+            }],
+            dropped_links_count: 4,
+            status: StatusRef {
+                code: STATUS_ERROR,
+                message: "timed out",
+            },
+        };
+        let mut resource = Resource::default();
+        resource.attributes.push(KeyValue::new(
+            "service.name",
+            AnyValue::String("mcp-runner-python".into()),
+        ));
+        let spans = vec![
+            span(1, 1_700_000_000_500_000_000),
+            span(2, 0),
+            span(2, 1_700_000_000_600_000_000),
+        ];
+        let borrowed = vec![ResourceSpansRef {
+            resource: resource.clone(),
+            scope_spans: vec![ScopeSpansRef {
+                scope: Scope {
+                    name: "sc".into(),
+                    ..Default::default()
+                },
+                spans: spans.clone(),
+            }],
+        }];
+        let owned = TraceBatch {
+            resource_spans: vec![ResourceSpans {
+                resource,
+                scope_spans: vec![ScopeSpans {
+                    scope: borrowed[0].scope_spans[0].scope.clone(),
+                    spans: spans.iter().map(SpanRef::to_span).collect(),
+                }],
+            }],
+        };
+        let (b, o) = (
+            prepare_borrowed(&borrowed).unwrap(),
+            prepare_traces(&owned).unwrap(),
+        );
+        assert_eq!(
+            payload_bytes(&b.payload).unwrap(),
+            payload_bytes(&o.payload).unwrap()
+        );
+        assert_eq!(
+            postcard::to_allocvec(&b.index).unwrap(),
+            postcard::to_allocvec(&o.index).unwrap()
+        );
+        assert_eq!((b.duplicates, b.index.spans.len()), (1, 2));
+        // and the stored body reads back as the owned span
+        let raw = payload_bytes(&b.payload).unwrap();
+        let s = &b.index.spans[1];
+        let back = decode_span(&raw, s.off, s.len).unwrap();
+        let want = spans[2].to_span();
+        assert_eq!(
+            format!("{back:?}"),
+            format!("{want:?}"),
+            "NaN compared as text"
+        );
+        assert!(b
+            .index
+            .terms
+            .contains(&(TERM_TOOL.to_string(), "run_notebook".to_string())));
+        assert!(b
+            .index
+            .terms
+            .contains(&(ATTR_TERM_KEYS[1].to_string(), "4242".to_string())));
     }
 
     /// An index blob written before index compression (bare postcard) and one written now

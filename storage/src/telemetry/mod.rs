@@ -46,8 +46,8 @@ use serde::{Deserialize, Serialize};
 use crate::db::Storage;
 use crate::error::{StorageError, WriteError};
 use crate::model::{
-    LogBatch, LogRecord, MetricBatch, MetricPoint, Resource, Scope, Span, SpanId, SpanState,
-    TraceBatch, TraceId,
+    LogBatch, LogRecord, MetricBatch, MetricPoint, Resource, ResourceSpansRef, Scope, Span, SpanId,
+    SpanState, TraceBatch, TraceId,
 };
 
 pub(crate) use log_body::backfill_log_bodies;
@@ -246,6 +246,17 @@ impl TraceChunk {
     /// Errors: [`WriteError::Failed`] when postcard cannot encode it (a bug).
     pub fn encode(batch: &TraceBatch) -> Result<Self, WriteError> {
         encode::prepare_traces(batch)
+            .map(TraceChunk)
+            .map_err(WriteError::Failed)
+    }
+
+    /// Encodes borrowed spans (a slice of one protobuf export request, its strings still
+    /// in the request body): the same stored bytes as [`TraceChunk::encode`] of their
+    /// owned twins, without copying each string into a record first (issue 16).
+    ///
+    /// Errors: [`WriteError::Failed`] when postcard cannot encode it (a bug).
+    pub fn encode_borrowed(parts: &[ResourceSpansRef<'_>]) -> Result<Self, WriteError> {
+        encode::prepare_borrowed(parts)
             .map(TraceChunk)
             .map_err(WriteError::Failed)
     }
