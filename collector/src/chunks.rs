@@ -11,7 +11,8 @@
 //! only after the whole body decoded: a bad request stores nothing.
 
 use stallwatch_storage::model::{
-    Resource, ResourceSpans, Scope, ScopeSpans, Span, SpanId, TraceBatch, TraceId,
+    Resource, ResourceSpans, ResourceSpansRef, Scope, ScopeSpans, ScopeSpansRef, Span, SpanId,
+    SpanRef, TraceBatch, TraceId,
 };
 use stallwatch_storage::telemetry::TraceChunk;
 use stallwatch_storage::WriteError;
@@ -22,13 +23,17 @@ use crate::decode::{DecodeError, SpanSink};
 /// much at a time, and a 20 MiB export is about 20 rows.
 pub(crate) const CHUNK_SOURCE_BYTES: usize = 1024 * 1024;
 
-/// Encodes a trace export chunk by chunk as its spans arrive (see the module doc).
+/// Encodes a trace export chunk by chunk as its spans arrive (see the module doc). `'a`
+/// is the request body's lifetime: protobuf spans are gathered borrowed from it.
 #[derive(Debug, Default)]
-pub(crate) struct TraceChunker {
+pub(crate) struct TraceChunker<'a> {
     /// Encoded chunks, in request order.
     chunks: Vec<TraceChunk>,
-    /// Records of the chunk being gathered.
+    /// Owned records of the chunk being gathered (OTLP/JSON).
     current: TraceBatch,
+    /// Borrowed records of the chunk being gathered (protobuf). A request comes in one
+    /// encoding, so one of `current` and `current_ref` stays empty.
+    current_ref: Vec<ResourceSpansRef<'a>>,
     /// Body bytes of the spans in `current`.
     current_bytes: usize,
     /// The accepted spans the watchdog reads whole (open spans, pending twins).
@@ -54,10 +59,29 @@ pub(crate) struct ChunkedTraces {
     pub spans: usize,
 }
 
-impl TraceChunker {
+impl TraceChunker<'_> {
     /// Encodes what is gathered as one chunk and starts the next one in the same resource
     /// and scope.
     fn flush(&mut self) -> Result<(), WriteError> {
+        let next_ref = self.current_ref.last().map(|rs| ResourceSpansRef {
+            resource: rs.resource.clone(),
+            scope_spans: rs
+                .scope_spans
+                .last()
+                .map(|ss| ScopeSpansRef {
+                    scope: ss.scope.clone(),
+                    spans: Vec::new(),
+                })
+                .into_iter()
+                .collect(),
+        });
+        let done_ref = std::mem::replace(&mut self.current_ref, next_ref.into_iter().collect());
+        if done_ref
+            .iter()
+            .any(|rs| rs.scope_spans.iter().any(|ss| !ss.spans.is_empty()))
+        {
+            self.chunks.push(TraceChunk::encode_borrowed(&done_ref)?);
+        }
         let last_scope = |b: &TraceBatch| {
             let rs = b.resource_spans.last()?;
             Some((
@@ -110,9 +134,13 @@ impl TraceChunker {
     }
 }
 
-impl SpanSink for TraceChunker {
+impl<'a> SpanSink<'a> for TraceChunker<'a> {
     fn resource(&mut self, resource: Resource) {
         self.open.resource_spans.push(ResourceSpans {
+            resource: resource.clone(),
+            scope_spans: Vec::new(),
+        });
+        self.current_ref.push(ResourceSpansRef {
             resource: resource.clone(),
             scope_spans: Vec::new(),
         });
@@ -123,6 +151,12 @@ impl SpanSink for TraceChunker {
     }
 
     fn scope(&mut self, scope: Scope) {
+        if let Some(rs) = self.current_ref.last_mut() {
+            rs.scope_spans.push(ScopeSpansRef {
+                scope: scope.clone(),
+                spans: Vec::new(),
+            });
+        }
         for b in [&mut self.open, &mut self.current] {
             if let Some(rs) = b.resource_spans.last_mut() {
                 rs.scope_spans.push(ScopeSpans {
@@ -133,13 +167,23 @@ impl SpanSink for TraceChunker {
         }
     }
 
-    fn span(&mut self, span: Span, source_bytes: usize) -> Result<(), DecodeError> {
-        fn last(b: &mut TraceBatch) -> Option<&mut Vec<Span>> {
-            b.resource_spans
-                .last_mut()
-                .and_then(|rs| rs.scope_spans.last_mut())
-                .map(|ss| &mut ss.spans)
+    fn span_ref(&mut self, span: SpanRef<'a>, source_bytes: usize) -> Result<(), DecodeError> {
+        if !span.watched_whole() {
+            self.ended.push((span.trace_id, span.span_id));
+        } else if let Some(v) = last(&mut self.open) {
+            v.push(span.to_span());
         }
+        if let Some(c) = self
+            .current_ref
+            .last_mut()
+            .and_then(|rs| rs.scope_spans.last_mut())
+        {
+            c.spans.push(span);
+        }
+        self.gathered(source_bytes)
+    }
+
+    fn span(&mut self, span: Span, source_bytes: usize) -> Result<(), DecodeError> {
         if !span.watched_whole() {
             self.ended.push((span.trace_id, span.span_id));
         } else if let Some(v) = last(&mut self.open) {
@@ -148,6 +192,22 @@ impl SpanSink for TraceChunker {
         if let Some(c) = last(&mut self.current) {
             c.push(span);
         }
+        self.gathered(source_bytes)
+    }
+}
+
+/// The span list of the last scope of the last resource of `b`.
+fn last(b: &mut TraceBatch) -> Option<&mut Vec<Span>> {
+    b.resource_spans
+        .last_mut()
+        .and_then(|rs| rs.scope_spans.last_mut())
+        .map(|ss| &mut ss.spans)
+}
+
+impl TraceChunker<'_> {
+    /// Counts one gathered span of `source_bytes` and encodes the chunk once it reached
+    /// [`CHUNK_SOURCE_BYTES`].
+    fn gathered(&mut self, source_bytes: usize) -> Result<(), DecodeError> {
         self.spans += 1;
         self.current_bytes += source_bytes;
         if self.current_bytes >= CHUNK_SOURCE_BYTES {

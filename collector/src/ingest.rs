@@ -454,10 +454,10 @@ impl IngestState {
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
                 Signal::Traces => {
-                    // Encoded chunk by chunk as it decodes: the records are never all held.
+                    // Encoded chunk by chunk as it decodes: the records are never all held
+                    // (protobuf spans borrow their strings from `body` until encoded).
                     let mut chunker = TraceChunker::default();
                     let d = decode::decode_traces_into(&body, format, &limits, &mut chunker);
-                    drop(body);
                     let d = match d {
                         Ok(d) => d,
                         Err(e) => {
@@ -468,6 +468,7 @@ impl IngestState {
                         }
                     };
                     let chunked = chunker.finish().map_err(refusal_for_write)?;
+                    drop(body);
                     Batch::Traces(decode::Decoded {
                         batch: chunked,
                         rejected: d.rejected,

@@ -142,11 +142,11 @@ pub fn decode_traces(
 /// or JSON tree: the protobuf body is scanned in place, the JSON body walked one span at a
 /// time (issue 17 #14). On an error the sink may have seen part of the request: it must be
 /// discarded. Same errors as [`decode_traces`].
-pub fn decode_traces_into(
-    body: &[u8],
+pub fn decode_traces_into<'a>(
+    body: &'a [u8],
     format: Format,
     limits: &Limits,
-    sink: &mut dyn SpanSink,
+    sink: &mut dyn SpanSink<'a>,
 ) -> Result<Decoded<()>, DecodeError> {
     match format {
         Format::Protobuf => convert::traces_wire(body, limits, sink),

@@ -168,11 +168,14 @@ pub(super) fn fixed32(v: Value<'_>) -> Result<u32, &'static str> {
     }
 }
 
-/// A `string` field: UTF-8 checked, as prost checks it.
+/// A `string` field, borrowed: UTF-8 checked, as prost checks it.
+pub(super) fn str<'a>(v: Value<'a>) -> Result<&'a str, &'static str> {
+    std::str::from_utf8(len(v)?).map_err(|_| "invalid string value: data is not UTF-8 encoded")
+}
+
+/// A `string` field, owned ([`str`]).
 pub(super) fn string(v: Value<'_>) -> Result<String, &'static str> {
-    std::str::from_utf8(len(v)?)
-        .map(str::to_string)
-        .map_err(|_| "invalid string value: data is not UTF-8 encoded")
+    str(v).map(str::to_string)
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
-//! One protobuf `Span` decoded straight from its bytes into the stored record, without
-//! prost's wire types in between (issue 16: decoding into `opentelemetry_proto` types and
-//! then moving every attribute into a second vector was a tenth of ingest's CPU).
+//! One protobuf `Span` decoded straight from its bytes into a [`SpanRef`], the record whose
+//! strings and bytes stay in the request body: no prost wire types in between and no
+//! allocation per string (issue 16: decoding into `opentelemetry_proto` types, moving every
+//! attribute into a second vector, then copying it all again into the stored form was a
+//! large share of ingest's CPU).
 //!
 //! It reads what prost reads, with prost's rules (protobuf.dev "Encoding"; the proto3
 //! language guide, "Updating A Message Type" and "Oneof"): the last value of a scalar
@@ -14,7 +16,7 @@
 //! [`super::traces::accept`]. `decode::tests` holds this decoder to the prost path on
 //! fixtures and generated spans.
 
-use stallwatch_storage::model::{AnyValue, Event, KeyValue, Link, Span, Status};
+use stallwatch_storage::model::{AnyValueRef, EventRef, KeyValueRef, LinkRef, SpanRef, StatusRef};
 
 use super::traces::accept;
 use super::{span_id, trace_id, Refusals};
@@ -27,8 +29,8 @@ fn bad(p: &Path, why: &str) -> DecodeError {
     crate::decode::wire_error("ExportTraceServiceRequest", Some(p), why)
 }
 
-fn string(v: Value<'_>, p: &Path) -> Result<String, DecodeError> {
-    wire::string(v).map_err(|e| bad(p, e))
+fn string<'a>(v: Value<'a>, p: &Path) -> Result<&'a str, DecodeError> {
+    wire::str(v).map_err(|e| bad(p, e))
 }
 
 fn bytes<'a>(v: Value<'a>, p: &Path) -> Result<&'a [u8], DecodeError> {
@@ -52,14 +54,14 @@ fn fixed32(v: Value<'_>, p: &Path) -> Result<u32, DecodeError> {
 ///
 /// Errors: malformed wire data (naming the field's path), a wrong-length id, an attribute
 /// value nested deeper than `limits.max_nesting_depth`.
-pub(super) fn span(
-    b: &[u8],
+pub(super) fn span<'a>(
+    b: &'a [u8],
     p: &Path,
     limits: &Limits,
     refusals: &mut Refusals,
-) -> Result<Option<Span>, DecodeError> {
+) -> Result<Option<SpanRef<'a>>, DecodeError> {
     let (mut tid, mut sid, mut parent): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
-    let mut s = Span::default();
+    let mut s = SpanRef::default();
     let pa = p.field("attributes");
     let pe = p.field("events");
     let pl = p.field("links");
@@ -106,11 +108,17 @@ pub(super) fn span(
     let sid = span_id(sid, &p.field("spanId"))?;
     // Empty or all-zero parent: a root span.
     s.parent_span_id = span_id(parent, &p.field("parentSpanId"))?;
-    Ok(accept(s, tid, sid, p, refusals))
+    let times = (s.name, s.start_time_unix_nano, s.end_time_unix_nano);
+    let Some((trace_id, span_id)) = accept(tid, sid, times, p, refusals) else {
+        return Ok(None);
+    };
+    s.trace_id = trace_id;
+    s.span_id = span_id;
+    Ok(Some(s))
 }
 
 /// Merges a `Status` message into `into` (its fields replace, absent ones stay).
-fn status(into: &mut Status, b: &[u8], p: &Path) -> Result<(), DecodeError> {
+fn status<'a>(into: &mut StatusRef<'a>, b: &'a [u8], p: &Path) -> Result<(), DecodeError> {
     for f in Fields::new(b) {
         let (field, v) = f.map_err(|e| bad(p, e))?;
         match field {
@@ -122,8 +130,8 @@ fn status(into: &mut Status, b: &[u8], p: &Path) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn event(b: &[u8], p: &Path, limits: &Limits) -> Result<Event, DecodeError> {
-    let mut e = Event::default();
+fn event<'a>(b: &'a [u8], p: &Path, limits: &Limits) -> Result<EventRef<'a>, DecodeError> {
+    let mut e = EventRef::default();
     let pa = p.field("attributes");
     for f in Fields::new(b) {
         let (field, v) = f.map_err(|e| bad(p, e))?;
@@ -144,8 +152,8 @@ fn event(b: &[u8], p: &Path, limits: &Limits) -> Result<Event, DecodeError> {
 
 /// A link. A link to an invalid (empty or all-zero) context is legal (OTel spec: such
 /// links are kept when they carry attributes or trace state); wrong lengths are not.
-fn link(b: &[u8], p: &Path, limits: &Limits) -> Result<Link, DecodeError> {
-    let mut l = Link::default();
+fn link<'a>(b: &'a [u8], p: &Path, limits: &Limits) -> Result<LinkRef<'a>, DecodeError> {
+    let mut l = LinkRef::default();
     let (mut tid, mut sid): (&[u8], &[u8]) = (&[], &[]);
     let pa = p.field("attributes");
     for f in Fields::new(b) {
@@ -186,18 +194,25 @@ fn check_depth(p: &Path, depth: usize, limits: &Limits) -> Result<(), DecodeErro
 
 /// A `KeyValue` at path `p` whose value sits at nesting `depth` (1 for top-level
 /// attributes).
-fn key_value(b: &[u8], p: &Path, depth: usize, limits: &Limits) -> Result<KeyValue, DecodeError> {
+fn key_value<'a>(
+    b: &'a [u8],
+    p: &Path,
+    depth: usize,
+    limits: &Limits,
+) -> Result<KeyValueRef<'a>, DecodeError> {
     let pv = p.field("value");
     check_depth(&pv, depth, limits)?;
-    let mut kv = KeyValue {
-        key: String::new(),
-        value: AnyValue::Empty,
-    };
+    let mut kv = KeyValueRef::default();
     for f in Fields::new(b) {
         let (field, v) = f.map_err(|e| bad(p, e))?;
         match field {
             1 => kv.key = string(v, &p.field("key"))?,
             2 => any_value(&mut kv.value, bytes(v, &pv)?, &pv, depth, limits)?,
+            // `key_strindex` (profiles only): read as prost reads it, then ignored like
+            // `string_value_strindex`
+            3 => {
+                varint(v, &p.field("keyStrindex"))?;
+            }
             _ => {}
         }
     }
@@ -208,9 +223,9 @@ fn key_value(b: &[u8], p: &Path, depth: usize, limits: &Limits) -> Result<KeyVal
 /// that `arrayValue` and `kvlistValue` merge into a value of their own kind (prost's
 /// oneof merge); `string_value_strindex` (profiles only) reads as no value, as in
 /// [`super::any_value`].
-fn any_value(
-    into: &mut AnyValue,
-    b: &[u8],
+fn any_value<'a>(
+    into: &mut AnyValueRef<'a>,
+    b: &'a [u8],
     p: &Path,
     depth: usize,
     limits: &Limits,
@@ -218,34 +233,34 @@ fn any_value(
     for f in Fields::new(b) {
         let (field, v) = f.map_err(|e| bad(p, e))?;
         match field {
-            1 => *into = AnyValue::String(string(v, &p.field("stringValue"))?),
-            2 => *into = AnyValue::Bool(varint(v, &p.field("boolValue"))? != 0),
-            3 => *into = AnyValue::Int(varint(v, &p.field("intValue"))? as i64),
-            4 => *into = AnyValue::Double(f64::from_bits(fixed64(v, &p.field("doubleValue"))?)),
+            1 => *into = AnyValueRef::String(string(v, &p.field("stringValue"))?),
+            2 => *into = AnyValueRef::Bool(varint(v, &p.field("boolValue"))? != 0),
+            3 => *into = AnyValueRef::Int(varint(v, &p.field("intValue"))? as i64),
+            4 => *into = AnyValueRef::Double(f64::from_bits(fixed64(v, &p.field("doubleValue"))?)),
             5 => {
                 let pa = p.field("arrayValue");
                 let b = bytes(v, &pa)?;
-                if !matches!(into, AnyValue::Array(_)) {
-                    *into = AnyValue::Array(Vec::new());
+                if !matches!(into, AnyValueRef::Array(_)) {
+                    *into = AnyValueRef::Array(Vec::new());
                 }
-                if let AnyValue::Array(values) = into {
+                if let AnyValueRef::Array(values) = into {
                     array(values, b, &pa, depth + 1, limits)?;
                 }
             }
             6 => {
                 let pk = p.field("kvlistValue");
                 let b = bytes(v, &pk)?;
-                if !matches!(into, AnyValue::KvList(_)) {
-                    *into = AnyValue::KvList(Vec::new());
+                if !matches!(into, AnyValueRef::KvList(_)) {
+                    *into = AnyValueRef::KvList(Vec::new());
                 }
-                if let AnyValue::KvList(values) = into {
+                if let AnyValueRef::KvList(values) = into {
                     kvlist(values, b, &pk, depth + 1, limits)?;
                 }
             }
-            7 => *into = AnyValue::Bytes(bytes(v, &p.field("bytesValue"))?.to_vec()),
+            7 => *into = AnyValueRef::Bytes(bytes(v, &p.field("bytesValue"))?),
             8 => {
                 varint(v, &p.field("stringValueStrindex"))?;
-                *into = AnyValue::Empty;
+                *into = AnyValueRef::Empty;
             }
             _ => {}
         }
@@ -254,9 +269,9 @@ fn any_value(
 }
 
 /// Merges an `ArrayValue` (`values` at `depth`) into `values`.
-fn array(
-    values: &mut Vec<AnyValue>,
-    b: &[u8],
+fn array<'a>(
+    values: &mut Vec<AnyValueRef<'a>>,
+    b: &'a [u8],
     p: &Path,
     depth: usize,
     limits: &Limits,
@@ -267,7 +282,7 @@ fn array(
         if field == 1 {
             let pi = pv.index(values.len());
             check_depth(&pi, depth, limits)?;
-            let mut value = AnyValue::Empty;
+            let mut value = AnyValueRef::Empty;
             any_value(&mut value, bytes(v, &pi)?, &pi, depth, limits)?;
             values.push(value);
         }
@@ -276,9 +291,9 @@ fn array(
 }
 
 /// Merges a `KeyValueList` (values at `depth`) into `values`.
-fn kvlist(
-    values: &mut Vec<KeyValue>,
-    b: &[u8],
+fn kvlist<'a>(
+    values: &mut Vec<KeyValueRef<'a>>,
+    b: &'a [u8],
     p: &Path,
     depth: usize,
     limits: &Limits,

@@ -10,7 +10,7 @@ use opentelemetry_proto::tonic::common::v1 as pc;
 use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
 use stallwatch_storage::model::{
-    Event, Link, ResourceSpans, ScopeSpans, Span, SpanId, Status, TraceBatch, TraceId,
+    Event, Link, ResourceSpans, ScopeSpans, Span, SpanId, SpanRef, Status, TraceBatch, TraceId,
 };
 
 use super::{attributes, resource, scope, span_id, trace_id, Refusals};
@@ -19,8 +19,9 @@ use crate::decode::{DecodeError, Decoded, Limits};
 use stallwatch_storage::model::{Resource, Scope};
 
 /// Where converted trace records go, in request order: a resource, then its scopes, each
-/// followed by its spans.
-pub trait SpanSink {
+/// followed by its spans. `'a` is the request body's lifetime: the protobuf decoder hands
+/// over spans that borrow their strings from it.
+pub trait SpanSink<'a> {
     /// A new `ResourceSpans` starts.
     fn resource(&mut self, resource: Resource);
     /// A new `ScopeSpans` of the current resource starts.
@@ -30,13 +31,20 @@ pub trait SpanSink {
     ///
     /// Errors: what the sink itself fails with (it becomes the request's error).
     fn span(&mut self, span: Span, source_bytes: usize) -> Result<(), DecodeError>;
+    /// [`SpanSink::span`] for a span whose strings borrow from the request body (the
+    /// protobuf decoder's); by default made owned and handed to [`SpanSink::span`].
+    ///
+    /// Errors: as [`SpanSink::span`].
+    fn span_ref(&mut self, span: SpanRef<'a>, source_bytes: usize) -> Result<(), DecodeError> {
+        self.span(span.to_span(), source_bytes)
+    }
 }
 
 /// A [`SpanSink`] collecting the whole request into one [`TraceBatch`].
 #[derive(Debug, Default)]
 pub struct Collect(pub TraceBatch);
 
-impl SpanSink for Collect {
+impl SpanSink<'_> for Collect {
     fn resource(&mut self, resource: Resource) {
         self.0.resource_spans.push(ResourceSpans {
             resource,
@@ -68,17 +76,17 @@ impl SpanSink for Collect {
 /// [`traces`]: the body is walked in place ([`crate::decode::json::walk`]), each span is
 /// read into a small JSON tree and converted at once, so decoding never holds the whole
 /// request's JSON tree or wire types (issue 17 #14).
-pub(crate) fn traces_json(
-    body: &[u8],
+pub(crate) fn traces_json<'a>(
+    body: &'a [u8],
     limits: &Limits,
-    sink: &mut dyn SpanSink,
+    sink: &mut dyn SpanSink<'a>,
 ) -> Result<Decoded<()>, DecodeError> {
-    struct Visit<'s> {
+    struct Visit<'s, 'a> {
         limits: Limits,
-        sink: &'s mut dyn SpanSink,
+        sink: &'s mut dyn SpanSink<'a>,
         refusals: Refusals,
     }
-    impl crate::decode::json::Envelope<pt::Span> for Visit<'_> {
+    impl crate::decode::json::Envelope<pt::Span> for Visit<'_, '_> {
         fn resource(
             &mut self,
             r: Option<pr::Resource>,
@@ -164,10 +172,10 @@ pub(crate) fn traces(
 /// ([`super::span_wire::span`]), so decoding holds one span, never the whole request's
 /// wire types (issue 17 #14), and never builds prost's wire types for a span at all
 /// (issue 16). Errors name the span's path, or the field's inside it.
-pub(crate) fn traces_wire(
-    body: &[u8],
+pub(crate) fn traces_wire<'a>(
+    body: &'a [u8],
     limits: &Limits,
-    sink: &mut dyn SpanSink,
+    sink: &mut dyn SpanSink<'a>,
 ) -> Result<Decoded<()>, DecodeError> {
     use crate::decode::wire::{self, Fields};
     use prost::Message;
@@ -241,7 +249,7 @@ pub(crate) fn traces_wire(
                 i += 1;
                 let b = wire::len(v).map_err(|e| bad(&p, e))?;
                 if let Some(span) = super::span_wire::span(b, &p, limits, &mut refusals)? {
-                    sink.span(span, b.len())?;
+                    sink.span_ref(span, b.len())?;
                 }
             }
         }
@@ -310,20 +318,31 @@ fn span(
             message: status.message,
         },
     };
-    Ok(accept(span, tid, sid, p, refusals))
+    let mut span = span;
+    let ids = (
+        span.name.as_str(),
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+    );
+    let Some((trace_id, span_id)) = accept(tid, sid, ids, p, refusals) else {
+        return Ok(None);
+    };
+    span.trace_id = trace_id;
+    span.span_id = span_id;
+    Ok(Some(span))
 }
 
 /// The per-span refusals both decoders share, after every request-level check passed:
 /// an empty or all-zero trace or span id (`tid`, `sid` from [`trace_id`], [`span_id`]) and
-/// an end before the start refuse the span alone (partial success). Gives the span with
-/// its ids set, or `None` when refused.
+/// an end before the start refuse the span alone (partial success). Gives the ids to
+/// store the span under, or `None` when it is refused.
 pub(super) fn accept(
-    mut span: Span,
     tid: Option<TraceId>,
     sid: Option<SpanId>,
+    (name, start, end): (&str, u64, u64),
     p: &Path,
     refusals: &mut Refusals,
-) -> Option<Span> {
+) -> Option<(TraceId, SpanId)> {
     let (Some(trace_id), Some(span_id)) = (tid, sid) else {
         let which = if tid.is_none() { "traceId" } else { "spanId" };
         refusals.refuse(format!("{which} empty or all zero (first at {p}.{which})"));
@@ -331,18 +350,13 @@ pub(super) fn accept(
     };
     // An end before the start is no duration at all: refused one by one like a bad id
     // (docs/design.md, "Back-pressure and limits"). `end == 0` is an open-span snapshot.
-    if span.end_time_unix_nano != 0 && span.end_time_unix_nano < span.start_time_unix_nano {
+    if end != 0 && end < start {
         refusals.end_before_start += 1;
         refusals.refuse(format!(
-            "span {:?} (spanId {}) ends before it starts: endTimeUnixNano {} < startTimeUnixNano {} (first at {p})",
-            span.name,
+            "span {name:?} (spanId {}) ends before it starts: endTimeUnixNano {end} < startTimeUnixNano {start} (first at {p})",
             hex::encode(span_id.0),
-            span.end_time_unix_nano,
-            span.start_time_unix_nano
         ));
         return None;
     }
-    span.trace_id = trace_id;
-    span.span_id = span_id;
-    Some(span)
+    Some((trace_id, span_id))
 }
