@@ -38,7 +38,24 @@ impl<'a> Fields<'a> {
         Self { buf, failed: false }
     }
 
+    /// One varint. Tags, lengths of a span's fields and small numbers take one or two
+    /// bytes, read here without the general loop ([`Fields::varint_slow`]).
+    #[inline]
     fn varint(&mut self) -> Result<u64, &'static str> {
+        match *self.buf {
+            [b0, ref rest @ ..] if b0 < 0x80 => {
+                self.buf = rest;
+                Ok(u64::from(b0))
+            }
+            [b0, b1, ref rest @ ..] if b1 < 0x80 => {
+                self.buf = rest;
+                Ok(u64::from(b0 & 0x7f) | (u64::from(b1) << 7))
+            }
+            _ => self.varint_slow(),
+        }
+    }
+
+    fn varint_slow(&mut self) -> Result<u64, &'static str> {
         let mut v: u64 = 0;
         for i in 0..10 {
             let Some((&b, rest)) = self.buf.split_first() else {
@@ -56,6 +73,7 @@ impl<'a> Fields<'a> {
         Err("invalid varint")
     }
 
+    #[inline]
     fn take(&mut self, n: u64) -> Result<&'a [u8], &'static str> {
         let n = usize::try_from(n).map_err(|_| "buffer underflow")?;
         if n > self.buf.len() {
@@ -66,6 +84,7 @@ impl<'a> Fields<'a> {
         Ok(head)
     }
 
+    #[inline]
     fn tag(&mut self) -> Result<(u32, u8), &'static str> {
         let key = self.varint()?;
         let field = u32::try_from(key >> 3).map_err(|_| "invalid key value")?;
@@ -93,6 +112,7 @@ impl<'a> Fields<'a> {
         }
     }
 
+    #[inline]
     fn value(&mut self, wire_type: u8) -> Result<Value<'a>, &'static str> {
         Ok(match wire_type {
             0 => Value::Varint(self.varint()?),
@@ -121,6 +141,7 @@ impl<'a> Iterator for Fields<'a> {
     /// `(field number, value)`, or what was malformed (then the scan ends).
     type Item = Result<(u32, Value<'a>), &'static str>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.failed || self.buf.is_empty() {
             return None;
@@ -221,6 +242,42 @@ mod tests {
             assert!(all(bad).is_err(), "{bad:x?}");
         }
         assert_eq!(all(&[]).unwrap(), vec![]);
+    }
+
+    /// Varints of every length, at the fast paths' edges, read as prost encodes them;
+    /// a non-minimal encoding too (prost accepts it).
+    #[test]
+    fn varints_of_every_length() {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            (1 << 21) - 1,
+            1 << 21,
+            1 << 35,
+            1 << 56,
+            u64::MAX,
+        ] {
+            let mut buf = vec![0x08];
+            prost::encoding::encode_varint(v, &mut buf);
+            assert_eq!(all(&buf).unwrap(), vec![(1, Value::Varint(v))], "{v}");
+            buf.truncate(buf.len() - 1);
+            if buf.len() > 1 {
+                assert!(all(&buf).is_err(), "{v} cut short");
+            }
+        }
+        assert_eq!(
+            all(&[0x08, 0x80, 0x00]).unwrap(),
+            vec![(1, Value::Varint(0))]
+        );
+        assert_eq!(
+            all(&[0x08, 0x81, 0x80, 0x00]).unwrap(),
+            vec![(1, Value::Varint(1))]
+        );
     }
 
     #[test]
