@@ -6,10 +6,41 @@
 //! number and its value, a length-delimited value as a slice of the body. The rules are the
 //! encoding spec's (protobuf.dev "Encoding": "Message Structure", "Base 128 Varints",
 //! "Length-Delimited Records", groups): field number 0 and wire types 6–7 are malformed;
-//! unknown fields of any type, groups included, are skipped as prost skips them.
+//! unknown fields of any type, groups included, are skipped as prost skips them, with one
+//! difference: prost counts skipped groups against the recursion budget of the whole
+//! message tree (100 levels), this scan gives each message its own [`MAX_GROUP_DEPTH`], so
+//! an unknown field holding ~100 nested groups inside a deep value, which prost refuses,
+//! is skipped here (found by a differential run against the prost path). The stack stays
+//! bounded: messages nest at most as deep as the attribute nesting limit allows.
 
-/// Deepest group nesting skipped inside an unknown field (prost's recursion limit).
+/// Deepest group nesting skipped inside an unknown field of one message (prost's
+/// recursion limit, counted per message here).
 const MAX_GROUP_DEPTH: u32 = 100;
+
+/// prost's words for a known field sent with another wire type: what was found, then
+/// what was expected (`invalid wire type: LengthDelimited (expected Varint)`), as static
+/// text so the scan's errors stay `&'static str`.
+macro_rules! wire_type_error {
+    ($found:expr, $expected:literal) => {
+        match $found {
+            Value::Varint(_) => concat!("invalid wire type: Varint (expected ", $expected, ")"),
+            Value::Fixed64(_) => {
+                concat!("invalid wire type: SixtyFourBit (expected ", $expected, ")")
+            }
+            Value::Fixed32(_) => {
+                concat!("invalid wire type: ThirtyTwoBit (expected ", $expected, ")")
+            }
+            Value::Len(_) => {
+                concat!(
+                    "invalid wire type: LengthDelimited (expected ",
+                    $expected,
+                    ")"
+                )
+            }
+            Value::Group => concat!("invalid wire type: StartGroup (expected ", $expected, ")"),
+        }
+    };
+}
 
 /// One field's value on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +163,8 @@ impl<'a> Fields<'a> {
                 le.copy_from_slice(b);
                 Value::Fixed32(u32::from_le_bytes(le))
             }
-            _ => return Err("invalid wire type value"),
+            6 => return Err("invalid wire type value: 6"),
+            _ => return Err("invalid wire type value: 7"),
         })
     }
 }
@@ -160,7 +192,7 @@ impl<'a> Iterator for Fields<'a> {
 pub(super) fn len<'a>(v: Value<'a>) -> Result<&'a [u8], &'static str> {
     match v {
         Value::Len(b) => Ok(b),
-        _ => Err("invalid wire type: expected LengthDelimited"),
+        other => Err(wire_type_error!(other, "LengthDelimited")),
     }
 }
 
@@ -169,7 +201,7 @@ pub(super) fn len<'a>(v: Value<'a>) -> Result<&'a [u8], &'static str> {
 pub(super) fn varint(v: Value<'_>) -> Result<u64, &'static str> {
     match v {
         Value::Varint(n) => Ok(n),
-        _ => Err("invalid wire type: expected Varint"),
+        other => Err(wire_type_error!(other, "Varint")),
     }
 }
 
@@ -177,7 +209,7 @@ pub(super) fn varint(v: Value<'_>) -> Result<u64, &'static str> {
 pub(super) fn fixed64(v: Value<'_>) -> Result<u64, &'static str> {
     match v {
         Value::Fixed64(n) => Ok(n),
-        _ => Err("invalid wire type: expected SixtyFourBit"),
+        other => Err(wire_type_error!(other, "SixtyFourBit")),
     }
 }
 
@@ -185,7 +217,7 @@ pub(super) fn fixed64(v: Value<'_>) -> Result<u64, &'static str> {
 pub(super) fn fixed32(v: Value<'_>) -> Result<u32, &'static str> {
     match v {
         Value::Fixed32(n) => Ok(n),
-        _ => Err("invalid wire type: expected ThirtyTwoBit"),
+        other => Err(wire_type_error!(other, "ThirtyTwoBit")),
     }
 }
 
@@ -284,6 +316,22 @@ mod tests {
     fn strings_must_be_utf8_and_length_delimited() {
         assert_eq!(string(Value::Len(b"ok")).unwrap(), "ok");
         assert!(string(Value::Len(&[0xff])).is_err());
-        assert!(string(Value::Varint(1)).is_err());
+        assert_eq!(
+            string(Value::Varint(1)).unwrap_err(),
+            "invalid wire type: Varint (expected LengthDelimited)"
+        );
+        assert_eq!(
+            fixed64(Value::Fixed32(1)).unwrap_err(),
+            "invalid wire type: ThirtyTwoBit (expected SixtyFourBit)"
+        );
+        assert_eq!(
+            varint(Value::Len(b"x")).unwrap_err(),
+            "invalid wire type: LengthDelimited (expected Varint)"
+        );
+        assert_eq!(
+            all(&[0x0f]).unwrap_err(),
+            "invalid wire type value: 7",
+            "field 1, wire type 7"
+        );
     }
 }

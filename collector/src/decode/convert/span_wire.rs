@@ -9,8 +9,9 @@
 //! field wins; a repeated field appends; a singular message field seen twice is merged
 //! (`status`, `KeyValue.value`); a oneof takes its last member, merging when a message
 //! member repeats (`arrayValue`, `kvlistValue`); varints are cast as prost casts them
-//! (`int32` and enums truncate, `bool` is non-zero); unknown fields are skipped; a known
-//! field with another wire type is an error. The conversion rules are
+//! (`int32` and enums truncate, `bool` is non-zero); unknown fields are skipped (groups
+//! inside them to a depth of 100 per message, where prost counts one budget for the whole
+//! tree: `wire.rs`); a known field with another wire type is an error, in prost's words. The conversion rules are
 //! [`super::traces`]'s: id lengths, attribute nesting depth (checked before a value is
 //! read, so a deep value never recurses past the limit), then the per-span refusals of
 //! [`super::traces::accept`]. `decode::tests` holds this decoder to the prost path on
