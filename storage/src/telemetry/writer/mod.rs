@@ -346,6 +346,19 @@ pub(super) struct Writer {
 impl Writer {
     fn run(mut self) {
         loop {
+            // A compaction a merge asked for, or the one due at start (before the first
+            // message is served, so a request queued at start sees its result).
+            if self.compaction_due && self.degraded_tx.borrow().is_none() {
+                if let Err(e) = self.compact_runs() {
+                    tracing::warn!(
+                        error = %e,
+                        "compacting the trace index failed; will retry after the next merge"
+                    );
+                    // its partial output is invisible (no trace_runs row); delete it now
+                    // rather than at the next start
+                    let _ = traces::drop_orphan_runs(&self.conn);
+                }
+            }
             let msg = match self.deferred.pop_front() {
                 Some(m) => m,
                 None => {
@@ -381,17 +394,6 @@ impl Writer {
                 Msg::Shutdown => {
                     self.drain_for_shutdown();
                     break;
-                }
-            }
-            if self.compaction_due && self.degraded_tx.borrow().is_none() {
-                if let Err(e) = self.compact_runs() {
-                    tracing::warn!(
-                        error = %e,
-                        "compacting the trace index failed; will retry after the next merge"
-                    );
-                    // its partial output is invisible (no trace_runs row); delete it now
-                    // rather than at the next start
-                    let _ = traces::drop_orphan_runs(&self.conn);
                 }
             }
         }
