@@ -230,6 +230,12 @@ pub struct Status {
     pub message: String,
 }
 
+/// The attribute that marks a Logfire twin span, and its value for one
+/// ([`Span::is_pending_twin`], [`SpanRef::watched_whole`]).
+pub const LOGFIRE_SPAN_TYPE: &str = "logfire.span_type";
+/// See [`LOGFIRE_SPAN_TYPE`].
+pub const LOGFIRE_PENDING_SPAN: &str = "pending_span";
+
 /// Status code ERROR (OTLP `STATUS_CODE_ERROR`).
 pub const STATUS_ERROR: i32 = 2;
 
@@ -282,8 +288,8 @@ impl Span {
     /// True for a Logfire twin (`logfire.span_type = "pending_span"`): its parent is the
     /// real span, still running (docs/design.md, "Open spans" shape 3).
     pub fn is_pending_twin(&self) -> bool {
-        attr(&self.attributes, "logfire.span_type").and_then(AnyValue::as_str)
-            == Some("pending_span")
+        attr(&self.attributes, LOGFIRE_SPAN_TYPE).and_then(AnyValue::as_str)
+            == Some(LOGFIRE_PENDING_SPAN)
     }
     /// True when the watchdog reads the whole span: while it is open, or when it is a
     /// pending twin (either becomes a ledger entry). Of any other span it needs only the

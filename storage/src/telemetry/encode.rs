@@ -218,36 +218,52 @@ fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
     }
 }
 
+/// What the index and the deduplication read of a span.
+#[derive(Clone, Copy)]
+pub(crate) struct SpanHead {
+    /// Trace id.
+    trace_id: [u8; 16],
+    /// Span id.
+    span_id: [u8; 8],
+    /// True when the span has no parent.
+    root: bool,
+    /// Start, ns since the Unix epoch.
+    start: u64,
+    /// End, ns since the Unix epoch; 0 while open.
+    end: u64,
+    /// Status code.
+    status: i32,
+}
+
 /// A span as the encoder reads it: the owned [`Span`] (internal writers, OTLP/JSON) or the
 /// borrowed [`SpanRef`] (protobuf exports, issue 16). Both serialize to the same postcard
 /// bytes, so the stored body is the same whichever was encoded.
 pub(crate) trait StoredSpan: Serialize {
-    /// (trace id, span id).
-    fn ids(&self) -> ([u8; 16], [u8; 8]);
-    /// True when the span has an end time.
-    fn ended(&self) -> bool;
-    /// The index entry's fields: (root, start ns, end ns, status code).
-    fn summary(&self) -> (bool, u64, u64, i32);
+    /// Ids, times and status.
+    fn head(&self) -> SpanHead;
     /// Span name.
     fn span_name(&self) -> &str;
     /// Pushes the terms of the span's indexed attributes.
     fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>);
 }
 
+/// [`StoredSpan::head`] of a [`Span`] or [`SpanRef`] (same field names).
+macro_rules! span_head {
+    ($s:expr) => {
+        SpanHead {
+            trace_id: $s.trace_id.0,
+            span_id: $s.span_id.0,
+            root: $s.parent_span_id.is_none(),
+            start: $s.start_time_unix_nano,
+            end: $s.end_time_unix_nano,
+            status: $s.status.code,
+        }
+    };
+}
+
 impl StoredSpan for Span {
-    fn ids(&self) -> ([u8; 16], [u8; 8]) {
-        (self.trace_id.0, self.span_id.0)
-    }
-    fn ended(&self) -> bool {
-        self.is_ended()
-    }
-    fn summary(&self) -> (bool, u64, u64, i32) {
-        (
-            self.parent_span_id.is_none(),
-            self.start_time_unix_nano,
-            self.end_time_unix_nano,
-            self.status.code,
-        )
+    fn head(&self) -> SpanHead {
+        span_head!(self)
     }
     fn span_name(&self) -> &str {
         &self.name
@@ -258,19 +274,8 @@ impl StoredSpan for Span {
 }
 
 impl StoredSpan for SpanRef<'_> {
-    fn ids(&self) -> ([u8; 16], [u8; 8]) {
-        (self.trace_id.0, self.span_id.0)
-    }
-    fn ended(&self) -> bool {
-        self.is_ended()
-    }
-    fn summary(&self) -> (bool, u64, u64, i32) {
-        (
-            self.parent_span_id.is_none(),
-            self.start_time_unix_nano,
-            self.end_time_unix_nano,
-            self.status.code,
-        )
+    fn head(&self) -> SpanHead {
+        span_head!(self)
     }
     fn span_name(&self) -> &str {
         self.name
@@ -349,14 +354,15 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
     {
         let mut seen: SeenSpans = HashMap::with_capacity_and_hasher(total, IdBuild::default());
         for (i, s) in flat().enumerate() {
-            let key = s.ids();
+            let h = s.head();
+            let (key, ended) = ((h.trace_id, h.span_id), h.end != 0);
             match seen.get(&key).copied() {
                 None => {
-                    seen.insert(key, (i, s.ended()));
+                    seen.insert(key, (i, ended));
                 }
                 Some((prev, prev_ended)) => {
                     duplicates += 1;
-                    if !prev_ended && s.ended() {
+                    if !prev_ended && ended {
                         keep[prev] = false;
                         seen.insert(key, (i, true));
                     } else {
@@ -416,18 +422,17 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
                 terms.push(name);
                 terms.push(pair_id);
                 s.attr_terms(&mut table, &mut terms);
-                let (root, start, end, status) = s.summary();
-                if status == STATUS_ERROR {
+                let h = s.head();
+                if h.status == STATUS_ERROR {
                     terms.push(table.id(TERM_STATUS, "error"));
                 }
-                let (trace_id, span_id) = s.ids();
                 spans.push(IdxSpan {
-                    trace_id,
-                    span_id,
-                    root,
-                    start,
-                    end,
-                    status,
+                    trace_id: h.trace_id,
+                    span_id: h.span_id,
+                    root: h.root,
+                    start: h.start,
+                    end: h.end,
+                    status: h.status,
                     scope: si,
                     off: off as u32,
                     len: (bodies.len() - off) as u32,

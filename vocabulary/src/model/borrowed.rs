@@ -12,7 +12,10 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use super::{AnyValue, Event, KeyValue, Link, Resource, Scope, Span, SpanId, Status, TraceId};
+use super::{
+    AnyValue, Event, KeyValue, Link, Resource, Scope, Span, SpanId, Status, TraceId,
+    LOGFIRE_PENDING_SPAN, LOGFIRE_SPAN_TYPE,
+};
 
 /// [`AnyValue`], borrowed.
 #[derive(Clone, Debug, PartialEq, Serialize, Default)]
@@ -171,8 +174,8 @@ impl SpanRef<'_> {
             || self
                 .attributes
                 .iter()
-                .find(|kv| kv.key == "logfire.span_type")
-                .is_some_and(|kv| kv.value == AnyValueRef::String("pending_span"))
+                .find(|kv| kv.key == LOGFIRE_SPAN_TYPE)
+                .is_some_and(|kv| kv.value == AnyValueRef::String(LOGFIRE_PENDING_SPAN))
     }
 
     /// The owned twin.

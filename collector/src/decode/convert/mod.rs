@@ -106,13 +106,10 @@ fn span_id(bytes: &[u8], p: &Path) -> Result<Option<SpanId>, DecodeError> {
     }
 }
 
-fn any_value(
-    v: Option<pc::AnyValue>,
-    p: &Path,
-    depth: usize,
-    limits: &Limits,
-) -> Result<AnyValue, DecodeError> {
-    use pc::any_value::Value as V;
+/// The nesting rule of attribute values, for both decoders: a value position deeper than
+/// `limits.max_nesting_depth` (a top-level attribute value is depth 1) is refused, present
+/// or not, before anything inside it is read.
+fn check_depth(p: &Path, depth: usize, limits: &Limits) -> Result<(), DecodeError> {
     if depth > limits.max_nesting_depth {
         return Err(DecodeError::at(
             p,
@@ -122,6 +119,17 @@ fn any_value(
             ),
         ));
     }
+    Ok(())
+}
+
+fn any_value(
+    v: Option<pc::AnyValue>,
+    p: &Path,
+    depth: usize,
+    limits: &Limits,
+) -> Result<AnyValue, DecodeError> {
+    use pc::any_value::Value as V;
+    check_depth(p, depth, limits)?;
     let Some(v) = v.and_then(|v| v.value) else {
         return Ok(AnyValue::Empty);
     };

@@ -11,16 +11,17 @@
 //! member repeats (`arrayValue`, `kvlistValue`); varints are cast as prost casts them
 //! (`int32` and enums truncate, `bool` is non-zero); unknown fields are skipped (groups
 //! inside them to a depth of 100 per message, where prost counts one budget for the whole
-//! tree: `wire.rs`); a known field with another wire type is an error, in prost's words. The conversion rules are
-//! [`super::traces`]'s: id lengths, attribute nesting depth (checked before a value is
-//! read, so a deep value never recurses past the limit), then the per-span refusals of
-//! [`super::traces::accept`]. `decode::tests` holds this decoder to the prost path on
-//! fixtures and generated spans.
+//! tree: `wire.rs`); a known field with another wire type is an error, in prost's words.
+//! The conversion rules are [`super::traces`]'s: id lengths, attribute nesting depth
+//! ([`super::check_depth`], checked before a value is read, so a deep value never recurses
+//! past the limit), then the per-span refusals of [`super::traces::accept`]. The tests
+//! below hold this decoder to the prost path on generated, merged and damaged spans;
+//! `decode::tests` on the fixtures.
 
 use stallwatch_storage::model::{AnyValueRef, EventRef, KeyValueRef, LinkRef, SpanRef, StatusRef};
 
 use super::traces::accept;
-use super::{span_id, trace_id, Refusals};
+use super::{check_depth, span_id, trace_id, Refusals};
 use crate::decode::path::Path;
 use crate::decode::wire::{self, Fields, Value};
 use crate::decode::{DecodeError, Limits};
@@ -176,21 +177,6 @@ fn link<'a>(b: &'a [u8], p: &Path, limits: &Limits) -> Result<LinkRef<'a>, Decod
     l.trace_id = trace_id(tid, &p.field("traceId"))?.unwrap_or_default();
     l.span_id = span_id(sid, &p.field("spanId"))?.unwrap_or_default();
     Ok(l)
-}
-
-/// The depth rule of [`super::any_value`]: every value position deeper than the limit is
-/// refused, present or not, before anything inside it is read.
-fn check_depth(p: &Path, depth: usize, limits: &Limits) -> Result<(), DecodeError> {
-    if depth > limits.max_nesting_depth {
-        return Err(DecodeError::at(
-            p,
-            format!(
-                "attribute value nested deeper than {} levels",
-                limits.max_nesting_depth
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// A `KeyValue` at path `p` whose value sits at nesting `depth` (1 for top-level

@@ -297,7 +297,7 @@ fn span(
         });
     }
     let status = sp.status.unwrap_or_default();
-    let span = Span {
+    let mut span = Span {
         trace_id: TraceId::default(),
         span_id: SpanId::default(),
         parent_span_id: parent,
@@ -318,13 +318,12 @@ fn span(
             message: status.message,
         },
     };
-    let mut span = span;
-    let ids = (
+    let times = (
         span.name.as_str(),
         span.start_time_unix_nano,
         span.end_time_unix_nano,
     );
-    let Some((trace_id, span_id)) = accept(tid, sid, ids, p, refusals) else {
+    let Some((trace_id, span_id)) = accept(tid, sid, times, p, refusals) else {
         return Ok(None);
     };
     span.trace_id = trace_id;
