@@ -8,6 +8,7 @@
 //! `exit_with_parent`, stallwatch also shuts down in order if the app itself dies.
 
 use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -71,8 +72,8 @@ impl Sidecar {
                 cmd.stderr(Stdio::inherit());
             }
         }
-        let mut child = cmd
-            .spawn()
+        let mut child = spawn_when_not_busy(&mut cmd)
+            .await
             .map_err(|e| Error::io(format!("cannot start {}", options.binary.display()), e))?;
         let Some(stdout) = child.stdout.take() else {
             return Err(Error::io(
@@ -207,11 +208,34 @@ fn stderr_tail(options: &SidecarOptions) -> String {
     format!(":\n{}", lines[start..].join("\n"))
 }
 
+/// How long [`spawn_when_not_busy`] keeps retrying a binary that is open for writing.
+pub const TEXT_BUSY_RETRY: Duration = Duration::from_millis(1_000);
+
+/// Spawns `cmd`, retrying for up to [`TEXT_BUSY_RETRY`] (every 20 ms) while `execve`
+/// fails with `ETXTBSY` ("text file busy"): the binary is still open for writing
+/// somewhere. That is brief and common right after the binary was written or updated:
+/// any thread of the host that forks while the writer's descriptor is open hands a copy
+/// of it to that child until the child's `exec` closes it. Other errors are returned at
+/// once.
+async fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
+    let deadline = tokio::time::Instant::now() + TEXT_BUSY_RETRY;
+    loop {
+        match cmd.spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::PathBuf;
-    use std::time::Duration;
 
     fn script(dir: &std::path::Path, body: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
@@ -243,6 +267,47 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A binary still open for writing (ETXTBSY) is started once the writer closes it,
+    /// within the retry window; one that stays busy is an error naming it.
+    #[tokio::test]
+    async fn a_binary_still_open_for_writing_is_started_once_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("token"), "0f".repeat(32)).unwrap();
+        let bin = script(
+            dir.path(),
+            &format!(
+                "echo '{{\"event\":\"ready\",\"otlp_grpc\":\"127.0.0.1:1\",\"otlp_http\":\"127.0.0.1:2\",\"dashboard\":\"127.0.0.1:3\",\"data_dir\":\"{}\"}}'\nexec sleep 30",
+                data.display()
+            ),
+        );
+        let options = || {
+            let mut o = SidecarOptions::new(bin.clone());
+            o.data_dir = Some(data.clone());
+            o.shutdown_deadline = Duration::from_millis(100);
+            o
+        };
+        // Held for longer than the retry window: the error names the binary.
+        let writer = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
+        let started = tokio::time::Instant::now();
+        match Sidecar::spawn(options()).await {
+            Err(Error::Io { what, source }) => {
+                assert!(what.contains("fake-stallwatch"), "{what}");
+                assert_eq!(source.kind(), std::io::ErrorKind::ExecutableFileBusy);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() >= TEXT_BUSY_RETRY);
+        // Closed while the spawn waits: it starts.
+        let spawn = tokio::spawn(Sidecar::spawn(options()));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        drop(writer);
+        let sc = spawn.await.unwrap().unwrap();
+        assert_eq!(sc.ready().dashboard, "127.0.0.1:3".parse().unwrap());
+        let _ = sc.shutdown().await;
     }
 
     #[tokio::test]
