@@ -106,21 +106,41 @@ impl ReaperHandle {
         );
         // Spawn and record the pid under the OWNED_PIDS lock: the unowned-zombie reaper holds
         // it while reaping, so a runner that exits at once is never taken from its owner.
-        let proc = {
-            let mut owned = OWNED_PIDS
-                .lock()
-                .map_err(|_| internal("owned pid set poisoned"))?;
-            let p = runner::spawn_process(&spawn, &env).map_err(|e| {
-                let what = match &spawn.cwd {
-                    Some(cwd) if !cwd.is_dir() => {
-                        format!("cwd {} is missing or not a folder", cwd.display())
-                    }
-                    _ => spawn.argv[0].clone(),
-                };
-                RegisterError::SpawnFailed(format!("cannot start runner {id} ({what}): {e}"))
-            })?;
-            owned.insert(p.pid);
-            p
+        // A runner binary still open for writing (ETXTBSY: just built or updated, or a
+        // descriptor inherited by a child forked meanwhile) is retried for up to
+        // TEXT_BUSY_RETRY, without the lock between attempts.
+        let busy_until = tokio::time::Instant::now() + runner::TEXT_BUSY_RETRY;
+        let proc = loop {
+            let attempt = {
+                let mut owned = OWNED_PIDS
+                    .lock()
+                    .map_err(|_| internal("owned pid set poisoned"))?;
+                let attempt = runner::spawn_process(&spawn, &env);
+                if let Ok(p) = &attempt {
+                    owned.insert(p.pid);
+                }
+                attempt
+            };
+            match attempt {
+                Ok(p) => break p,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                        && tokio::time::Instant::now() < busy_until =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    let what = match &spawn.cwd {
+                        Some(cwd) if !cwd.is_dir() => {
+                            format!("cwd {} is missing or not a folder", cwd.display())
+                        }
+                        _ => spawn.argv[0].clone(),
+                    };
+                    return Err(RegisterError::SpawnFailed(format!(
+                        "cannot start runner {id} ({what}): {e}"
+                    )));
+                }
+            }
         };
         self.inner
             .stats

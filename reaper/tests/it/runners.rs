@@ -56,6 +56,33 @@ async fn crash_records_stderr_and_restarts_until_the_intensity_limit() {
     assert_eq!(registered, 3, "first start + 2 restarts");
 }
 
+/// A runner binary still open for writing (ETXTBSY) is started once it is closed, within
+/// the retry window; one that stays open is refused naming the cause.
+#[tokio::test]
+async fn a_runner_binary_still_open_for_writing_is_started_once_closed() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = harness(300).await;
+    let bin_dir = tempfile::tempdir().unwrap();
+    let bin = bin_dir.path().join("fresh-runner");
+    std::fs::write(&bin, "#!/bin/sh\nexec sleep 30\n").unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let argv = [bin.to_str().unwrap()];
+    let writer = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
+    match h.register(spawn_spec("busy-long", &argv)).await {
+        Err(e) => assert!(e.to_string().contains("busy"), "{e}"),
+        Ok(r) => panic!("a binary held open for writing was started: {r}"),
+    }
+    let closer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        drop(writer);
+    });
+    let reply = h.register(spawn_spec("busy-brief", &argv)).await.unwrap();
+    closer.await.unwrap();
+    let pid = reply["pid"].as_u64().unwrap() as i32;
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    h.delete("busy-brief").await.unwrap();
+}
+
 #[tokio::test]
 async fn clean_exit_is_runner_exited_and_not_restarted() {
     let mut h = harness(300).await;
