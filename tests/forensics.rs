@@ -607,10 +607,24 @@ fn figures_trip_to_sigterm_with_forensics_on_and_off() {
     }
 }
 
+/// Pause after each dump in [`dump_soak`].
+const DUMP_GAP: Duration = Duration::from_millis(20);
+/// When [`dump_soak`] sends a dump's signal again if the dump has not started.
+const DUMP_RESEND_AFTER: Duration = Duration::from_secs(3);
+/// Most signals [`dump_soak`] sends again in one soak.
+const DUMP_RESENDS: usize = 2;
+
 /// Sends `n` SIGUSR2 to a Python runner on this tree's kit, stalled in `mode`, each once
 /// the previous dump is complete; answers how many dumps named `function` in the main
 /// thread. Panics (with the exit status) if the runner ends: our dump signal must never
 /// end a runner.
+///
+/// A SIGUSR2 that lands just after a dump's last line can be ignored: with `chain=True`
+/// (which the kit needs, see `install_stacks_hook`), CPython's handler puts the previous
+/// action (`SIG_IGN`) back, raises the signal to it and only then registers itself again.
+/// stallwatch sends one signal per dump, so this only meets a loop like this one; the
+/// loop waits [`DUMP_GAP`] after each dump, and if a dump still never starts within
+/// [`DUMP_RESEND_AFTER`], sends its signal again, at most [`DUMP_RESENDS`] times a soak.
 fn dump_soak(mode: &str, function: &str, n: usize) -> usize {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
@@ -636,15 +650,20 @@ fn dump_soak(mode: &str, function: &str, n: usize) -> usize {
     // Let the runner reach its stall (the deadlock needs its two threads' 0.2 s sleep).
     std::thread::sleep(Duration::from_millis(800));
     let mut named = 0;
-    for i in 0..n {
-        let from = std::fs::metadata(&stacks).unwrap().len();
-        // Our own child, not reaped yet: the pid cannot have been reused.
+    let mut resends = 0;
+    // Our own child, not reaped yet: the pid cannot have been reused.
+    let send = || {
         let sent = std::process::Command::new("kill")
             .args(["-USR2", &pid.to_string()])
             .status()
             .unwrap();
         assert!(sent.success(), "kill -USR2 {pid}: {sent:?}");
-        let t0 = Instant::now();
+    };
+    for i in 0..n {
+        std::thread::sleep(DUMP_GAP);
+        let from = std::fs::metadata(&stacks).unwrap().len();
+        send();
+        let mut t0 = Instant::now();
         let dump = loop {
             if let Some(st) = child.try_wait().unwrap() {
                 panic!(
@@ -657,6 +676,12 @@ fn dump_soak(mode: &str, function: &str, n: usize) -> usize {
             // A dump is complete once the main thread's outermost frame is written.
             if new.contains(" in <module>\n") {
                 break new;
+            }
+            if new.is_empty() && t0.elapsed() > DUMP_RESEND_AFTER && resends < DUMP_RESENDS {
+                eprintln!("{mode}: dump {i} never started; SIGUSR2 sent again");
+                resends += 1;
+                send();
+                t0 = Instant::now();
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(10),

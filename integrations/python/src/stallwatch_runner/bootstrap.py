@@ -304,6 +304,11 @@ def install_stacks_hook(path: Optional[str] = None, *, threads_on_heartbeat: boo
     - at exit (:mod:`atexit`, which runs before the interpreter's finalization starts
       tearing down thread states) the handler is unregistered, so SIGUSR2 falls back to
       ``SIG_IGN``.
+
+    With ``chain=True``, CPython's handler briefly puts the previous action (``SIG_IGN``)
+    back after each dump, raises the signal to it and then registers itself again: a
+    second SIGUSR2 landing in those few instructions is ignored. stallwatch sends one
+    signal per dump, so this only meets senders that fire again the moment a dump ends.
     """
     global _stacks_file
     path = path if path is not None else os.environ.get(STACKS_FILE_ENV, "")
