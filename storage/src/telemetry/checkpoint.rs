@@ -36,6 +36,10 @@ use crate::error::StorageError;
 
 /// How often the checkpointer looks for new commits.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+/// The checkpointer also stops gathering commits once this share of the WAL's bound
+/// (one eighth) was committed: at the smallest `max_db_bytes` (a 4 MiB WAL) full ingest
+/// writes more than the bound in one interval, and the writer would copy it itself.
+const GATHER_WAL_SHARE: u64 = 8;
 
 /// State shared by the writer and the checkpointer.
 #[derive(Default)]
@@ -50,6 +54,9 @@ pub(crate) struct Shared {
     /// Checkpoints this thread ran (each one copies and syncs: two `fsync`s at
     /// `synchronous=NORMAL`).
     pub(crate) checkpoints: AtomicU64,
+    /// Bytes committed (as the writer counts them: payloads and indexes) since this thread
+    /// last started a checkpoint.
+    pub(crate) bytes_since: AtomicU64,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -58,7 +65,8 @@ impl Shared {
     /// Counts one commit and wakes the checkpointer if it is asleep. The counter is bumped
     /// before the mutex is taken and the checkpointer compares it while holding the mutex,
     /// so no wake-up is lost.
-    pub(crate) fn note_commit(&self) {
+    pub(crate) fn note_commit(&self, bytes: u64) {
+        self.bytes_since.fetch_add(bytes, Ordering::Relaxed);
         self.commits.fetch_add(1, Ordering::Release);
         if let Ok(_guard) = self.stop.lock() {
             self.wake.notify_all();
@@ -91,16 +99,16 @@ impl Checkpointer {
         )?;
         conn.pragma_update(None, "cache_size", 16i64)?;
         let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+        let page_size = page_size.max(512) as u64;
         let shared = Arc::new(Shared::default());
         shared.bound_frames.store(
-            (crate::config::wal_budget_bytes(config.max_db_bytes) / page_size.max(512) as u64)
-                .max(16) as i64,
+            (crate::config::wal_budget_bytes(config.max_db_bytes) / page_size).max(16) as i64,
             Ordering::Relaxed,
         );
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("stallwatch-wal-checkpoint".into())
-            .spawn(move || run(conn, s))
+            .spawn(move || run(conn, s, page_size))
             .map_err(|e| StorageError::Task(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Self {
             shared,
@@ -129,9 +137,10 @@ impl Drop for Checkpointer {
     }
 }
 
-fn run(conn: Connection, shared: Arc<Shared>) {
+fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
     let mut seen = shared.commits.load(Ordering::Acquire);
     let bound = shared.bound_frames.load(Ordering::Relaxed);
+    let gather_bytes = (bound.max(0) as u64 * page_size / GATHER_WAL_SHARE).max(1);
     let mut last_log: i64 = 0;
     loop {
         {
@@ -148,17 +157,19 @@ fn run(conn: Connection, shared: Arc<Shared>) {
             if *stop {
                 return;
             }
-            // Then let commits gather for one interval, so a busy writer gets one
-            // checkpoint per interval rather than one per commit; not while the WAL is
-            // already past a quarter of its bound. Every commit notifies the condition
-            // variable, so the wait goes on until the interval is over: waking at the
-            // next commit had made it a checkpoint (and two fsyncs) every second or third
-            // commit under load (issue 16: `strace -c`, 1,166 fsyncs for 2,000 commits).
+            // Then let commits gather for one interval, or until an eighth of the WAL's
+            // bound was committed, so a busy writer gets one checkpoint per interval
+            // rather than one per commit; not while the WAL is already past a quarter of
+            // its bound. Every commit notifies the condition variable, so the wait goes on
+            // until one of those: waking at the next commit had made it a checkpoint (and
+            // two fsyncs) every second or third commit under load (issue 16: `strace -c`,
+            // 1,166 fsyncs for 2,000 commits).
             if last_log <= bound / 4 {
                 let until = std::time::Instant::now() + CHECKPOINT_INTERVAL;
                 loop {
                     let left = until.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
+                    if left.is_zero() || shared.bytes_since.load(Ordering::Relaxed) >= gather_bytes
+                    {
                         break;
                     }
                     let Ok((s, _)) = shared.wake.wait_timeout(stop, left) else {
@@ -178,6 +189,7 @@ fn run(conn: Connection, shared: Arc<Shared>) {
             last_log = 0;
             continue;
         }
+        shared.bytes_since.store(0, Ordering::Relaxed);
         let done = passive(&conn);
         shared.checkpoints.fetch_add(1, Ordering::Relaxed);
         match done {
@@ -198,8 +210,9 @@ fn run(conn: Connection, shared: Arc<Shared>) {
 mod tests {
     use super::*;
 
-    /// Commits every 2 ms for 600 ms, each one noted: the checkpointer gathers them for
-    /// its interval instead of checkpointing after every other commit.
+    /// Commits of 4 KiB every 2 ms for 600 ms, each one noted: the checkpointer gathers
+    /// them for its interval instead of checkpointing after every other commit (an eighth
+    /// of the default WAL bound is far more than these commits write).
     #[test]
     fn commits_are_gathered_for_an_interval_between_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
@@ -220,7 +233,7 @@ mod tests {
             writer
                 .execute("INSERT INTO t (x) VALUES (zeroblob(4096))", [])
                 .unwrap();
-            cp.shared.note_commit();
+            cp.shared.note_commit(4096);
             commits += 1;
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -236,5 +249,36 @@ mod tests {
         // And the WAL was copied: a full checkpoint now has nothing left but the tail.
         let (_, log, copied) = passive(&writer).unwrap();
         assert_eq!(log, copied);
+    }
+
+    /// With the smallest WAL bound (4 MiB, at `max_db_bytes` = 64 MiB), commits of 256 KiB
+    /// are checkpointed every two commits (an eighth of the bound), not once an interval.
+    #[test]
+    fn large_commits_are_checkpointed_once_an_eighth_of_the_bound_was_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StorageConfig::new(dir.path().join("db"));
+        config.max_db_bytes = 64 * 1024 * 1024;
+        let writer = open_connection(
+            &config,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )
+        .unwrap();
+        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+        writer
+            .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
+            .unwrap();
+        let mut cp = Checkpointer::start(&config).unwrap();
+        for _ in 0..20 {
+            writer
+                .execute("INSERT INTO t (x) VALUES (zeroblob(262144))", [])
+                .unwrap();
+            cp.shared.note_commit(262_144);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(CHECKPOINT_INTERVAL * 2);
+        let ran = cp.shared.checkpoints.load(Ordering::Relaxed);
+        cp.stop();
+        // 200 ms of commits: two or three intervals' worth without the byte rule.
+        assert!(ran >= 6, "{ran} checkpoints for 20 commits of 256 KiB");
     }
 }

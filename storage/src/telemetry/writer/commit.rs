@@ -157,7 +157,7 @@ impl Writer {
                         tracing::warn!(error = %e, "merging the trace index failed; will retry");
                     }
                 }
-                self.ckpt.note_commit();
+                self.ckpt.note_commit(need);
                 if self.wal_file_bytes() > self.wal_budget {
                     self.ckpt
                         .writer_should_checkpoint

@@ -290,10 +290,11 @@ impl TelemetryWriter {
         }
     }
 
-    /// Tells the checkpointer that a transaction committed on another connection.
+    /// Tells the checkpointer that a transaction committed on another connection (a
+    /// control record: a few pages, counted as none of the gathering's bytes).
     pub(crate) fn note_commit(&self) {
         if let Ok(c) = self.checkpointer.lock() {
-            c.shared.note_commit();
+            c.shared.note_commit(0);
         }
     }
 }
