@@ -210,7 +210,7 @@ fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
 mod tests {
     use super::*;
 
-    /// Commits of 4 KiB every 2 ms for 600 ms, each one noted: the checkpointer gathers
+    /// 200 commits of 4 KiB every 2 ms, each one noted: the checkpointer gathers
     /// them for its interval instead of checkpointing after every other commit (an eighth
     /// of the default WAL bound is far more than these commits write).
     #[test]
@@ -228,33 +228,35 @@ mod tests {
             .unwrap();
         let mut cp = Checkpointer::start(&config).unwrap();
         let started = std::time::Instant::now();
-        let mut commits = 0u64;
-        while started.elapsed() < Duration::from_millis(600) {
+        let commits = 200u64;
+        for _ in 0..commits {
             writer
                 .execute("INSERT INTO t (x) VALUES (zeroblob(4096))", [])
                 .unwrap();
             cp.shared.note_commit(4096);
-            commits += 1;
             std::thread::sleep(Duration::from_millis(2));
         }
+        let intervals = (started.elapsed().as_millis() / CHECKPOINT_INTERVAL.as_millis()) as u64;
         std::thread::sleep(CHECKPOINT_INTERVAL * 2);
         let ran = cp.shared.checkpoints.load(Ordering::Relaxed);
         cp.stop();
-        assert!(commits > 100, "{commits} commits");
-        // 600 ms of commits and the last gathering: about 7 intervals.
+        // One per interval (plus the last gathering and rounding), never one per commit
+        // or two (which was 100 here).
         assert!(
-            (1..=12).contains(&ran),
-            "{ran} checkpoints for {commits} commits"
+            ran >= 1 && ran <= intervals + 3 && ran * 4 <= commits,
+            "{ran} checkpoints for {commits} commits over {intervals} intervals"
         );
         // And the WAL was copied: a full checkpoint now has nothing left but the tail.
         let (_, log, copied) = passive(&writer).unwrap();
         assert_eq!(log, copied);
     }
 
-    /// With the smallest WAL bound (4 MiB, at `max_db_bytes` = 64 MiB), commits of 256 KiB
-    /// are checkpointed every two commits (an eighth of the bound), not once an interval.
+    /// With the smallest WAL bound (4 MiB, at `max_db_bytes` = 64 MiB) and 160 KiB
+    /// committed every 10 ms (1.6 MiB an interval), a checkpoint starts once an eighth of
+    /// the bound (512 KiB) was committed, so the `-wal` file (its high-water mark) stays
+    /// near that instead of growing an interval's worth past a quarter of the bound.
     #[test]
-    fn large_commits_are_checkpointed_once_an_eighth_of_the_bound_was_committed() {
+    fn commits_past_an_eighth_of_the_bound_are_checkpointed_before_the_interval_ends() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = StorageConfig::new(dir.path().join("db"));
         config.max_db_bytes = 64 * 1024 * 1024;
@@ -268,17 +270,22 @@ mod tests {
             .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
             .unwrap();
         let mut cp = Checkpointer::start(&config).unwrap();
-        for _ in 0..20 {
+        for _ in 0..40 {
             writer
-                .execute("INSERT INTO t (x) VALUES (zeroblob(262144))", [])
+                .execute("INSERT INTO t (x) VALUES (zeroblob(163840))", [])
                 .unwrap();
-            cp.shared.note_commit(262_144);
+            cp.shared.note_commit(163_840);
             std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(CHECKPOINT_INTERVAL * 2);
-        let ran = cp.shared.checkpoints.load(Ordering::Relaxed);
         cp.stop();
-        // 200 ms of commits: two or three intervals' worth without the byte rule.
-        assert!(ran >= 6, "{ran} checkpoints for 20 commits of 256 KiB");
+        let mut wal = config.path.clone().into_os_string();
+        wal.push("-wal");
+        let high_water = std::fs::metadata(&wal).unwrap().len();
+        let bound = crate::config::wal_budget_bytes(config.max_db_bytes);
+        assert_eq!(bound, 4 * 1024 * 1024);
+        assert!(
+            high_water <= bound * 3 / 10,
+            "-wal reached {high_water} bytes (bound {bound})"
+        );
     }
 }
