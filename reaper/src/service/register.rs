@@ -70,6 +70,24 @@ impl ReaperHandle {
         Ok(())
     }
 
+    /// After a wait in the spawn retry: refuses when stallwatch began stopping its runners
+    /// (nothing may start after that), when another registration of `id` is alive now, or,
+    /// for a restart, when `id` was deleted meanwhile.
+    fn still_wanted(&self, id: &str, restarted: bool) -> Result<(), RegisterError> {
+        if self.inner.stopping_all.load(Ordering::SeqCst) || self.inner.shutdown.is_cancelled() {
+            return Err(RegisterError::SpawnFailed(format!(
+                "runner {id} not started: stallwatch is stopping its runners"
+            )));
+        }
+        match self.entry(id) {
+            Some(e) if e.alive.load(Ordering::SeqCst) => Err(RegisterError::IdInUse(id.into())),
+            None if restarted => Err(RegisterError::SpawnFailed(format!(
+                "runner {id} not restarted: it was deleted"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) async fn spawn_runner(
         &self,
         spec: RunnerSpec,
@@ -128,6 +146,7 @@ impl ReaperHandle {
                         && tokio::time::Instant::now() < busy_until =>
                 {
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    self.still_wanted(&id, restarted)?;
                 }
                 Err(e) => {
                     let what = match &spawn.cwd {

@@ -69,7 +69,7 @@ async fn a_runner_binary_still_open_for_writing_is_started_once_closed() {
     let argv = [bin.to_str().unwrap()];
     let writer = std::fs::OpenOptions::new().append(true).open(&bin).unwrap();
     match h.register(spawn_spec("busy-long", &argv)).await {
-        Err(e) => assert!(e.to_string().contains("busy"), "{e}"),
+        Err(e) => assert!(e.to_string().contains("Text file busy"), "{e}"),
         Ok(r) => panic!("a binary held open for writing was started: {r}"),
     }
     let closer = tokio::spawn(async move {
