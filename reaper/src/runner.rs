@@ -216,9 +216,6 @@ pub use crate::env::SCRUBBED_OTLP_VARIABLES;
 
 pub use crate::env::merge_resource_attributes;
 
-/// How long a runner spawn is retried while its binary is open for writing (`ETXTBSY`).
-pub const TEXT_BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(1_000);
-
 /// A freshly spawned runner process.
 pub struct SpawnedProcess {
     /// Its pid (also its process group id).

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -31,6 +31,17 @@ pub fn valid_runner_id(id: &str) -> bool {
             c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
         })
 }
+
+/// How long a spawn keeps retrying, every [`TEXT_BUSY_RETRY_EVERY`], while `execve` fails
+/// with `ETXTBSY` ("text file busy"): the binary is still open for writing somewhere. That
+/// is brief and common right after a binary was written, built or updated: any thread of
+/// the spawning process that forks while the writer's descriptor is open hands a copy of
+/// it to that child until the child's `exec` closes it. Every spawn of an external binary
+/// follows it: the sidecar by the Rust client, runners by the reaper and by
+/// `stallwatch mcp wrap` (docs/design.md, Runners).
+pub const TEXT_BUSY_RETRY: Duration = Duration::from_millis(1_000);
+/// See [`TEXT_BUSY_RETRY`].
+pub const TEXT_BUSY_RETRY_EVERY: Duration = Duration::from_millis(20);
 
 /// Telemetry that has just been committed, handed to the watchdog.
 #[derive(Clone, Debug)]

@@ -27,7 +27,7 @@ pub use config::{
 pub use error::{error_from_answer, Error, Result};
 pub use process::process_start_time_ticks;
 pub use ready::ReadyLine;
-pub use sidecar::{Sidecar, LOOPBACK_ANY_PORT, STDERR_TAIL_LINES};
+pub use sidecar::{spawn_when_not_busy, Sidecar, LOOPBACK_ANY_PORT, STDERR_TAIL_LINES};
 pub use sse::{Event, EventFollower, EventStream, Frame, SseParser};
 pub use types::{
     valid_runner_id, Admission, AttachSpec, BreakerState, Checkpoint, CheckpointOutcome,

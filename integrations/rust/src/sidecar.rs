@@ -8,7 +8,6 @@
 //! `exit_with_parent`, stallwatch also shuts down in order if the app itself dies.
 
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -17,6 +16,7 @@ use crate::client::Client;
 use crate::config::SidecarOptions;
 use crate::error::{Error, Result};
 use crate::ready::ReadyLine;
+use stallwatch_vocabulary::control::{TEXT_BUSY_RETRY, TEXT_BUSY_RETRY_EVERY};
 
 /// How many stderr lines [`Error::SidecarExited`] quotes.
 pub const STDERR_TAIL_LINES: usize = 20;
@@ -208,16 +208,11 @@ fn stderr_tail(options: &SidecarOptions) -> String {
     format!(":\n{}", lines[start..].join("\n"))
 }
 
-/// How long [`spawn_when_not_busy`] keeps retrying a binary that is open for writing.
-pub const TEXT_BUSY_RETRY: Duration = Duration::from_millis(1_000);
-
-/// Spawns `cmd`, retrying for up to [`TEXT_BUSY_RETRY`] (every 20 ms) while `execve`
-/// fails with `ETXTBSY` ("text file busy"): the binary is still open for writing
-/// somewhere. That is brief and common right after the binary was written or updated:
-/// any thread of the host that forks while the writer's descriptor is open hands a copy
-/// of it to that child until the child's `exec` closes it. Other errors are returned at
-/// once.
-async fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
+/// Spawns `cmd`, retrying for up to [`TEXT_BUSY_RETRY`] (every [`TEXT_BUSY_RETRY_EVERY`])
+/// while `execve` fails with `ETXTBSY`, the rule every spawn of an external binary
+/// follows (its doc says why). Other errors are returned at once; after the window, the
+/// last `ETXTBSY`.
+pub async fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
     let deadline = tokio::time::Instant::now() + TEXT_BUSY_RETRY;
     loop {
         match cmd.spawn() {
@@ -225,7 +220,7 @@ async fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
                 if e.kind() == std::io::ErrorKind::ExecutableFileBusy
                     && tokio::time::Instant::now() < deadline =>
             {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(TEXT_BUSY_RETRY_EVERY).await;
             }
             other => return other,
         }
@@ -236,6 +231,7 @@ async fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+    use std::time::Duration;
 
     fn script(dir: &std::path::Path, body: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
@@ -243,6 +239,14 @@ mod tests {
         std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         p
+    }
+
+    /// A shell line printing a ready line for `data` (ports 1, 2 and 3: nothing listens).
+    fn echo_ready(data: &std::path::Path) -> String {
+        format!(
+            "echo '{{\"event\":\"ready\",\"otlp_grpc\":\"127.0.0.1:1\",\"otlp_http\":\"127.0.0.1:2\",\"dashboard\":\"127.0.0.1:3\",\"data_dir\":\"{}\"}}'",
+            data.display()
+        )
     }
 
     // These use small shell scripts standing in for the binary to reach failure paths the
@@ -277,13 +281,7 @@ mod tests {
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
         std::fs::write(data.join("token"), "0f".repeat(32)).unwrap();
-        let bin = script(
-            dir.path(),
-            &format!(
-                "echo '{{\"event\":\"ready\",\"otlp_grpc\":\"127.0.0.1:1\",\"otlp_http\":\"127.0.0.1:2\",\"dashboard\":\"127.0.0.1:3\",\"data_dir\":\"{}\"}}'\nexec sleep 30",
-                data.display()
-            ),
-        );
+        let bin = script(dir.path(), &format!("{}\nexec sleep 30", echo_ready(&data)));
         let options = || {
             let mut o = SidecarOptions::new(bin.clone());
             o.data_dir = Some(data.clone());
@@ -332,9 +330,9 @@ mod tests {
         let bin = script(
             dir.path(),
             &format!(
-                "echo \"$SW_TEST_VAR $@\" > {args}\necho not-json\necho '{{\"event\":\"ready\",\"otlp_grpc\":\"127.0.0.1:1\",\"otlp_http\":\"127.0.0.1:2\",\"dashboard\":\"127.0.0.1:3\",\"data_dir\":\"{data}\"}}'\nexec sleep 30",
+                "echo \"$SW_TEST_VAR $@\" > {args}\necho not-json\n{ready}\nexec sleep 30",
                 args = args.display(),
-                data = data.display()
+                ready = echo_ready(&data)
             ),
         );
         let mut o = SidecarOptions::new(bin);

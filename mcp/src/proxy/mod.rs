@@ -226,7 +226,7 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
         stopping: false,
         unregistered: None,
     };
-    relay.spawn_server(true)?;
+    relay.spawn_server(true).await?;
 
     let mut ping = tokio::time::interval(relay.cfg.ping_interval);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -6,8 +6,9 @@ use super::*;
 
 impl Relay {
     /// Starts a new incarnation of the server: own process group, piped stdin/stdout,
-    /// stderr passed through; registers it with the sidecar in the background.
-    pub(super) fn spawn_server(&mut self, register_now: bool) -> Result<(), Error> {
+    /// stderr passed through; registers it with the sidecar in the background. A server
+    /// binary still open for writing is retried ([`stallwatch_client::spawn_when_not_busy`]).
+    pub(super) async fn spawn_server(&mut self, register_now: bool) -> Result<(), Error> {
         let mut cmd = tokio::process::Command::new(&self.cfg.argv[0]);
         cmd.args(&self.cfg.argv[1..])
             .stdin(Stdio::piped())
@@ -22,10 +23,12 @@ impl Relay {
         cmd.process_group(0);
         #[cfg(windows)]
         cmd.creation_flags(windows_sys::Win32::System::Threading::CREATE_NEW_PROCESS_GROUP);
-        let mut child = cmd.spawn().map_err(|source| Error::Spawn {
-            program: self.cfg.argv[0].clone(),
-            source,
-        })?;
+        let mut child = stallwatch_client::spawn_when_not_busy(&mut cmd)
+            .await
+            .map_err(|source| Error::Spawn {
+                program: self.cfg.argv[0].clone(),
+                source,
+            })?;
         self.generation += 1;
         let generation = self.generation;
         let pid = child.id().unwrap_or(0);
@@ -170,7 +173,7 @@ impl Relay {
         eprintln!("stallwatch mcp: the MCP server exited ({how}); restarting it");
         // A restarted server is registered once it has answered the replayed `initialize`:
         // the sidecar's HALF_OPEN probe then finds it able to answer ping.
-        self.spawn_server(self.init_request.is_none())?;
+        self.spawn_server(self.init_request.is_none()).await?;
         if let Some(init) = &self.init_request {
             let mut init = init.clone();
             let id = format!("stallwatch-init-{}", self.generation);

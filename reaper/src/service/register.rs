@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use stallwatch_storage::control::{
     AttachedRunner, RegisterError, Registered, RunnerChange, RunnerSpec, SpawnedRunner,
+    TEXT_BUSY_RETRY, TEXT_BUSY_RETRY_EVERY,
 };
 use stallwatch_storage::keys::StopCause;
 use stallwatch_storage::model::{now_unix_nano, EventKind};
@@ -124,10 +125,9 @@ impl ReaperHandle {
         );
         // Spawn and record the pid under the OWNED_PIDS lock: the unowned-zombie reaper holds
         // it while reaping, so a runner that exits at once is never taken from its owner.
-        // A runner binary still open for writing (ETXTBSY: just built or updated, or a
-        // descriptor inherited by a child forked meanwhile) is retried for up to
-        // TEXT_BUSY_RETRY, without the lock between attempts.
-        let busy_until = tokio::time::Instant::now() + runner::TEXT_BUSY_RETRY;
+        // A runner binary still open for writing is retried (TEXT_BUSY_RETRY), without the
+        // lock between attempts.
+        let busy_until = tokio::time::Instant::now() + TEXT_BUSY_RETRY;
         let proc = loop {
             let attempt = {
                 let mut owned = OWNED_PIDS
@@ -145,7 +145,7 @@ impl ReaperHandle {
                     if e.kind() == std::io::ErrorKind::ExecutableFileBusy
                         && tokio::time::Instant::now() < busy_until =>
                 {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    tokio::time::sleep(TEXT_BUSY_RETRY_EVERY).await;
                     self.still_wanted(&id, restarted)?;
                 }
                 Err(e) => {

@@ -217,15 +217,18 @@ fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
 mod tests {
     use super::*;
 
-    /// 200 commits of 4 KiB every 2 ms, each one noted: the checkpointer gathers
-    /// them for its interval instead of checkpointing after every other commit (an eighth
-    /// of the default WAL bound is far more than these commits write).
-    #[test]
-    fn commits_are_gathered_for_an_interval_between_checkpoints() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = StorageConfig::new(dir.path().join("db"));
+    /// Opens a WAL database at `config.path` with one table, starts a checkpointer, makes
+    /// `commits` commits of `bytes` each (noted as the writer notes them), `gap` apart,
+    /// lets the last gathering end and stops the checkpointer. Answers its counters and
+    /// how many whole intervals the commits took.
+    fn commit_noted(
+        config: &StorageConfig,
+        commits: u64,
+        bytes: u64,
+        gap: Duration,
+    ) -> (Arc<Shared>, u64) {
         let writer = open_connection(
-            &config,
+            config,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
         )
         .unwrap();
@@ -233,20 +236,31 @@ mod tests {
         writer
             .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
             .unwrap();
-        let mut cp = Checkpointer::start(&config).unwrap();
+        let mut cp = Checkpointer::start(config).unwrap();
         let started = std::time::Instant::now();
-        let commits = 200u64;
         for _ in 0..commits {
             writer
-                .execute("INSERT INTO t (x) VALUES (zeroblob(4096))", [])
+                .execute("INSERT INTO t (x) VALUES (zeroblob(?1))", [bytes as i64])
                 .unwrap();
-            cp.shared.note_commit(4096);
-            std::thread::sleep(Duration::from_millis(2));
+            cp.shared.note_commit(bytes);
+            std::thread::sleep(gap);
         }
         let intervals = (started.elapsed().as_millis() / CHECKPOINT_INTERVAL.as_millis()) as u64;
         std::thread::sleep(CHECKPOINT_INTERVAL * 2);
-        let ran = cp.shared.checkpoints.load(Ordering::Relaxed);
         cp.stop();
+        (cp.shared.clone(), intervals)
+    }
+
+    /// 200 commits of 4 KiB every 2 ms, each one noted: the checkpointer gathers
+    /// them for its interval instead of checkpointing after every other commit (an eighth
+    /// of the default WAL bound is far more than these commits write).
+    #[test]
+    fn commits_are_gathered_for_an_interval_between_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig::new(dir.path().join("db"));
+        let commits = 200u64;
+        let (shared, intervals) = commit_noted(&config, commits, 4096, Duration::from_millis(2));
+        let ran = shared.checkpoints.load(Ordering::Relaxed);
         // One per interval (plus the last gathering and rounding), never one per commit
         // or two (which was 100 here).
         assert!(
@@ -269,27 +283,9 @@ mod tests {
             crate::config::wal_budget_bytes(config.max_db_bytes),
             4 * 1024 * 1024
         );
-        let writer = open_connection(
-            &config,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
-        )
-        .unwrap();
-        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
-        writer
-            .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
-            .unwrap();
-        let mut cp = Checkpointer::start(&config).unwrap();
-        for _ in 0..40 {
-            writer
-                .execute("INSERT INTO t (x) VALUES (zeroblob(327680))", [])
-                .unwrap();
-            cp.shared.note_commit(327_680);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::thread::sleep(CHECKPOINT_INTERVAL * 2);
-        let early = cp.shared.ended_by_bytes.load(Ordering::Relaxed);
-        let ran = cp.shared.checkpoints.load(Ordering::Relaxed);
-        cp.stop();
+        let (shared, _) = commit_noted(&config, 40, 327_680, Duration::from_millis(10));
+        let early = shared.ended_by_bytes.load(Ordering::Relaxed);
+        let ran = shared.checkpoints.load(Ordering::Relaxed);
         assert!(
             early >= 2,
             "{early} of {ran} gatherings ended by the committed bytes"
