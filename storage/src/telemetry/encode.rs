@@ -401,6 +401,9 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
         let mut res_terms = vec![service_term];
         attr_terms(&mut table, &g.resource.attributes, &mut res_terms);
         let mut pair = String::with_capacity(service.len() + 32);
+        // The resource's few span names, each with its name and (service, name) terms: one
+        // lookup per span instead of two, and no pair text built per span.
+        let mut name_terms: foldhash::HashMap<&str, (u32, u32)> = Default::default();
         for (_, scope_spans) in &g.scopes {
             for s in scope_spans.iter() {
                 let kept = keep[flat_i];
@@ -411,12 +414,19 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
                 let off = bodies.len();
                 bodies = postcard::to_extend(s, bodies).map_err(|e| e.to_string())?;
                 let span_name = s.span_name();
-                let name = table.id(TERM_SPAN_NAME, span_name);
-                pair.clear();
-                pair.push_str(service);
-                pair.push(PAIR_SEP);
-                pair.push_str(span_name);
-                let pair_id = table.id(TERM_SERVICE_SPAN, &pair);
+                let (name, pair_id) = match name_terms.get(span_name) {
+                    Some(&ids) => ids,
+                    None => {
+                        let name = table.id(TERM_SPAN_NAME, span_name);
+                        pair.clear();
+                        pair.push_str(service);
+                        pair.push(PAIR_SEP);
+                        pair.push_str(span_name);
+                        let ids = (name, table.id(TERM_SERVICE_SPAN, &pair));
+                        name_terms.insert(span_name, ids);
+                        ids
+                    }
+                };
                 let mut terms = Vec::with_capacity(res_terms.len() + 4);
                 terms.extend_from_slice(&res_terms);
                 terms.push(name);
@@ -473,11 +483,17 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
 }
 
 /// zstd level of the stored trace payloads: a "fast" (negative) level. On otlp-blast's
-/// spans (random ids and attribute values) level -3 stores 2.6x smaller at ~1.2 GB/s and
-/// decompresses at ~3.6 GB/s, where level 1 reaches 3.0x at ~0.5 GB/s (`zstd -b`, this
-/// 2-core machine); every byte saved is written twice (WAL, then the checkpoint) by the one
-/// writer thread (issue 16).
-pub(crate) const PAYLOAD_ZSTD_LEVEL: i32 = -3;
+/// spans (random ids and attribute values; 200 stored payloads of 174 KB, `zstd -b`, this
+/// 2-core machine) level -7 stores 2.47x smaller at ~1.2 GB/s, level -3 2.60x at ~0.7 GB/s,
+/// level 1 3.0x at ~0.3 GB/s. Compression was ~12% of ingest CPU at -3, and the writer's
+/// cost per stored byte is small (a payload left out of SQLite altogether saved ~3%), so the
+/// faster level wins (issue 16).
+pub(crate) const PAYLOAD_ZSTD_LEVEL: i32 = -7;
+
+/// zstd level of the stored batch indexes ([`encode_index`]). The index compresses less
+/// well and faster levels lose much of it (on the same batches: -3 2.14x, -7 1.48x), and it
+/// is a sixth of a payload's bytes, so it keeps level -3.
+pub(crate) const INDEX_ZSTD_LEVEL: i32 = -3;
 
 /// The first 4 bytes of a zstd frame (RFC 8878, section 3.1.1, `Magic_Number`
 /// 0xFD2FB528, little-endian). An uncompressed payload (written by versions before this
@@ -489,10 +505,30 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 const MAX_PAYLOAD_BYTES: u64 = 1 << 30;
 
 thread_local! {
-    /// One zstd compression context per thread (encoding runs on the tokio workers and
-    /// the writer thread), reused: a new context costs its tables' allocation every time.
-    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
-        const { std::cell::RefCell::new(None) };
+    /// One zstd compression context per thread and level (encoding runs on the tokio
+    /// workers and the writer thread), reused: a new context costs its tables' allocation
+    /// every time.
+    static COMPRESSORS: std::cell::RefCell<[Option<zstd::bulk::Compressor<'static>>; 2]> =
+        const { std::cell::RefCell::new([None, None]) };
+}
+
+/// Compresses `raw` into one zstd frame at `level` (slot `slot` of this thread's
+/// [`COMPRESSORS`]) that records its content size.
+///
+/// Errors: zstd failed (out of memory), as text.
+fn compress_at(slot: usize, level: i32, raw: &[u8]) -> Result<Vec<u8>, String> {
+    COMPRESSORS.with(|c| {
+        let mut c = c.borrow_mut();
+        let c = &mut c[slot];
+        if c.is_none() {
+            *c =
+                Some(zstd::bulk::Compressor::new(level).map_err(|e| format!("zstd context: {e}"))?);
+        }
+        match c.as_mut() {
+            Some(c) => c.compress(raw).map_err(|e| format!("zstd: {e}")),
+            None => Err("zstd context missing".to_string()),
+        }
+    })
 }
 
 /// Compresses a raw payload into its stored form: one zstd frame at
@@ -500,19 +536,7 @@ thread_local! {
 ///
 /// Errors: zstd failed (out of memory), as text.
 pub(crate) fn compress_payload(raw: &[u8]) -> Result<Vec<u8>, String> {
-    COMPRESSOR.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.is_none() {
-            *c = Some(
-                zstd::bulk::Compressor::new(PAYLOAD_ZSTD_LEVEL)
-                    .map_err(|e| format!("zstd context: {e}"))?,
-            );
-        }
-        match c.as_mut() {
-            Some(c) => c.compress(raw).map_err(|e| format!("zstd: {e}")),
-            None => Err("zstd context missing".to_string()),
-        }
-    })
+    compress_at(0, PAYLOAD_ZSTD_LEVEL, raw)
 }
 
 /// The raw payload of a stored one: a zstd frame decompressed (at most
@@ -571,7 +595,7 @@ pub(crate) fn decode_span(payload: &[u8], off: u32, len: u32) -> Result<Span, St
 }
 
 /// Encodes a batch index into its stored form: postcard in one zstd frame at
-/// [`PAYLOAD_ZSTD_LEVEL`]. The index is a quarter of a batch's stored bytes uncompressed
+/// [`INDEX_ZSTD_LEVEL`]. The index is a quarter of a batch's stored bytes uncompressed
 /// (~58 bytes per span: ids, varint times, offsets, term ids) and its trace ids repeat once
 /// per span of a trace, so the frame roughly halves it; every byte saved is written twice
 /// by the writer (issue 16). Searches decompress it at ~3 GB/s.
@@ -579,7 +603,7 @@ pub(crate) fn decode_span(payload: &[u8], off: u32, len: u32) -> Result<Span, St
 /// Errors: a postcard or zstd failure (a bug, or out of memory), as text.
 pub(crate) fn encode_index(index: &BatchIndex) -> Result<Vec<u8>, String> {
     let raw = postcard::to_allocvec(index).map_err(|e| e.to_string())?;
-    compress_payload(&raw)
+    compress_at(1, INDEX_ZSTD_LEVEL, &raw)
 }
 
 /// Decodes a batch index blob: a zstd frame ([`encode_index`]) or, in rows written before
@@ -875,6 +899,93 @@ mod tests {
         assert_eq!(stored.spans.len(), 1);
         assert_eq!(stored.spans[0].span_id, [1; 8]);
         assert_eq!(stored.spans[0].end, 7);
+    }
+
+    /// Every span's name and (service, name) terms name its own resource's service and its
+    /// own name, also when names repeat within a resource and across resources (the
+    /// per-resource memo of name terms in [`prepare_spans`]).
+    #[test]
+    fn name_and_pair_terms_follow_each_span_and_resource() {
+        let service = |name: &str| Resource {
+            attributes: vec![KeyValue {
+                key: "service.name".into(),
+                value: AnyValue::String(name.into()),
+            }],
+            ..Default::default()
+        };
+        let spans = |names: &[(u8, &str)]| -> Vec<Span> {
+            names.iter().map(|(i, n)| span(*i, 9, n)).collect()
+        };
+        let b = TraceBatch {
+            resource_spans: vec![
+                ResourceSpans {
+                    resource: service("alpha"),
+                    scope_spans: vec![
+                        ScopeSpans {
+                            scope: Scope::default(),
+                            spans: spans(&[(1, "read"), (2, "write"), (3, "read")]),
+                        },
+                        ScopeSpans {
+                            scope: Scope::default(),
+                            spans: spans(&[(4, "write"), (5, "read")]),
+                        },
+                    ],
+                },
+                ResourceSpans {
+                    resource: service("beta"),
+                    scope_spans: vec![ScopeSpans {
+                        scope: Scope::default(),
+                        spans: spans(&[(6, "read"), (7, "close")]),
+                    }],
+                },
+            ],
+        };
+        let p = prepare_traces(&b).unwrap();
+        let term = |i: u32| p.index.terms[i as usize].clone();
+        let seen: Vec<(String, String, String)> = p
+            .index
+            .spans
+            .iter()
+            .map(|s| {
+                let (nk, name) = term(s.name);
+                assert_eq!(nk, TERM_SPAN_NAME);
+                assert!(s.terms.contains(&s.name));
+                let pairs: Vec<String> = s
+                    .terms
+                    .iter()
+                    .map(|t| term(*t))
+                    .filter(|(k, _)| k == TERM_SERVICE_SPAN)
+                    .map(|(_, v)| v)
+                    .collect();
+                assert_eq!(pairs.len(), 1, "one pair term per span");
+                let (_, service) = term(s.service);
+                (service, name, pairs[0].clone())
+            })
+            .collect();
+        let want = |svc: &str, name: &str| {
+            (
+                svc.to_string(),
+                name.to_string(),
+                format!("{svc}{PAIR_SEP}{name}"),
+            )
+        };
+        assert_eq!(
+            seen,
+            vec![
+                want("alpha", "read"),
+                want("alpha", "write"),
+                want("alpha", "read"),
+                want("alpha", "write"),
+                want("alpha", "read"),
+                want("beta", "read"),
+                want("beta", "close"),
+            ]
+        );
+        // each distinct term once in the table
+        let mut terms = p.index.terms.clone();
+        terms.sort();
+        terms.dedup();
+        assert_eq!(terms.len(), p.index.terms.len());
     }
 
     /// Borrowed spans (the protobuf ingest path) are stored as the very bytes of their
