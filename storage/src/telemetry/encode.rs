@@ -245,6 +245,10 @@ pub(crate) trait StoredSpan: Serialize {
     fn span_name(&self) -> &str;
     /// Pushes the terms of the span's indexed attributes.
     fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>);
+    /// Appends the span's stored body (its postcard bytes) to `out`.
+    ///
+    /// Errors: a postcard failure (a bug), as text.
+    fn write_body(&self, out: &mut Vec<u8>) -> Result<(), String>;
 }
 
 /// [`StoredSpan::head`] of a [`Span`] or [`SpanRef`] (same field names).
@@ -271,6 +275,10 @@ impl StoredSpan for Span {
     fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>) {
         attr_terms(table, &self.attributes, out);
     }
+    fn write_body(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        *out = postcard::to_extend(self, std::mem::take(out)).map_err(|e| e.to_string())?;
+        Ok(())
+    }
 }
 
 impl StoredSpan for SpanRef<'_> {
@@ -284,6 +292,10 @@ impl StoredSpan for SpanRef<'_> {
         for kv in &self.attributes {
             attr_term(table, kv.key, || kv.value.index_text(), out);
         }
+    }
+    fn write_body(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        super::span_body::write_span(self, out);
+        Ok(())
     }
 }
 
@@ -412,7 +424,7 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
                     continue;
                 }
                 let off = bodies.len();
-                bodies = postcard::to_extend(s, bodies).map_err(|e| e.to_string())?;
+                s.write_body(&mut bodies)?;
                 let span_name = s.span_name();
                 let (name, pair_id) = match name_terms.get(span_name) {
                     Some(&ids) => ids,

@@ -34,6 +34,7 @@ mod metrics_read_v3;
 mod read;
 mod retention;
 mod schema;
+mod span_body;
 mod stats;
 mod trace_search;
 mod traceidx;
