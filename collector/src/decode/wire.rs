@@ -129,6 +129,19 @@ impl<'a> Fields<'a> {
         Ok((field, (key & 7) as u8))
     }
 
+    /// The next field. Inlined with [`Iterator::next`] into each message's loop (a
+    /// closure here stayed a call per field: ~8% of a trace export's decode-and-encode
+    /// instructions, callgrind, issue 16).
+    #[inline(always)]
+    fn field(&mut self) -> Result<(u32, Value<'a>), &'static str> {
+        let (field, wt) = self.tag()?;
+        match wt {
+            3 => self.skip_group(field, 1).map(|()| (field, Value::Group)),
+            4 => Err("unexpected end group tag"),
+            _ => Ok((field, self.value(wt)?)),
+        }
+    }
+
     /// Skips a group body up to its end tag (`field`, wire type 4).
     #[cold]
     #[inline(never)]
@@ -190,21 +203,6 @@ impl<'a> Iterator for Fields<'a> {
     }
 }
 
-impl<'a> Fields<'a> {
-    /// The next field. Inlined with [`Iterator::next`] into each message's loop (a
-    /// closure here stayed a call per field: ~8% of a trace export's decode-and-encode
-    /// instructions, callgrind, issue 16).
-    #[inline(always)]
-    fn field(&mut self) -> Result<(u32, Value<'a>), &'static str> {
-        let (field, wt) = self.tag()?;
-        match wt {
-            3 => self.skip_group(field, 1).map(|()| (field, Value::Group)),
-            4 => Err("unexpected end group tag"),
-            _ => Ok((field, self.value(wt)?)),
-        }
-    }
-}
-
 /// A length-delimited field's bytes, or the error prost gives for another wire type.
 pub(super) fn len<'a>(v: Value<'a>) -> Result<&'a [u8], &'static str> {
     match v {
@@ -247,9 +245,9 @@ pub(super) fn str<'a>(v: Value<'a>) -> Result<&'a str, &'static str> {
 ///
 /// Span names, attribute keys and most values are short ASCII, and the ingest path checks
 /// every one of them: `std::str::from_utf8` walks a short string byte by byte until its
-/// pointer is word-aligned (~6 instructions per byte, ~8% of a protobuf trace export's
-/// decode-and-encode instructions under callgrind, issue 16), where `<[u8]>::is_ascii`
-/// reads it a word at a time. Text with any byte of 0x80 or above gets the full check.
+/// pointer is word-aligned (~8% of a protobuf trace export's decode-and-encode
+/// instructions under callgrind, issue 16), where `<[u8]>::is_ascii` reads it a word at a
+/// time. Text with any byte of 0x80 or above gets the full check.
 #[inline]
 pub(super) fn utf8(b: &[u8]) -> Option<&str> {
     if b.is_ascii() {
