@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::bloom::IdBuild;
+pub(crate) use super::index_blob::{decode_index, encode_index};
 use super::schema::{
     PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
 };
@@ -25,8 +26,8 @@ use crate::model::{
 /// Term keys that come from attributes, besides `service.name` and `gen_ai.tool.name`.
 const ATTR_TERM_KEYS: [&str; 3] = ["error.type", "process.pid", "stallwatch.runner.id"];
 
-/// The per-span index of one stored batch (`span_batches.idx`: postcard, stored as one
-/// zstd frame like the payload; [`encode_index`], [`decode_index`]).
+/// The per-span index of one stored batch (`span_batches.idx`, stored in columns with the
+/// ids raw and the rest as varints: `index_blob`, [`encode_index`], [`decode_index`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct BatchIndex {
     /// The batch's terms `(key, value)`; spans refer to them by position.
@@ -147,7 +148,7 @@ impl PreparedTraces {
         }
         drop(raw);
         self.payload = compress_payload(&payload)?;
-        self.index_blob = encode_index(&self.index)?;
+        self.index_blob = encode_index(&self.index);
         Ok(())
     }
 }
@@ -472,7 +473,7 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
         terms: table.terms,
         spans,
     };
-    let index_blob = encode_index(&index)?;
+    let index_blob = encode_index(&index);
 
     // 3. group by trace
     let mut by_trace: HashMap<[u8; 16], usize, IdBuild> = HashMap::default();
@@ -502,11 +503,6 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
 /// faster level wins (issue 16).
 pub(crate) const PAYLOAD_ZSTD_LEVEL: i32 = -7;
 
-/// zstd level of the stored batch indexes ([`encode_index`]). The index compresses less
-/// well and faster levels lose much of it (on the same batches: -3 2.14x, -7 1.48x), and it
-/// is a sixth of a payload's bytes, so it keeps level -3.
-pub(crate) const INDEX_ZSTD_LEVEL: i32 = -3;
-
 /// The first 4 bytes of a zstd frame (RFC 8878, section 3.1.1, `Magic_Number`
 /// 0xFD2FB528, little-endian). An uncompressed payload (written by versions before this
 /// one) starts with its header length instead, which is never that large.
@@ -517,30 +513,10 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 const MAX_PAYLOAD_BYTES: u64 = 1 << 30;
 
 thread_local! {
-    /// One zstd compression context per thread and level (encoding runs on the tokio
-    /// workers and the writer thread), reused: a new context costs its tables' allocation
-    /// every time.
-    static COMPRESSORS: std::cell::RefCell<[Option<zstd::bulk::Compressor<'static>>; 2]> =
-        const { std::cell::RefCell::new([None, None]) };
-}
-
-/// Compresses `raw` into one zstd frame at `level` (slot `slot` of this thread's
-/// [`COMPRESSORS`]) that records its content size.
-///
-/// Errors: zstd failed (out of memory), as text.
-fn compress_at(slot: usize, level: i32, raw: &[u8]) -> Result<Vec<u8>, String> {
-    COMPRESSORS.with(|c| {
-        let mut c = c.borrow_mut();
-        let c = &mut c[slot];
-        if c.is_none() {
-            *c =
-                Some(zstd::bulk::Compressor::new(level).map_err(|e| format!("zstd context: {e}"))?);
-        }
-        match c.as_mut() {
-            Some(c) => c.compress(raw).map_err(|e| format!("zstd: {e}")),
-            None => Err("zstd context missing".to_string()),
-        }
-    })
+    /// One zstd compression context per thread (encoding runs on the tokio workers and the
+    /// writer thread), reused: a new context costs its tables' allocation every time.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Compresses a raw payload into its stored form: one zstd frame at
@@ -548,7 +524,19 @@ fn compress_at(slot: usize, level: i32, raw: &[u8]) -> Result<Vec<u8>, String> {
 ///
 /// Errors: zstd failed (out of memory), as text.
 pub(crate) fn compress_payload(raw: &[u8]) -> Result<Vec<u8>, String> {
-    compress_at(0, PAYLOAD_ZSTD_LEVEL, raw)
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = Some(
+                zstd::bulk::Compressor::new(PAYLOAD_ZSTD_LEVEL)
+                    .map_err(|e| format!("zstd context: {e}"))?,
+            );
+        }
+        match c.as_mut() {
+            Some(c) => c.compress(raw).map_err(|e| format!("zstd: {e}")),
+            None => Err("zstd context missing".to_string()),
+        }
+    })
 }
 
 /// The raw payload of a stored one: a zstd frame decompressed (at most
@@ -604,29 +592,6 @@ pub(crate) fn decode_span(payload: &[u8], off: u32, len: u32) -> Result<Span, St
         .get(off as usize..off as usize + len as usize)
         .ok_or("span body outside its payload")?;
     postcard::from_bytes(body).map_err(|e| e.to_string())
-}
-
-/// Encodes a batch index into its stored form: postcard in one zstd frame at
-/// [`INDEX_ZSTD_LEVEL`]. The index is a quarter of a batch's stored bytes uncompressed
-/// (~58 bytes per span: ids, varint times, offsets, term ids) and its trace ids repeat once
-/// per span of a trace, so the frame roughly halves it; every byte saved is written twice
-/// by the writer (issue 16). Searches decompress it at ~3 GB/s.
-///
-/// Errors: a postcard or zstd failure (a bug, or out of memory), as text.
-pub(crate) fn encode_index(index: &BatchIndex) -> Result<Vec<u8>, String> {
-    let raw = postcard::to_allocvec(index).map_err(|e| e.to_string())?;
-    compress_at(1, INDEX_ZSTD_LEVEL, &raw)
-}
-
-/// Decodes a batch index blob: a zstd frame ([`encode_index`]) or, in rows written before
-/// index compression, bare postcard. The two cannot be confused: bare postcard starts with
-/// the term count and then the first term key's length, a few bytes, where a frame's magic
-/// number would need a key of 6,069 bytes.
-///
-/// Errors: a damaged frame ([`payload_bytes`]) or postcard, as text.
-pub(crate) fn decode_index(idx: &[u8]) -> Result<BatchIndex, String> {
-    let raw = payload_bytes(idx)?;
-    postcard::from_bytes(&raw).map_err(|e| e.to_string())
 }
 
 /// One log record ready for the writer.
@@ -904,8 +869,9 @@ mod tests {
         assert!(raw.len() < header_and_both, "the dropped copy is gone");
         // the stored index follows the retained copies
         assert!(
-            p.index_blob.starts_with(&ZSTD_MAGIC),
-            "index stored compressed"
+            p.index_blob
+                .starts_with(&crate::telemetry::index_blob::COLUMNS_MAGIC),
+            "index stored in columns"
         );
         let stored = decode_index(&p.index_blob).unwrap();
         assert_eq!(stored.spans.len(), 1);
@@ -1124,7 +1090,7 @@ mod tests {
     }
 
     /// An index blob written before index compression (bare postcard) and one written now
-    /// decode to the same index; a damaged frame is an error.
+    /// (columns, `index_blob`) decode to the same index; a truncated blob is an error.
     #[test]
     fn stored_indexes_old_and_new() {
         let spans = (0..200u8)
@@ -1141,8 +1107,9 @@ mod tests {
         };
         let p = prepare_traces(&b).unwrap();
         let bare = postcard::to_allocvec(&p.index).unwrap();
+        // the trace id stored once, not once per span: at least 15 bytes per span fewer
         assert!(
-            p.index_blob.len() < bare.len() / 2,
+            p.index_blob.len() + 15 * p.index.spans.len() < bare.len(),
             "{} of {}",
             p.index_blob.len(),
             bare.len()

@@ -25,6 +25,7 @@
 mod bloom;
 mod checkpoint;
 pub(crate) mod encode;
+mod index_blob;
 mod log_body;
 mod logs_read;
 mod metrics_hist;
