@@ -42,7 +42,7 @@ const MIGRATIONS: &[&[Step]] = &[
     ],
     // 4: the metric point index by series then time (issue 13, points query speed)
     &[Sql(crate::telemetry::SERIES_INDEX_SCHEMA)],
-    // 5: the trace index as sorted runs, appended and compacted (issue 16, ingest speed
+    // 5: the trace index as sorted runs, appended (issue 16, ingest speed
     // with millions of spans stored)
     &[Sql(crate::telemetry::TRACE_RUNS_SCHEMA)],
     // 6: term postings merged in bulk with the trace index (issue 16, bytes written per span)

@@ -1169,7 +1169,7 @@ fn pending_terms(path: &std::path::Path) -> Vec<i64> {
 }
 
 #[tokio::test]
-async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
+async fn trace_index_runs_and_retention_drop_what_is_gone() {
     // one trace per batch, plus `long` with a span in every 50th batch
     fn own(i: u32) -> TraceId {
         let b = i.to_le_bytes();
@@ -1218,11 +1218,19 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     assert!(storage.trace(own(200)).await.unwrap().is_some());
     assert_eq!(names_of(&storage, long).await.len(), 2);
 
-    // three more merges: four runs of one unit compact into one of four units
+    // three more merges: four runs of one merge each, none compacted
     for i in 300..1034 {
         storage.write_traces(req(i)).await.unwrap();
     }
-    assert_eq!(trace_runs(&cfg.path), vec![(5, 1, 1024, 4)]);
+    assert_eq!(
+        trace_runs(&cfg.path),
+        vec![
+            (1, 1, 256, 1),
+            (2, 257, 512, 1),
+            (3, 513, 768, 1),
+            (4, 769, 1024, 1)
+        ]
+    );
     assert_eq!(
         pending_terms(&cfg.path),
         (1025..=1034).collect::<Vec<i64>>()
@@ -1241,28 +1249,39 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
         "every live trace, by its service term"
     );
     {
-        // the compaction dropped the deleted batches' ids, and the traces left with none
+        // each row written once: one per trace of a run's batches (`long` once per run);
+        // run 1, partly deleted, keeps the deleted batches' ids, which readers skip
         let conn = rusqlite::Connection::open(&cfg.path).unwrap();
-        let mut st = conn.prepare("SELECT batches FROM trace_index").unwrap();
-        let lists: Vec<Vec<u8>> = st
-            .query_map([], |r| r.get(0))
+        let mut st = conn
+            .prepare("SELECT run, batches FROM trace_index")
+            .unwrap();
+        let rows: Vec<(i64, Vec<u8>)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
             .map(Result::unwrap)
             .collect();
         assert_eq!(
-            lists.len(),
-            1024 - 200 + 1,
-            "rows: one per live merged trace"
+            rows.len(),
+            4 * 257,
+            "rows: 256 own traces and `long`, per run"
         );
-        for l in &lists {
+        let mut stale = 0;
+        for (run, l) in &rows {
             for c in l.chunks_exact(8) {
                 let id = i64::from_le_bytes(c.try_into().unwrap());
-                assert!((201..=1024).contains(&id), "stale batch id {id}");
+                let (lo, hi) = ((run - 1) * 256 + 1, run * 256);
+                assert!((lo..=hi).contains(&id), "batch {id} in run {run}");
+                stale += usize::from(id <= 200);
             }
         }
+        assert_eq!(
+            stale,
+            200 + 4,
+            "own(0..200) and `long` in 4 of those batches"
+        );
     }
-    // every copy of `long` is found across the run and the unmerged batches, and a re-sent
-    // copy from a compacted batch is still a duplicate
+    // every copy of `long` is found across the runs and the unmerged batches, and a
+    // re-sent copy from a merged batch is still a duplicate
     let long_spans = 2 + (300..1034u32).filter(|i| i.is_multiple_of(50)).count();
     assert_eq!(names_of(&storage, long).await.len(), long_spans);
     storage.write_traces(req(250)).await.unwrap();
@@ -1283,12 +1302,11 @@ async fn trace_index_runs_compact_and_retention_drops_what_is_gone() {
     storage.shutdown().await;
 }
 
-/// A compaction larger than one slice (`COMPACTION_SLICE_ROWS`, 16,384 rows) is written
-/// over several transactions and ends as one run holding every trace; rows of a run
-/// `trace_runs` does not name (a compaction cut short by a crash) are deleted at the next
-/// start, and the next run id does not collide with them.
+/// Four merges leave four runs, each row written once; rows of a run `trace_runs` does
+/// not name (what a compaction of an earlier version left when a crash cut it short) are
+/// deleted at the next start, and the next run id does not collide with them.
 #[tokio::test]
-async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
+async fn runs_of_merges_and_an_orphan_run_left_by_a_crash() {
     const PER_BATCH: u32 = 20;
     fn t(i: u32) -> TraceId {
         let b = i.to_le_bytes();
@@ -1306,23 +1324,24 @@ async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
     for b in 0..1030 {
         storage.write_traces(req(b)).await.unwrap();
     }
-    // the writer serves writes between the slices, and takes this only after the last one
     storage.run_retention().await.unwrap();
-    // four merges of 256 batches, compacted into one run of four units
-    assert_eq!(trace_runs(&cfg.path), vec![(5, 1, 1024, 4)]);
+    // four merges of 256 batches: four runs, none compacted
+    let four = vec![
+        (1, 1, 256, 1),
+        (2, 257, 512, 1),
+        (3, 513, 768, 1),
+        (4, 769, 1024, 1),
+    ];
+    assert_eq!(trace_runs(&cfg.path), four);
     let conn = rusqlite::Connection::open(&cfg.path).unwrap();
     let (rows, entries): (i64, i64) = conn
         .query_row(
-            "SELECT (SELECT count(*) FROM trace_index), entries FROM trace_runs",
+            "SELECT (SELECT count(*) FROM trace_index), (SELECT sum(entries) FROM trace_runs)",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    assert_eq!(
-        (rows, entries),
-        (1024 * 20, 1024 * 20),
-        "more than one slice"
-    );
+    assert_eq!((rows, entries), (1024 * 20, 1024 * 20), "each row once");
     drop(conn);
     for b in [0, 511, 1023, 1029] {
         assert_eq!(names_of(&storage, t(b * PER_BATCH)).await.len(), 1, "{b}");
@@ -1337,10 +1356,11 @@ async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
     storage.shutdown().await;
     drop(storage);
 
-    // a compaction's partial output (run 6, never named in trace_runs) left by a crash
+    // a compaction's partial output (run 5, never named in trace_runs) left by a crash
+    // of an earlier version
     let conn = rusqlite::Connection::open(&cfg.path).unwrap();
     conn.execute(
-        "INSERT INTO trace_index(run, trace_id, batches) VALUES (6, ?1, ?2)",
+        "INSERT INTO trace_index(run, trace_id, batches) VALUES (5, ?1, ?2)",
         rusqlite::params![&t(0).0[..], 7i64.to_le_bytes().to_vec()],
     )
     .unwrap();
@@ -1348,7 +1368,7 @@ async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
     let storage = Storage::open(cfg.clone()).unwrap();
     let conn = rusqlite::Connection::open(&cfg.path).unwrap();
     let orphans: i64 = conn
-        .query_row("SELECT count(*) FROM trace_index WHERE run = 6", [], |r| {
+        .query_row("SELECT count(*) FROM trace_index WHERE run = 5", [], |r| {
             r.get(0)
         })
         .unwrap();
@@ -1363,11 +1383,10 @@ async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
     }
     // the merge runs after the last write is answered
     storage.run_retention().await.unwrap();
-    // the next merge gets run 6 again, now the only one of that id
-    assert_eq!(
-        trace_runs(&cfg.path),
-        vec![(5, 1, 1024, 4), (6, 1025, 1280, 1)]
-    );
+    // the next merge gets run 5 again, now the only one of that id
+    let mut five = four;
+    five.push((5, 1025, 1280, 1));
+    assert_eq!(trace_runs(&cfg.path), five);
     assert_eq!(names_of(&storage, t(1279 * PER_BATCH)).await.len(), 1);
     assert_eq!(
         storage.integrity_check().await.unwrap(),
@@ -1376,17 +1395,12 @@ async fn a_compaction_in_slices_and_one_cut_short_by_a_crash() {
     storage.shutdown().await;
 }
 
-/// Four runs of 1 merge are compacted into one of 4; four runs of 4 merges
-/// (`MAX_RUN_UNITS`) are left as they are, a lookup seeking each.
+/// Runs are not compacted: four runs of 1 merge and four runs of 4 (as earlier versions,
+/// which compacted, left them) are left as they are, a lookup seeking each.
 #[tokio::test]
-async fn runs_of_four_merges_are_not_compacted_again() {
-    for (units, expect) in [
-        (1i64, vec![(5i64, 0i64, 0i64, 4i64)]),
-        (
-            4,
-            vec![(1, 0, 0, 4), (2, 0, 0, 4), (3, 0, 0, 4), (4, 0, 0, 4)],
-        ),
-    ] {
+async fn runs_are_not_compacted() {
+    for units in [1i64, 4] {
+        let expect: Vec<(i64, i64, i64, i64)> = (1..=4).map(|r| (r, 0, 0, units)).collect();
         let dir = tempfile::tempdir().unwrap();
         let cfg = config(&dir);
         let storage = Storage::open(cfg.clone()).unwrap();
@@ -1413,7 +1427,7 @@ async fn runs_of_four_merges_are_not_compacted_again() {
         }
         drop(conn);
         let storage = Storage::open(cfg.clone()).unwrap();
-        // the writer compacts (or not) as it starts; this request is served after that
+        // served after the writer started
         storage.run_retention().await.unwrap();
         assert_eq!(trace_runs(&cfg.path), expect, "runs of {units} merges");
         assert_eq!(names_of(&storage, tid(1)).await.len(), 1);

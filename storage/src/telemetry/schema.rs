@@ -85,19 +85,24 @@ CREATE INDEX metric_points_received ON metric_points(received_unix_nano);
 /// the store (ingest fell by a third at ~10M stored spans).
 ///
 /// - `trace_runs`: one row per run: the batch ids it covers (`lo..=hi`, contiguous, runs
-///   never overlap), `units` (the number of merges folded into it: 1, 4, 16, ...) and
-///   `entries` (its rows).
+///   never overlap), `units` (the number of merges folded into it: 1 for every run written
+///   now; runs of 4 were written by earlier versions, which compacted runs) and `entries`
+///   (its rows).
 /// - `trace_index` (`run, trace_id` → `batches`): a run's rows. A merge writes a new run
 ///   whose key range lies after every existing row, so its pages are appended, not
-///   scattered. When the newest [`RUN_FANOUT`] runs have the same `units`, the writer
-///   compacts them into one (a k-way merge of sorted ranges, also appended), up to runs of
-///   [`MAX_RUN_UNITS`] merges, which are never compacted again: each entry is rewritten
-///   once, and a store of `n` merges holds at most `n / MAX_RUN_UNITS` such runs plus
-///   `RUN_FANOUT - 1` of one merge (a lookup seeks once per run).
+///   scattered. Each row is written once: runs are not compacted (see below), so a store of
+///   `n` merges holds `n` runs (a lookup seeks once per run).
 /// - A trace's batches are the union of its rows over all runs (one B-tree seek per run).
 ///   Retention deletes a run whole (one key range) once all its batches are gone; a run
-///   partly deleted keeps stale batch ids until its next compaction, and readers skip
-///   batch ids whose row is gone.
+///   partly deleted keeps stale batch ids, and readers skip batch ids whose row is gone.
+///
+/// Earlier versions compacted the newest four runs of one merge into one (a k-way merge,
+/// rewriting each row once and deleting its old copy), so a lookup sought a quarter as
+/// many runs. That compaction was 8.6% of the sidecar's CPU under HTTP/protobuf c=1 (the
+/// merges themselves 5.1%), and dropping it raised the rate 1.11-1.18x (HTTP/protobuf c=1
+/// and c=4, gRPC c=4; issue 16). Without it a store at the default 2 GiB cap (~9M spans,
+/// ~70 runs) seeks ~70 runs per lookup (~0.3 ms with cached pages); the writer's
+/// deduplication looks up only the traces its Bloom filter may hold.
 ///
 /// The index stored before migration 5 becomes run 1 (covering batches `0..=merged_upto`).
 pub(crate) const TRACE_RUNS_SCHEMA: &str = "
@@ -147,19 +152,6 @@ CREATE TABLE pending_terms (
     term_ids BLOB NOT NULL
 );
 ";
-
-/// Runs of the same size that the writer compacts into one ([`TRACE_RUNS_SCHEMA`]).
-pub(crate) const RUN_FANOUT: usize = 4;
-
-/// Merges a run holds at most: runs of this size (4 merges = 1,024 batches, ~500k spans
-/// of otlp-blast's 8-span traces, ~65k trace ids) are not compacted further, so each row
-/// is rewritten (and its old copy deleted) once. Compacting on to 16 merges was measured
-/// at 10M spans stored: compaction was 17% of all CPU under ingest (HTTP/protobuf c=4),
-/// half of it the 4 → 16 step, and the 16 → 64 step, ~1M rows, cut one round to 184k
-/// spans/s (issue 16). What further compaction saves is a seek per run per lookup: at the
-/// default 2 GiB cap (~9M spans) a lookup seeks ~20 runs (~0.1 ms with cached pages), and
-/// the writer's deduplication looks up only traces its Bloom filter may hold.
-pub(crate) const MAX_RUN_UNITS: i64 = 4;
 
 /// `telemetry_meta` key of the newest batch already merged into `trace_index`.
 pub(crate) const META_MERGED_UPTO: &str = "merged_upto";

@@ -80,8 +80,8 @@ pub(crate) fn unmerged_postings(
 
 /// Batches listed for `t` in `trace_index`: the union of its rows over every run
 /// (`trace_runs`, one B-tree seek per run), ascending and distinct. May hold ids of
-/// batches retention already deleted (a run partly deleted keeps them until its next
-/// compaction); readers skip ids whose row is gone.
+/// batches retention already deleted (a run partly deleted keeps them until it is
+/// deleted whole); readers skip ids whose row is gone.
 pub(crate) fn indexed_batches(
     conn: &Connection,
     t: &[u8; 16],

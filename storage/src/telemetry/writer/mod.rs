@@ -189,14 +189,13 @@ impl TelemetryWriter {
             retention_interval: config.retention_interval,
             next_retention: Instant::now() + config.retention_interval,
             retaining: false,
-            compaction_due: true,
             wal_wait_again_at: Instant::now(),
         };
         let orphans = traces::drop_orphan_runs(&writer.conn)?;
         if orphans > 0 {
             tracing::info!(
                 rows = orphans,
-                "deleted the trace index rows of a compaction interrupted at the last stop"
+                "deleted the trace index rows of a compaction an earlier version left unfinished"
             );
         }
         writer.refresh_used()?;
@@ -337,8 +336,6 @@ pub(super) struct Writer {
     /// True while a size retention step runs (the groups it serves between its chunks do
     /// not start another).
     pub(super) retaining: bool,
-    /// A merge added a run: the loop compacts after the current message.
-    pub(super) compaction_due: bool,
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(super) wal_wait_again_at: Instant,
@@ -347,19 +344,6 @@ pub(super) struct Writer {
 impl Writer {
     fn run(mut self) {
         loop {
-            // A compaction a merge asked for, or the one due at start (before the first
-            // message is served, so a request queued at start sees its result).
-            if self.compaction_due && self.degraded_tx.borrow().is_none() {
-                if let Err(e) = self.compact_runs() {
-                    tracing::warn!(
-                        error = %e,
-                        "compacting the trace index failed; will retry after the next merge"
-                    );
-                    // its partial output is invisible (no trace_runs row); delete it now
-                    // rather than at the next start
-                    let _ = traces::drop_orphan_runs(&self.conn);
-                }
-            }
             let msg = match self.deferred.pop_front() {
                 Some(m) => m,
                 None => {

@@ -1,6 +1,6 @@
 //! Trace storage inside a group: deduplication of (trace id, span id) against
 //! `trace_index` and the unmerged map `l0`, the trace-id filter, and the merge of `l0`
-//! into `trace_index` as sorted runs, compacted like the levels of an LSM tree.
+//! into `trace_index` as sorted runs (`schema::TRACE_RUNS_SCHEMA`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,10 +9,10 @@ use rusqlite::{params, OptionalExtension};
 
 use crate::telemetry::bloom::TraceBloom;
 use crate::telemetry::encode::{decode_index, BatchIndex, IdxSpan, PreparedTraces};
-use crate::telemetry::schema::{MAX_RUN_UNITS, META_MERGED_UPTO, RUN_FANOUT};
+use crate::telemetry::schema::META_MERGED_UPTO;
 use crate::telemetry::traceidx::{
-    batch_trace_ids, decode_batches, encode_batches, fold, indexed_batches, merged_upto,
-    unmerged_map, unmerged_postings,
+    batch_trace_ids, encode_batches, fold, indexed_batches, merged_upto, unmerged_map,
+    unmerged_postings,
 };
 
 use super::Writer;
@@ -201,10 +201,9 @@ impl Writer {
 
     /// Merges the unmerged batches' traces into `trace_index` as a new run and inserts
     /// their term postings into `batch_terms` (`schema::POSTINGS_SCHEMA`), in one
-    /// transaction, then leaves the compaction of the newest runs to the writer's loop
-    /// (`compaction_due`, [`Writer::compact_runs`]). The run's rows are
-    /// written in key order after every existing row, so the merge appends pages instead
-    /// of dirtying one random leaf per trace (`schema::TRACE_RUNS_SCHEMA`).
+    /// transaction. The run's rows are written in key order after every existing row, so
+    /// the merge appends pages instead of dirtying one random leaf per trace, and they are
+    /// written once: runs are not compacted (`schema::TRACE_RUNS_SCHEMA`).
     pub(in crate::telemetry) fn merge_l0(&mut self) -> Result<(), rusqlite::Error> {
         if self.l0_batches == 0 {
             return Ok(());
@@ -239,8 +238,6 @@ impl Writer {
                         self.next_batch_id - 1,
                         keys.len() as i64
                     ])?;
-                // compacted by the writer's loop, in transactions of its own
-                self.compaction_due = true;
             }
             // term postings, in key order: each term's leaf written once per merge
             let mut postings: Vec<(i64, i64)> = unmerged_postings(&self.conn)?
@@ -281,120 +278,8 @@ impl Writer {
         }
     }
 
-    /// While the newest [`RUN_FANOUT`] runs have the same `units`, below
-    /// [`MAX_RUN_UNITS`], merges them into one run (`units` summed, the union of their
-    /// batch ranges), in transactions of at most
-    /// [`COMPACTION_SLICE_ROWS`] rows with the queued writes served between them
-    /// ([`Writer::serve_pending`]), so a compaction (four merges' worth of traces, ~65k
-    /// rows of otlp-blast's) never holds ingest for its whole length (issue 16, "the same
-    /// rate with 10M spans stored"). Only the writer's main loop calls it, after a merge
-    /// asked for it (`compaction_due`): never inside another transaction, and never nested
-    /// (the groups served between slices only set `compaction_due`).
-    ///
-    /// The new run's rows are written under a run id above every existing one, but its
-    /// `trace_runs` row is inserted only in the transaction that deletes the inputs' rows
-    /// from `trace_runs`: until then readers (which join `trace_runs`) see the inputs and
-    /// not the partial output, and after it the output and not the inputs. The inputs'
-    /// `trace_index` rows are then deleted in slices too. A crash leaves rows of a run
-    /// `trace_runs` does not name, which [`drop_orphan_runs`] deletes at the next start.
-    pub(in crate::telemetry) fn compact_runs(&mut self) -> Result<(), rusqlite::Error> {
-        self.compaction_due = false;
-        loop {
-            let newest: Vec<(i64, i64, i64, i64)> = {
-                let mut st = self.conn.prepare_cached(
-                    "SELECT run, lo, hi, units FROM trace_runs ORDER BY run DESC LIMIT ?1",
-                )?;
-                let rows = st.query_map([RUN_FANOUT as i64], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })?;
-                rows.collect::<Result<_, _>>()?
-            };
-            if newest.len() < RUN_FANOUT
-                || newest.iter().any(|r| r.3 != newest[0].3)
-                || newest[0].3 >= MAX_RUN_UNITS
-            {
-                return Ok(());
-            }
-            let from: Vec<i64> = newest.iter().map(|r| r.0).collect();
-            let into = self.next_run()?;
-            let mut after: Option<Vec<u8>> = None;
-            let mut entries = 0i64;
-            loop {
-                let slice = self.in_transaction(|conn| {
-                    let oldest_live: i64 = conn.query_row(
-                        "SELECT coalesce(min(id), 9223372036854775807) FROM span_batches",
-                        [],
-                        |r| r.get(0),
-                    )?;
-                    merge_runs(
-                        conn,
-                        &from,
-                        into,
-                        oldest_live,
-                        after.as_deref(),
-                        COMPACTION_SLICE_ROWS,
-                    )
-                })?;
-                entries += slice.written;
-                match slice.last {
-                    Some(last) if !slice.done => after = Some(last),
-                    _ => break,
-                }
-                self.serve_pending();
-            }
-            let lo = newest.iter().map(|r| r.1).min().unwrap_or(0);
-            let hi = newest.iter().map(|r| r.2).max().unwrap_or(0);
-            let units: i64 = newest.iter().map(|r| r.3).sum();
-            self.in_transaction(|conn| {
-                for r in &from {
-                    conn.prepare_cached("DELETE FROM trace_runs WHERE run = ?1")?
-                        .execute([r])?;
-                }
-                conn.prepare_cached(
-                    "INSERT INTO trace_runs(run, lo, hi, units, entries)
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )?
-                .execute(params![into, lo, hi, units, entries])?;
-                Ok(())
-            })?;
-            for r in &from {
-                loop {
-                    let deleted = self.in_transaction(|conn| {
-                        conn.prepare_cached(
-                            "DELETE FROM trace_index WHERE run = ?1 AND trace_id IN
-                               (SELECT trace_id FROM trace_index WHERE run = ?1
-                                ORDER BY trace_id LIMIT ?2)",
-                        )?
-                        .execute(params![r, COMPACTION_SLICE_ROWS as i64])
-                    })?;
-                    if deleted < COMPACTION_SLICE_ROWS {
-                        break;
-                    }
-                    self.serve_pending();
-                }
-            }
-        }
-    }
-
-    /// Runs `f` in its own `BEGIN IMMEDIATE` transaction: committed when it succeeds,
-    /// rolled back when it or the commit fails.
-    fn in_transaction<T>(
-        &mut self,
-        f: impl FnOnce(&rusqlite::Connection) -> Result<T, rusqlite::Error>,
-    ) -> Result<T, rusqlite::Error> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let v = f(&tx)?;
-        tx.commit()?;
-        Ok(v)
-    }
-
     /// The id of a new run: after every run in `trace_runs` and in `trace_index`, so its
-    /// rows sort after every row. That covers a compaction in progress: queued writes
-    /// (and so merges) are served only after a slice that wrote rows of its output (a
-    /// slice that is not the last wrote [`COMPACTION_SLICE_ROWS`]) or once its output is
-    /// named in `trace_runs`.
+    /// rows sort after every row.
     pub(super) fn next_run(&self) -> Result<i64, rusqlite::Error> {
         let stored: i64 = self
             .conn
@@ -407,14 +292,11 @@ impl Writer {
     }
 }
 
-/// Rows a compaction writes (or deletes) per transaction: about one merge's worth of
-/// traces, a few ms of the writer's time, so queued writes wait at most that long.
-pub(in crate::telemetry) const COMPACTION_SLICE_ROWS: usize = 16_384;
-
 /// Deletes the `trace_index` rows of runs `trace_runs` does not name: what a compaction
-/// interrupted by a crash had written, or the inputs it had not deleted yet (their
-/// `trace_runs` rows went in the same transaction as the output's). Runs are found by
-/// seeking from one to the next (a dozen seeks, not a scan).
+/// of an earlier version (which compacted runs) left when a crash cut it short, or the
+/// inputs it had not deleted yet (their `trace_runs` rows went in the same transaction as
+/// the output's). A merge writes its run in one transaction and leaves none. Runs are
+/// found by seeking from one to the next (one seek per run, not a scan).
 pub(in crate::telemetry) fn drop_orphan_runs(
     conn: &rusqlite::Connection,
 ) -> Result<u64, rusqlite::Error> {
@@ -441,85 +323,4 @@ pub(in crate::telemetry) fn drop_orphan_runs(
         }
         run = r;
     }
-}
-
-/// What one slice of a compaction wrote.
-struct Slice {
-    /// Rows written.
-    written: i64,
-    /// The last trace id taken from the inputs (written or dropped), if any.
-    last: Option<Vec<u8>>,
-    /// True when every input is read to its end.
-    done: bool,
-}
-
-/// Writes into run `into` the union of runs `from` (a k-way merge of their key-ordered
-/// rows) for trace ids after `after`, dropping batch ids below `oldest_live`, until
-/// `max_rows` rows are written or the inputs end.
-fn merge_runs(
-    conn: &rusqlite::Connection,
-    from: &[i64],
-    into: i64,
-    oldest_live: i64,
-    after: Option<&[u8]>,
-    max_rows: usize,
-) -> Result<Slice, rusqlite::Error> {
-    let mut stmts = Vec::with_capacity(from.len());
-    for _ in from {
-        stmts.push(conn.prepare_cached(
-            "SELECT trace_id, batches FROM trace_index WHERE run = ?1 AND trace_id > ?2
-             ORDER BY trace_id",
-        )?);
-    }
-    let after = after.unwrap_or(&[]);
-    let mut cursors = Vec::with_capacity(from.len());
-    for (st, run) in stmts.iter_mut().zip(from) {
-        cursors.push(st.query(params![run, after])?);
-    }
-    // the current row of each cursor
-    let mut heads: Vec<Option<RunRow>> = Vec::with_capacity(cursors.len());
-    for c in cursors.iter_mut() {
-        heads.push(next_row(c)?);
-    }
-    let mut ins =
-        conn.prepare_cached("INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)")?;
-    let mut slice = Slice {
-        written: 0,
-        last: None,
-        done: false,
-    };
-    let mut list: Vec<i64> = Vec::new();
-    while let Some(min) = heads.iter().flatten().map(|h| h.0.clone()).min() {
-        if slice.written as usize >= max_rows {
-            return Ok(slice);
-        }
-        list.clear();
-        for (h, c) in heads.iter_mut().zip(cursors.iter_mut()) {
-            if h.as_ref().is_some_and(|x| x.0 == min) {
-                if let Some((_, b)) = h.take() {
-                    list.extend(decode_batches(&b).into_iter().filter(|&i| i >= oldest_live));
-                }
-                *h = next_row(c)?;
-            }
-        }
-        if !list.is_empty() {
-            list.sort_unstable();
-            list.dedup();
-            ins.execute(params![into, min, encode_batches(&list)])?;
-            slice.written += 1;
-        }
-        slice.last = Some(min);
-    }
-    slice.done = true;
-    Ok(slice)
-}
-
-/// One `trace_index` row of a run being compacted: (trace id, batches blob).
-type RunRow = (Vec<u8>, Vec<u8>);
-
-fn next_row(rows: &mut rusqlite::Rows<'_>) -> Result<Option<RunRow>, rusqlite::Error> {
-    Ok(match rows.next()? {
-        Some(r) => Some((r.get(0)?, r.get(1)?)),
-        None => None,
-    })
 }
