@@ -174,27 +174,44 @@ impl TermTable {
     }
 }
 
-/// The term key an indexed attribute key is stored under, or `None` for a key that is
-/// not indexed.
-fn term_key(key: &str) -> Option<&'static str> {
+/// The term key an indexed attribute key is stored under, with its bit in a
+/// [`KeysSeen`] mask, or `None` for a key that is not indexed.
+fn term_key(key: &str) -> Option<(u8, &'static str)> {
     Some(match key {
-        "error.type" => ATTR_TERM_KEYS[0],
-        "process.pid" => ATTR_TERM_KEYS[1],
-        "stallwatch.runner.id" => ATTR_TERM_KEYS[2],
-        "gen_ai.tool.name" => TERM_TOOL,
-        "service.name" => TERM_SERVICE,
+        "error.type" => (1, ATTR_TERM_KEYS[0]),
+        "process.pid" => (2, ATTR_TERM_KEYS[1]),
+        "stallwatch.runner.id" => (4, ATTR_TERM_KEYS[2]),
+        "gen_ai.tool.name" => (8, TERM_TOOL),
+        "service.name" => (16, TERM_SERVICE),
         _ => return None,
     })
 }
 
-/// Pushes the term of one attribute, if its key is indexed and its value has a text.
+/// The indexed keys already taken from one attribute list (bits of [`term_key`]).
+///
+/// Only the first attribute of an indexed key in a list gives a term: the OpenTelemetry
+/// specification requires the keys of an attribute collection to be unique (common
+/// specification, "Attribute Collections"), and without this rule an exporter that repeats
+/// a key with many values (a resource with 100k `process.pid` attributes) made every span
+/// of its resource carry all of those terms, an allocation the size of spans × values, and
+/// a quadratic search of each span's list. A span's terms are so at most its resource's
+/// and its own indexed keys plus its name, pair and status: ≤ 14.
+type KeysSeen = u8;
+
+/// Pushes the term of one attribute, if its key is indexed, not already taken from this
+/// list (`seen`), and its value has a text.
 fn attr_term<'v>(
     table: &mut TermTable,
     key: &str,
     text: impl FnOnce() -> Option<Cow<'v, str>>,
+    seen: &mut KeysSeen,
     out: &mut Vec<u32>,
 ) {
-    if let Some(key) = term_key(key) {
+    if let Some((bit, key)) = term_key(key) {
+        if *seen & bit != 0 {
+            return;
+        }
+        *seen |= bit;
         if let Some(v) = text() {
             let id = table.id(key, &v);
             if !out.contains(&id) {
@@ -214,8 +231,15 @@ fn value_index_text(v: &AnyValue) -> Option<Cow<'_, str>> {
 
 /// Terms from indexed attribute keys present in `attrs`.
 fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
+    let mut seen = 0;
     for kv in attrs {
-        attr_term(table, &kv.key, || value_index_text(&kv.value), out);
+        attr_term(
+            table,
+            &kv.key,
+            || value_index_text(&kv.value),
+            &mut seen,
+            out,
+        );
     }
 }
 
@@ -290,8 +314,9 @@ impl StoredSpan for SpanRef<'_> {
         self.name
     }
     fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>) {
+        let mut seen = 0;
         for kv in &self.attributes {
-            attr_term(table, kv.key, || kv.value.index_text(), out);
+            attr_term(table, kv.key, || kv.value.index_text(), &mut seen, out);
         }
     }
     fn write_body(&self, out: &mut Vec<u8>) -> Result<(), String> {
@@ -877,6 +902,61 @@ mod tests {
         assert_eq!(stored.spans.len(), 1);
         assert_eq!(stored.spans[0].span_id, [1; 8]);
         assert_eq!(stored.spans[0].end, 7);
+    }
+
+    /// An attribute list that repeats an indexed key gives one term for it, its first
+    /// value's: a resource with a thousand `process.pid` attributes does not copy a
+    /// thousand terms into each of its spans, and a span's own repeats count once too.
+    #[test]
+    fn a_repeated_indexed_key_gives_one_term_per_list() {
+        let kv = |k: &str, v: String| KeyValue {
+            key: k.into(),
+            value: AnyValue::String(v),
+        };
+        let mut resource = Resource::default();
+        resource.attributes.push(kv("service.name", "rep".into()));
+        for pid in 0..1000 {
+            resource.attributes.push(kv("process.pid", pid.to_string()));
+        }
+        let mut spans: Vec<Span> = (1..=50u8).map(|i| span(i, 9, "s")).collect();
+        for v in ["first", "second", "third"] {
+            spans[0].attributes.push(kv("error.type", v.into()));
+        }
+        let b = TraceBatch {
+            resource_spans: vec![ResourceSpans {
+                resource,
+                scope_spans: vec![ScopeSpans {
+                    scope: Scope::default(),
+                    spans,
+                }],
+            }],
+        };
+        let p = prepare_traces(&b).unwrap();
+        let text = |s: &IdxSpan| -> Vec<(String, String)> {
+            s.terms
+                .iter()
+                .map(|&t| p.index.terms[t as usize].clone())
+                .collect()
+        };
+        for s in &p.index.spans {
+            let t = text(s);
+            let pids: Vec<&str> = t
+                .iter()
+                .filter(|(k, _)| k == ATTR_TERM_KEYS[1])
+                .map(|(_, v)| v.as_str())
+                .collect();
+            assert_eq!(pids, vec!["0"], "the first process.pid only");
+            assert!(t.len() <= 6, "{t:?}");
+        }
+        let errors: Vec<String> = text(&p.index.spans[0])
+            .into_iter()
+            .filter(|(k, _)| k == ATTR_TERM_KEYS[0])
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(errors, vec!["first".to_string()]);
+        // and the stored index reads back with the same terms
+        let stored = decode_index(&p.index_blob).unwrap();
+        assert_eq!(stored.spans[0].terms, p.index.spans[0].terms);
     }
 
     /// Every span's name and (service, name) terms name its own resource's service and its

@@ -5,11 +5,12 @@
 //! 1. bare postcard of [`BatchIndex`] (the first versions);
 //! 2. that postcard in one zstd frame (issue 16, the index compressed);
 //! 3. columns (issue 16, this module): the ids raw, each trace id once per batch instead of
-//!    once per span, then times and offsets as differences, all without zstd. On a batch
-//!    shaped like otlp-blast's (512 spans, traces of 8) form 3 takes ~19 KB where form 2
-//!    took ~20 KB, and encoding it takes a fraction of form 2's postcard-then-zstd: zstd
-//!    had compressed the random ids at ~1 GB/s for little gain, and the index had taken
-//!    43% of an export's compression time for a sixth of its bytes.
+//!    once per span, each distinct term list once, then times and offsets as
+//!    differences, all without zstd. On otlp-blast's exports (512 spans, traces of 8) form
+//!    3 stores 30.1 bytes per span where form 2 stored 28.7, and encoding it takes a
+//!    fraction of form 2's postcard-then-zstd: zstd had compressed the random ids at
+//!    ~1 GB/s for little gain, and the index had taken 43% of an export's compression time
+//!    for a sixth of its bytes.
 //!
 //! Form 3's layout, after the 5-byte [`COLUMNS_MAGIC`]:
 //!
@@ -29,8 +30,9 @@
 //! test hold the writer to serde's bytes.
 //!
 //! The forms cannot be confused: a zstd frame starts with `28 B5 2F FD` (RFC 8878,
-//! section 3.1.1); bare postcard starts with the term count as a varint, and `FF FF FF FF`
-//! would be a count of at least 2^28 terms, more than a batch's bytes could hold.
+//! section 3.1.1); bare postcard starts with the term count as a varint, and
+//! `FF FF FF FF 03` would be a count of 2^30 − 1 terms, more than a batch's bytes could
+//! hold.
 
 use std::collections::HashMap;
 
@@ -39,8 +41,16 @@ use serde::Deserialize;
 use super::bloom::IdBuild;
 use super::encode::{payload_bytes, BatchIndex, IdxSpan};
 
-/// The first bytes of form 3: four bytes no earlier form starts with, then the version.
+/// The first bytes of form 3: four bytes no earlier form starts with, then the version
+/// (module doc).
 pub(crate) const COLUMNS_MAGIC: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, 3];
+
+/// Most term ids one span's list may hold in form 3. The encoder takes at most one term
+/// per indexed key from each attribute list (`encode.rs`, `KeysSeen`), so a list holds at
+/// most 14; a longer one in a stored blob is damage. Each span's list is copied out of the
+/// shared ones as the index is decoded, so without the bound a damaged blob of `n` bytes
+/// could ask for memory of the order of `n²`; with it, at most 64 ids per span.
+pub(crate) const MAX_SPAN_TERMS: usize = 64;
 
 /// The flag of a root span (no parent) in `RestSpan::flags`.
 const FLAG_ROOT: u8 = 1;
@@ -154,8 +164,10 @@ fn write_rest(out: &mut Vec<u8>, min_start: u64, index: &BatchIndex, p: &Positio
     }
     push_varint(out, p.sets.len() as u64);
     for set in &p.sets {
+        // never more than the decoder takes (the encoder's lists are far shorter)
+        let set = &set[..set.len().min(MAX_SPAN_TERMS)];
         push_varint(out, set.len() as u64);
-        for &t in *set {
+        for &t in set {
             push_varint(out, u64::from(t));
         }
     }
@@ -212,12 +224,19 @@ pub(crate) fn decode_index(idx: &[u8]) -> Result<BatchIndex, String> {
             r.spans.len()
         ));
     }
+    if let Some(long) = r.sets.iter().find(|l| l.len() > MAX_SPAN_TERMS) {
+        return Err(format!(
+            "index term list of {} ids, more than {MAX_SPAN_TERMS}",
+            long.len()
+        ));
+    }
     let mut spans = Vec::with_capacity(n_spans);
     let mut next_off = 0u32;
     for (s, span_id) in r.spans.into_iter().zip(rest.chunks_exact(8)) {
         let t = s.trace as usize;
         let trace_id: [u8; 16] = trace_col
-            .get(t * 16..t * 16 + 16)
+            .chunks_exact(16)
+            .nth(t)
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| format!("index span names trace {t} of {n_traces}"))?;
         let terms = r
@@ -512,6 +531,27 @@ mod tests {
         fewer.extend_from_slice(&whole[..3 * 16 + (index.spans.len() - 2) * 8]);
         fewer.extend_from_slice(&whole[3 * 16 + index.spans.len() * 8..]);
         assert!(decode_index(&fewer).unwrap_err().contains("spans"));
+        // a term list longer than any the encoder writes (written through serde's
+        // reference, which does not cap it): refused, not copied into every span
+        let mut long = blast_like(1);
+        long.spans[0].terms = (0..=MAX_SPAN_TERMS as u32).collect();
+        let mut blob = COLUMNS_MAGIC.to_vec();
+        push_varint(&mut blob, 1);
+        push_varint(&mut blob, long.spans.len() as u64);
+        blob.extend_from_slice(&long.spans[0].trace_id);
+        for s in &long.spans {
+            blob.extend_from_slice(&s.span_id);
+        }
+        blob.extend_from_slice(&rest_by_serde(&long));
+        let trimmed = decode_index(&encode_index(&long)).unwrap();
+        assert_eq!(
+            trimmed.spans[0].terms.len(),
+            MAX_SPAN_TERMS,
+            "the encoder caps it"
+        );
+        assert!(decode_index(&blob)
+            .unwrap_err()
+            .contains(&format!("more than {MAX_SPAN_TERMS}")));
     }
 
     fn idx_span() -> impl Strategy<Value = IdxSpan> {

@@ -158,10 +158,9 @@ impl Writer {
         while self.refresh_used()? > floor {
             let want = (self.used_bytes - floor).min(CHUNK_BYTES);
             let batches = self.oldest_batches_by_size(want)?;
-            if let Some(&(last, received)) = batches.last() {
+            if let Some(&(_, received)) = batches.last() {
                 let ids: Vec<i64> = batches.iter().map(|b| b.0).collect();
                 self.delete_batches(&ids, report)?;
-                self.idx_cache_forget(last);
                 // logs and points received no later than the newest batch deleted
                 loop {
                     let (logs, points) = self.delete_rows_before(received.saturating_add(1))?;
@@ -245,6 +244,9 @@ impl Writer {
         match out.and_then(|()| Ok(self.conn.execute_batch("COMMIT")?)) {
             Ok(()) => {
                 self.term_cache.clear();
+                // the deleted batches' cached indexes too, so deduplication never sees
+                // spans that are no longer stored (retention by age and by size alike)
+                self.idx_cache_forget(hi);
                 report.batches_deleted += r.batches_deleted;
                 report.spans_deleted += r.spans_deleted;
                 report.traces_deleted += r.traces_deleted;

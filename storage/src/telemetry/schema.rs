@@ -2,14 +2,15 @@
 //!
 //! Layout (designed for group commits of 512-span export requests, see `mod.rs`): one
 //! `span_batches` row per stored request (a per-span index blob plus the postcard payload),
-//! a `trace_index` row per trace (the batches holding it, merged in bulk),
+//! a `trace_index` row per trace and run (the batches holding it, merged in bulk),
 //! per-batch term postings for search, one `logs` row per log record and one
 //! `metric_points` row per data point. No table has a per-span row or a per-span index.
 
 /// DDL for the telemetry tables (part of migration 1).
 ///
-/// - `span_batches.idx`: postcard [`super::encode::BatchIndex`] (per-span ids, times,
-///   status, term references and payload offsets); `payload`: `[u32 LE header length]`,
+/// - `span_batches.idx`: the per-span index ([`super::encode::BatchIndex`]: ids, times,
+///   status, term references and payload offsets) in one of three forms, the newest in
+///   columns (`index_blob`); `payload`: `[u32 LE header length]`,
 ///   postcard header (resources, scopes), then each span's postcard body.
 /// - `span_batches.traces`: the batch's distinct trace ids, sorted, 16 bytes each.
 /// - `trace_index`: trace id → the batches holding its spans (i64 LE each), for batches
@@ -77,7 +78,7 @@ CREATE INDEX metric_points_received ON metric_points(received_unix_nano);
 ";
 
 /// DDL of migration 5 (issue 16, ingest speed with millions of spans stored): the trace
-/// index as sorted runs, written like the levels of a log-structured merge tree.
+/// index as sorted runs, each appended once.
 ///
 /// Until migration 5 every merge inserted its ~16k trace ids (random keys) into one
 /// B-tree of all stored traces, dirtying nearly every leaf page once the index outgrew the
@@ -86,7 +87,8 @@ CREATE INDEX metric_points_received ON metric_points(received_unix_nano);
 ///
 /// - `trace_runs`: one row per run: the batch ids it covers (`lo..=hi`, contiguous, runs
 ///   never overlap), `units` (the number of merges folded into it: 1 for every run written
-///   now; runs of 4 were written by earlier versions, which compacted runs) and `entries`
+///   now; runs of several merges were written by earlier versions, which compacted runs,
+///   and by migration 5 itself) and `entries`
 ///   (its rows).
 /// - `trace_index` (`run, trace_id` → `batches`): a run's rows. A merge writes a new run
 ///   whose key range lies after every existing row, so its pages are appended, not
@@ -100,9 +102,10 @@ CREATE INDEX metric_points_received ON metric_points(received_unix_nano);
 /// rewriting each row once and deleting its old copy), so a lookup sought a quarter as
 /// many runs. That compaction was 8.6% of the sidecar's CPU under HTTP/protobuf c=1 (the
 /// merges themselves 5.1%), and dropping it raised the rate 1.11-1.18x (HTTP/protobuf c=1
-/// and c=4, gRPC c=4; issue 16). Without it a store at the default 2 GiB cap (~9M spans,
-/// ~70 runs) seeks ~70 runs per lookup (~0.3 ms with cached pages); the writer's
-/// deduplication looks up only the traces its Bloom filter may hold.
+/// and c=4, gRPC c=4; issue 16). Without it a store at the default 2 GiB cap (~9M spans
+/// in 512-span exports, ~70 runs: one per 256 batches, so smaller exports make more)
+/// seeks ~70 runs per lookup (~0.3 ms with cached pages); the writer's deduplication looks
+/// up only the traces its Bloom filter may hold.
 ///
 /// The index stored before migration 5 becomes run 1 (covering batches `0..=merged_upto`).
 pub(crate) const TRACE_RUNS_SCHEMA: &str = "
