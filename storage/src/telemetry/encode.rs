@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::bloom::IdBuild;
-pub(crate) use super::index_blob::{decode_index, encode_index};
+pub(crate) use super::index_blob::{decode_index, encode_index, encode_index_by_trace};
 use super::schema::{
     PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL,
 };
@@ -100,6 +100,10 @@ struct HeaderRef<'a> {
     scopes: Vec<(u32, &'a Scope)>,
 }
 
+/// Each trace id of a batch with the positions of its spans in `BatchIndex::spans`, traces
+/// in order of first appearance.
+pub(crate) type TraceGroups = Vec<([u8; 16], Vec<u32>)>;
+
 /// A trace request ready for the writer.
 #[derive(Debug)]
 pub(crate) struct PreparedTraces {
@@ -116,7 +120,7 @@ pub(crate) struct PreparedTraces {
     pub header_len: usize,
     /// Span copies grouped by trace, in order of first appearance: positions in
     /// `index.spans`.
-    pub traces: Vec<([u8; 16], Vec<u32>)>,
+    pub traces: TraceGroups,
     /// Copies dropped as duplicates inside the request itself.
     pub duplicates: u64,
 }
@@ -498,18 +502,8 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
         terms: table.terms,
         spans,
     };
-    let index_blob = encode_index(&index);
-
-    // 3. group by trace
-    let mut by_trace: HashMap<[u8; 16], usize, IdBuild> = HashMap::default();
-    let mut traces: Vec<([u8; 16], Vec<u32>)> = Vec::new();
-    for (i, s) in index.spans.iter().enumerate() {
-        let g = *by_trace.entry(s.trace_id).or_insert_with(|| {
-            traces.push((s.trace_id, Vec::new()));
-            traces.len() - 1
-        });
-        traces[g].1.push(i as u32);
-    }
+    // 3. the stored index, and the spans grouped by trace (the encoder numbers the traces)
+    let (index_blob, traces) = encode_index_by_trace(&index);
     Ok(PreparedTraces {
         index,
         index_blob,

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use super::bloom::IdBuild;
-use super::encode::{payload_bytes, BatchIndex, IdxSpan};
+use super::encode::{payload_bytes, BatchIndex, IdxSpan, TraceGroups};
 
 /// The first bytes of form 3: four bytes no earlier form starts with, then the version
 /// (module doc).
@@ -133,8 +133,25 @@ impl<'a> Positions<'a> {
 
 /// Encodes a batch index into its stored form (form 3, the module's doc).
 pub(crate) fn encode_index(index: &BatchIndex) -> Vec<u8> {
-    let n = index.spans.len();
+    encode(index, &Positions::of(index))
+}
+
+/// [`encode_index`], also giving the spans grouped by trace: each trace id with the
+/// positions of its spans in `index.spans`, traces in order of first appearance (the
+/// numbering the encoder makes anyway, so the caller need not hash the ids again).
+pub(crate) fn encode_index_by_trace(index: &BatchIndex) -> (Vec<u8>, TraceGroups) {
     let p = Positions::of(index);
+    let blob = encode(index, &p);
+    let mut traces: TraceGroups = p.trace_ids.iter().map(|t| (*t, Vec::new())).collect();
+    for (i, &t) in p.traces.iter().enumerate() {
+        traces[t as usize].1.push(i as u32);
+    }
+    (blob, traces)
+}
+
+/// Form 3 of `index`, its traces and term lists numbered by `p`.
+fn encode(index: &BatchIndex, p: &Positions<'_>) -> Vec<u8> {
+    let n = index.spans.len();
     let trace_ids = &p.trace_ids;
     let min_start = index.spans.iter().map(|s| s.start).min().unwrap_or(0);
     let mut out = Vec::with_capacity(COLUMNS_MAGIC.len() + 20 + trace_ids.len() * 16 + n * 40);
@@ -147,7 +164,7 @@ pub(crate) fn encode_index(index: &BatchIndex) -> Vec<u8> {
     for s in &index.spans {
         out.extend_from_slice(&s.span_id);
     }
-    write_rest(&mut out, min_start, index, &p);
+    write_rest(&mut out, min_start, index, p);
     out
 }
 
@@ -216,7 +233,7 @@ pub(crate) fn decode_index(idx: &[u8]) -> Result<BatchIndex, String> {
         .filter(|&l| l <= (cols.len() - at) as u64)
         .ok_or("index columns longer than the blob")? as usize;
     let (n_traces, n_spans) = (n_traces as usize, n_spans as usize);
-    let (trace_col, rest) = cols[at..at + ids_len].split_at(n_traces * 16);
+    let (trace_col, span_col) = cols[at..at + ids_len].split_at(n_traces * 16);
     let r: Rest = postcard::from_bytes(&cols[at + ids_len..]).map_err(|e| e.to_string())?;
     if r.spans.len() != n_spans {
         return Err(format!(
@@ -232,7 +249,7 @@ pub(crate) fn decode_index(idx: &[u8]) -> Result<BatchIndex, String> {
     }
     let mut spans = Vec::with_capacity(n_spans);
     let mut next_off = 0u32;
-    for (s, span_id) in r.spans.into_iter().zip(rest.chunks_exact(8)) {
+    for (s, span_id) in r.spans.into_iter().zip(span_col.chunks_exact(8)) {
         let t = s.trace as usize;
         let trace_id: [u8; 16] = trace_col
             .chunks_exact(16)

@@ -26,13 +26,13 @@ use crate::decode::path::Path;
 use crate::decode::wire::{self, Fields, Value};
 use crate::decode::{DecodeError, Limits};
 
-/// A malformed field at `p`, worded like the request-level wire errors.
 /// Room made for a span's attributes at its first one: instrumented tool and model spans
 /// carry 5–10 (`gen_ai.*`, `mcp.*`, `process.pid`, ...), and growing from 4 to 8 was
 /// one extra allocation and copy per span (~4% of a trace export's decode-and-encode
 /// instructions, callgrind, issue 16). More grow as usual.
 const SPAN_ATTRIBUTES_RESERVED: usize = 8;
 
+/// A malformed field at `p`, worded like the request-level wire errors.
 fn bad(p: &Path, why: &str) -> DecodeError {
     crate::decode::wire_error("ExportTraceServiceRequest", Some(p), why)
 }
