@@ -61,19 +61,40 @@ pub(crate) struct Shared {
     pub(crate) bytes_since: AtomicU64,
     /// Gatherings ended by [`GATHER_WAL_SHARE`] before the interval was over.
     pub(crate) ended_by_bytes: AtomicU64,
+    /// Bytes committed that end a gathering: an eighth of the WAL's bound
+    /// ([`GATHER_WAL_SHARE`]), bytes.
+    gather_bytes: AtomicU64,
+    /// True while the checkpointer waits for the first commit after a checkpoint (set and
+    /// cleared under `stop`'s mutex).
+    idle: AtomicBool,
+    /// Times [`Shared::note_commit`] woke the checkpointer.
+    pub(crate) wakes: AtomicU64,
     stop: Mutex<bool>,
     wake: Condvar,
 }
 
 impl Shared {
-    /// Counts one commit and wakes the checkpointer if it is asleep. The counter is bumped
-    /// before the mutex is taken and the checkpointer compares it while holding the mutex,
-    /// so no wake-up is lost.
+    /// Counts one commit of `bytes` and wakes the checkpointer when that commit matters to
+    /// it: it is waiting for the first commit after a checkpoint, or this commit made the
+    /// gathered bytes reach an eighth of the WAL's bound. Other commits only count: the
+    /// gathering ends at its interval's timeout anyway, and waking the thread at every
+    /// commit cost a futex wake-up and a context switch per commit (issue 16: about a
+    /// thousand a second at one exporter; on two cores the one the request needed next).
+    ///
+    /// No wake-up is lost: the counters are bumped before `idle` is read, and the
+    /// checkpointer sets `idle` before it compares the commit counter, both sequentially
+    /// consistent, so one of the two sees the other; the notification itself is sent with
+    /// the mutex held, which the checkpointer holds from that comparison until it waits.
     pub(crate) fn note_commit(&self, bytes: u64) {
-        self.bytes_since.fetch_add(bytes, Ordering::Relaxed);
-        self.commits.fetch_add(1, Ordering::Release);
-        if let Ok(_guard) = self.stop.lock() {
-            self.wake.notify_all();
+        let before = self.bytes_since.fetch_add(bytes, Ordering::SeqCst);
+        self.commits.fetch_add(1, Ordering::SeqCst);
+        let gather = self.gather_bytes.load(Ordering::Relaxed);
+        let reached = before < gather && before.saturating_add(bytes) >= gather;
+        if reached || self.idle.load(Ordering::SeqCst) {
+            if let Ok(_guard) = self.stop.lock() {
+                self.wakes.fetch_add(1, Ordering::Relaxed);
+                self.wake.notify_all();
+            }
         }
     }
 }
@@ -109,6 +130,9 @@ impl Checkpointer {
             (crate::config::wal_budget_bytes(config.max_db_bytes) / page_size).max(16) as i64,
             Ordering::Relaxed,
         );
+        shared
+            .gather_bytes
+            .store(gather_bytes(&shared, page_size), Ordering::Relaxed);
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("stallwatch-wal-checkpoint".into())
@@ -141,10 +165,17 @@ impl Drop for Checkpointer {
     }
 }
 
+/// Bytes committed that end a gathering ([`GATHER_WAL_SHARE`] of the WAL's bound), at
+/// least 1.
+fn gather_bytes(shared: &Shared, page_size: u64) -> u64 {
+    let bound = shared.bound_frames.load(Ordering::Relaxed);
+    (bound.max(0) as u64 * page_size / GATHER_WAL_SHARE).max(1)
+}
+
 fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
     let mut seen = shared.commits.load(Ordering::Acquire);
     let bound = shared.bound_frames.load(Ordering::Relaxed);
-    let gather_bytes = (bound.max(0) as u64 * page_size / GATHER_WAL_SHARE).max(1);
+    let gather_bytes = gather_bytes(&shared, page_size);
     let mut last_log: i64 = 0;
     loop {
         {
@@ -152,22 +183,24 @@ fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
             let Ok(mut stop) = shared.stop.lock() else {
                 return;
             };
-            while !*stop && shared.commits.load(Ordering::Acquire) == seen {
+            shared.idle.store(true, Ordering::SeqCst);
+            while !*stop && shared.commits.load(Ordering::SeqCst) == seen {
                 let Ok(s) = shared.wake.wait(stop) else {
                     return;
                 };
                 stop = s;
             }
+            shared.idle.store(false, Ordering::SeqCst);
             if *stop {
                 return;
             }
             // Then let commits gather for one interval, or until an eighth of the WAL's
             // bound was committed, so a busy writer gets one checkpoint per interval
             // rather than one per commit; not while the WAL is already past a quarter of
-            // its bound. Every commit notifies the condition variable, so the wait goes on
-            // until one of those: waking at the next commit had made it a checkpoint (and
-            // two fsyncs) every second or third commit under load (issue 16: `strace -c`,
-            // 1,166 fsyncs for 2,000 commits).
+            // its bound. The writer notifies only the commit that reaches the eighth, so
+            // the wait goes on until one of those: waking at the next commit had made it a
+            // checkpoint (and two fsyncs) every second or third commit under load (issue
+            // 16: `strace -c`, 1,166 fsyncs for 2,000 commits).
             if last_log <= bound / 4 {
                 let until = std::time::Instant::now() + CHECKPOINT_INTERVAL;
                 loop {
@@ -266,6 +299,12 @@ mod tests {
         assert!(
             ran >= 1 && ran <= intervals + 3 && ran * 4 <= commits,
             "{ran} checkpoints for {commits} commits over {intervals} intervals"
+        );
+        // Only the first commit of each gathering wakes the thread (every commit did, 200).
+        let wakes = shared.wakes.load(Ordering::Relaxed);
+        assert!(
+            wakes >= 1 && wakes <= ran + 2,
+            "{wakes} wake-ups for {ran} checkpoints and {commits} commits"
         );
     }
 

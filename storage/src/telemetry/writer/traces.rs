@@ -209,22 +209,23 @@ impl Writer {
             return Ok(());
         }
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        // The map's entries are moved out and sorted by trace id (walking its keys sorted
+        // and looking each one up again was a cache miss per trace, issue 16); put back if
+        // the merge fails.
+        let mut entries: Vec<([u8; 16], Vec<i64>)> =
+            std::mem::take(&mut self.l0).into_iter().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let out = (|| -> Result<(), rusqlite::Error> {
-            let mut keys: Vec<[u8; 16]> = self.l0.keys().copied().collect();
-            keys.sort_unstable();
-            if !keys.is_empty() {
+            if !entries.is_empty() {
                 let run = self.next_run()?;
                 {
                     let mut ins = self.conn.prepare_cached(
                         "INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)",
                     )?;
-                    for t in &keys {
-                        if let Some(l) = self.l0.get(t) {
-                            let mut list = l.clone();
-                            list.sort_unstable();
-                            list.dedup();
-                            ins.execute(params![run, &t[..], encode_batches(&list)])?;
-                        }
+                    for (t, list) in entries.iter_mut() {
+                        list.sort_unstable();
+                        list.dedup();
+                        ins.execute(params![run, &t[..], encode_batches(list)])?;
                     }
                 }
                 self.conn
@@ -236,7 +237,7 @@ impl Writer {
                         run,
                         self.merged_upto + 1,
                         self.next_batch_id - 1,
-                        keys.len() as i64
+                        entries.len() as i64
                     ])?;
             }
             // term postings, in key order: each term's leaf written once per merge
@@ -272,6 +273,7 @@ impl Writer {
             }
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
+                self.l0 = entries.into_iter().collect();
                 let _ = self.reload_l0();
                 Err(e)
             }
