@@ -214,7 +214,7 @@ impl Writer {
         // the merge fails.
         let mut entries: Vec<([u8; 16], Vec<i64>)> =
             std::mem::take(&mut self.l0).into_iter().collect();
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        entries.sort_unstable_by_key(|e| e.0);
         let out = (|| -> Result<(), rusqlite::Error> {
             if !entries.is_empty() {
                 let run = self.next_run()?;
