@@ -47,6 +47,8 @@ const MIGRATIONS: &[&[Step]] = &[
     &[Sql(crate::telemetry::TRACE_RUNS_SCHEMA)],
     // 6: term postings merged in bulk with the trace index (issue 16, bytes written per span)
     &[Sql(crate::telemetry::POSTINGS_SCHEMA)],
+    // 7: trace-index runs stored in blocks of traces (issue 16, ingest speed)
+    &[Sql(crate::telemetry::TRACE_BLOCKS_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

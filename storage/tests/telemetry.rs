@@ -1158,6 +1158,50 @@ fn trace_runs(path: &std::path::Path) -> Vec<(i64, i64, i64, i64)> {
     rows.map(Result::unwrap).collect()
 }
 
+/// Every trace of the trace index as stored: (run, trace id, batch ids), in key order. A
+/// form-1 row is one trace; a form-2 row (schema migration 7) is a block: `n` (u32 LE),
+/// `n` trace ids, `n + 1` offsets (u32 LE) into the i64 LE batch lists that follow.
+fn index_entries(conn: &rusqlite::Connection) -> Vec<(i64, [u8; 16], Vec<i64>)> {
+    let le32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    let list = |b: &[u8]| -> Vec<i64> {
+        b.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let mut st = conn
+        .prepare(
+            "SELECT t.run, coalesce(r.form, 1), t.trace_id, t.batches
+             FROM trace_index t LEFT JOIN trace_runs r ON r.run = t.run
+             ORDER BY t.run, t.trace_id",
+        )
+        .unwrap();
+    let rows: Vec<(i64, i64, Vec<u8>, Vec<u8>)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut out = Vec::new();
+    for (run, form, first, b) in rows {
+        if form != 2 {
+            out.push((run, first.as_slice().try_into().unwrap(), list(&b)));
+            continue;
+        }
+        let n = le32(&b, 0);
+        let (offs, lists) = (4 + 16 * n, 4 + 16 * n + 4 * (n + 1));
+        assert_eq!(
+            &b[4..20],
+            &first[..],
+            "a block's row is keyed by its first trace"
+        );
+        for i in 0..n {
+            let t: [u8; 16] = b[4 + 16 * i..20 + 16 * i].try_into().unwrap();
+            let (a, z) = (le32(&b, offs + 4 * i), le32(&b, offs + 4 * i + 4));
+            out.push((run, t, list(&b[lists + a..lists + z])));
+        }
+    }
+    out
+}
+
 /// Batches whose term postings are not in `batch_terms` yet (schema migration 6).
 fn pending_terms(path: &std::path::Path) -> Vec<i64> {
     let conn = rusqlite::Connection::open(path).unwrap();
@@ -1252,23 +1296,20 @@ async fn trace_index_runs_and_retention_drop_what_is_gone() {
         // each row written once: one per trace of a run's batches (`long` once per run);
         // run 1, partly deleted, keeps the deleted batches' ids, which readers skip
         let conn = rusqlite::Connection::open(&cfg.path).unwrap();
-        let mut st = conn
-            .prepare("SELECT run, batches FROM trace_index")
-            .unwrap();
-        let rows: Vec<(i64, Vec<u8>)> = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let rows = index_entries(&conn);
         assert_eq!(
             rows.len(),
             4 * 257,
-            "rows: 256 own traces and `long`, per run"
+            "entries: 256 own traces and `long`, per run"
         );
+        // in blocks: 257 traces of one batch each make 3 blocks (128 + 128 + 1) per run
+        let stored: i64 = conn
+            .query_row("SELECT count(*) FROM trace_index", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(stored, 4 * 3, "rows: blocks of at most 128 traces");
         let mut stale = 0;
-        for (run, l) in &rows {
-            for c in l.chunks_exact(8) {
-                let id = i64::from_le_bytes(c.try_into().unwrap());
+        for (run, _, l) in &rows {
+            for &id in l {
                 let (lo, hi) = ((run - 1) * 256 + 1, run * 256);
                 assert!((lo..=hi).contains(&id), "batch {id} in run {run}");
                 stale += usize::from(id <= 200);
@@ -1292,6 +1333,13 @@ async fn trace_index_runs_and_retention_drop_what_is_gone() {
 
     let storage = Storage::open(cfg.clone()).unwrap();
     assert_eq!(names_of(&storage, long).await.len(), long_spans);
+    // the trace-id filter rebuilt at start holds the traces of every run's blocks: a
+    // re-sent merged batch is still found and dropped as duplicates
+    let dups = storage.telemetry_stats().spans_deduplicated();
+    storage.write_traces(req(250)).await.unwrap();
+    assert_eq!(names_of(&storage, long).await.len(), long_spans);
+    assert_eq!(names_of(&storage, own(250)).await.len(), 1);
+    assert!(storage.telemetry_stats().spans_deduplicated() > dups);
     for i in [200, 600, 1023, 1024, 1033] {
         assert_eq!(names_of(&storage, own(i)).await.len(), 1, "trace {i}");
     }
@@ -1334,14 +1382,15 @@ async fn runs_of_merges_and_an_orphan_run_left_by_a_crash() {
     ];
     assert_eq!(trace_runs(&cfg.path), four);
     let conn = rusqlite::Connection::open(&cfg.path).unwrap();
-    let (rows, entries): (i64, i64) = conn
-        .query_row(
-            "SELECT (SELECT count(*) FROM trace_index), (SELECT sum(entries) FROM trace_runs)",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+    let entries: i64 = conn
+        .query_row("SELECT sum(entries) FROM trace_runs", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((rows, entries), (1024 * 20, 1024 * 20), "each row once");
+    let stored = index_entries(&conn);
+    assert_eq!(
+        (stored.len() as i64, entries),
+        (1024 * 20, 1024 * 20),
+        "each trace once"
+    );
     drop(conn);
     for b in [0, 511, 1023, 1029] {
         assert_eq!(names_of(&storage, t(b * PER_BATCH)).await.len(), 1, "{b}");
@@ -1453,18 +1502,28 @@ async fn a_schema_4_trace_index_becomes_run_1() {
     storage.shutdown().await;
     drop(storage);
     // back to schema 4, as an older stallwatch left it: one row per merged trace
-    rusqlite::Connection::open(&cfg.path)
-        .unwrap()
-        .execute_batch(
-            "CREATE TABLE v4 (trace_id BLOB PRIMARY KEY, batches BLOB NOT NULL) WITHOUT ROWID;
-             INSERT INTO v4 SELECT trace_id, batches FROM trace_index;
-             DROP TABLE trace_index;
+    let conn = rusqlite::Connection::open(&cfg.path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE v4 (trace_id BLOB PRIMARY KEY, batches BLOB NOT NULL) WITHOUT ROWID;",
+    )
+    .unwrap();
+    for (_, t, l) in index_entries(&conn) {
+        let l: Vec<u8> = l.iter().flat_map(|b| b.to_le_bytes()).collect();
+        conn.execute(
+            "INSERT INTO v4 VALUES (?1, ?2)",
+            rusqlite::params![&t[..], l],
+        )
+        .unwrap();
+    }
+    conn.execute_batch(
+        "DROP TABLE trace_index;
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
              DROP TABLE pending_terms;
              PRAGMA user_version = 4;",
-        )
-        .unwrap();
+    )
+    .unwrap();
+    drop(conn);
     let storage = Storage::open(cfg.clone()).unwrap();
     assert_eq!(trace_runs(&cfg.path), vec![(1, 0, 256, 1)]);
     // a merged trace's ended copy still wins over its open one; a re-sent open copy is

@@ -61,7 +61,7 @@ pub use metrics_read::{Instrument, MetricSeries, PointsQuery, StepValue, MAX_STE
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
 pub(crate) use schema::{
     LOGS_BODY_SCHEMA, POSTINGS_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA, SCHEMA,
-    SERIES_INDEX_SCHEMA, TRACE_RUNS_SCHEMA,
+    SERIES_INDEX_SCHEMA, TRACE_BLOCKS_SCHEMA, TRACE_RUNS_SCHEMA,
 };
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
 pub use writer::Degraded;

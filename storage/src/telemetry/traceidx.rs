@@ -30,6 +30,120 @@ pub(crate) fn decode_batches(b: &[u8]) -> Vec<i64> {
         .collect()
 }
 
+/// Most traces in one block of a form-2 run ([`encode_block`]): about 3.6 KiB when each
+/// trace lies in one batch, inside a 16 KiB page without overflow pages.
+pub(crate) const BLOCK_TRACES: usize = 128;
+/// A block is ended early once its batch lists pass this many bytes (traces spread over
+/// many batches), bytes.
+pub(crate) const BLOCK_LIST_BYTES: usize = 2048;
+
+/// Encodes one block of a form-2 run (`schema::TRACE_BLOCKS_SCHEMA`): `entries` are
+/// (trace id, its batch ids) in ascending trace-id order. Layout: `n` (u32 LE), the `n`
+/// trace ids (16 bytes each), `n + 1` offsets (u32 LE) into the lists that follow, then
+/// the batch-id lists ([`encode_batches`], concatenated). A trace id is found by binary
+/// search over the ids in place ([`block_batches`]), without decoding the block.
+pub(crate) fn encode_block(entries: &[([u8; 16], Vec<i64>)]) -> Vec<u8> {
+    let n = entries.len();
+    let lists: usize = entries.iter().map(|(_, l)| l.len() * 8).sum();
+    let mut out = Vec::with_capacity(4 + n * 20 + 4 + lists);
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    for (t, _) in entries {
+        out.extend_from_slice(t);
+    }
+    let mut at = 0u32;
+    out.extend_from_slice(&at.to_le_bytes());
+    for (_, l) in entries {
+        at += (l.len() * 8) as u32;
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+    for (_, l) in entries {
+        for b in l {
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// A block's parts: (trace ids, offsets, lists), checked against each other.
+fn block_parts(block: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let n = u32::from_le_bytes(block.get(..4)?.try_into().ok()?) as usize;
+    let ids_end = 4usize.checked_add(n.checked_mul(16)?)?;
+    let offs_end = ids_end.checked_add(n.checked_add(1)?.checked_mul(4)?)?;
+    let ids = block.get(4..ids_end)?;
+    let offs = block.get(ids_end..offs_end)?;
+    let lists = block.get(offs_end..)?;
+    Some((ids, offs, lists))
+}
+
+fn offset(offs: &[u8], i: usize) -> Option<usize> {
+    let b = offs.get(i * 4..i * 4 + 4)?;
+    Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
+}
+
+/// The batch ids of `t` in a block of a form-2 run: `Ok(None)` when the block does not
+/// hold `t`.
+///
+/// Errors: a block whose counts or offsets do not fit its length (damage).
+pub(crate) fn block_batches(
+    block: &[u8],
+    t: &[u8; 16],
+) -> Result<Option<Vec<i64>>, rusqlite::Error> {
+    let damaged = || {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Blob,
+            "damaged trace-index block".into(),
+        )
+    };
+    let (ids, offs, lists) = block_parts(block).ok_or_else(damaged)?;
+    let n = ids.len() / 16;
+    let (mut lo, mut hi) = (0usize, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match ids[mid * 16..mid * 16 + 16].cmp(&t[..]) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => {
+                let (a, b) = (offset(offs, mid), offset(offs, mid + 1));
+                let list = a
+                    .zip(b)
+                    .and_then(|(a, b)| lists.get(a..b))
+                    .ok_or_else(damaged)?;
+                return Ok(Some(decode_batches(list)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Every trace id of a block of a form-2 run (none when it is damaged).
+pub(crate) fn block_trace_ids(block: &[u8]) -> impl Iterator<Item = [u8; 16]> + '_ {
+    block_parts(block)
+        .map(|(ids, _, _)| ids)
+        .unwrap_or_default()
+        .chunks_exact(16)
+        .filter_map(|c| <[u8; 16]>::try_from(c).ok())
+}
+
+/// Cuts a merge's entries (ascending trace ids) into blocks: at most [`BLOCK_TRACES`]
+/// traces each, ended early once the batch lists pass [`BLOCK_LIST_BYTES`].
+pub(crate) fn blocks(entries: &[([u8; 16], Vec<i64>)]) -> Vec<&[([u8; 16], Vec<i64>)]> {
+    let mut out = Vec::with_capacity(entries.len() / BLOCK_TRACES + 1);
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (_, l)) in entries.iter().enumerate() {
+        bytes += l.len() * 8;
+        if i + 1 - start >= BLOCK_TRACES || bytes >= BLOCK_LIST_BYTES {
+            out.push(&entries[start..=i]);
+            start = i + 1;
+            bytes = 0;
+        }
+    }
+    if start < entries.len() {
+        out.push(&entries[start..]);
+    }
+    out
+}
+
 /// The sorted distinct trace ids of a batch, concatenated (`span_batches.traces`).
 pub(crate) fn batch_trace_ids(idx: &BatchIndex) -> Vec<u8> {
     let mut ids: Vec<[u8; 16]> = idx.spans.iter().map(|s| s.trace_id).collect();
@@ -86,17 +200,30 @@ pub(crate) fn indexed_batches(
     conn: &Connection,
     t: &[u8; 16],
 ) -> Result<Vec<i64>, rusqlite::Error> {
-    // CROSS JOIN keeps trace_runs as the outer loop: one (run, trace_id) seek per run.
+    // CROSS JOIN keeps trace_runs as the outer loop. Per run, the row with the greatest
+    // trace id not above `t` (one seek for the max, one for the row): in a form-1 run the
+    // trace's own row when the ids are equal, in a form-2 run the block that would hold it
+    // (`schema::TRACE_BLOCKS_SCHEMA`).
     let mut st = conn.prepare_cached(
-        "SELECT t.batches FROM trace_runs r CROSS JOIN trace_index t
-         ON t.run = r.run AND t.trace_id = ?1",
+        "SELECT r.form, t.trace_id, t.batches FROM trace_runs r CROSS JOIN trace_index t
+         ON t.run = r.run
+         AND t.trace_id = (SELECT max(trace_id) FROM trace_index
+                           WHERE run = r.run AND trace_id <= ?1)",
     )?;
     let mut rows = st.query([&t[..]])?;
     let mut out = Vec::new();
     let mut runs = 0;
     while let Some(r) = rows.next()? {
-        out.extend(decode_batches(r.get_ref(0)?.as_blob()?));
-        runs += 1;
+        let batches = r.get_ref(2)?.as_blob()?;
+        if r.get::<_, i64>(0)? == 2 {
+            if let Some(list) = block_batches(batches, t)? {
+                out.extend(list);
+                runs += 1;
+            }
+        } else if r.get_ref(1)?.as_blob()? == &t[..] {
+            out.extend(decode_batches(batches));
+            runs += 1;
+        }
     }
     if runs > 1 {
         out.sort_unstable();
@@ -229,6 +356,82 @@ pub(crate) struct Summary<'a> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn tid(i: u32) -> [u8; 16] {
+        let mut t = [7u8; 16];
+        t[..4].copy_from_slice(&i.to_be_bytes());
+        t
+    }
+
+    /// Every trace of a block is found with its batches; ids between, before and after
+    /// them are not.
+    #[test]
+    fn a_block_finds_each_of_its_traces_and_no_other() {
+        let entries: Vec<([u8; 16], Vec<i64>)> = (0..100u32)
+            .map(|i| {
+                (
+                    tid(2 * i + 1),
+                    (0..i64::from(i % 4) + 1)
+                        .map(|k| k * 1000 + i64::from(i))
+                        .collect(),
+                )
+            })
+            .collect();
+        let block = encode_block(&entries);
+        for (t, l) in &entries {
+            assert_eq!(block_batches(&block, t).unwrap().as_ref(), Some(l));
+        }
+        for i in [0u32, 2, 100, 198, 200, 1000] {
+            assert_eq!(block_batches(&block, &tid(i)).unwrap(), None, "{i}");
+        }
+        let ids: Vec<[u8; 16]> = block_trace_ids(&block).collect();
+        assert_eq!(ids, entries.iter().map(|e| e.0).collect::<Vec<_>>());
+        assert_eq!(block_batches(&encode_block(&[]), &tid(1)).unwrap(), None);
+    }
+
+    /// A cut or lying block is an error (or no id), never a panic.
+    #[test]
+    fn a_damaged_block_is_an_error() {
+        let entries: Vec<([u8; 16], Vec<i64>)> =
+            (0..10u32).map(|i| (tid(i), vec![i64::from(i)])).collect();
+        let block = encode_block(&entries);
+        for cut in 0..block.len() {
+            let b = &block[..cut];
+            // the last id's list may still be whole when only nothing after it is cut
+            let _ = block_batches(b, &tid(9));
+            let _ = block_trace_ids(b).count();
+        }
+        assert!(block_batches(&block[..3], &tid(1)).is_err());
+        assert!(block_batches(&block[..block.len() - 1], &tid(9)).is_err());
+        let mut lying = block.clone();
+        lying[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(block_batches(&lying, &tid(1)).is_err());
+        assert_eq!(block_trace_ids(&lying).count(), 0);
+        let mut bad_offset = block.clone();
+        let offs = 4 + 16 * 10;
+        bad_offset[offs + 4..offs + 8].copy_from_slice(&9999u32.to_le_bytes());
+        assert!(block_batches(&bad_offset, &tid(0)).is_err());
+    }
+
+    /// Blocks hold at most BLOCK_TRACES traces, end early once their lists pass
+    /// BLOCK_LIST_BYTES, and together hold every entry once, in order.
+    #[test]
+    fn entries_are_cut_into_blocks_by_count_and_by_list_bytes() {
+        let one: Vec<([u8; 16], Vec<i64>)> = (0..300u32).map(|i| (tid(i), vec![1])).collect();
+        let sizes: Vec<usize> = blocks(&one).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![128, 128, 44]);
+        let wide: Vec<([u8; 16], Vec<i64>)> =
+            (0..10u32).map(|i| (tid(i), (0..100).collect())).collect();
+        let sizes: Vec<usize> = blocks(&wide).iter().map(|b| b.len()).collect();
+        // 800 bytes of batch ids per trace: a block ends at its third trace (2,400 bytes)
+        assert_eq!(sizes, vec![3, 3, 3, 1]);
+        assert!(blocks(&[]).is_empty());
+        let back: Vec<[u8; 16]> = blocks(&one)
+            .iter()
+            .flat_map(|b| b.iter().map(|e| e.0))
+            .collect();
+        assert_eq!(back, one.iter().map(|e| e.0).collect::<Vec<_>>());
+    }
 
     fn copy(t: u8, s: u8, end: u64) -> IdxSpan {
         IdxSpan {

@@ -11,8 +11,8 @@ use crate::telemetry::bloom::TraceBloom;
 use crate::telemetry::encode::{decode_index, BatchIndex, IdxSpan, PreparedTraces};
 use crate::telemetry::schema::META_MERGED_UPTO;
 use crate::telemetry::traceidx::{
-    batch_trace_ids, encode_batches, fold, indexed_batches, merged_upto, unmerged_map,
-    unmerged_postings,
+    batch_trace_ids, block_trace_ids, blocks, encode_batches, encode_block, fold, indexed_batches,
+    merged_upto, unmerged_map, unmerged_postings,
 };
 
 use super::Writer;
@@ -63,16 +63,27 @@ impl Writer {
     /// they hold (and at least `min_capacity`), so it fills again only once as many new
     /// traces arrived as are stored.
     pub(super) fn rebuild_bloom(&mut self, min_capacity: usize) -> Result<(), rusqlite::Error> {
-        let rows: i64 = self
-            .conn
-            .query_row("SELECT count(*) FROM trace_index", [], |r| r.get(0))?;
+        let rows: i64 = self.conn.query_row(
+            "SELECT coalesce((SELECT sum(entries) FROM trace_runs), 0)",
+            [],
+            |r| r.get(0),
+        )?;
         let want = (rows.max(0) as usize + self.l0.len()) * 2;
         let mut bloom = TraceBloom::with_capacity(want.max(min_capacity));
         {
-            let mut st = self.conn.prepare("SELECT trace_id FROM trace_index")?;
+            // A form-2 row holds a block of trace ids; a row of a run trace_runs does not
+            // name (dropped at start) counts as form 1.
+            let mut st = self.conn.prepare(
+                "SELECT coalesce(r.form, 1), t.trace_id, t.batches
+                 FROM trace_index t LEFT JOIN trace_runs r ON r.run = t.run",
+            )?;
             let mut rows = st.query([])?;
             while let Some(r) = rows.next()? {
-                if let Ok(t) = <[u8; 16]>::try_from(r.get_ref(0)?.as_blob()?) {
+                if r.get::<_, i64>(0)? == 2 {
+                    for t in block_trace_ids(r.get_ref(2)?.as_blob()?) {
+                        bloom.insert(&t);
+                    }
+                } else if let Ok(t) = <[u8; 16]>::try_from(r.get_ref(1)?.as_blob()?) {
                     bloom.insert(&t);
                 }
             }
@@ -218,20 +229,24 @@ impl Writer {
         let out = (|| -> Result<(), rusqlite::Error> {
             if !entries.is_empty() {
                 let run = self.next_run()?;
+                // Form 2: one row per block of traces (schema::TRACE_BLOCKS_SCHEMA).
+                for (_, list) in entries.iter_mut() {
+                    list.sort_unstable();
+                    list.dedup();
+                }
                 {
                     let mut ins = self.conn.prepare_cached(
                         "INSERT INTO trace_index(run, trace_id, batches) VALUES (?1, ?2, ?3)",
                     )?;
-                    for (t, list) in entries.iter_mut() {
-                        list.sort_unstable();
-                        list.dedup();
-                        ins.execute(params![run, &t[..], encode_batches(list)])?;
+                    for block in blocks(&entries) {
+                        let first = &block[0].0;
+                        ins.execute(params![run, &first[..], encode_block(block)])?;
                     }
                 }
                 self.conn
                     .prepare_cached(
-                        "INSERT INTO trace_runs(run, lo, hi, units, entries)
-                         VALUES (?1, ?2, ?3, 1, ?4)",
+                        "INSERT INTO trace_runs(run, lo, hi, units, entries, form)
+                         VALUES (?1, ?2, ?3, 1, ?4, 2)",
                     )?
                     .execute(params![
                         run,
