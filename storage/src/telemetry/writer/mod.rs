@@ -448,12 +448,16 @@ impl Writer {
 
     /// Re-reads the bytes in use (pages minus free pages).
     pub(super) fn refresh_used(&mut self) -> Result<u64, rusqlite::Error> {
+        // Cached statements: this runs after every group commit (issue 16: preparing the
+        // two pragmas each time was ~0.5% of the CPU under load).
         let pages: i64 = self
             .conn
-            .pragma_query_value(None, "page_count", |r| r.get(0))?;
+            .prepare_cached("PRAGMA page_count")?
+            .query_row([], |r| r.get(0))?;
         let free: i64 = self
             .conn
-            .pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+            .prepare_cached("PRAGMA freelist_count")?
+            .query_row([], |r| r.get(0))?;
         self.used_bytes = (pages - free).max(0) as u64 * self.page_size;
         self.stats
             .db_used_bytes
