@@ -358,6 +358,34 @@ mod tests {
         s.shutdown().await;
     }
 
+    /// The bundled SQLite is built without extension loading and without the modules
+    /// stallwatch never uses (`.cargo/config.toml`, `LIBSQLITE3_FLAGS`), with FTS5 kept.
+    #[tokio::test]
+    async fn sqlite_cannot_load_extensions_and_keeps_fts5() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(StorageConfig::new(dir.path().join("stallwatch.db"))).unwrap();
+        let (load, fts3, rtree, fts5) = s
+            .read(|c| {
+                let err = |sql: &str| match c.execute_batch(sql) {
+                    Ok(()) => String::new(),
+                    Err(e) => e.to_string(),
+                };
+                Ok((
+                    err("SELECT load_extension('/nonexistent/libx')"),
+                    err("CREATE VIRTUAL TABLE temp.t3 USING fts3(x)"),
+                    err("CREATE VIRTUAL TABLE temp.tr USING rtree(id, a, b)"),
+                    err("CREATE VIRTUAL TABLE temp.t5 USING fts5(x, tokenize = 'trigram')"),
+                ))
+            })
+            .await
+            .unwrap();
+        assert!(load.contains("no such function: load_extension"), "{load}");
+        assert!(fts3.contains("no such module: fts3"), "{fts3}");
+        assert!(rtree.contains("no such module: rtree"), "{rtree}");
+        assert_eq!(fts5, "", "FTS5 (the log body index) must stay");
+        s.shutdown().await;
+    }
+
     #[tokio::test]
     async fn database_wal_and_shm_are_owner_only() {
         let dir = tempfile::tempdir().unwrap();
