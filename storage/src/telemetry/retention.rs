@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::params;
 
-use super::traceidx::{indexed_batches, unmerged_postings};
+use super::traceidx::{count_unlisted_after, unmerged_postings};
 use super::writer::Writer;
 use super::RetentionReport;
 use crate::error::StorageError;
@@ -316,6 +316,8 @@ impl Writer {
                 .prepare_cached("DELETE FROM trace_runs WHERE run = ?1")?
                 .execute([run])?;
         }
+        // Traces whose runs must tell whether a batch of them is left, ascending.
+        let mut check: Vec<[u8; 16]> = Vec::new();
         for (t, (gone, any_merged)) in traces {
             let mut l0_left = 0;
             if let Some(l) = self.l0.get_mut(&t) {
@@ -331,12 +333,13 @@ impl Writer {
             // Gone when nothing is left in l0 and no run lists a batch newer than `hi`
             // (known without a read when the trace was new since the last merge). Batches
             // are deleted oldest first, so every id up to `hi` is gone.
-            let gone_whole = (!any_merged && self.l0_new.contains(&t))
-                || indexed_batches(&self.conn, &t)?.iter().all(|&b| b <= hi);
-            if gone_whole {
+            if !any_merged && self.l0_new.contains(&t) {
                 report.traces_deleted += 1;
+            } else {
+                check.push(t);
             }
         }
+        report.traces_deleted += count_unlisted_after(&self.conn, &check, hi)?;
         let term_ids: Vec<i64> = {
             let mut st = self.conn.prepare_cached("SELECT id FROM terms")?;
             let rows = st.query_map([], |r| r.get(0))?;
