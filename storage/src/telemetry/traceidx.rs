@@ -64,20 +64,35 @@ pub(crate) fn encode_block(entries: &[([u8; 16], Vec<i64>)]) -> Vec<u8> {
     out
 }
 
-/// A block's parts: (trace ids, offsets, lists), checked against each other.
-fn block_parts(block: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+/// A block's trace ids (ascending), its `n + 1` offsets, and the lists they point into.
+type BlockParts<'a> = (&'a [[u8; 16]], &'a [u8], &'a [u8]);
+
+/// A block's parts ([`BlockParts`]), checked against each other.
+fn block_parts(block: &[u8]) -> Option<BlockParts<'_>> {
     let n = u32::from_le_bytes(block.get(..4)?.try_into().ok()?) as usize;
     let ids_end = 4usize.checked_add(n.checked_mul(16)?)?;
     let offs_end = ids_end.checked_add(n.checked_add(1)?.checked_mul(4)?)?;
-    let ids = block.get(4..ids_end)?;
+    let (ids, _) = block.get(4..ids_end)?.as_chunks::<16>();
     let offs = block.get(ids_end..offs_end)?;
     let lists = block.get(offs_end..)?;
     Some((ids, offs, lists))
 }
 
-fn offset(offs: &[u8], i: usize) -> Option<usize> {
-    let b = offs.get(i * 4..i * 4 + 4)?;
-    Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
+/// The undecoded batch list of the `i`-th trace of a block, from its parts.
+fn block_list<'a>(offs: &[u8], lists: &'a [u8], i: usize) -> Option<&'a [u8]> {
+    let offset = |i: usize| -> Option<usize> {
+        let b = offs.get(i * 4..i * 4 + 4)?;
+        Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
+    };
+    lists.get(offset(i)?..offset(i + 1)?)
+}
+
+fn damaged_block() -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Blob,
+        "damaged trace-index block".into(),
+    )
 }
 
 /// The batch ids of `t` in a block of a form-2 run: `Ok(None)` when the block does not
@@ -88,32 +103,12 @@ pub(crate) fn block_batches(
     block: &[u8],
     t: &[u8; 16],
 ) -> Result<Option<Vec<i64>>, rusqlite::Error> {
-    let damaged = || {
-        rusqlite::Error::FromSqlConversionFailure(
-            0,
-            rusqlite::types::Type::Blob,
-            "damaged trace-index block".into(),
-        )
+    let (ids, offs, lists) = block_parts(block).ok_or_else(damaged_block)?;
+    let Ok(i) = ids.binary_search(t) else {
+        return Ok(None);
     };
-    let (ids, offs, lists) = block_parts(block).ok_or_else(damaged)?;
-    let n = ids.len() / 16;
-    let (mut lo, mut hi) = (0usize, n);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        match ids[mid * 16..mid * 16 + 16].cmp(&t[..]) {
-            std::cmp::Ordering::Less => lo = mid + 1,
-            std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => {
-                let (a, b) = (offset(offs, mid), offset(offs, mid + 1));
-                let list = a
-                    .zip(b)
-                    .and_then(|(a, b)| lists.get(a..b))
-                    .ok_or_else(damaged)?;
-                return Ok(Some(decode_batches(list)));
-            }
-        }
-    }
-    Ok(None)
+    let list = block_list(offs, lists, i).ok_or_else(damaged_block)?;
+    Ok(Some(decode_batches(list)))
 }
 
 /// Every trace id of a block of a form-2 run (none when it is damaged).
@@ -121,8 +116,8 @@ pub(crate) fn block_trace_ids(block: &[u8]) -> impl Iterator<Item = [u8; 16]> + 
     block_parts(block)
         .map(|(ids, _, _)| ids)
         .unwrap_or_default()
-        .chunks_exact(16)
-        .filter_map(|c| <[u8; 16]>::try_from(c).ok())
+        .iter()
+        .copied()
 }
 
 /// Cuts a merge's entries (ascending trace ids) into blocks: at most [`BLOCK_TRACES`]
@@ -256,34 +251,37 @@ pub(crate) fn count_unlisted_after(
         "SELECT trace_id, batches FROM trace_index WHERE run = ?1 ORDER BY trace_id",
     )?;
     for (run, form) in runs {
-        // `ids[j]` is the first id not below the row's (or block's) ids seen so far.
+        // `ids[j]` is the first id not below the trace ids of the run seen so far.
         let mut j = 0usize;
+        let mut visit = |t: &[u8; 16], list: &[u8]| {
+            while j < ids.len() && ids[j] < *t {
+                j += 1;
+            }
+            if j < ids.len() && ids[j] == *t && !listed[j] {
+                listed[j] = decode_batches(list).iter().any(|&b| b > hi);
+            }
+            j == ids.len()
+        };
         let mut rows = st.query([run])?;
         while let Some(r) = rows.next()? {
             let blob = r.get_ref(1)?.as_blob()?;
-            if form == 2 {
-                for t in block_trace_ids(blob) {
-                    while j < ids.len() && ids[j] < t {
-                        j += 1;
-                    }
-                    if j == ids.len() {
+            let done = if form == 2 {
+                let (block_ids, offs, lists) = block_parts(blob).unwrap_or_default();
+                let mut done = false;
+                for (i, t) in block_ids.iter().enumerate() {
+                    let list = block_list(offs, lists, i).ok_or_else(damaged_block)?;
+                    done = visit(t, list);
+                    if done {
                         break;
                     }
-                    if ids[j] == t && !listed[j] {
-                        if let Some(list) = block_batches(blob, &t)? {
-                            listed[j] = list.iter().any(|&b| b > hi);
-                        }
-                    }
                 }
+                done
             } else if let Ok(t) = <[u8; 16]>::try_from(r.get_ref(0)?.as_blob()?) {
-                while j < ids.len() && ids[j] < t {
-                    j += 1;
-                }
-                if j < ids.len() && ids[j] == t && !listed[j] {
-                    listed[j] = decode_batches(blob).iter().any(|&b| b > hi);
-                }
-            }
-            if j == ids.len() {
+                visit(&t, blob)
+            } else {
+                false
+            };
+            if done {
                 break;
             }
         }
