@@ -231,8 +231,10 @@ pub(crate) fn indexed_batches(
 /// newer than `hi`: the traces retention deleted whole once the batches up to `hi` are
 /// gone. One ordered pass over the rows of each run that reaches past `hi`, merged with
 /// `ids`, instead of [`indexed_batches`]' seeks per id and run: at a 2 GiB size cap, one
-/// retention chunk's ~5,000 traces against ~70 runs cost ~350,000 seeks per 8 MiB deleted,
-/// and ingest at the cap fell to 98k spans/s (issue 16, `benches/side-by-side --retention`).
+/// retention chunk holds ~5,000 traces (8 MiB of ~100 KB batches of 64 traces) and the
+/// store ~70 runs, so ~350,000 seeks per chunk (estimated, not counted); the writer thread
+/// spent 88% of the CPU in B-tree seeks (`perf record`) and ingest at the cap fell to 98k
+/// spans/s (issue 16, `benches/side-by-side --retention 90 --max-db-bytes 2147483648`).
 pub(crate) fn count_unlisted_after(
     conn: &Connection,
     ids: &[[u8; 16]],
