@@ -11,6 +11,15 @@
 //! Options: `--spans N` (fill size, default 1000000), `--concurrency LIST` (default 1,4),
 //! `--dir PATH` (database folder, default a temp dir), `--queries N` (per query kind,
 //! default 50).
+//!
+//! `--continued N` instead writes N exports of 64 spans whose traces continue over 8
+//! exports each (8 traces per export, as a batch span processor cuts long traces), and
+//! reports the write time per export over the last quarter (by then ~N/256 index runs
+//! exist): the deduplication of a continued trace against what is stored.
+//!
+//! ```text
+//! cargo bench -p stallwatch-storage --bench telemetry -- --continued 24000
+//! ```
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -351,6 +360,59 @@ async fn big_trace(storage: &Storage, spans: usize) -> TraceId {
     trace
 }
 
+/// `--continued N`: exports of 64 spans, 8 traces each continued over 8 exports; prints
+/// the mean write time per export over the last quarter.
+async fn continued(exports: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = Storage::open(StorageConfig::new(tmp.path().join("continued.db"))).unwrap();
+    let resource = Resource {
+        attributes: vec![KeyValue::new(
+            "service.name",
+            AnyValue::String("mcp-runner-python".into()),
+        )],
+        ..Default::default()
+    };
+    let mut n: u64 = 0;
+    let mut timed = Duration::ZERO;
+    let from = exports - exports / 4;
+    let now = now_unix_nano();
+    for e in 0..exports {
+        let mut spans = Vec::with_capacity(64);
+        for k in 0..64u64 {
+            n += 1;
+            let mut t = [3u8; 16];
+            t[..8].copy_from_slice(&((e / 8) * 8 + k % 8).to_le_bytes());
+            spans.push(Span {
+                trace_id: TraceId(t),
+                span_id: SpanId(n.to_le_bytes()),
+                name: "execute_cell".into(),
+                start_time_unix_nano: now + n,
+                end_time_unix_nano: now + n + 1_000,
+                ..Default::default()
+            });
+        }
+        let b = Arc::new(TraceBatch {
+            resource_spans: vec![ResourceSpans {
+                resource: resource.clone(),
+                scope_spans: vec![ScopeSpans {
+                    scope: Scope::default(),
+                    spans,
+                }],
+            }],
+        });
+        let t0 = Instant::now();
+        storage.write_traces(b).await.unwrap();
+        if e >= from {
+            timed += t0.elapsed();
+        }
+    }
+    println!(
+        "{{\"bench\":\"continued\",\"exports\":{exports},\"us_per_export\":{:.1}}}",
+        timed.as_secs_f64() * 1e6 / (exports - from) as f64
+    );
+    storage.shutdown().await;
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -360,6 +422,10 @@ async fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if let Some(n) = arg("--continued").and_then(|v| v.parse().ok()) {
+        continued(n).await;
+        return;
+    }
     let spans: usize = arg("--spans")
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);

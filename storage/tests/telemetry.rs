@@ -1094,6 +1094,60 @@ async fn retention_by_age_removes_everything_old() {
     storage.shutdown().await;
 }
 
+/// A trace first stored after the last merge is deduplicated against the unmerged batches
+/// alone (no run can hold it, issue 16); once a merge moved it into a run, copies sent
+/// again are found in the run, and so is every later copy.
+#[tokio::test]
+async fn a_trace_continued_after_the_index_merge_is_deduplicated_against_its_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(config(&dir)).unwrap();
+    let x = TraceId([7; 16]);
+    let dups = || storage.telemetry_stats().spans_deduplicated();
+    storage
+        .write_traces(batch(Some("m"), vec![span(x, sid(1), "first", 5, 9)]))
+        .await
+        .unwrap();
+    // Continued before the merge: a copy of span 1 is dropped, span 2 is new.
+    storage
+        .write_traces(batch(
+            Some("m"),
+            vec![
+                span(x, sid(1), "again", 5, 9),
+                span(x, sid(2), "second", 6, 9),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(dups(), 1);
+    // 256 batches in all: the merge moves x into a run.
+    for i in 0..254u32 {
+        let b = i.to_le_bytes();
+        let t = TraceId([b[0], b[1], 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
+        storage
+            .write_traces(batch(Some("m"), vec![span(t, sid(1), "other", 5, 9)]))
+            .await
+            .unwrap();
+    }
+    for round in 1..=3 {
+        storage
+            .write_traces(batch(
+                Some("m"),
+                vec![span(x, sid(1), "late", 5, 9), span(x, sid(2), "late", 6, 9)],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(dups(), 1 + 2 * round, "round {round}");
+    }
+    assert_eq!(
+        names_of(&storage, x).await,
+        vec![
+            ("first".into(), SpanState::Ended),
+            ("second".into(), SpanState::Ended)
+        ]
+    );
+    storage.shutdown().await;
+}
+
 #[tokio::test]
 async fn traces_survive_the_index_merge_and_a_restart() {
     // more than one merge of the unmerged-batch map into trace_index (256 batches)

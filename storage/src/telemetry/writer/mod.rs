@@ -328,8 +328,9 @@ pub(super) struct Writer {
     idx_cache: HashMap<i64, Arc<BatchIndex>>,
     /// Every trace id in `trace_index` or `l0` (and stale ones): a miss is a new trace.
     bloom: TraceBloom,
-    /// Traces of `l0` that had no `trace_index` row when first stored (retention counts
-    /// them deleted without a read).
+    /// Traces of `l0` that had no `trace_index` row when first stored: deduplication does
+    /// not search the runs for them, retention counts them deleted without a read. Cleared
+    /// by every merge and rollback.
     pub(super) l0_new: HashSet<[u8; 16], IdBuild>,
     retention_interval: Duration,
     next_retention: Instant,
