@@ -12,13 +12,13 @@
 //! `--dir PATH` (database folder, default a temp dir), `--queries N` (per query kind,
 //! default 50).
 //!
-//! `--continued N` instead writes N exports of 64 spans whose traces continue over 8
-//! exports each (8 traces per export, as a batch span processor cuts long traces), and
-//! reports the write time per export over the last quarter (by then ~N/256 index runs
-//! exist): the deduplication of a continued trace against what is stored.
+//! `--continued N` instead writes N exports of 64 spans whose traces continue over
+//! `--over K` exports each (default 8; 8 traces per export, as a batch span processor cuts
+//! long traces), and reports the write time per export over the last quarter (by then
+//! ~N/256 index runs exist): the deduplication of a continued trace against what is stored.
 //!
 //! ```text
-//! cargo bench -p stallwatch-storage --bench telemetry -- --continued 24000
+//! cargo bench -p stallwatch-storage --bench telemetry -- --continued 24000 --over 512
 //! ```
 
 #![allow(missing_docs, clippy::unwrap_used)]
@@ -360,9 +360,9 @@ async fn big_trace(storage: &Storage, spans: usize) -> TraceId {
     trace
 }
 
-/// `--continued N`: exports of 64 spans, 8 traces each continued over 8 exports; prints
-/// the mean write time per export over the last quarter.
-async fn continued(exports: u64) {
+/// `--continued N --over K`: exports of 64 spans, 8 traces each continued over `over`
+/// exports; prints the mean write time per export over the last quarter.
+async fn continued(exports: u64, over: u64) {
     let tmp = tempfile::tempdir().unwrap();
     let storage = Storage::open(StorageConfig::new(tmp.path().join("continued.db"))).unwrap();
     let resource = Resource {
@@ -381,7 +381,7 @@ async fn continued(exports: u64) {
         for k in 0..64u64 {
             n += 1;
             let mut t = [3u8; 16];
-            t[..8].copy_from_slice(&((e / 8) * 8 + k % 8).to_le_bytes());
+            t[..8].copy_from_slice(&((e / over) * 8 + k % 8).to_le_bytes());
             spans.push(Span {
                 trace_id: TraceId(t),
                 span_id: SpanId(n.to_le_bytes()),
@@ -407,7 +407,7 @@ async fn continued(exports: u64) {
         }
     }
     println!(
-        "{{\"bench\":\"continued\",\"exports\":{exports},\"us_per_export\":{:.1}}}",
+        "{{\"bench\":\"continued\",\"exports\":{exports},\"over\":{over},\"us_per_export\":{:.1}}}",
         timed.as_secs_f64() * 1e6 / (exports - from) as f64
     );
     storage.shutdown().await;
@@ -423,7 +423,11 @@ async fn main() {
             .cloned()
     };
     if let Some(n) = arg("--continued").and_then(|v| v.parse().ok()) {
-        continued(n).await;
+        let over = arg("--over")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+            .max(1);
+        continued(n, over).await;
         return;
     }
     let spans: usize = arg("--spans")

@@ -1148,6 +1148,48 @@ async fn a_trace_continued_after_the_index_merge_is_deduplicated_against_its_run
     storage.shutdown().await;
 }
 
+/// A trace continued over many exports is deduplicated from what the writer keeps of it
+/// (issue 16), and what it keeps goes with the batches retention deletes: a copy sent
+/// again after its batches are gone is stored, not dropped as a duplicate.
+#[tokio::test]
+async fn a_continued_trace_is_stored_again_after_retention_deleted_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir);
+    cfg.retention = Duration::from_millis(300);
+    let storage = Storage::open(cfg).unwrap();
+    let y = TraceId([8; 16]);
+    let dups = || storage.telemetry_stats().spans_deduplicated();
+    for (s, name) in [(1, "a"), (2, "b"), (3, "c")] {
+        storage
+            .write_traces(batch(Some("m"), vec![span(y, sid(s), name, 5, 9)]))
+            .await
+            .unwrap();
+    }
+    storage
+        .write_traces(batch(
+            Some("m"),
+            vec![span(y, sid(1), "dup", 5, 9), span(y, sid(4), "d", 5, 9)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(dups(), 1);
+    assert_eq!(names_of(&storage, y).await.len(), 4);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let report = storage.run_retention().await.unwrap();
+    assert_eq!(report.batches_deleted, 4);
+    assert!(storage.trace(y).await.unwrap().is_none());
+    storage
+        .write_traces(batch(Some("m"), vec![span(y, sid(1), "again", 5, 9)]))
+        .await
+        .unwrap();
+    assert_eq!(dups(), 1);
+    assert_eq!(
+        names_of(&storage, y).await,
+        vec![("again".into(), SpanState::Ended)]
+    );
+    storage.shutdown().await;
+}
+
 #[tokio::test]
 async fn traces_survive_the_index_merge_and_a_restart() {
     // more than one merge of the unmerged-batch map into trace_index (256 batches)

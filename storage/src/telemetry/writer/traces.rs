@@ -15,7 +15,7 @@ use crate::telemetry::traceidx::{
     merged_upto, unmerged_map, unmerged_postings,
 };
 
-use super::Writer;
+use super::{Writer, KNOWN_SPANS_MAX};
 
 impl Writer {
     /// Loads (cached) the index of a stored batch.
@@ -39,16 +39,25 @@ impl Writer {
         Ok(Some(idx))
     }
 
-    /// Drops the cached indexes of batches up to `upto` (deleted by retention), so
-    /// deduplication never sees spans that are no longer stored.
+    /// Drops the cached indexes of batches up to `upto` (deleted by retention), and the
+    /// span ids known per trace ([`Writer::known_spans`]), so deduplication never sees
+    /// spans that are no longer stored.
     pub(in crate::telemetry) fn idx_cache_forget(&mut self, upto: i64) {
         self.idx_cache.retain(|id, _| *id > upto);
+        self.forget_known_spans();
+    }
+
+    /// Empties [`Writer::known_spans`].
+    pub(super) fn forget_known_spans(&mut self) {
+        self.known_spans.clear();
+        self.known_spans_len = 0;
     }
 
     /// Re-reads the unmerged trace map after a rollback.
     pub(in crate::telemetry) fn reload_l0(&mut self) -> Result<(), rusqlite::Error> {
         self.idx_cache.clear();
         self.l0_new.clear();
+        self.forget_known_spans();
         self.merged_upto = merged_upto(&self.conn)?;
         self.l0 = unmerged_map(&self.conn, self.merged_upto)?;
         self.l0_batches = self.conn.query_row(
@@ -114,39 +123,16 @@ impl Writer {
                 self.l0_new.insert(*t);
                 continue; // a new trace: every copy stays
             }
-            // A trace first stored in `l0` without a `trace_index` row has none yet (rows
-            // come only from merges, which clear `l0_new`; a rollback clears it too): its
-            // copies are all in `l0`, so the runs are not searched. Issue 16: each trace
-            // continued by a later export cost a seek and a block read in every run;
-            // exports continuing 8 traces each, ~70 runs: 630 → 190 µs per export
-            // (`cargo bench -p stallwatch-storage --bench telemetry -- --continued 24000`).
-            let mut batches = if self.l0_new.contains(t) {
-                Vec::new()
-            } else {
-                let b = indexed_batches(&self.conn, t)?;
-                if b.is_empty() {
-                    self.l0_new.insert(*t);
+            let mut known = match self.known_spans.remove(t) {
+                Some(k) => {
+                    self.known_spans_len -= k.len();
+                    k
                 }
-                b
+                None => match self.stored_spans_of(t)? {
+                    Some(k) => k,
+                    None => continue, // a new trace: every copy stays
+                },
             };
-            if let Some(l) = self.l0.get(t) {
-                batches.extend_from_slice(l);
-            }
-            if batches.is_empty() {
-                continue; // a new trace: every copy stays
-            }
-            batches.sort_unstable();
-            batches.dedup();
-            let mut idxs = Vec::with_capacity(batches.len());
-            for id in batches {
-                if let Some(i) = self.load_idx(id)? {
-                    idxs.push(i);
-                }
-            }
-            let mut known: HashMap<[u8; 8], bool> = fold(t, idxs.iter().map(|a| a.as_ref()))
-                .into_iter()
-                .map(|(sid, (bi, pi))| (sid, idxs[bi].spans[pi].ended()))
-                .collect();
             for &pos in positions {
                 let c = &p.index.spans[pos as usize];
                 match known.get(&c.span_id).copied() {
@@ -161,6 +147,15 @@ impl Writer {
                         dups += 1;
                     }
                 }
+            }
+            // Kept for the trace's next export, with this one's kept spans in it (they are
+            // stored below, or the group rolls back, which forgets them all).
+            if known.len() <= KNOWN_SPANS_MAX {
+                if self.known_spans_len + known.len() > KNOWN_SPANS_MAX {
+                    self.forget_known_spans();
+                }
+                self.known_spans_len += known.len();
+                self.known_spans.insert(*t, known);
             }
         }
         let kept = keep.iter().filter(|k| **k).count();
@@ -222,6 +217,50 @@ impl Writer {
         self.l0_batches += 1;
         self.next_batch_id += 1;
         Ok((kept as u64, dups))
+    }
+
+    /// Every span id stored of trace `t` and whether a stored copy of it ended, read from
+    /// the batches the trace index and `l0` list for it; `None` when no batch holds the
+    /// trace (a new trace).
+    fn stored_spans_of(
+        &mut self,
+        t: &[u8; 16],
+    ) -> Result<Option<HashMap<[u8; 8], bool>>, rusqlite::Error> {
+        // A trace first stored in `l0` without a `trace_index` row has none yet (rows
+        // come only from merges, which clear `l0_new`; a rollback clears it too): its
+        // copies are all in `l0`, so the runs are not searched. Issue 16: each trace
+        // continued by a later export cost a seek and a block read in every run;
+        // exports continuing 8 traces each, ~70 runs: 630 → 190 µs per export
+        // (`cargo bench -p stallwatch-storage --bench telemetry -- --continued 24000`).
+        let mut batches = if self.l0_new.contains(t) {
+            Vec::new()
+        } else {
+            let b = indexed_batches(&self.conn, t)?;
+            if b.is_empty() {
+                self.l0_new.insert(*t);
+            }
+            b
+        };
+        if let Some(l) = self.l0.get(t) {
+            batches.extend_from_slice(l);
+        }
+        if batches.is_empty() {
+            return Ok(None);
+        }
+        batches.sort_unstable();
+        batches.dedup();
+        let mut idxs = Vec::with_capacity(batches.len());
+        for id in batches {
+            if let Some(i) = self.load_idx(id)? {
+                idxs.push(i);
+            }
+        }
+        Ok(Some(
+            fold(t, idxs.iter().map(|a| a.as_ref()))
+                .into_iter()
+                .map(|(sid, (bi, pi))| (sid, idxs[bi].spans[pi].ended()))
+                .collect(),
+        ))
     }
 
     /// Merges the unmerged batches' traces into `trace_index` as a new run and inserts
