@@ -294,7 +294,9 @@ pub struct RetentionReport {
     pub batches_deleted: u64,
     /// Span copies in them.
     pub spans_deleted: u64,
-    /// Traces left with no span and deleted.
+    /// Traces left with no span and deleted. Counted by a retention pass
+    /// ([`Storage::run_retention`] and the periodic one); the size step that a commit past
+    /// the high watermark starts leaves it 0, as counting reads the whole trace index.
     pub traces_deleted: u64,
     /// Log records deleted.
     pub logs_deleted: u64,
