@@ -7,6 +7,7 @@ mod cli;
 mod config;
 mod datadir;
 mod demo;
+mod logfilter;
 #[cfg(unix)]
 mod parent;
 #[cfg(windows)]

@@ -49,12 +49,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(serve(settings, data, args.exit_with_parent, self_traces))
 }
 
-/// Logs on stderr (filtered by `RUST_LOG`, default `info`), plus the self-trace layer
+/// Logs on stderr (filtered by `RUST_LOG`, default `info`: [`crate::logfilter`]), plus the self-trace layer
 /// (unfiltered by `RUST_LOG`) when asked for; answers the self-trace sink.
 fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace::SelfTraceSink> {
     use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, invalid) = match crate::logfilter::env_filter(
+        std::env::var_os("RUST_LOG"),
+        tracing::level_filters::STATIC_MAX_LEVEL,
+    ) {
+        Ok(f) => (f, None),
+        Err(e) => (
+            tracing_subscriber::EnvFilter::new(crate::logfilter::DEFAULT_FILTER),
+            Some(e),
+        ),
+    };
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
@@ -76,6 +84,14 @@ fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace
         .with(fmt.with_filter(filter))
         .with(layer)
         .init();
+    if let Some(e) = invalid {
+        tracing::warn!(
+            rust_log = %e.value,
+            error = %e.error,
+            default = crate::logfilter::DEFAULT_FILTER,
+            "RUST_LOG is not a valid filter; logging with the default"
+        );
+    }
     sink
 }
 

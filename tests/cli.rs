@@ -140,3 +140,33 @@ fn env_wins_over_toml_when_no_flag_is_given() {
     let grpc: std::net::SocketAddr = ready["otlp_grpc"].as_str().unwrap().parse().unwrap();
     assert_ne!(grpc.port(), 1, "TOML won over the environment");
 }
+
+#[test]
+fn an_invalid_rust_log_is_reported_in_the_log_format_and_the_default_filter_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = ServerOpts::new(&dir.path().join("data"));
+    opts.env = vec![("RUST_LOG".into(), "debug,foo[".into())];
+    let server = Server::start_with(opts);
+    let err = server.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.contains("RUST_LOG is not a valid filter"))
+        .unwrap_or_else(|| panic!("no warning naming RUST_LOG:\n{err}"));
+    assert!(
+        line.contains("WARN") && line.contains("debug,foo["),
+        "{line}"
+    );
+    // the default filter (info): info lines, no debug ones
+    assert!(err.contains(" INFO "), "{err}");
+    assert!(!err.contains(" DEBUG "), "{err}");
+    assert_eq!(server.stop(), Some(0));
+
+    // a valid filter is used as written: its debug events appear
+    let mut opts = ServerOpts::new(&dir.path().join("data2"));
+    opts.env = vec![("RUST_LOG".into(), "warn,stallwatch=debug".into())];
+    let server = Server::start_with(opts);
+    let err = server.stderr();
+    assert!(err.contains(" DEBUG "), "{err}");
+    assert!(!err.contains("not a valid filter"), "{err}");
+    assert_eq!(server.stop(), Some(0));
+}

@@ -264,3 +264,44 @@ fn spawned_runners_get_the_ingest_token_so_their_spans_are_accepted() {
         }
     );
 }
+
+#[test]
+fn clients_stalled_mid_request_do_not_hold_shutdown() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    // A request head cut short, on every listener.
+    let mut heads = Vec::new();
+    for addr in [server.http, server.grpc, server.dashboard] {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .unwrap();
+        heads.push(s);
+    }
+    // A whole head, then 1 byte of a 1,000-byte body.
+    let mut body = TcpStream::connect(server.http).unwrap();
+    body.write_all(
+        b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+          Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\nx",
+    )
+    .unwrap();
+    // the export reaches the collector and waits for the rest of its body
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    assert_eq!(server.stop(), Some(0));
+    let took = t0.elapsed();
+    // Before: the drain waited for them up to its 10 s deadline (`drain_timeout`).
+    assert!(
+        took < Duration::from_secs(5),
+        "shutdown took {took:?} with stalled clients"
+    );
+    // The exporter of the stalled body is told to retry: nothing of it was stored.
+    body.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut resp = String::new();
+    let _ = body.read_to_string(&mut resp);
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    assert!(resp.contains("shutting down"), "{resp}");
+    drop(heads);
+}

@@ -24,6 +24,11 @@ use crate::stats::{IngestStats, RefuseReason};
 
 /// `Retry-After` when the in-flight budget or the write queue is full, seconds.
 pub(crate) const BUSY_RETRY_AFTER_S: u64 = 1;
+/// Once shutdown has begun, how long a request body may pause before its next frame
+/// (instead of `body_idle_timeout`): a client that stopped sending mid-body must not hold
+/// the drain for the whole `drain_timeout`; it is answered 503 (retryable) instead. A body
+/// that keeps arriving is read to its end and committed.
+pub(crate) const STOPPING_BODY_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
 /// `Retry-After` when storage is busy (another process holds the lock), has an I/O error
 /// or lost its file, seconds.
 pub(crate) const STORAGE_BUSY_RETRY_AFTER_S: u64 = 2;
@@ -295,6 +300,9 @@ pub(crate) struct Inner {
     pub(crate) limits: Limits,
     pub(crate) body_idle_timeout: std::time::Duration,
     pub(crate) allowed_hosts: Vec<String>,
+    /// Cancelled when shutdown begins ([`crate::Server::run`]): body reads then wait at most
+    /// [`STOPPING_BODY_IDLE`] per frame.
+    pub(crate) stopping: tokio_util::sync::CancellationToken,
 }
 
 impl IngestState {
@@ -323,6 +331,7 @@ impl IngestState {
                 },
                 body_idle_timeout: config.body_idle_timeout,
                 allowed_hosts: config.allowed_hosts.clone(),
+                stopping: tokio_util::sync::CancellationToken::new(),
             }),
         })
     }
@@ -386,7 +395,8 @@ impl IngestState {
     }
 
     /// The next frame of a request body, or a refusal when the client stalls longer than
-    /// `body_idle_timeout`.
+    /// `body_idle_timeout` (400), or, once shutdown has begun, longer than
+    /// [`STOPPING_BODY_IDLE`] (503, retryable: nothing of it was stored).
     pub(crate) async fn next_frame<B>(
         &self,
         body: &mut B,
@@ -396,12 +406,32 @@ impl IngestState {
     {
         use http_body_util::BodyExt;
         let t = self.inner.body_idle_timeout;
-        tokio::time::timeout(t, body.frame()).await.map_err(|_| {
+        let deadline = tokio::time::Instant::now() + t;
+        let stalled = || {
             Refusal::BadRequest(format!(
                 "request body stalled for more than {} ms",
                 t.as_millis()
             ))
-        })
+        };
+        let frame = body.frame();
+        tokio::pin!(frame);
+        tokio::select! {
+            biased;
+            r = tokio::time::timeout_at(deadline, &mut frame) => return r.map_err(|_| stalled()),
+            () = self.inner.stopping.cancelled() => {}
+        }
+        let short = deadline.min(tokio::time::Instant::now() + STOPPING_BODY_IDLE);
+        match tokio::time::timeout_at(short, &mut frame).await {
+            Ok(r) => Ok(r),
+            Err(_) if short == deadline => Err(stalled()),
+            Err(_) => Err(Refusal::Busy {
+                retry_after_s: BUSY_RETRY_AFTER_S,
+                message: "stallwatch is shutting down and the request body stopped arriving; \
+                          nothing of it was stored, retry later"
+                    .into(),
+                reason: RefuseReason::ShuttingDown,
+            }),
+        }
     }
 
     /// Counts a request refused before it reached [`IngestState::process`].

@@ -137,8 +137,18 @@ impl Collector {
             self.http_stats.clone(),
             shutdown.clone(),
         );
+        // Request bodies still arriving get a short pause limit from now on (ingest.rs,
+        // `STOPPING_BODY_IDLE`), so a client that stalled mid-body cannot hold the drain.
+        let stopping = {
+            let state = self.state.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.cancelled().await;
+                state.inner.stopping.cancel();
+            }
+        };
         let both = async {
-            tokio::join!(grpc, http);
+            tokio::join!(grpc, http, stopping);
             Ok(())
         };
         let deadline = async {

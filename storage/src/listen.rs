@@ -10,7 +10,9 @@
 //! byte), an idle timeout (no request in flight; a streaming response such as SSE counts as
 //! in flight until its body ends) and a connection lifetime. Each of the last three closes
 //! gracefully (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and then, after
-//! [`CLOSE_GRACE`], for good.
+//! [`CLOSE_GRACE`], for good. At shutdown a connection with no request in the service (idle,
+//! or part way through a request head) gets 250 ms to close before it is dropped, so a client
+//! that stalled mid-head does not hold the drain.
 //!
 //! Like hosts.rs, it lives in this ground-floor crate because every listener shares it; it
 //! knows connections, not HTTP statuses.
@@ -55,6 +57,11 @@ pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(3600);
 /// After a graceful close is started, how long the connection may still finish in-flight
 /// work before it is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// At shutdown, how long a connection with no request in the service (idle, or part way
+/// through sending a request head) may take to close gracefully before it is dropped; it
+/// gets [`CLOSE_GRACE`] after all if a request reaches the service meanwhile. A client that
+/// stalled mid-head must not hold shutdown for `header_read_timeout`.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
 /// Concurrent HTTP/2 streams per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// How often a connection's deadlines are looked at.
@@ -498,8 +505,8 @@ async fn connection<S, B>(
     };
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
     tokio::pin!(conn);
-    // When a graceful close was started: the instant it must be over.
-    let mut closing: Option<Instant> = None;
+    // When a graceful close was started: when it started and the instant it must be over.
+    let mut closing: Option<(Instant, Instant)> = None;
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -518,11 +525,23 @@ async fn connection<S, B>(
             }
             () = shutdown.cancelled(), if closing.is_none() => {
                 conn.as_mut().graceful_shutdown();
-                closing = Some(Instant::now() + CLOSE_GRACE);
+                let now = Instant::now();
+                let grace = if activity.in_flight.load(Ordering::Relaxed) == 0 {
+                    IDLE_CLOSE_GRACE
+                } else {
+                    CLOSE_GRACE
+                };
+                closing = Some((now, now + grace));
             }
             _ = tick.tick() => {
-                if let Some(deadline) = closing {
+                if let Some((started, deadline)) = closing {
                     if Instant::now() >= deadline {
+                        let full = started + CLOSE_GRACE;
+                        if deadline < full && activity.in_flight.load(Ordering::Relaxed) > 0 {
+                            // a request reached the service during the short grace
+                            closing = Some((started, full));
+                            continue;
+                        }
                         break;
                     }
                     continue;
@@ -531,7 +550,8 @@ async fn connection<S, B>(
                     stats.closed(reason);
                     tracing::debug!(listener = stats.name, %peer, reason = reason.as_str(), "closing a connection");
                     conn.as_mut().graceful_shutdown();
-                    closing = Some(Instant::now() + CLOSE_GRACE);
+                    let now = Instant::now();
+                    closing = Some((now, now + CLOSE_GRACE));
                 }
             }
         }
