@@ -49,8 +49,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(serve(settings, data, args.exit_with_parent, self_traces))
 }
 
-/// Logs on stderr (filtered by `RUST_LOG`, default `info`: [`crate::logfilter`]), plus the self-trace layer
-/// (unfiltered by `RUST_LOG`) when asked for; answers the self-trace sink.
+/// Logs on stderr (filtered by `RUST_LOG`, default `info`: [`crate::logfilter`]), plus the
+/// self-trace layer (unfiltered by `RUST_LOG`) when asked for; answers the self-trace sink.
 fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace::SelfTraceSink> {
     use tracing_subscriber::prelude::*;
     let (filter, invalid) = match crate::logfilter::env_filter(

@@ -265,13 +265,45 @@ fn spawned_runners_get_the_ingest_token_so_their_spans_are_accepted() {
     );
 }
 
+/// A gRPC request body that sends the 5-byte message header (uncompressed, 1,000 bytes) and
+/// one byte of the message, then never another frame.
+struct StalledGrpcBody {
+    sent: bool,
+}
+
+impl http_body::Body for StalledGrpcBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if self.sent {
+            return std::task::Poll::Pending;
+        }
+        self.sent = true;
+        let mut data = vec![0u8];
+        data.extend_from_slice(&1000u32.to_be_bytes());
+        data.push(0x0a);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data.into()))))
+    }
+}
+
 #[test]
 fn clients_stalled_mid_request_do_not_hold_shutdown() {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::Instant;
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("data"));
+    let server = Server::start_with(ServerOpts {
+        env: vec![(
+            "RUST_LOG".into(),
+            "info,stallwatch_storage::listen=debug".into(),
+        )],
+        ..ServerOpts::new(&dir.path().join("data"))
+    });
+    let server_stderr = server.stderr_path.clone();
     // A request head cut short, on every listener.
     let mut heads = Vec::new();
     for addr in [server.http, server.grpc, server.dashboard] {
@@ -280,28 +312,104 @@ fn clients_stalled_mid_request_do_not_hold_shutdown() {
             .unwrap();
         heads.push(s);
     }
-    // A whole head, then 1 byte of a 1,000-byte body.
+    // A whole head, then 1 byte of a 1,000-byte body: to the dashboard's control API (with
+    // the token, so the handler reads the body) ...
+    let mut dash = TcpStream::connect(server.dashboard).unwrap();
+    dash.write_all(
+        format!(
+            "POST /api/v1/runners HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{",
+            server.token()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // ... and to OTLP/HTTP
     let mut body = TcpStream::connect(server.http).unwrap();
     body.write_all(
         b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\n\
           Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\nx",
     )
     .unwrap();
-    // the export reaches the collector and waits for the rest of its body
-    std::thread::sleep(Duration::from_millis(300));
+    // the export reaches the collector (its declared body is charged in flight) and waits
+    // for the rest of its body
+    let inflight = || {
+        server
+            .metric("stallwatch_otlp_inflight_bytes ")
+            .unwrap_or(0)
+    };
+    wait_until!(
+        Duration::from_secs(10),
+        "the stalled export to reach the collector",
+        inflight() > 0
+    );
+    let http_charged = inflight();
+    // ... and to OTLP/gRPC, one HTTP/2 stream whose message stops after its first byte
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let grpc_addr = server.grpc;
+    let grpc = rt.spawn(async move {
+        let mut channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://{grpc_addr}/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(StalledGrpcBody { sent: false }))
+            .unwrap();
+        let resp = tower::ServiceExt::oneshot(&mut channel, req).await.unwrap();
+        let status = resp
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string());
+        let message = resp
+            .headers()
+            .get("grpc-message")
+            .map(|v| v.to_str().unwrap().to_string());
+        (status, message)
+    });
+    wait_until!(
+        Duration::from_secs(10),
+        "the stalled gRPC export to reach the collector",
+        inflight() > http_charged
+    );
     let t0 = Instant::now();
     assert_eq!(server.stop(), Some(0));
     let took = t0.elapsed();
-    // Before: the drain waited for them up to its 10 s deadline (`drain_timeout`).
+    // Before: the drain waited for them up to its 10 s deadline (`drain_timeout`), then the
+    // dashboard's stalled body up to its 5 s `SHUTDOWN_DEADLINE`.
     assert!(
-        took < Duration::from_secs(5),
+        took < Duration::from_secs(3),
         "shutdown took {took:?} with stalled clients"
     );
-    // The exporter of the stalled body is told to retry: nothing of it was stored.
+    // The exporters of the stalled bodies are told to retry: nothing of them was stored.
     body.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut resp = String::new();
     let _ = body.read_to_string(&mut resp);
     assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
     assert!(resp.contains("shutting down"), "{resp}");
+    let (status, message) = rt.block_on(grpc).unwrap();
+    assert_eq!(
+        status.as_deref(),
+        Some("14"),
+        "gRPC UNAVAILABLE: {message:?}"
+    );
+    assert!(
+        message.as_deref().unwrap_or("").contains("shutting%20down")
+            || message.as_deref().unwrap_or("").contains("shutting down"),
+        "{message:?}"
+    );
+    // The dashboard's connection was dropped for its stalled body, not held to the deadline.
+    let stderr = std::fs::read_to_string(&server_stderr).unwrap();
+    assert!(
+        stderr.contains("request bodies stopped arriving at shutdown")
+            && stderr.contains("dashboard"),
+        "{stderr}"
+    );
     drop(heads);
 }

@@ -121,7 +121,7 @@ impl Collector {
         // SETTINGS frame).
         let grpc_service = GrpcService::new(self.state.clone(), self.http_addr);
         let grpc_service = tower::ServiceBuilder::new()
-            .map_request(|r: http::Request<hyper::body::Incoming>| r.map(tonic::body::Body::new))
+            .map_request(|r: http::Request<listen::RequestBody>| r.map(tonic::body::Body::new))
             .service(grpc_service);
         let grpc = listen::serve(
             self.grpc,

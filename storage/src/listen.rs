@@ -11,8 +11,11 @@
 //! in flight until its body ends) and a connection lifetime. Each of the last three closes
 //! gracefully (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and then, after
 //! [`CLOSE_GRACE`], for good. At shutdown a connection with no request in the service (idle,
-//! or part way through a request head) gets 250 ms to close before it is dropped, so a client
-//! that stalled mid-head does not hold the drain.
+//! or part way through a request head) gets 250 ms to close before it is dropped, and one
+//! whose every request in flight is waiting for request body bytes that stopped arriving is
+//! dropped once none came for [`STOPPING_BODY_STALL`]: a client that stalled mid-head or
+//! mid-body does not hold the drain, on any listener. (The OTLP listeners answer such an
+//! export themselves first, with a retryable 503, after 500 ms: collector `ingest.rs`.)
 //!
 //! Like hosts.rs, it lives in this ground-floor crate because every listener shares it; it
 //! knows connections, not HTTP statuses.
@@ -62,6 +65,10 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// gets [`CLOSE_GRACE`] after all if a request reaches the service meanwhile. A client that
 /// stalled mid-head must not hold shutdown for `header_read_timeout`.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
+/// At shutdown, how long the request bodies of a connection may all go without a frame
+/// before it is dropped (1 s; each listener's own answer to a stalled body, if it has one,
+/// comes sooner).
+pub const STOPPING_BODY_STALL: Duration = Duration::from_secs(1);
 /// Concurrent HTTP/2 streams per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// How often a connection's deadlines are looked at.
@@ -287,11 +294,38 @@ struct Activity {
     seen_request: AtomicBool,
     /// Milliseconds after `born` when the last request (response body included) ended.
     last_done_ms: AtomicU64,
+    /// Request bodies whose last poll found no data yet (their handler waits for the client).
+    bodies_waiting: AtomicU64,
+    /// Milliseconds after `born` when a request began or a request body frame last arrived.
+    last_body_ms: AtomicU64,
 }
 
 impl Activity {
+    fn new() -> Self {
+        Self {
+            born: Instant::now(),
+            in_flight: AtomicU64::new(0),
+            seen_request: AtomicBool::new(false),
+            last_done_ms: AtomicU64::new(0),
+            bodies_waiting: AtomicU64::new(0),
+            last_body_ms: AtomicU64::new(0),
+        }
+    }
+
     fn since_born_ms(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// True when every request in flight waits for request body bytes and none arrived for
+    /// `stall`: the client stopped sending (what shutdown drops the connection for).
+    fn bodies_stalled(&self, stall: Duration) -> bool {
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        in_flight > 0
+            && self.bodies_waiting.load(Ordering::Relaxed) >= in_flight
+            && Duration::from_millis(
+                self.since_born_ms()
+                    .saturating_sub(self.last_body_ms.load(Ordering::Relaxed)),
+            ) >= stall
     }
 }
 
@@ -301,6 +335,7 @@ struct ActiveGuard(Arc<Activity>);
 impl ActiveGuard {
     fn new(a: Arc<Activity>) -> Self {
         a.seen_request.store(true, Ordering::Relaxed);
+        a.last_body_ms.store(a.since_born_ms(), Ordering::Relaxed);
         a.in_flight.fetch_add(1, Ordering::Relaxed);
         Self(a)
     }
@@ -341,6 +376,66 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
     }
 }
 
+/// A request body as every listener's service receives it: hyper's body, plus the record
+/// of whether its handler is waiting for the client ([`STOPPING_BODY_STALL`]). Frames and
+/// errors are hyper's, unchanged.
+pub struct RequestBody {
+    inner: Incoming,
+    activity: Arc<Activity>,
+    /// The last poll found no data (counted in `Activity::bodies_waiting`).
+    waiting: bool,
+}
+
+impl RequestBody {
+    fn set_waiting(&mut self, waiting: bool) {
+        if waiting != self.waiting {
+            self.waiting = waiting;
+            if waiting {
+                self.activity.bodies_waiting.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.activity.bodies_waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            Poll::Pending => this.set_waiting(true),
+            Poll::Ready(_) => {
+                this.set_waiting(false);
+                this.activity
+                    .last_body_ms
+                    .store(this.activity.since_born_ms(), Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        self.set_waiting(false);
+    }
+}
+
 /// The hyper service of one connection: the listener's tower service plus activity
 /// tracking.
 struct Tracked<S> {
@@ -350,7 +445,7 @@ struct Tracked<S> {
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Tracked<S>
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -363,6 +458,11 @@ where
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let guard = ActiveGuard::new(self.activity.clone());
+        let req = req.map(|inner| RequestBody {
+            inner,
+            activity: self.activity.clone(),
+            waiting: false,
+        });
         let svc = self.inner.clone();
         Box::pin(async move {
             let resp = tower::ServiceExt::oneshot(svc, req).await?;
@@ -401,7 +501,7 @@ pub async fn serve<S, B>(
     stats: Arc<ListenerStats>,
     shutdown: CancellationToken,
 ) where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -484,7 +584,7 @@ async fn connection<S, B>(
     _permit: OwnedSemaphorePermit,
     shutdown: CancellationToken,
 ) where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -493,12 +593,7 @@ async fn connection<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let activity = Arc::new(Activity {
-        born: Instant::now(),
-        in_flight: AtomicU64::new(0),
-        seen_request: AtomicBool::new(false),
-        last_done_ms: AtomicU64::new(0),
-    });
+    let activity = Arc::new(Activity::new());
     let svc = Tracked {
         inner: service,
         activity: activity.clone(),
@@ -535,6 +630,10 @@ async fn connection<S, B>(
             }
             _ = tick.tick() => {
                 if let Some((started, deadline)) = closing {
+                    if shutdown.is_cancelled() && activity.bodies_stalled(STOPPING_BODY_STALL) {
+                        tracing::debug!(listener = stats.name, %peer, "dropping a connection whose request bodies stopped arriving at shutdown");
+                        break;
+                    }
                     if Instant::now() >= deadline {
                         let full = started + CLOSE_GRACE;
                         if deadline < full && activity.in_flight.load(Ordering::Relaxed) > 0 {

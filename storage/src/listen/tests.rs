@@ -32,7 +32,30 @@ fn activity(age: Duration, seen: bool, in_flight: u64, last_done: Duration) -> A
         in_flight: AtomicU64::new(in_flight),
         seen_request: AtomicBool::new(seen),
         last_done_ms: AtomicU64::new(last_done.as_millis() as u64),
+        bodies_waiting: AtomicU64::new(0),
+        last_body_ms: AtomicU64::new(0),
     }
+}
+
+#[test]
+fn only_bodies_that_all_stopped_arriving_count_as_stalled() {
+    let s = Duration::from_secs;
+    let stall = STOPPING_BODY_STALL;
+    let a = activity(s(10), true, 2, s(0));
+    // both requests wait for body bytes, the last frame came 9 s ago
+    a.bodies_waiting.store(2, Ordering::Relaxed);
+    a.last_body_ms.store(1_000, Ordering::Relaxed);
+    assert!(a.bodies_stalled(stall));
+    // one request is being handled (its body not waited for): not stalled
+    a.bodies_waiting.store(1, Ordering::Relaxed);
+    assert!(!a.bodies_stalled(stall));
+    // both wait, but a frame arrived just now: a slow client still sending
+    a.bodies_waiting.store(2, Ordering::Relaxed);
+    a.last_body_ms.store(a.since_born_ms(), Ordering::Relaxed);
+    assert!(!a.bodies_stalled(stall));
+    // no request in flight at all: that is the idle rule's case, not this one
+    let idle = activity(s(10), true, 0, s(0));
+    assert!(!idle.bodies_stalled(stall));
 }
 
 #[test]
