@@ -5,6 +5,10 @@
 //! intake and finish in-flight exports → stop spawned runners (normal termination) → stop
 //! the watchdog and reaper → stop the dashboard and webhook worker → stop the `[forward]`
 //! forwarder → storage commits what is queued and stops. Each stage has its own deadline.
+//! A second stop signal (SIGTERM or SIGINT; a console control event on Windows) hurries
+//! it: spawned runners still stopping get SIGKILL (`TerminateJobObject`) at once, and the
+//! intake, dashboard, webhook and forwarder stages are no longer waited for; the watchdog,
+//! the reaper and storage still stop in order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -389,45 +393,70 @@ async fn serve(
 
     signals.wait(&shutdown).await;
     tracing::info!("shutting down");
+    // A second stop signal hurries the shutdown (a user pressing Ctrl-C again, a supervisor
+    // that sends SIGTERM twice): spawned runners get SIGKILL now instead of the rest of
+    // their grace period, open connections are dropped; storage still commits what it
+    // holds, and the next start's orphan sweep closes what was left open.
+    let hurry = CancellationToken::new();
+    let hurry_task = tokio::spawn({
+        let hurry = hurry.clone();
+        async move {
+            signals.wait(&CancellationToken::new()).await;
+            tracing::warn!(
+                "second stop signal: spawned runners get SIGKILL now, open connections are dropped"
+            );
+            hurry.cancel();
+        }
+    });
     residency_task.abort();
     let _ = ready_tx.send(false);
     remove_discovery(&discovery);
 
     // 1. Stop intake; in-flight exports finish and are committed.
     collector_token.cancel();
-    stage("collector", collector_task).await;
+    stage("collector", collector_task, &hurry).await;
     // 2. Spawned runners get the normal termination sequence (attached ones are left).
-    if tokio::time::timeout(STAGE_DEADLINE * 3, reaper.stop_spawned_runners())
-        .await
-        .is_err()
-    {
-        tracing::warn!("stopping spawned runners passed its deadline");
+    let stopped = tokio::select! {
+        r = tokio::time::timeout(STAGE_DEADLINE * 3, reaper.stop_spawned_runners()) => {
+            if r.is_err() {
+                tracing::warn!("stopping spawned runners passed its deadline");
+            }
+            r.is_ok()
+        }
+        () = hurry.cancelled() => false,
+    };
+    if !stopped {
         let n = reaper.kill_all_registered().await;
         tracing::warn!(
             signalled = n,
             "SIGKILL sent to every spawned runner still registered"
         );
     }
-    // 3. Watchdog and reaper.
+    // 3. Watchdog and reaper (never hurried: they persist their clock and ledger).
+    let never = CancellationToken::new();
     wd_token.cancel();
     reaper_token.cancel();
-    stage("watchdog", wd_task).await;
-    stage("reaper", reaper_task).await;
+    stage("watchdog", wd_task, &never).await;
+    stage("reaper", reaper_task, &never).await;
     forward_changes.abort();
     control_task.abort();
     full_task.abort();
     reserve_task.abort();
     // 4. Dashboard and webhooks.
     dash_token.cancel();
-    stage("dashboard", dash_task).await;
-    stage("webhooks", webhooks).await;
+    stage("dashboard", dash_task, &hurry).await;
+    stage("webhooks", webhooks, &hurry).await;
     if let Some(t) = self_trace_task {
         t.abort();
     }
     // 5. The forwarder (un-acknowledged rows stay queued for the next start).
     if let Some(f) = forwarder {
-        f.stop(STAGE_DEADLINE).await;
+        tokio::select! {
+            () = f.stop(STAGE_DEADLINE) => {}
+            () = hurry.cancelled() => tracing::warn!(stage = "forward", "not waited for"),
+        }
     }
+    hurry_task.abort();
     // 6. Storage flushes last.
     if tokio::time::timeout(STAGE_DEADLINE, storage.shutdown())
         .await
@@ -463,12 +492,19 @@ async fn release_code_pages_while_running() {
     }
 }
 
-/// Waits for one stage's task with the stage deadline, logging what went wrong.
-async fn stage<T>(name: &str, task: tokio::task::JoinHandle<T>) {
-    match tokio::time::timeout(STAGE_DEADLINE, task).await {
-        Ok(Ok(_)) => tracing::debug!(stage = name, "stopped"),
-        Ok(Err(e)) => tracing::error!(stage = name, "task failed: {e}"),
-        Err(_) => tracing::warn!(stage = name, "did not stop within {STAGE_DEADLINE:?}"),
+/// Waits for one stage's task with the stage deadline, or until `hurry` (a second stop
+/// signal) aborts it, logging what went wrong.
+async fn stage<T>(name: &str, mut task: tokio::task::JoinHandle<T>, hurry: &CancellationToken) {
+    tokio::select! {
+        r = tokio::time::timeout(STAGE_DEADLINE, &mut task) => match r {
+            Ok(Ok(_)) => tracing::debug!(stage = name, "stopped"),
+            Ok(Err(e)) => tracing::error!(stage = name, "task failed: {e}"),
+            Err(_) => tracing::warn!(stage = name, "did not stop within {STAGE_DEADLINE:?}"),
+        },
+        () = hurry.cancelled() => {
+            task.abort();
+            tracing::warn!(stage = name, "not waited for");
+        }
     }
 }
 

@@ -413,3 +413,50 @@ fn clients_stalled_mid_request_do_not_hold_shutdown() {
     );
     drop(heads);
 }
+
+#[test]
+fn a_second_stop_signal_kills_stopping_runners_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // A runner that ignores SIGTERM (its sleep inherits the ignored disposition), and a
+    // grace period far longer than the test.
+    let cfg = "[reaper]\ngrace_ms = 60000\nmax_restarts = 0\n\
+               [[runner]]\nid = \"stubborn\"\n\
+               spawn = { argv = [\"sh\", \"-c\", \"trap '' TERM; sleep 300\"] }\n";
+    let mut server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(cfg));
+    let runner = runner_pid(&format!("http://{}", server.dashboard), "stubborn");
+    let pid = server.child.id().to_string();
+    let kill_term = || {
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill_term();
+    wait_until!(Duration::from_secs(10), "the shutdown to begin", {
+        server.stderr().contains("shutting down")
+    });
+    // One signal: the runner is in its grace period, still alive, and so is stallwatch.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(process_alive(runner), "the runner was killed before its grace period ended");
+    assert!(server.child.try_wait().unwrap().is_none());
+    // The second: SIGKILL now, and stallwatch exits (before: the stage deadline, 30 s).
+    let t0 = std::time::Instant::now();
+    kill_term();
+    let code = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "stallwatch still running 10 s after the second SIGTERM; stderr:\n{}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0), "{}", server.stderr());
+    assert!(!process_alive(runner), "the runner outlived stallwatch");
+    let stderr = server.stderr();
+    assert!(stderr.contains("second stop signal"), "{stderr}");
+    assert!(stderr.contains("SIGKILL sent"), "{stderr}");
+}
