@@ -438,7 +438,10 @@ fn a_second_stop_signal_kills_stopping_runners_at_once() {
     });
     // One signal: the runner is in its grace period, still alive, and so is stallwatch.
     std::thread::sleep(Duration::from_secs(1));
-    assert!(process_alive(runner), "the runner was killed before its grace period ended");
+    assert!(
+        process_alive(runner),
+        "the runner was killed before its grace period ended"
+    );
     assert!(server.child.try_wait().unwrap().is_none());
     // The second: SIGKILL now, and stallwatch exits (before: the stage deadline, 30 s).
     let t0 = std::time::Instant::now();

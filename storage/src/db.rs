@@ -256,11 +256,32 @@ impl Storage {
                 pool = self.inner.reader_free.wait(pool).map_err(|_| poisoned())?;
             }
         };
-        // the connection goes back even when `f` panics
+        // The connection goes back even when `f` panics, and never inside a transaction: a
+        // read that panicked between BEGIN and COMMIT left one open, which failed every
+        // later read on that connection ("cannot start a transaction within a
+        // transaction") and pinned the WAL, so checkpoints stopped and the `-wal` file grew
+        // past the size cap. One whose transaction cannot be ended is replaced.
         struct Back<'a>(&'a Inner, Option<Connection>);
         impl Drop for Back<'_> {
             fn drop(&mut self) {
-                if let (Some(c), Ok(mut pool)) = (self.1.take(), self.0.readers.lock()) {
+                let Some(mut c) = self.1.take() else { return };
+                if !c.is_autocommit() {
+                    let ended = c.execute_batch("ROLLBACK").is_ok() && c.is_autocommit();
+                    tracing::warn!(
+                        ended,
+                        "a read left its transaction open (it failed part way); rolled back"
+                    );
+                    if !ended {
+                        let ro = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                        match open_connection(&self.0.config, ro) {
+                            Ok(fresh) => c = fresh,
+                            Err(e) => {
+                                tracing::error!(error = %e, "cannot replace a read connection")
+                            }
+                        }
+                    }
+                }
+                if let Ok(mut pool) = self.0.readers.lock() {
                     pool.push(c);
                     self.0.reader_free.notify_one();
                 }
@@ -355,6 +376,50 @@ mod tests {
         assert!(at_start > READ_POOL, "{at_start}");
         assert_eq!(peak, at_start, "a read opened its own connection");
         assert_eq!(fds_on(&db), at_start);
+        s.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_that_panics_inside_its_transaction_leaves_every_connection_usable() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(StorageConfig::new(dir.path().join("stallwatch.db"))).unwrap();
+        // Every pooled connection in turn panics between BEGIN and COMMIT (a bug in a read's
+        // decoding); the pool hands out the last connection returned first, so hold them.
+        for _ in 0..READ_POOL {
+            let r = s
+                .read(|c| -> Result<(), StorageError> {
+                    c.execute_batch("BEGIN")?;
+                    c.query_row("SELECT count(*) FROM span_batches", [], |r| {
+                        r.get::<_, i64>(0)
+                    })?;
+                    panic!("a read failed part way");
+                })
+                .await;
+            assert!(matches!(r, Err(StorageError::Task(_))), "{r:?}");
+        }
+        // Every connection is out of its transaction: reads that open their own work, as
+        // many at once as the pool holds.
+        let reads: Vec<_> = (0..READ_POOL * 2)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.read(|c| {
+                        assert!(c.is_autocommit());
+                        c.execute_batch("BEGIN")?;
+                        std::thread::sleep(Duration::from_millis(10));
+                        let n = c.query_row("SELECT count(*) FROM span_batches", [], |r| {
+                            r.get::<_, i64>(0)
+                        })?;
+                        c.execute_batch("COMMIT")?;
+                        Ok(n)
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for r in reads {
+            assert_eq!(r.await.unwrap().unwrap(), 0);
+        }
         s.shutdown().await;
     }
 

@@ -67,12 +67,15 @@ pub(crate) struct Hist {
 
 fn exp_buckets(v: Option<&Value>) -> BTreeMap<i32, u64> {
     let Some(v) = v else { return BTreeMap::new() };
-    let off = v.get("offset").and_then(Value::as_i64).unwrap_or(0) as i32;
+    // An offset or a bucket index outside i32 (the OTLP field is a sint32) is no bucket.
+    let Ok(off) = i32::try_from(v.get("offset").and_then(Value::as_i64).unwrap_or(0)) else {
+        return BTreeMap::new();
+    };
     ju64s(v.get("bucket_counts"))
         .into_iter()
         .enumerate()
         .filter(|(_, c)| *c > 0)
-        .map(|(i, c)| (off + i as i32, c))
+        .filter_map(|(i, c)| Some((off.checked_add(i32::try_from(i).ok()?)?, c)))
         .collect()
 }
 
@@ -235,11 +238,12 @@ impl Dist {
                 pos,
                 neg,
             } if *scale > to => {
-                let shift = (scale - to).min(31) as u32;
+                let shift = scale.saturating_sub(to).min(31) as u32;
                 let down = |m: &BTreeMap<i32, u64>| {
-                    let mut out = BTreeMap::new();
+                    let mut out = BTreeMap::<i32, u64>::new();
                     for (k, v) in m {
-                        *out.entry(k >> shift).or_default() += v;
+                        let x = out.entry(k >> shift).or_default();
+                        *x = x.saturating_add(*v);
                     }
                     out
                 };
@@ -258,15 +262,17 @@ impl Dist {
         let q = q.clamp(0.0, 1.0);
         match self {
             Dist::Explicit { bounds, counts } => {
-                let total: u64 = counts.iter().sum();
+                // Counts are any u64 (a hostile or broken exporter may send u64::MAX):
+                // sums in u128 cannot overflow.
+                let total: u128 = counts.iter().map(|c| u128::from(*c)).sum();
                 if total == 0 || bounds.len() + 1 != counts.len() {
                     return None;
                 }
                 let rank = q * total as f64;
-                let mut cum = 0u64;
+                let mut cum = 0u128;
                 for (i, c) in counts.iter().enumerate() {
                     let before = cum;
-                    cum += c;
+                    cum += u128::from(*c);
                     if (cum as f64) < rank || *c == 0 {
                         continue;
                     }
@@ -295,30 +301,35 @@ impl Dist {
                 pos,
                 neg,
             } => {
-                let total: u64 = pos.values().sum::<u64>() + neg.values().sum::<u64>() + zero;
+                let total: u128 = pos
+                    .values()
+                    .chain(neg.values())
+                    .chain(std::iter::once(zero))
+                    .map(|c| u128::from(*c))
+                    .sum();
                 if total == 0 {
                     return None;
                 }
                 let base_log2 = (-f64::from(*scale)).exp2(); // log2(base)
                 let pow = |x: f64| (x * base_log2).exp2(); // base^x
                 let rank = q * total as f64;
-                let mut cum = 0u64;
+                let mut cum = 0u128;
                 // ascending values: negatives by decreasing magnitude, zero, positives
                 for (i, c) in neg.iter().rev() {
                     let before = cum;
-                    cum += c;
+                    cum += u128::from(*c);
                     if (cum as f64) >= rank {
                         let f = (rank - before as f64) / *c as f64;
                         return Some(-pow(f64::from(*i) + 1.0 - f));
                     }
                 }
-                cum += zero;
+                cum += u128::from(*zero);
                 if *zero > 0 && (cum as f64) >= rank {
                     return Some(0.0);
                 }
                 for (i, c) in pos {
                     let before = cum;
-                    cum += c;
+                    cum += u128::from(*c);
                     if (cum as f64) >= rank {
                         let f = (rank - before as f64) / *c as f64;
                         return Some(pow(f64::from(*i) + f));
@@ -345,6 +356,61 @@ mod tests {
             min: None,
             max: None,
         }
+    }
+
+    /// Counts are any u64 and offsets any sint32 on the wire: a step's quantiles are
+    /// computed without overflowing (a debug build panicked, which also left the read's
+    /// transaction open; a release build answered wrong quantiles).
+    #[test]
+    fn counts_and_offsets_at_the_ends_of_their_types_never_overflow() {
+        let max = u64::MAX;
+        let h = Hist::from_detail(
+            MetricKind::Histogram,
+            Some(1),
+            None,
+            &format!(r#"{{"explicit_bounds":[1.0],"bucket_counts":[{max},1]}}"#),
+        )
+        .unwrap();
+        // all but one observation are in (0, 1]: the median is in it
+        let p50 = h.quantile(0.5).unwrap();
+        assert!(p50 > 0.0 && p50 <= 1.0, "{p50}");
+        assert_eq!(h.quantile(1.0), Some(1.0));
+
+        let exp = |scale: i32, offset: i64, counts: &str| {
+            Hist::from_detail(
+                MetricKind::ExponentialHistogram,
+                None,
+                None,
+                &format!(
+                    r#"{{"scale":{scale},"zero_count":{max},"positive":{{"offset":{offset},"bucket_counts":[{counts}]}}}}"#
+                ),
+            )
+            .unwrap()
+        };
+        // buckets past i32::MAX are no buckets; the one at i32::MAX stays
+        let h = exp(0, i64::from(i32::MAX), "1,1,1");
+        let Dist::Exp { pos, .. } = &h.dist else {
+            panic!("{h:?}")
+        };
+        assert_eq!(pos.keys().copied().collect::<Vec<_>>(), vec![i32::MAX]);
+        assert_eq!(h.quantile(0.5), Some(0.0));
+        assert!(h.quantile(1.0).is_some());
+        // an offset outside sint32: no positive buckets at all
+        let h = exp(0, i64::from(i32::MAX) + 1, "1");
+        let Dist::Exp { pos, .. } = &h.dist else {
+            panic!("{h:?}")
+        };
+        assert!(pos.is_empty());
+        // downscaling merges two full buckets into one: it saturates
+        let fine = exp(1, 0, &format!("{max},{max}"));
+        let coarse = exp(0, 0, "0");
+        let Dist::Exp { pos, .. } = fine.dist.downscale(0) else {
+            panic!()
+        };
+        assert_eq!(pos.get(&0), Some(&max));
+        // adding them overflows the zero bucket (max + max): refused, not wrapped
+        assert_eq!(fine.add(&coarse), None);
+        assert!(fine.quantile(0.9).is_some());
     }
 
     #[test]
