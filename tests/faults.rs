@@ -1244,3 +1244,40 @@ fn a_sigstopped_runner_ends_by_sigterm_within_100_ms() {
         exited.saturating_sub(term)
     );
 }
+
+/// Histograms at the ends of their types (a count of u64::MAX, an exponential offset of
+/// i32::MAX), charted: the points query answers and every read after it still works. Before,
+/// the quantile overflowed (debug builds panicked), and the panic left the read connection
+/// inside its transaction: every later read answered 500 until a restart.
+#[test]
+fn extreme_histograms_chart_and_no_read_fails_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let t = "1700000000000000000";
+    let body = serde_json::json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "h5", "histogram": {"aggregationTemporality": 2, "dataPoints": [
+            {"timeUnixNano": t, "count": "1",
+             "bucketCounts": ["18446744073709551615", "1"], "explicitBounds": [1.0]}]}},
+        {"name": "e5", "exponentialHistogram": {"aggregationTemporality": 2, "dataPoints": [
+            {"timeUnixNano": t, "count": "3", "scale": 0,
+             "positive": {"offset": 2147483647, "bucketCounts": ["1", "1", "1"]}}]}}
+    ]}]}]});
+    let r = http_client()
+        .post(server.otlp_http("/v1/metrics"))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().unwrap());
+    for _ in 0..3 {
+        for name in ["h5", "e5"] {
+            let (status, v) = server.get_json(&format!(
+                "/api/v1/metrics/{name}/points?from=1699999999000000000&to=1700000001000000000&step=1s"
+            ));
+            assert_eq!(status, 200, "{name}: {v}");
+        }
+        let (status, v) = server.get_json("/api/v1/traces?limit=1");
+        assert_eq!(status, 200, "{v}");
+        let (status, v) = server.get_json("/api/v1/logs?limit=1");
+        assert_eq!(status, 200, "{v}");
+    }
+}
