@@ -842,6 +842,72 @@ fn the_connection_cap_and_the_idle_timeout_hold_per_listener() {
     ));
 }
 
+/// A client that sent a head and part of a body holds no connection for long, on a
+/// listener whose handler would wait for ever (the dashboard's control API): with
+/// `body_read_timeout_ms = 1000` it is dropped (counted as `body_timeout`), while a client
+/// that sends its body slowly, a byte every 300 ms, is served (the healthy case).
+#[test]
+fn a_stalled_request_body_is_dropped_on_the_dashboard_and_a_slow_one_is_served() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        ServerOpts::new(&dir.path().join("data"))
+            .config("[dashboard]\nbody_read_timeout_ms = 1000\n"),
+    );
+    let token = server.token();
+    let head = |len: usize| {
+        format!(
+            "POST /api/v1/runners HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    // refused as a registration (an unknown key): only the answer matters here
+    let body = br#"{"id": "slow", "no_such_key": true}"#;
+    // stalled: the head and 1 byte of the body, then nothing
+    let mut stalled = std::net::TcpStream::connect(server.dashboard).unwrap();
+    stalled.write_all(head(body.len()).as_bytes()).unwrap();
+    stalled.write_all(&body[..1]).unwrap();
+    let t0 = Instant::now();
+    // slow but alive: the same request, a byte every 300 ms (~11 s in all)
+    let mut slow = std::net::TcpStream::connect(server.dashboard).unwrap();
+    slow.write_all(head(body.len()).as_bytes()).unwrap();
+    let dripper = std::thread::spawn(move || {
+        for b in body.iter() {
+            slow.write_all(&[*b]).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        slow.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut got = [0u8; 10];
+        slow.read_exact(&mut got).unwrap();
+        got
+    });
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = match stalled.read(&mut buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
+        Err(e) => panic!("the stalled body was not dropped within 10 s: {e}"),
+    };
+    let dropped_after = t0.elapsed();
+    assert_eq!(n, 0, "{:?}", String::from_utf8_lossy(&buf[..n]));
+    assert!(
+        dropped_after >= Duration::from_millis(900) && dropped_after < Duration::from_secs(5),
+        "dropped after {dropped_after:?}, want about 1 s"
+    );
+    // the slow one got its answer: the registration refused by name
+    assert_eq!(&dripper.join().unwrap(), b"HTTP/1.1 4");
+    assert!(
+        metrics_text(&server).contains(
+            "stallwatch_listener_connections_closed_total{listener=\"dashboard\",reason=\"body_timeout\"} 1"
+        ),
+        "{}",
+        metrics_text(&server)
+    );
+}
+
 /// A test CA and a server certificate for `localhost` / 127.0.0.1 signed by it, written as
 /// PEM files into `dir`: (ca.pem, server.pem, server.key).
 fn test_ca(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {

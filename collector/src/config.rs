@@ -84,6 +84,10 @@ pub struct RawOtlpConfig {
     pub max_connections: Option<usize>,
     /// Longest life of one connection, ms; default `listen::DEFAULT_MAX_CONNECTION_AGE`.
     pub max_connection_age_ms: Option<u64>,
+    /// Every request of a connection waiting this long for request body bytes drops it, ms;
+    /// default `listen::DEFAULT_BODY_READ_TIMEOUT` (an export's own stall answer, 400 after
+    /// 30 s, comes first at the default).
+    pub body_read_timeout_ms: Option<u64>,
 }
 
 impl RawOtlpConfig {
@@ -96,6 +100,7 @@ impl RawOtlpConfig {
             keepalive_timeout_ms: self.keepalive_timeout_ms,
             max_connections: self.max_connections,
             max_connection_age_ms: self.max_connection_age_ms,
+            body_read_timeout_ms: self.body_read_timeout_ms,
         }
     }
 }

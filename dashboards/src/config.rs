@@ -60,6 +60,10 @@ pub struct RawDashboardConfig {
     /// Longest life of one connection, ms (default 3600000).
     #[serde(default)]
     pub max_connection_age_ms: Option<u64>,
+    /// Every request of a connection waiting this long for request body bytes drops it, ms
+    /// (default 35000).
+    #[serde(default)]
+    pub body_read_timeout_ms: Option<u64>,
 }
 
 impl RawDashboardConfig {
@@ -72,6 +76,7 @@ impl RawDashboardConfig {
             keepalive_timeout_ms: self.keepalive_timeout_ms,
             max_connections: self.max_connections,
             max_connection_age_ms: self.max_connection_age_ms,
+            body_read_timeout_ms: self.body_read_timeout_ms,
         }
     }
 }

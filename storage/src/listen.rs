@@ -10,7 +10,9 @@
 //! byte), an idle timeout (no request in flight; a streaming response such as SSE counts as
 //! in flight until its body ends) and a connection lifetime. Each of the last three closes
 //! gracefully (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and then, after
-//! [`CLOSE_GRACE`], for good. At shutdown a connection with no request in the service (idle,
+//! [`CLOSE_GRACE`], for good. A connection whose every request in flight has waited
+//! `body_read_timeout` ([`DEFAULT_BODY_READ_TIMEOUT`]) for request body bytes is dropped at once (its handlers would wait
+//! for ever: a client that sent a head and part of a body holds no slot for long). At shutdown a connection with no request in the service (idle,
 //! or part way through a request head) gets 250 ms to close before it is dropped, and one
 //! whose every request in flight is waiting for request body bytes that stopped arriving is
 //! dropped once none came for [`STOPPING_BODY_STALL`]: a client that stalled mid-head or
@@ -65,6 +67,12 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// gets [`CLOSE_GRACE`] after all if a request reaches the service meanwhile. A client that
 /// stalled mid-head must not hold shutdown for `header_read_timeout`.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
+/// Default `body_read_timeout_ms`: how long the request bodies of a connection may all go
+/// without a frame before it is dropped, on every listener (35 s). The OTLP listeners answer
+/// a stalled export themselves first (400 after 30 s, collector `body_idle_timeout`); this
+/// bounds every other service, whose handler would otherwise hold the connection (and its
+/// slot under `max_connections`) until `max_connection_age`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(35);
 /// At shutdown, how long the request bodies of a connection may all go without a frame
 /// before it is dropped (1 s; each listener's own answer to a stalled body, if it has one,
 /// comes sooner).
@@ -90,6 +98,8 @@ pub struct RawListenLimits {
     pub max_connections: Option<usize>,
     /// [`DEFAULT_MAX_CONNECTION_AGE`].
     pub max_connection_age_ms: Option<u64>,
+    /// [`DEFAULT_BODY_READ_TIMEOUT`].
+    pub body_read_timeout_ms: Option<u64>,
 }
 
 /// Validated connection limits of one listener.
@@ -108,6 +118,8 @@ pub struct ListenLimits {
     pub max_connections: usize,
     /// Longest life of one connection.
     pub max_connection_age: Duration,
+    /// Longest time every request in flight may wait for request body bytes.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ListenLimits {
@@ -119,6 +131,7 @@ impl Default for ListenLimits {
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connection_age: DEFAULT_MAX_CONNECTION_AGE,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
         }
     }
 }
@@ -158,6 +171,11 @@ impl TryFrom<&RawListenLimits> for ListenLimits {
                 raw.max_connection_age_ms,
                 DEFAULT_MAX_CONNECTION_AGE,
             )?,
+            body_read_timeout: ms(
+                "body_read_timeout_ms",
+                raw.body_read_timeout_ms,
+                DEFAULT_BODY_READ_TIMEOUT,
+            )?,
         })
     }
 }
@@ -173,16 +191,25 @@ enum CloseReason {
     Idle,
     /// Older than `max_connection_age`.
     MaxAge,
+    /// Every request in flight waited `body_read_timeout` for request body bytes that
+    /// did not come (dropped at once: a graceful close would wait for those requests).
+    BodyTimeout,
 }
 
 impl CloseReason {
-    const ALL: [CloseReason; 3] = [Self::HeaderTimeout, Self::Idle, Self::MaxAge];
+    const ALL: [CloseReason; 4] = [
+        Self::HeaderTimeout,
+        Self::Idle,
+        Self::MaxAge,
+        Self::BodyTimeout,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
             Self::HeaderTimeout => "header_timeout",
             Self::Idle => "idle",
             Self::MaxAge => "max_age",
+            Self::BodyTimeout => "body_timeout",
         }
     }
 }
@@ -194,7 +221,7 @@ pub struct ListenerStats {
     open: AtomicU64,
     accepted: AtomicU64,
     refused: AtomicU64,
-    closed: [AtomicU64; 3],
+    closed: [AtomicU64; 4],
     last_cap_warning: AtomicU64,
 }
 
@@ -648,6 +675,9 @@ async fn connection<S, B>(
                 if let Some(reason) = due(&activity, &limits) {
                     stats.closed(reason);
                     tracing::debug!(listener = stats.name, %peer, reason = reason.as_str(), "closing a connection");
+                    if reason == CloseReason::BodyTimeout {
+                        break;
+                    }
                     conn.as_mut().graceful_shutdown();
                     let now = Instant::now();
                     closing = Some((now, now + CLOSE_GRACE));
@@ -666,6 +696,9 @@ fn due(a: &Activity, limits: &ListenLimits) -> Option<CloseReason> {
     }
     if !a.seen_request.load(Ordering::Relaxed) {
         return (age >= limits.header_read_timeout).then_some(CloseReason::HeaderTimeout);
+    }
+    if a.bodies_stalled(limits.body_read_timeout) {
+        return Some(CloseReason::BodyTimeout);
     }
     if a.in_flight.load(Ordering::Relaxed) == 0 {
         let idle_ms = a

@@ -79,4 +79,18 @@ fn deadlines_close_only_what_is_due() {
         due(&activity(s(3601), true, 1, s(0)), &l),
         Some(CloseReason::MaxAge)
     );
+    // A request waiting for body bytes: left alone while they come, closed once none came
+    // for body_read_timeout (the request's own handler may wait for ever).
+    let waiting = activity(s(600), true, 1, s(0));
+    waiting.bodies_waiting.store(1, Ordering::Relaxed);
+    waiting.last_body_ms.store(
+        waiting.since_born_ms() - l.body_read_timeout.as_millis() as u64 + 1_000,
+        Ordering::Relaxed,
+    );
+    assert_eq!(due(&waiting, &l), None);
+    waiting.last_body_ms.store(
+        waiting.since_born_ms() - l.body_read_timeout.as_millis() as u64,
+        Ordering::Relaxed,
+    );
+    assert_eq!(due(&waiting, &l), Some(CloseReason::BodyTimeout));
 }
