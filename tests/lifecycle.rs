@@ -457,9 +457,26 @@ fn a_second_stop_signal_kills_stopping_runners_at_once() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
+    let took = t0.elapsed();
     assert_eq!(code, Some(0), "{}", server.stderr());
     assert!(!process_alive(runner), "the runner outlived stallwatch");
     let stderr = server.stderr();
     assert!(stderr.contains("second stop signal"), "{stderr}");
     assert!(stderr.contains("SIGKILL sent"), "{stderr}");
+    eprintln!("stopped {took:?} after the second SIGTERM");
+    // Before: 2 s more, waiting to reap a runner its exit monitor had already reaped.
+    assert!(took < Duration::from_millis(1500), "{took:?}\n{stderr}");
+    // The kill asked for is not reported as the runner crashing.
+    drop(server);
+    let again = Server::start(&dir.path().join("data"));
+    let (status, v) = again.get_json("/api/v1/incidents?runner_id=stubborn&limit=100");
+    assert_eq!(status, 200, "{v}");
+    let events: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["event"].as_str())
+        .collect();
+    eprintln!("incidents of the runner: {events:?}");
+    assert!(!events.contains(&"runner.crashed"), "{events:?}");
 }

@@ -124,7 +124,7 @@ impl ReaperHandle {
         let mut reap = Vec::new();
         for e in self.entries().into_iter().filter(|e| e.stop_at_shutdown) {
             let own = e.spawned && self.owns(e.pid);
-            let Ok(g) = e.proc.try_lock() else {
+            let Ok(mut g) = e.proc.try_lock() else {
                 if own {
                     // Held by a sequence that missed the deadline: the group is still pinned.
                     let pgid = e.pid;
@@ -143,6 +143,10 @@ impl ReaperHandle {
             if g.finished || platform::pidfd_exited(platform::borrow(fd)) {
                 continue;
             }
+            // Its exit is this SIGKILL, not a crash: the exit monitor, which waits for this
+            // lock, leaves it to us (a half-done stop is settled by the next start's sweep).
+            g.stopping = true;
+            let Some(fd) = g.pidfd.as_ref() else { continue };
             let target = if own {
                 platform::SignalTarget::Group { pgid: e.pid }
             } else {
@@ -158,7 +162,9 @@ impl ReaperHandle {
         }
         let deadline = Instant::now() + Duration::from_secs(2);
         while !reap.is_empty() && Instant::now() < deadline {
-            reap.retain(|pid| !matches!(platform::reap_child(*pid), Ok(Some(_))));
+            // Ok(None): not exited yet. Reaped now, or already (ECHILD: the exit monitor of a
+            // runner whose stop had begun reaped it): done, no need to wait out the 2 s.
+            reap.retain(|pid| matches!(platform::reap_child(*pid), Ok(None)));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         n

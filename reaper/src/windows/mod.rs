@@ -264,7 +264,12 @@ impl ReaperHandle {
     pub async fn kill_all_registered(&self) -> usize {
         self.entries()
             .iter()
-            .filter(|e| e.exit_code().is_none() && e.job.terminate().is_ok())
+            .filter(|e| e.exit_code().is_none())
+            .filter(|e| {
+                // Its exit is this termination, not a crash (as on Linux).
+                e.stopping.store(true, Ordering::SeqCst);
+                e.job.terminate().is_ok()
+            })
             .count()
     }
 
