@@ -282,6 +282,43 @@ fn foreign_host_is_refused_on_every_listener() {
     let ok = script.replace("attacker.example", "localhost");
     let out = Command::new(python()).args(["-c", &ok]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+
+    // Raw HTTP/1.1 on every listener, the gRPC port included (it answers HTTP/1.1 with a
+    // hint naming the OTLP/HTTP port, but only to a loopback Host). Two Host lines are
+    // refused even when the first is loopback (RFC 9112 §3.2): a proxy in front and
+    // stallwatch could each read a different one.
+    let raw = |addr: std::net::SocketAddr, hosts: &[&str]| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let lines: String = hosts.iter().map(|h| format!("Host: {h}\r\n")).collect();
+        let req = format!(
+            "POST /v1/traces HTTP/1.1\r\n{lines}Content-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    for addr in [server.http, server.grpc, server.dashboard] {
+        for hosts in [
+            &["attacker.example"][..],
+            &["127.0.0.1", "attacker.example"][..],
+            &["127.0.0.1", "127.0.0.1"][..],
+        ] {
+            let out = raw(addr, hosts);
+            assert!(out.starts_with("HTTP/1.1 421"), "{addr} {hosts:?}: {out}");
+            assert!(out.contains("DNS rebinding"), "{addr} {hosts:?}: {out}");
+            assert!(!out.contains(&server.http.to_string()), "{out}");
+        }
+    }
+    // the healthy case: one loopback Host
+    assert!(raw(server.http, &["127.0.0.1"]).starts_with("HTTP/1.1 200"));
+    let hint = raw(server.grpc, &["127.0.0.1"]);
+    assert!(hint.starts_with("HTTP/1.1 415"), "{hint}");
+    assert!(hint.contains(&server.http.to_string()), "{hint}");
 }
 
 /// Issue 11, "Browser origins": `http://127.0.0.1:*` is allowed like `http://localhost:*`,

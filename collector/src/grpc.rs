@@ -75,6 +75,18 @@ fn http1_answer(state: &IngestState, http_addr: std::net::SocketAddr) -> Respons
     resp
 }
 
+/// HTTP 421 in plain text for an HTTP/1.x request on the gRPC port naming a foreign `Host`.
+fn misdirected(host: &str) -> Response<Body> {
+    let text = format!("{}\n", stallwatch_storage::hosts::refusal_message(host));
+    let mut resp = Response::new(Body::new(http_body_util::Full::new(Bytes::from(text))));
+    *resp.status_mut() = http::StatusCode::MISDIRECTED_REQUEST;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
 impl tower::Service<Request<Body>> for GrpcService {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -87,7 +99,11 @@ impl tower::Service<Request<Body>> for GrpcService {
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let state = self.state.clone();
         if req.version() < http::Version::HTTP_2 {
-            let resp = http1_answer(&state, self.http_addr);
+            // The Host rule first, as on every listener: the hint names the OTLP/HTTP port.
+            let resp = match state.foreign_host(req.uri(), req.headers()) {
+                Some(host) => misdirected(&host),
+                None => http1_answer(&state, self.http_addr),
+            };
             return Box::pin(async move { Ok(resp) });
         }
         Box::pin(async move { Ok(handle(state, req).await) })
@@ -155,6 +171,11 @@ fn ok_response(message: Vec<u8>) -> Response<Body> {
 
 async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
     let received = Instant::now();
+    if let Some(host) = state.foreign_host(req.uri(), req.headers()) {
+        return status_response(Status::permission_denied(
+            stallwatch_storage::hosts::refusal_message(&host),
+        ));
+    }
     let signal = match req.uri().path() {
         TRACE_EXPORT => Signal::Traces,
         LOGS_EXPORT => Signal::Logs,
@@ -166,11 +187,6 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
             )));
         }
     };
-    if let Some(host) = state.foreign_host(req.uri(), req.headers()) {
-        return status_response(Status::permission_denied(
-            stallwatch_storage::hosts::refusal_message(&host),
-        ));
-    }
     let headers = req.headers();
     if !state.authorized(
         headers

@@ -344,16 +344,7 @@ impl IngestState {
         uri: &http::Uri,
         headers: &http::HeaderMap,
     ) -> Option<String> {
-        let host = uri
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .or_else(|| {
-                headers
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
+        let host = stallwatch_storage::hosts::request_host(uri, headers);
         if stallwatch_storage::hosts::host_allowed(&host, &self.inner.allowed_hosts) {
             return None;
         }

@@ -113,20 +113,14 @@ async fn check_host(
     req: Request,
     next: Next,
 ) -> Response {
-    let host = req
-        .headers()
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| req.uri().authority().map(|a| a.as_str().to_string()));
-    match host {
-        Some(h) if host_allowed(&h, &config.allowed_hosts) => next.run(req).await,
-        Some(h) => {
-            tracing::warn!(host = %h, "refused a request for a foreign Host (DNS rebinding guard)");
-            DashboardError::ForbiddenHost(h).into_response()
-        }
-        None => DashboardError::ForbiddenHost(String::new()).into_response(),
+    let host = stallwatch_storage::hosts::request_host(req.uri(), req.headers());
+    if host_allowed(&host, &config.allowed_hosts) {
+        return next.run(req).await;
     }
+    if !host.is_empty() {
+        tracing::warn!(host = %host, "refused a request for a foreign Host (DNS rebinding guard)");
+    }
+    DashboardError::ForbiddenHost(host).into_response()
 }
 
 /// True when `origin` matches `pattern` exactly, or `pattern` ends in `:*` and `origin` is

@@ -16,6 +16,27 @@ pub fn refusal_message(host: &str) -> String {
     )
 }
 
+/// The host a request names, the one every listener checks with [`host_allowed`]: the
+/// target's authority (HTTP/2 `:authority`, or an absolute-form HTTP/1.1 target, which
+/// overrides `Host`: RFC 9112 §3.2.2), else its one `Host` header; `""` when it has none.
+/// Several `Host` lines are answered joined (`"a, b"`), which no rule allows: RFC 9112 §3.2
+/// refuses such a request, and a proxy and stallwatch could each read a different one.
+pub fn request_host(uri: &http::Uri, headers: &http::HeaderMap) -> String {
+    if let Some(a) = uri.authority() {
+        return a.as_str().to_string();
+    }
+    let mut all = headers.get_all(http::header::HOST).iter();
+    let Some(first) = all.next() else {
+        return String::new();
+    };
+    let mut host = String::from_utf8_lossy(first.as_bytes()).into_owned();
+    for more in all {
+        host.push_str(", ");
+        host.push_str(&String::from_utf8_lossy(more.as_bytes()));
+    }
+    host
+}
+
 /// True for a `Host` / `:authority` naming a loopback host (`localhost`, `*.localhost`,
 /// `127.0.0.0/8`, `[::1]`) or one of `allowed` (lowercase names, any port).
 pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
