@@ -27,8 +27,9 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 20 * 1024 * 1024;
 pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
 /// Default maximum nesting depth of attribute values (`arrayValue`/`kvlistValue`): 32.
 pub const DEFAULT_MAX_NESTING_DEPTH: usize = 32;
-/// Highest nesting depth that can be configured: deeper documents already hit the JSON
-/// parser's recursion limit (128 containers) and prost's (100 messages).
+/// Highest nesting depth that can be configured: deeper documents already hit prost's
+/// recursion limit (100 messages, three per `kvlistValue`); the OTLP/JSON reader's bound
+/// (`decode::json::MAX_JSON_DEPTH`, 192 levels) is set above what 40 levels take in JSON.
 pub const MAX_NESTING_DEPTH_LIMIT: usize = 40;
 /// Default time `run` waits for in-flight requests after shutdown is requested: 10 s.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);

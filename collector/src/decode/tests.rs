@@ -463,6 +463,14 @@ fn nested_json(depth: usize) -> Value {
     v
 }
 
+fn nested_json_kvlist(depth: usize) -> Value {
+    let mut v = json!({"stringValue": "leaf"});
+    for _ in 1..depth {
+        v = json!({"kvlistValue": {"values": [{"key": "k", "value": v}]}});
+    }
+    v
+}
+
 fn nested_proto(depth: usize, kvlist: bool) -> pc::AnyValue {
     let mut v = pc::AnyValue {
         value: Some(pc::any_value::Value::StringValue("leaf".into())),
@@ -510,8 +518,21 @@ fn nesting_deeper_than_the_limit_is_refused() {
     assert!(traces_json(&attr_value(nested_json(32))).is_ok());
     let err = traces_json(&attr_value(nested_json(33))).unwrap_err();
     assert!(err.0.contains("nested deeper than 32"), "{err}");
-    // Far deeper: stopped by the JSON parser's recursion limit, still a clean error.
-    assert!(traces_json(&attr_value(nested_json(200))).is_err());
+    // kvlists nest as deep as in protobuf (each costs four JSON levels: serde_json's own
+    // recursion limit of 128 refused 31 of them)
+    assert!(traces_json(&attr_value(nested_json_kvlist(32))).is_ok());
+    let err = traces_json(&attr_value(nested_json_kvlist(33))).unwrap_err();
+    assert!(err.0.contains("nested deeper than 32"), "{err}");
+    // Far deeper: stopped before any parsing, with a clean error; brackets inside strings
+    // do not count.
+    let err = traces_json(&attr_value(nested_json(200))).unwrap_err();
+    assert!(err.0.contains("nested deeper than 192 levels"), "{err}");
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let r = traces_json(&json!({"resourceSpans": [], "x": deep, "y": "\\\"[{"}));
+    assert!(r.is_ok(), "a string's brackets counted: {:?}", r.err());
+    let body = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let err = decode_traces(body.as_bytes(), Format::Json, &LIMITS).unwrap_err();
+    assert!(err.0.contains("nested deeper than 192 levels"), "{err}");
     let mut span = proto_span();
     span.attributes = vec![pc::KeyValue {
         key: "a".into(),

@@ -16,7 +16,11 @@
 //! - `bytesValue` is base64 (standard or URL-safe alphabet, padding optional).
 //!
 //! Validation shared with protobuf input (all-zero ids, nesting depth) happens afterwards
-//! in [`super::convert`].//!
+//! in [`super::convert`]. Before any of it the body's container nesting is bounded
+//! ([`MAX_JSON_DEPTH`]), and serde_json's own recursion limit (128) is off: a `kvlistValue`
+//! costs four JSON levels, so the limit refused at 31 attribute levels what protobuf
+//! accepts (and what the read API exports, so a trace could not be imported back).
+//!
 //! Split: JSON scalars (integers, doubles, enums, ids) in `scalar.rs`, the envelope, values,
 //! spans and logs here, metrics in `metrics.rs`.
 
@@ -259,14 +263,60 @@ fn invalid_json(e: serde_json::Error) -> DecodeError {
     DecodeError::new(format!("invalid JSON: {e}"))
 }
 
+/// Deepest nesting of JSON arrays and objects accepted, levels: the envelope (about 12
+/// levels down to an attribute's value) plus four per `kvlistValue` level, for the deepest
+/// `max_nesting_depth` that can be configured (40), with room to spare. What passes it
+/// is parsed without serde_json's recursion limit ([`parse`]).
+pub(crate) const MAX_JSON_DEPTH: usize = 192;
+
+/// True when `body` nests arrays and objects deeper than `max` (strings, escapes included,
+/// are skipped; the body is not otherwise validated here).
+fn nested_deeper_than(body: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// `T` from JSON text without serde_json's recursion limit: only for text inside a body
+/// [`walk`] has bounded by [`MAX_JSON_DEPTH`].
+fn parse<'a, T: serde::Deserialize<'a>>(text: &'a str) -> Result<T, DecodeError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.disable_recursion_limit();
+    let v = T::deserialize(&mut de).map_err(invalid_json)?;
+    de.end().map_err(invalid_json)?;
+    Ok(v)
+}
+
 /// An unparsed value made into a JSON tree.
 pub(super) fn tree(r: &RawValue) -> Result<Value, DecodeError> {
-    serde_json::from_str(r.get()).map_err(invalid_json)
+    parse(r.get())
 }
 
 pub(super) fn raw_object<'a>(r: &'a RawValue, p: &Path) -> Result<RawObj<'a>, DecodeError> {
     match raw_kind(r) {
-        "an object" => serde_json::from_str(r.get()).map_err(invalid_json),
+        "an object" => parse(r.get()),
         other => Err(DecodeError::at(
             p,
             format!("expected an object, got {other}"),
@@ -299,7 +349,7 @@ pub(super) fn raw_list<'a>(
 ) -> Result<Vec<&'a RawValue>, DecodeError> {
     match raw_take(o, camel, snake) {
         None => Ok(Vec::new()),
-        Some(r) if raw_kind(r) == "an array" => serde_json::from_str(r.get()).map_err(invalid_json),
+        Some(r) if raw_kind(r) == "an array" => parse(r.get()),
         Some(r) => Err(DecodeError::at(
             &p.field(camel),
             format!("expected an array, got {}", raw_kind(r)),
@@ -313,10 +363,7 @@ fn parsed_members(o: &mut RawObj<'_>, keys: &[&str]) -> Result<Obj, DecodeError>
     let mut out = Obj::new();
     for k in keys {
         if let Some(r) = o.remove(*k) {
-            out.insert(
-                (*k).to_string(),
-                serde_json::from_str(r.get()).map_err(invalid_json)?,
-            );
+            out.insert((*k).to_string(), parse(r.get())?);
         }
     }
     Ok(out)
@@ -340,14 +387,26 @@ pub(super) fn walk<T>(
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(());
     }
-    let whole: &RawValue = serde_json::from_slice(body).map_err(invalid_json)?;
+    if nested_deeper_than(body, MAX_JSON_DEPTH) {
+        return Err(DecodeError::new(format!(
+            "invalid OTLP/JSON request: arrays and objects nested deeper than {MAX_JSON_DEPTH} \
+             levels (attribute values nest at most max_nesting_depth levels)"
+        )));
+    }
+    let whole: &RawValue = {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        de.disable_recursion_limit();
+        let v = serde::Deserialize::deserialize(&mut de).map_err(invalid_json)?;
+        de.end().map_err(invalid_json)?;
+        v
+    };
     if raw_kind(whole) != "an object" {
         return Err(DecodeError::new(format!(
             "invalid OTLP/JSON request: expected an object at the top level, got {}",
             raw_kind(whole)
         )));
     }
-    let mut root: RawObj = serde_json::from_str(whole.get()).map_err(invalid_json)?;
+    let mut root: RawObj = parse(whole.get())?;
     let [(res_camel, res_snake), (scope_camel, scope_snake), (item_camel, item_snake)] = names;
     let r = Path::ROOT;
     let resources = raw_list(&mut root, res_camel, res_snake, &r)?;
