@@ -435,6 +435,33 @@ fn the_mcp_endpoint_answers_the_real_python_client() {
         .send()
         .unwrap();
     assert_eq!(resp.status().as_u16(), 421);
+    // A body that is not one JSON-RPC message: 400 with a JSON-RPC error (rmcp answered 415
+    // naming its Rust types); one over 1 MiB: 413.
+    let post = |body: String| {
+        http_client()
+            .post(format!("http://{}/mcp", server.dashboard))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body)
+            .send()
+            .unwrap()
+    };
+    for (body, code) in [
+        ("{not json".to_string(), -32700),
+        (
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#.into(),
+            -32600,
+        ),
+        (r#"{"id":1,"method":"tools/list"}"#.into(), -32600),
+    ] {
+        let r = post(body.clone());
+        assert_eq!(r.status().as_u16(), 400, "{body}");
+        let v: serde_json::Value = r.json().unwrap();
+        assert_eq!(v["error"]["code"], code, "{body}: {v}");
+        assert!(!v.to_string().contains("JsonRpcMessage"), "{v}");
+    }
+    let r = post(format!("\"{}\"", "x".repeat(2 << 20)));
+    assert_eq!(r.status().as_u16(), 413);
 }
 
 #[test]

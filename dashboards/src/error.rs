@@ -33,10 +33,11 @@ pub enum DashboardError {
     /// The `Host` header is not a loopback or configured name (HTTP 421, DNS rebinding).
     #[error("{}", stallwatch_storage::hosts::refusal_message(.0))]
     ForbiddenHost(String),
-    /// A control request body is over its limit (HTTP 413); the message names the limit.
-    #[error("request body is over the {limit}-byte limit of control requests")]
+    /// A request body is over its endpoint's limit (HTTP 413); the message names the limit.
+    #[error("request body is over the {limit}-byte limit of this endpoint")]
     BodyTooLarge {
-        /// The limit, bytes ([`crate::MAX_CONTROL_BODY_BYTES`]).
+        /// The limit, bytes ([`crate::MAX_CONTROL_BODY_BYTES`] for control requests,
+        /// `MAX_MCP_BODY_BYTES` for `/mcp`).
         limit: usize,
     },
     /// The reaper refused to register a runner.

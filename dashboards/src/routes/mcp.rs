@@ -44,12 +44,27 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
     let bytes = match axum::body::to_bytes(body, MAX_MCP_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
-            return crate::error::DashboardError::bad_param(format!(
-                "MCP request body over {MAX_MCP_BODY_BYTES} bytes"
-            ))
+            return crate::error::DashboardError::BodyTooLarge {
+                limit: MAX_MCP_BODY_BYTES,
+            }
             .into_response()
         }
     };
+    let json_post = parts.method == http::Method::POST
+        && parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/json")
+            });
+    if json_post {
+        if let Err((code, message)) = check_jsonrpc(&bytes) {
+            return jsonrpc_error(code, message);
+        }
+    }
     let config = StreamableHttpServerConfig::default()
         .with_stateful_mode(false)
         .with_json_response(true)
@@ -62,6 +77,45 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
     );
     let req = http::Request::from_parts(parts, Body::from(bytes));
     service.handle(req).await.map(Body::new)
+}
+
+/// A JSON-RPC error answer with HTTP 400 (JSON-RPC 2.0 §5.1 codes; MCP Streamable HTTP:
+/// a POST body that is not a JSON-RPC message gets an HTTP error status, and the body may be
+/// a JSON-RPC error response with no `id`).
+fn jsonrpc_error(code: i64, message: String) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    let mut resp = (http::StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+/// Refuses, before rmcp sees it, a POST body that is not one JSON-RPC 2.0 message: not JSON
+/// (-32700 parse error), a batch or anything but an object with `"jsonrpc": "2.0"` and a
+/// `method`, `result` or `error` (-32600 invalid request). rmcp answered those 415 with
+/// its Rust type names. Errors: (JSON-RPC code, message).
+fn check_jsonrpc(body: &[u8]) -> Result<(), (i64, String)> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| (-32700, format!("Parse error: the body is not JSON: {e}")))?;
+    let invalid = |why: &str| (-32600, format!("Invalid Request: {why}"));
+    let Some(o) = v.as_object() else {
+        return Err(invalid(if v.is_array() {
+            "JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one message per request"
+        } else {
+            "a JSON-RPC message is an object"
+        }));
+    };
+    if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(invalid("\"jsonrpc\" must be \"2.0\""));
+    }
+    if !(o.contains_key("method") || o.contains_key("result") || o.contains_key("error")) {
+        return Err(invalid(
+            "a message needs a \"method\" (request, notification) or a \"result\" or \"error\" (response)",
+        ));
+    }
+    Ok(())
 }
 
 fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> Value {
@@ -81,6 +135,9 @@ fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> 
 fn tools() -> Value {
     let s = |d: &str| json!({"type": "string", "description": d});
     let n = |d: &str| json!({"type": "integer", "minimum": 0, "description": d});
+    // what the read API takes: 1 to 1,000 (MAX_SEARCH_LIMIT, incidents::MAX_PAGE)
+    let page =
+        || json!({"type": "integer", "minimum": 1, "maximum": 1000, "description": "page size"});
     json!({ "tools": [
         tool("search_traces", "Search stored traces, newest first. Answers {\"items\":[trace summary],\"next_cursor\"}.", json!({
             "service": s("service.name"),
@@ -91,7 +148,7 @@ fn tools() -> Value {
             "attr": s("key=value on an indexed attribute (gen_ai.tool.name, service.name, error.type, process.pid, stallwatch.runner.id)"),
             "start_unix_nano": n("earliest start, ns since the Unix epoch"),
             "end_unix_nano": n("latest start, ns since the Unix epoch"),
-            "limit": n("page size"),
+            "limit": page(),
             "cursor": s("next_cursor of the previous page"),
         }), &[]),
         tool("get_trace", "One trace: {\"trace_id\",\"spans\",\"logs\"} (spans with attributes as OTLP KeyValue lists, state open | ended | inferred).", json!({
@@ -105,7 +162,7 @@ fn tools() -> Value {
             "runner_id": s("only this runner's"),
             "event": s("only this event name"),
             "before_id": n("page before this incident id"),
-            "limit": n("page size"),
+            "limit": page(),
         }), &[]),
         tool("search_logs", "Log records of one trace, optionally only those whose body contains a text.", json!({
             "trace_id": s("32 lowercase hex digits"),
@@ -307,5 +364,39 @@ mod tests {
         assert!(pairs(bad.as_object().unwrap())
             .unwrap_err()
             .contains("attr"));
+    }
+
+    #[test]
+    fn a_body_that_is_not_one_jsonrpc_message_is_refused_by_code() {
+        let code = |b: &str| check_jsonrpc(b.as_bytes()).err().map(|(c, _)| c);
+        assert_eq!(code("{not json"), Some(-32700));
+        assert_eq!(code(""), Some(-32700));
+        assert_eq!(
+            code(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#),
+            Some(-32600)
+        );
+        assert_eq!(code(r#""ping""#), Some(-32600));
+        assert_eq!(code(r#"{"id":1,"method":"ping"}"#), Some(-32600));
+        assert_eq!(
+            code(r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#),
+            Some(-32600)
+        );
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":1}"#), Some(-32600));
+        let (_, why) = check_jsonrpc(b"[]").unwrap_err();
+        assert!(why.contains("batches"), "{why}");
+        // requests, notifications and responses pass to rmcp
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            None
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+            None
+        );
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#), None);
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#),
+            None
+        );
     }
 }
