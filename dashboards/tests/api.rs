@@ -154,6 +154,18 @@ async fn bad_parameters_get_clear_400s() {
         ("/api/v1/webhooks/deliveries?state=lost", "state"),
         ("/api/v1/traces?attr=custom.key=1", "custom.key"),
         ("/api/v1/events?board=maybe", "board"),
+        // every route refuses a parameter it does not take, the ones on an id included
+        (
+            "/api/v1/traces/0af7651916cd43dd8448eb211c80319c/otlp?download=1",
+            "download",
+        ),
+        (
+            "/api/v1/traces/0af7651916cd43dd8448eb211c80319c/spans/b7ad6b7169203331?x=1",
+            "\"x\"",
+        ),
+        ("/api/v1/runners/nb-1?verbose=1", "verbose"),
+        ("/api/v1/runners/nb-1/admit?force=1", "force"),
+        ("/api/v1/incidents/1?full=1", "full"),
     ];
     for (path, needle) in cases {
         let (status, body) = h.get_json(path).await;

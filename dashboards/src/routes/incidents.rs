@@ -65,7 +65,9 @@ pub(crate) async fn list(
 pub(crate) async fn one(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
+    Params::new(q)?.finish()?;
     let id: i64 = id.parse().map_err(|_| {
         DashboardError::bad_param(format!("incident id must be an integer, got {id:?}"))
     })?;

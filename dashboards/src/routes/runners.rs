@@ -29,7 +29,9 @@ pub(crate) async fn list(
 pub(crate) async fn one(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
+    Params::new(q)?.finish()?;
     let board = ctx.app.board.borrow().clone();
     board
         .get(&id)
@@ -63,7 +65,9 @@ pub(crate) async fn breakers(
 pub(crate) async fn admit(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Response, DashboardError> {
+    Params::new(q)?.finish()?;
     let status = ctx.app.board.borrow().get(&id).cloned();
     let Some(r) = status else {
         return Err(DashboardError::NotFound(format!("runner {id:?} not found")));

@@ -148,8 +148,10 @@ pub(crate) async fn search(
 pub(crate) async fn otlp(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Response, DashboardError> {
     let id = trace_id(&id)?;
+    Params::new(q)?.finish()?;
     let view = match ctx.app.storage.trace(id).await? {
         Some(v) if !v.spans.is_empty() => v,
         _ => return Err(DashboardError::NotFound(format!("trace {id} not found"))),
@@ -201,8 +203,10 @@ pub(crate) async fn trace(
 pub(crate) async fn span(
     State(ctx): State<Shared>,
     Path((t, s)): Path<(String, String)>,
+    Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
     let (t, s) = (trace_id(&t)?, span_id(&s)?);
+    Params::new(q)?.finish()?;
     if let Some(sp) = ctx.app.storage.span(t, s).await? {
         return Ok(Json(json::stored_span(&sp)));
     }
