@@ -266,6 +266,14 @@ fn out_of_range_and_fractional_ints_are_refused() {
     }
     assert!(traces_json(&one_span(json!({"flags": 4294967296u64}))).is_err());
     assert!(traces_json(&attr_value(json!({"intValue": "-9223372036854775809"}))).is_err());
+    // Beyond 2^53 an exponent form in range is refused for what it is, not as out of range.
+    let err = traces_json(&one_span(json!({"startTimeUnixNano": 1.7e18}))).unwrap_err();
+    assert!(
+        err.0.contains("exponent")
+            && err.0.contains("decimal integer")
+            && !err.0.contains("out of range"),
+        "{err}"
+    );
     // Integral exponent forms within 2^53 are exact and accepted.
     let d = traces_json(&one_span(
         json!({"startTimeUnixNano": 1e3, "endTimeUnixNano": 2e3}),

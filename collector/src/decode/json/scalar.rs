@@ -124,6 +124,12 @@ pub(super) fn integer(v: &Value, p: &Path, type_name: &str) -> Result<i128, Deco
                     Err(bad(format!("{type_name} must be an integer, got {n}")))
                 } else if f.abs() < 9_007_199_254_740_992.0 {
                     Ok(f as i128)
+                } else if f.abs() < 1.8e19 {
+                    // in range, but a double cannot say which integer it was
+                    Err(bad(format!(
+                        "{type_name} {n} is in exponent or fraction notation, exact only below \
+                         2^53: send it as a decimal integer (string or number)"
+                    )))
                 } else {
                     Err(bad(format!("{type_name} out of range: {n}")))
                 }
