@@ -64,7 +64,8 @@ pub const MAX_CONTROL_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// The body as `T`. Over [`MAX_CONTROL_BODY_BYTES`]: 413 naming the limit. Not a JSON
 /// object: 400 saying what object was expected (`expected`, e.g. `a runner {"id", ...}`),
-/// not serde's Rust type name. Otherwise serde's message, which names the field.
+/// not serde's Rust type name. Otherwise serde's message after the field's path
+/// (`attach.pid: ...`), its Rust type names said in JSON's words ([`plain_serde_message`]).
 fn json_body<T: serde::de::DeserializeOwned>(
     body: Result<Json<serde_json::Value>, JsonRejection>,
     expected: &str,
@@ -84,7 +85,15 @@ fn json_body<T: serde::de::DeserializeOwned>(
     };
     let kind = match &value {
         serde_json::Value::Object(_) => {
-            return serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+            return serde_path_to_error::deserialize(value).map_err(|e| {
+                let path = e.path().to_string();
+                let why = plain_serde_message(&e.into_inner().to_string());
+                bad(if path == "." {
+                    why
+                } else {
+                    format!("{path}: {why}")
+                })
+            })
         }
         serde_json::Value::Array(_) => "an array",
         serde_json::Value::String(_) => "a string",
@@ -95,6 +104,54 @@ fn json_body<T: serde::de::DeserializeOwned>(
     Err(bad(format!(
         "the body must be a JSON object, {expected}; got {kind}"
     )))
+}
+
+/// serde's message with its Rust type names in JSON's words: `expected u32` → `expected
+/// an integer from 0 to 4294967295`, `expected struct AttachSpec` → `expected an object`,
+/// `expected enum X` → `expected one of its documented values`.
+fn plain_serde_message(msg: &str) -> String {
+    const INTS: [(&str, &str); 10] = [
+        ("u8", "an integer from 0 to 255"),
+        ("u16", "an integer from 0 to 65535"),
+        ("u32", "an integer from 0 to 4294967295"),
+        ("u64", "an integer from 0 to 18446744073709551615"),
+        ("usize", "a non-negative integer"),
+        ("i32", "an integer from -2147483648 to 2147483647"),
+        (
+            "i64",
+            "an integer from -9223372036854775808 to 9223372036854775807",
+        ),
+        ("isize", "an integer"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ];
+    let mut out = msg.to_string();
+    for (rust, json) in INTS {
+        let from = format!("expected {rust}");
+        // only the whole word (`expected u32`, not `expected u32s`)
+        let mut at = 0;
+        while let Some(i) = out[at..].find(&from).map(|i| i + at) {
+            let end = i + from.len();
+            if out[end..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+                at = end;
+                continue;
+            }
+            out.replace_range(i..end, &format!("expected {json}"));
+            at = i;
+        }
+    }
+    for (kw, json) in [
+        ("expected struct ", "expected an object"),
+        ("expected enum ", "expected one of its documented values"),
+    ] {
+        while let Some(i) = out.find(kw) {
+            let name_end = out[i + kw.len()..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(out.len(), |j| i + kw.len() + j);
+            out.replace_range(i..name_end, json);
+        }
+    }
+    out
 }
 
 fn check_runner_id(id: &str) -> Result<(), DashboardError> {
@@ -315,5 +372,37 @@ mod tests {
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
         assert!(!constant_time_eq(b"", b"a"));
+    }
+
+    #[test]
+    fn body_errors_name_the_field_in_json_words() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct AttachSpec {
+            pid: u32,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Spec {
+            attach: AttachSpec,
+        }
+        let err = |v: serde_json::Value| match json_body::<Spec>(Ok(Json(v)), "a spec") {
+            Err(DashboardError::BadRequest { message, .. }) => message,
+            other => panic!("{other:?}"),
+        };
+        let m = err(serde_json::json!({"attach": {"pid": -5}}));
+        assert_eq!(
+            m,
+            "attach.pid: invalid value: integer `-5`, expected an integer from 0 to 4294967295"
+        );
+        let m = err(serde_json::json!({"attach": 5}));
+        assert_eq!(m, "attach: invalid type: integer `5`, expected an object");
+        let m = err(serde_json::json!({"attach": {"pid": 1, "uid": 2}}));
+        assert_eq!(m, "attach.uid: unknown field `uid`, expected `pid`");
+        assert_eq!(
+            plain_serde_message("expected u32s, expected u8 or expected enum Mode"),
+            "expected u32s, expected an integer from 0 to 255 or expected one of its documented values"
+        );
     }
 }
