@@ -663,6 +663,31 @@ fn upstream_fixtures_keep_links_events_flags_and_dropped_counts() {
     .is_err());
 }
 
+/// Records timed after i64::MAX ns (2262) are refused alone with partial success: stored,
+/// their INTEGER time wrapped negative, listed but out of every time range.
+#[test]
+fn logs_and_points_timed_after_2262_are_refused_alone() {
+    let late = u64::MAX.to_string();
+    let v = json!({"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"timeUnixNano": "1700000000000000000", "body": {"stringValue": "now"}},
+        {"timeUnixNano": late, "body": {"stringValue": "late"}},
+        {"observedTimeUnixNano": "9223372036854775808", "body": {"stringValue": "late too"}},
+        {"timeUnixNano": "9223372036854775807", "body": {"stringValue": "the last storable"}}
+    ]}]}]});
+    let d = decode_logs(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
+    assert_eq!((d.batch.record_count(), d.rejected), (2, 2));
+    assert!(d.message.contains("after 2262-04-11"), "{}", d.message);
+    assert!(d.message.contains("logRecords[1]"), "{}", d.message);
+    let gauge = |t: &str| json!({"timeUnixNano": t, "asDouble": 1.0});
+    let v = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "g", "gauge": {"dataPoints": [gauge("1700000000000000000"), gauge(&late)]}},
+        {"name": "h", "gauge": {"dataPoints": [gauge(&late)]}}
+    ]}]}]});
+    let d = decode_metrics(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
+    assert_eq!((d.batch.point_count(), d.rejected), (1, 2));
+    assert!(d.message.contains("after 2262-04-11"), "{}", d.message);
+}
+
 #[test]
 fn logs_are_linked_to_their_trace_and_span() {
     let v = json!({"resourceLogs": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "svc"}}]},

@@ -172,7 +172,20 @@ pub(crate) fn metrics(
             let pms = ps.field("metrics");
             let mut points = Vec::new();
             for (mi, m) in sm.metrics.into_iter().enumerate() {
-                metric(m, &pms.index(mi), limits, &mut points, &mut refusals)?;
+                let at = pms.index(mi);
+                let first = points.len();
+                metric(m, &at, limits, &mut points, &mut refusals)?;
+                // a point timed after what is stored is refused alone (partial success)
+                let mut i = first;
+                while i < points.len() {
+                    let t = points[i].time_unix_nano.max(points[i].start_time_unix_nano);
+                    if t > super::LATEST_STORED_TIME {
+                        refusals.refuse(super::too_late("data point", &at, t));
+                        points.remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
             }
             scopes.push(ScopeMetrics { scope, points });
         }

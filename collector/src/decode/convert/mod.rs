@@ -214,12 +214,27 @@ fn scope(
     })
 }
 
+/// The latest time stallwatch stores, ns since the Unix epoch: i64::MAX
+/// (2262-04-11T23:47:16.854775807Z), what SQLite's INTEGER holds. Log records and metric
+/// points are rows keyed by their time; one timed later is refused (partial success) rather
+/// than stored where no time range can reach it.
+pub(crate) const LATEST_STORED_TIME: u64 = i64::MAX as u64;
+
+/// Why a record timed `t` is refused: [`LATEST_STORED_TIME`].
+pub(crate) fn too_late(what: &str, at: &Path, t: u64) -> String {
+    format!(
+        "{what} at {at}: time {t} ns is after 2262-04-11T23:47:16Z, the latest time stallwatch stores"
+    )
+}
+
 /// Converts and validates a log export. Trace/span ids are optional on logs: empty or all
-/// zero means "not linked"; a wrong length refuses the request.
+/// zero means "not linked"; a wrong length refuses the request. A record timed after
+/// [`LATEST_STORED_TIME`] is refused alone (partial success).
 pub(crate) fn logs(
     req: ExportLogsServiceRequest,
     limits: &Limits,
 ) -> Result<Decoded<LogBatch>, DecodeError> {
+    let mut refusals = Refusals::default();
     let root = Path::ROOT;
     let prl = root.field("resourceLogs");
     let mut out = Vec::with_capacity(req.resource_logs.len());
@@ -234,7 +249,17 @@ pub(crate) fn logs(
             let plr = ps.field("logRecords");
             let mut records = Vec::with_capacity(sl.log_records.len());
             for (i, r) in sl.log_records.into_iter().enumerate() {
-                records.push(log_record(r, &plr.index(i), limits)?);
+                let at = plr.index(i);
+                let time = if r.time_unix_nano != 0 {
+                    r.time_unix_nano
+                } else {
+                    r.observed_time_unix_nano
+                };
+                if time > LATEST_STORED_TIME {
+                    refusals.refuse(too_late("log record", &at, time));
+                    continue;
+                }
+                records.push(log_record(r, &at, limits)?);
             }
             scopes.push(ScopeLogs {
                 scope,
@@ -246,7 +271,7 @@ pub(crate) fn logs(
             scope_logs: scopes,
         });
     }
-    Ok(Refusals::default().into_decoded(LogBatch { resource_logs: out }, "log record"))
+    Ok(refusals.into_decoded(LogBatch { resource_logs: out }, "log record"))
 }
 
 fn log_record(r: pl::LogRecord, p: &Path, limits: &Limits) -> Result<LogRecord, DecodeError> {
