@@ -38,14 +38,19 @@ const MAX_QUERY_TRIGRAMS: usize = 12;
 /// on the decoded body. Every trigram of the query is a term (overlapping: without
 /// positions, only overlapping trigrams tie the query's parts together); at most
 /// [`MAX_QUERY_TRIGRAMS`], spread over the query, the last one always.
+///
+/// A trigram holding NUL is left out: FTS5 reads its query as C text, so NUL ended it
+/// ("unterminated string", a 500); the check on the decoded body still requires it. A
+/// query made only of such trigrams has no terms and is not [`indexable`].
 fn trigram_terms(lower: &str) -> Vec<String> {
     let chars: Vec<char> = lower.chars().collect();
     let n = chars.len().saturating_sub(2);
-    let mut starts: Vec<usize> = (0..n).collect();
+    let mut starts: Vec<usize> = (0..n).filter(|&i| !chars[i..i + 3].contains(&'\0')).collect();
     if starts.len() > MAX_QUERY_TRIGRAMS {
+        let last = starts[starts.len() - 1];
         let step = starts.len().div_ceil(MAX_QUERY_TRIGRAMS);
         starts = starts.iter().step_by(step).copied().collect();
-        starts.push(n - 1);
+        starts.push(last);
     }
     let mut terms: Vec<String> = starts
         .iter()
@@ -67,7 +72,7 @@ pub(crate) fn fts_query(lower: &str) -> String {
 
 /// Whether `lower` (a lowercased body query) can be looked up in the index.
 pub(crate) fn indexable(lower: &str) -> bool {
-    lower.chars().count() >= MIN_INDEXED_QUERY_CHARS
+    lower.chars().count() >= MIN_INDEXED_QUERY_CHARS && !trigram_terms(lower).is_empty()
 }
 
 /// The `FROM` clause of a search driven by the index: each candidate's `logs` row by rowid
