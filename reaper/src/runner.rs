@@ -230,9 +230,15 @@ pub struct SpawnedProcess {
     pub stderr: ChildStderr,
 }
 
-/// Spawns `argv` in its own process group with `env` layered over the inherited
-/// environment, stdin from `/dev/null`, stdout and stderr piped. The `Child` is dropped
-/// without waiting: the reaper reaps by pid with `waitid`.
+/// Spawns `argv` in its own session, and so its own process group (`setsid`), with `env`
+/// layered over the inherited environment, stdin from `/dev/null`, stdout and stderr
+/// piped. The `Child` is dropped without waiting: the reaper reaps by pid with `waitid`.
+///
+/// Why a session, not only a group: `setpgid` may move a process into any group of its own
+/// session, so with runners in stallwatch's session any process started beside stallwatch
+/// (same terminal, same desktop app) could join a runner's group and receive the group's
+/// SIGTERM without being its descendant. Only processes of the runner's own session, its
+/// descendants, can join a group led by a session leader.
 pub fn spawn_process(
     spawn: &SpawnSpec,
     env: &BTreeMap<String, String>,
@@ -247,8 +253,19 @@ pub fn spawn_process(
         .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
+    {
+        #[allow(unsafe_code)]
+        // SAFETY: the closure runs in the child between fork and exec and only makes the
+        // setsid system call, which is async-signal-safe (POSIX) and allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::process::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+    }
     if let Some(cwd) = &spawn.cwd {
         cmd.current_dir(cwd);
     }
@@ -315,6 +332,42 @@ impl OutputTail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runner leads its own session: its group is its pid, and a process outside it (here
+    /// the test itself, in stallwatch's place) cannot move into its group, so a group
+    /// signal reaches only the runner's own tree.
+    #[test]
+    fn a_spawned_runner_leads_its_own_session_so_no_outsider_joins_its_group() {
+        let spawn = SpawnSpec {
+            argv: vec!["sleep".into(), "30".into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            workspace: None,
+        };
+        let p = spawn_process(&spawn, &BTreeMap::new()).unwrap();
+        let pid = rustix::process::Pid::from_raw(p.pid as i32).unwrap();
+        assert_eq!(rustix::process::getsid(Some(pid)).unwrap(), pid);
+        assert_eq!(rustix::process::getpgid(Some(pid)).unwrap(), pid);
+        // an outsider (a child of this test, in this test's session, as a process started
+        // beside stallwatch would be) asks to move itself into the runner's group
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys\ntry:\n    os.setpgid(0, int(sys.argv[1]))\n    print('joined')\nexcept OSError as e:\n    print(e.errno)",
+                &p.pid.to_string(),
+            ])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            said.trim(),
+            rustix::io::Errno::PERM.raw_os_error().to_string(),
+            "an outsider joined the group: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(p.pid as i32), None);
+    }
 
     #[test]
     fn long_socket_paths_fall_back_with_a_reason() {

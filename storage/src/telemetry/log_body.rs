@@ -45,7 +45,9 @@ const MAX_QUERY_TRIGRAMS: usize = 12;
 fn trigram_terms(lower: &str) -> Vec<String> {
     let chars: Vec<char> = lower.chars().collect();
     let n = chars.len().saturating_sub(2);
-    let mut starts: Vec<usize> = (0..n).filter(|&i| !chars[i..i + 3].contains(&'\0')).collect();
+    let mut starts: Vec<usize> = (0..n)
+        .filter(|&i| !chars[i..i + 3].contains(&'\0'))
+        .collect();
     if starts.len() > MAX_QUERY_TRIGRAMS {
         let last = starts[starts.len() - 1];
         let step = starts.len().div_ceil(MAX_QUERY_TRIGRAMS);
