@@ -125,19 +125,58 @@ pub fn choose_socket_path(data_dir: &Path, id: &str, preferred: Option<&Path>) -
     }
 }
 
-/// Creates the socket's folder (mode 0700) and removes a stale socket file left there.
+/// Whether a process accepts connections on the UNIX socket at `path`: a non-blocking
+/// connect that is accepted or queued (or would wait for room in the backlog) means yes;
+/// refused (no listener: a socket file left by a process that ended) or no file means
+/// no. Any other answer counts as in use: the file is then never removed.
+pub fn socket_in_use(path: &Path) -> bool {
+    use rustix::net::{
+        connect, socket_with, AddressFamily, SocketAddrUnix, SocketFlags, SocketType,
+    };
+    let Ok(addr) = SocketAddrUnix::new(path) else {
+        return true;
+    };
+    let Ok(fd) = socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    ) else {
+        return true;
+    };
+    !matches!(
+        connect(&fd, &addr),
+        Err(rustix::io::Errno::CONNREFUSED | rustix::io::Errno::NOENT)
+    )
+}
+
+/// Creates the socket's folder (mode 0700) and removes a stale socket file left there
+/// (one no process accepts connections on, [`socket_in_use`]); a live one is an error and
+/// stays: removing it cut a healthy runner, or any other program, off its heartbeat.
+/// Only stallwatch's own fallback folder, `/tmp/stallwatch-$UID`, has its mode forced to
+/// 0700; a folder the path names that exists already is left as it is (it may be `/tmp`).
 pub fn prepare_socket_dir(path: &Path) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        if dir.starts_with("/tmp") {
+        let uid = rustix::process::getuid().as_raw();
+        if dir == Path::new(&format!("/tmp/stallwatch-{uid}")) {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         }
     }
     if let Ok(m) = std::fs::symlink_metadata(path) {
         if m.file_type().is_socket() {
+            if socket_in_use(path) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!(
+                        "a process accepts connections on {}: not removed (another runner's heartbeat socket?)",
+                        path.display()
+                    ),
+                ));
+            }
             std::fs::remove_file(path)?;
         }
     }
@@ -367,6 +406,37 @@ mod tests {
         );
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(p.pid as i32), None);
+    }
+
+    /// A socket file no process listens on is stale and removed; one a process accepts
+    /// connections on (another runner's, another program's) stays and is an error; the
+    /// folder a given path names keeps its mode.
+    #[test]
+    fn only_a_stale_socket_is_removed_and_existing_folders_keep_their_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let live = dir.path().join("live.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        let err = prepare_socket_dir(&live).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+        assert!(live.exists(), "a live socket was removed");
+        assert!(socket_in_use(&live));
+        // the same file once its listener is gone: stale
+        drop(listener);
+        assert!(!socket_in_use(&live));
+        prepare_socket_dir(&live).unwrap();
+        assert!(!live.exists(), "a stale socket was kept");
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755, "an existing folder's mode was changed");
+        // a folder it creates is the runner's own: 0700
+        let fresh = dir.path().join("sub").join("r.sock");
+        prepare_socket_dir(&fresh).unwrap();
+        let mode = std::fs::metadata(dir.path().join("sub"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700);
     }
 
     #[test]

@@ -104,10 +104,15 @@ impl ReaperHandle {
             tracing::warn!(runner = %id, "{why}");
         }
         runner::prepare_socket_dir(&sock.path).map_err(|e| {
-            RegisterError::SocketDir(format!(
-                "preparing heartbeat socket folder for {}: {e}",
-                sock.path.display()
-            ))
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                // the caller's choice of path, not our fault: a 400 naming it
+                RegisterError::Invalid(format!("runner {id}: heartbeat_socket: {e}"))
+            } else {
+                RegisterError::SocketDir(format!(
+                    "preparing heartbeat socket folder for {}: {e}",
+                    sock.path.display()
+                ))
+            }
         })?;
         let workspace = spawn.workspace.as_deref();
         let checkpoint =
