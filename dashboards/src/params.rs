@@ -108,3 +108,22 @@ impl Params {
         }
     }
 }
+
+/// An extractor for routes that take no query parameter (the control routes): any is a 400
+/// naming it, as [`Params::finish`] answers on the read routes.
+pub(crate) struct NoQuery;
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for NoQuery {
+    type Rejection = DashboardError;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Query(pairs) =
+            axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&parts.uri)
+                .map_err(|e| DashboardError::bad_param(format!("invalid query string: {e}")))?;
+        Params::new(pairs)?.finish()?;
+        Ok(NoQuery)
+    }
+}

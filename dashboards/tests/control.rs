@@ -220,6 +220,26 @@ async fn control_input_is_validated_before_sending() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // every control route refuses a query parameter it does not take, before acting
+    for (method, path, body) in calls() {
+        let mut req = h
+            .client
+            .request(method.clone(), h.url(&format!("{path}?force=1")))
+            .bearer_auth(TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 400, "{method} {path}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("\"force\""),
+            "{method} {path}: {v}"
+        );
+    }
     assert!(matches!(h.control.try_recv(), Err(TryRecvError::Empty)));
     h.stop().await;
 }

@@ -18,6 +18,7 @@ use stallwatch_storage::control::{valid_runner_id, ControlRequest, Reply, Runner
 use tokio::sync::oneshot;
 
 use crate::error::DashboardError;
+use crate::params::NoQuery;
 use crate::state::Shared;
 
 /// Compares two byte strings in time independent of where they differ.
@@ -207,6 +208,7 @@ async fn ask<T: Serialize, E: Into<DashboardError>>(
 /// 409 when the same id is alive (from the reaper).
 pub(crate) async fn register_runner(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
     body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> Result<Response, DashboardError> {
@@ -259,6 +261,7 @@ const BOARD_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 /// `DELETE /api/v1/runners/{id}` (token) → answers when termination is done.
 pub(crate) async fn delete_runner(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Response, DashboardError> {
@@ -273,6 +276,7 @@ pub(crate) async fn delete_runner(
 /// `POST /api/v1/runners/{id}/breaker/reset` (token).
 pub(crate) async fn reset_breaker(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Response, DashboardError> {
@@ -295,6 +299,7 @@ pub(crate) struct NewCheckpoint {
 /// `POST /api/v1/checkpoints` (token), body `{"runner_id","workspace"}` → 201 `{"id","path"}`.
 pub(crate) async fn create_checkpoint(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
     body: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> Result<Response, DashboardError> {
@@ -325,6 +330,7 @@ pub(crate) async fn create_checkpoint(
 /// `POST /api/v1/checkpoints/{id}/commit` (token).
 pub(crate) async fn commit_checkpoint(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Response, DashboardError> {
@@ -338,6 +344,7 @@ pub(crate) async fn commit_checkpoint(
 /// `POST /api/v1/checkpoints/{id}/rollback` (token).
 pub(crate) async fn rollback_checkpoint(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Response, DashboardError> {
@@ -352,6 +359,7 @@ pub(crate) async fn rollback_checkpoint(
 /// follows.
 pub(crate) async fn shutdown(
     _auth: Authorized,
+    _query: NoQuery,
     State(ctx): State<Shared>,
 ) -> Result<Response, DashboardError> {
     ctx.app

@@ -69,6 +69,7 @@ fn same_origin(headers: &HeaderMap) -> bool {
 /// `POST /api/v1/import/traces` (see the module doc).
 pub(crate) async fn traces(
     State(ctx): State<Shared>,
+    _query: crate::params::NoQuery,
     req: Request,
 ) -> Result<Response, DashboardError> {
     let Some(import) = ctx.app.otlp_import.clone() else {
