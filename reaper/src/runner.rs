@@ -404,7 +404,9 @@ mod tests {
             "an outsider joined the group: {said} {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        let _ = Command::new("kill")
+            .args(["-KILL", &p.pid.to_string()])
+            .status();
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(p.pid as i32), None);
     }
 
