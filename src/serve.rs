@@ -62,10 +62,7 @@ fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace
         tracing::level_filters::STATIC_MAX_LEVEL,
     ) {
         Ok(f) => (f, None),
-        Err(e) => (
-            tracing_subscriber::EnvFilter::new(crate::logfilter::DEFAULT_FILTER),
-            Some(e),
-        ),
+        Err(e) => (crate::logfilter::default_filter(), Some(e)),
     };
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

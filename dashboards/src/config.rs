@@ -148,7 +148,14 @@ impl TryFrom<RawWebhookConfig> for WebhookConfig {
 
     fn try_from(raw: RawWebhookConfig) -> Result<Self, Self::Error> {
         let url = reqwest::Url::parse(&raw.url).map_err(|e| {
-            DashboardError::Config(format!("alerts.webhook url {:?}: {e}", raw.url))
+            // International host names are not taken (the binary carries no IDNA tables:
+            // `idna_adapter` 1.0, root Cargo.toml); their ASCII form is.
+            let hint = if raw.url.is_ascii() {
+                ""
+            } else {
+                " (write a non-ASCII host name in its xn-- form)"
+            };
+            DashboardError::Config(format!("alerts.webhook url {:?}: {e}{hint}", raw.url))
         })?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(DashboardError::Config(format!(
@@ -317,6 +324,32 @@ mod tests {
         };
         let err = WebhookConfig::try_from(raw).unwrap_err().to_string();
         assert!(err.contains("breaker.exploded"), "{err}");
+    }
+
+    #[test]
+    fn an_international_host_name_is_refused_naming_its_ascii_form() {
+        let raw = |url: &str| RawWebhookConfig {
+            url: url.into(),
+            secret: "s".into(),
+            events: vec![],
+            retry_initial_ms: None,
+            retry_max_ms: None,
+            max_attempts: None,
+            timeout_ms: None,
+        };
+        let err = WebhookConfig::try_from(raw("https://bücher.example/hook"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("xn-- form"), "{err}");
+        let ok = WebhookConfig::try_from(raw("https://xn--bcher-kva.example/hook")).unwrap();
+        assert!(ok.url.contains("xn--bcher-kva.example"), "{}", ok.url);
+        // An ASCII host with capitals is taken as before.
+        let ok = WebhookConfig::try_from(raw("http://Hooks.Example:9/x")).unwrap();
+        assert!(
+            ok.url.contains("Hooks.Example") || ok.url.contains("hooks.example"),
+            "{}",
+            ok.url
+        );
     }
 
     #[test]
