@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 
 use crate::error::WatchdogError;
+use crate::glob::{Glob, GlobSet};
 
 /// Default heartbeat ping interval: 2000 ms (docs/design.md, Defaults).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(2000);
@@ -125,18 +125,16 @@ pub struct SlaRule {
     pub glob: String,
     /// Its SLA.
     pub sla: Duration,
-    matcher: GlobMatcher,
+    matcher: Glob,
 }
 
 impl SlaRule {
     /// Builds a rule; errors name `sla_rule[index].tool` when the glob is invalid.
     pub fn new(index: usize, glob: &str, sla: Duration) -> Result<Self, WatchdogError> {
-        let matcher = Glob::new(glob)
-            .map_err(|e| WatchdogError::Config {
-                key: format!("watchdog.sla_rule[{index}].tool"),
-                message: format!("invalid glob {glob:?}: {e}"),
-            })?
-            .compile_matcher();
+        let matcher = Glob::new(glob).map_err(|e| WatchdogError::Config {
+            key: format!("watchdog.sla_rule[{index}].tool"),
+            message: format!("invalid glob {glob:?}: {e}"),
+        })?;
         Ok(Self {
             glob: glob.to_string(),
             sla,
@@ -226,17 +224,16 @@ impl Default for SlaPolicy {
 }
 
 fn glob_set(key: &str, globs: &[String]) -> Result<GlobSet, WatchdogError> {
-    let mut b = GlobSetBuilder::new();
-    for (i, g) in globs.iter().enumerate() {
-        b.add(Glob::new(g).map_err(|e| WatchdogError::Config {
-            key: format!("{key}[{i}]"),
-            message: format!("invalid glob {g:?}: {e}"),
-        })?);
-    }
-    b.build().map_err(|e| WatchdogError::Config {
-        key: key.to_string(),
-        message: e.to_string(),
-    })
+    globs
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            Glob::new(g).map_err(|e| WatchdogError::Config {
+                key: format!("{key}[{i}]"),
+                message: format!("invalid glob {g:?}: {e}"),
+            })
+        })
+        .collect()
 }
 
 /// The validated watchdog configuration.

@@ -15,6 +15,7 @@ pub mod config;
 mod effects;
 pub mod error;
 pub mod fusion;
+pub mod glob;
 mod handle;
 pub mod heartbeat;
 pub mod ledger;
