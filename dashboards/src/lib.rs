@@ -26,6 +26,3 @@ pub use error::DashboardError;
 pub use routes::{OtlpImport, MAX_CONTROL_BODY_BYTES, ROUTES};
 pub use state::AppState;
 pub use webhooks::start_webhooks;
-
-/// The OpenAPI 3 document served at `GET /api/v1/openapi.json`.
-pub const OPENAPI_JSON: &str = routes::OPENAPI;

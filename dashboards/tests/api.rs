@@ -2,7 +2,10 @@
 //! check, CORS, health, readiness, metrics and the OpenAPI document.
 
 use serde_json::Value;
-use stallwatch_dashboards::{DashboardConfig, OPENAPI_JSON, ROUTES};
+use stallwatch_dashboards::{DashboardConfig, ROUTES};
+
+/// The OpenAPI document as written (the dashboard serves it gzip-compressed by build.rs).
+const OPENAPI_JSON: &str = include_str!("../src/openapi.json");
 
 use crate::common::*;
 
@@ -347,7 +350,33 @@ async fn ui_is_embedded() {
     assert!(html.contains("/ui/app.js") && html.contains("/ui/app.css"));
     let js = h.get("/ui/app.js").await;
     assert_eq!(js.status(), 200);
-    assert!(js.text().await.unwrap().contains("EventSource"));
+    assert!(js.headers().get("content-encoding").is_none());
+    let js = js.text().await.unwrap();
+    assert!(js.contains("EventSource"));
+    assert_eq!(js, include_str!("../ui/app.js"));
+    // A browser (it takes gzip) gets the embedded gzip bytes, which inflate to the file.
+    for (path, source) in [
+        ("/ui/app.js", include_str!("../ui/app.js")),
+        ("/", include_str!("../ui/index.html")),
+        ("/api/v1/openapi.json", OPENAPI_JSON),
+    ] {
+        let r = h
+            .client
+            .get(h.url(path))
+            .header("accept-encoding", "gzip, deflate, br, zstd")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["content-encoding"], "gzip", "{path}");
+        assert_eq!(r.headers()["vary"], "accept-encoding", "{path}");
+        let gz = r.bytes().await.unwrap();
+        assert!(gz.len() < source.len(), "{path}");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut text)
+            .unwrap();
+        assert_eq!(text, source, "{path}");
+    }
     assert_eq!(h.get("/ui/secret.txt").await.status(), 404);
     h.stop().await;
 }

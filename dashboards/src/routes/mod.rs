@@ -22,7 +22,6 @@ mod ui;
 
 pub use control::MAX_CONTROL_BODY_BYTES;
 pub use import::OtlpImport;
-pub use ui::OPENAPI;
 
 /// Every routed path under `/api/v1` (axum syntax), for the OpenAPI completeness test.
 pub const ROUTES: &[&str] = &[
