@@ -36,10 +36,16 @@
 //!
 //! # Cost
 //!
-//! [`Glob::new`] expands the `{…}` groups into at most [`MAX_ALTERNATIVES`] token lists
-//! without groups. Each is matched by the usual greedy-star backtracking that only remembers
-//! the last `*`, at most (name length × list length) steps: there is no exponential
-//! backtracking (`*a*a*a*a*a*b` against 10 000 `a`s answers at once).
+//! A glob is at most [`MAX_GLOB_BYTES`] long. [`Glob::new`] expands the `{…}` groups into
+//! at most [`MAX_ALTERNATIVES`] token lists without groups, holding at most [`MAX_TOKENS`]
+//! tokens in all; past either it is refused. A list of only literals and stars (the usual
+//! SLA glob: `run_notebook*`, `*render*`) is matched as literal runs: a prefix, a suffix and
+//! a substring search (`memchr::memmem`) for each run between, one pass over the name
+//! whatever its length (an exporter chooses `gen_ai.tool.name`, and a name of megabytes
+//! matched a character at a time against the eleven default class globs held the watchdog
+//! for seconds). Any other list is matched by the usual greedy-star backtracking that only
+//! remembers the last `*`, at most (name length × list length) steps: there is no
+//! exponential backtracking (`*a*a*a*a*a*b` against 10 000 `a`s answers at once).
 //!
 //! # Differences from globset (0.4.22, `Glob::new`)
 //!
@@ -74,6 +80,14 @@ pub const MAX_ALTERNATIVES: usize = 256;
 
 /// Deepest nesting of `{…}` groups (globset's limit too).
 pub const MAX_NESTING: usize = 100;
+
+/// Longest glob, bytes (4 KiB): a tool or span name glob is a few dozen bytes, and with
+/// [`MAX_ALTERNATIVES`] this bounds what one glob costs to compile and hold (at most
+/// [`MAX_TOKENS`] tokens).
+pub const MAX_GLOB_BYTES: usize = 4096;
+
+/// Most tokens a glob's alternatives may hold in all, after expansion (64 Ki).
+pub const MAX_TOKENS: usize = 65_536;
 
 /// Why a glob was refused. `at` and the numbers in the messages are byte offsets into the glob.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -126,12 +140,19 @@ pub enum GlobError {
         /// Offset of the first `{` too deep.
         at: usize,
     },
-    /// The `{…}` groups expand to more than [`MAX_ALTERNATIVES`] alternatives.
+    /// The `{…}` groups expand to more than [`MAX_ALTERNATIVES`] alternatives, or to more
+    /// than [`MAX_TOKENS`] tokens in all.
     #[error(
-        "the alternations `{{…}}` expand to more than {MAX_ALTERNATIVES} alternatives; \
-         split the glob into several"
+        "the alternations `{{…}}` expand to more than {MAX_ALTERNATIVES} alternatives or \
+         {MAX_TOKENS} characters in all; split the glob into several"
     )]
     TooManyAlternatives,
+    /// The glob is longer than [`MAX_GLOB_BYTES`].
+    #[error("the glob is {len} bytes long, over the limit of {MAX_GLOB_BYTES}")]
+    TooLong {
+        /// Its length, bytes.
+        len: usize,
+    },
 }
 
 /// One element of an alternation-free glob; each but `Star` matches exactly one character.
@@ -173,14 +194,80 @@ enum Node {
 #[derive(Clone)]
 pub struct Glob {
     pattern: String,
-    /// The alternation-free token lists the glob expands to (at least one); a name matches
-    /// when any of them matches it whole.
-    alternatives: Vec<Vec<Token>>,
+    /// The alternation-free token lists the glob expands to (at least one), compiled; a
+    /// name matches when any of them matches it whole.
+    alternatives: Vec<Matcher>,
+}
+
+/// One alternation-free token list, ready to match.
+#[derive(Clone, Debug)]
+struct Matcher {
+    tokens: Vec<Token>,
+    /// When the tokens are only literals and stars (`run_notebook*`, `*render*`, the usual
+    /// SLA globs): the literal runs between the stars, as UTF-8 bytes, one more than the
+    /// stars (the first and the last may be empty), matched by [`match_literal_runs`] in
+    /// time linear in the name, whatever its length. Else [`match_tokens`].
+    runs: Option<Vec<Vec<u8>>>,
+}
+
+impl Matcher {
+    fn new(tokens: Vec<Token>) -> Matcher {
+        let mut runs = Some(vec![Vec::new()]);
+        for t in &tokens {
+            match (t, runs.as_mut()) {
+                (Token::Star, Some(r)) => r.push(Vec::new()),
+                (Token::Literal(c), Some(r)) => {
+                    let mut buf = [0u8; 4];
+                    if let Some(run) = r.last_mut() {
+                        run.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                    }
+                }
+                _ => runs = None,
+            }
+        }
+        Matcher { tokens, runs }
+    }
+
+    fn is_match(&self, name: &str) -> bool {
+        match &self.runs {
+            Some(runs) => match_literal_runs(runs, name.as_bytes()),
+            None => match_tokens(&self.tokens, name),
+        }
+    }
+}
+
+/// Whether `name` is `runs[0]`, then any text, `runs[1]`, ..., any text, `runs[last]`
+/// (the runs between stars; one run means no star). The first run must be a prefix and
+/// the last a suffix, not overlapping; each middle run is taken at its leftmost place after
+/// the one before, which finds a match whenever there is one. Byte-wise comparison is
+/// exact here: UTF-8 is self-synchronizing, so a run found in a valid name starts and ends
+/// on character boundaries.
+fn match_literal_runs(runs: &[Vec<u8>], name: &[u8]) -> bool {
+    let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+        return name.is_empty();
+    };
+    if runs.len() == 1 {
+        return name == first.as_slice();
+    }
+    if name.len() < first.len() + last.len() || !name.starts_with(first) || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for run in &runs[1..runs.len() - 1] {
+        match memchr::memmem::find(rest, run) {
+            Some(at) => rest = &rest[at + run.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 impl Glob {
     /// Compiles `pattern`. Errors: [`GlobError`], naming the problem and its byte offset.
     pub fn new(pattern: &str) -> Result<Glob, GlobError> {
+        if pattern.len() > MAX_GLOB_BYTES {
+            return Err(GlobError::TooLong { len: pattern.len() });
+        }
         let nodes = parse(pattern)?;
         let mut alternatives = expand(&nodes)?;
         for alt in &mut alternatives {
@@ -195,7 +282,7 @@ impl Glob {
         }
         Ok(Glob {
             pattern: pattern.to_string(),
-            alternatives: unique,
+            alternatives: unique.into_iter().map(Matcher::new).collect(),
         })
     }
 
@@ -206,7 +293,7 @@ impl Glob {
 
     /// Whether `name`, whole, matches the glob.
     pub fn is_match(&self, name: &str) -> bool {
-        self.alternatives.iter().any(|t| match_tokens(t, name))
+        self.alternatives.iter().any(|m| m.is_match(name))
     }
 }
 
@@ -410,12 +497,22 @@ fn has_content(nodes: &[Node]) -> bool {
     })
 }
 
+fn tokens_in(lists: &[Vec<Token>]) -> usize {
+    lists.iter().map(Vec::len).sum()
+}
+
 /// Expands the groups of `nodes` into alternation-free token lists.
 fn expand(nodes: &[Node]) -> Result<Vec<Vec<Token>>, GlobError> {
     let mut out: Vec<Vec<Token>> = vec![Vec::new()];
     for node in nodes {
         match node {
-            Node::Token(t) => out.iter_mut().for_each(|alt| alt.push(t.clone())),
+            Node::Token(t) => {
+                // every alternative so far grows by one token
+                if tokens_in(&out) + out.len() > MAX_TOKENS {
+                    return Err(GlobError::TooManyAlternatives);
+                }
+                out.iter_mut().for_each(|alt| alt.push(t.clone()));
+            }
             Node::Group(alts) => {
                 let mut choices: Vec<Vec<Token>> = Vec::new();
                 for alt in alts.iter().filter(|a| has_content(a)) {
@@ -429,6 +526,11 @@ fn expand(nodes: &[Node]) -> Result<Vec<Vec<Token>>, GlobError> {
                     continue;
                 }
                 if out.len().saturating_mul(choices.len()) > MAX_ALTERNATIVES {
+                    return Err(GlobError::TooManyAlternatives);
+                }
+                let tokens = tokens_in(&out).saturating_mul(choices.len())
+                    + tokens_in(&choices).saturating_mul(out.len());
+                if tokens > MAX_TOKENS {
                     return Err(GlobError::TooManyAlternatives);
                 }
                 out = out
@@ -870,6 +972,61 @@ mod tests {
         assert!(!glob("*?*?*?*?*?*?*?*c").is_match(&long));
     }
 
+    /// A name of megabytes (an exporter may send any `gen_ai.tool.name`) against the
+    /// default class globs and a rule: answered by a substring search per literal run, not
+    /// a character-by-character scan per glob (which stalled the watchdog for seconds).
+    #[test]
+    fn a_name_of_megabytes_is_matched_in_one_pass() {
+        let mut name = "x".repeat(8 << 20);
+        let globs: Vec<Glob> = crate::config::DEFAULT_CLASS_GLOBS
+            .iter()
+            .map(|g| glob(g))
+            .chain([glob("run_*_x"), glob("x*y*z")])
+            .collect();
+        assert!(globs.iter().all(|g| g.alternatives[0].runs.is_some()));
+        assert!(globs.iter().all(|g| !g.is_match(&name)));
+        name.insert_str(4 << 20, "render");
+        assert!(globs[0].is_match(&name), "{:?}", globs[0]);
+        let name = format!("run_{}_x", "é".repeat(1 << 20));
+        assert!(glob("run_*_x").is_match(&name));
+        assert!(!glob("run_*_y").is_match(&name));
+        // a class makes it the token matcher, still linear for one star
+        let g = glob("*[r]ender*");
+        assert!(g.alternatives[0].runs.is_none());
+        assert!(!g.is_match(&"x".repeat(1 << 20)));
+    }
+
+    #[test]
+    fn literal_runs_take_prefix_suffix_and_leftmost_middles() {
+        let runs = |p: &str| glob(p).alternatives[0].runs.clone().unwrap();
+        let m = |p: &str, n: &str| match_literal_runs(&runs(p), n.as_bytes());
+        assert!(!m("ab*ba", "aba") && m("ab*ba", "abba"));
+        assert!(m("a*a*a", "aaa") && !m("a*a*a", "aa"));
+        assert!(m("*", "") && m("**", "x/y") && m("", "") && !m("", "x"));
+        assert!(m("*ab*ab*", "xabab") && !m("*ab*ab*", "xaba"));
+        assert!(m("é*é", "éé") && !m("é*é", "é"));
+    }
+
+    #[test]
+    fn long_globs_and_large_expansions_are_refused() {
+        let e = err(&"a".repeat(MAX_GLOB_BYTES + 1));
+        assert_eq!(
+            e,
+            GlobError::TooLong {
+                len: MAX_GLOB_BYTES + 1
+            }
+        );
+        assert!(e.to_string().contains("over the limit of 4096"), "{e}");
+        glob(&"a".repeat(MAX_GLOB_BYTES));
+        // 256 alternatives of ~3,000 characters each: over MAX_TOKENS
+        let p = format!("{}{}", "x".repeat(3000), "{a,b}".repeat(8));
+        assert_eq!(err(&p), GlobError::TooManyAlternatives);
+        let p = format!("{}{}", "{a,b}".repeat(8), "x".repeat(3000));
+        assert_eq!(err(&p), GlobError::TooManyAlternatives);
+        // 256 short alternatives stay accepted
+        glob(&format!("tool_{}", "{a,b}".repeat(8)));
+    }
+
     #[test]
     fn glob_set() {
         let set: GlobSet = ["*render*", "run_{a,b}"].iter().map(|p| glob(p)).collect();
@@ -1000,7 +1157,7 @@ mod tests {
         let mut out = Vec::new();
         'alternatives: for alt in &g.alternatives {
             let mut w = String::new();
-            for t in alt {
+            for t in &alt.tokens {
                 match t {
                     Token::Literal(c) => w.push(*c),
                     Token::Star => {
@@ -1045,6 +1202,20 @@ mod tests {
             }
             (Err(_), Err(_)) => {}
             (Ok(g), Ok(m)) => {
+                // the literal fast path answers as the token matcher does, for every glob
+                for n in names.iter().cloned().chain(witnesses(g, seed)) {
+                    for alt in &g.alternatives {
+                        if let Some(runs) = &alt.runs {
+                            prop_assert_eq!(
+                                match_literal_runs(runs, n.as_bytes()),
+                                match_tokens(&alt.tokens, &n),
+                                "fast path: glob {:?} name {:?}",
+                                p,
+                                n
+                            );
+                        }
+                    }
+                }
                 if !globset_may_read_recursive(p) {
                     for n in names.iter().cloned().chain(witnesses(g, seed)) {
                         prop_assert_eq!(

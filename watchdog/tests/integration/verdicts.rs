@@ -268,3 +268,66 @@ async fn half_open_probe_closes_for_a_restarted_runner_and_reopens_for_a_dead_on
     assert!(rig.handle.reset_breaker("nobody").await.is_err());
     rig.stop().await;
 }
+
+/// A tool span whose end was committed while the watchdog task could not run (starved
+/// here by blocking its only runtime thread past the SLA) is closed before the SLA is
+/// judged: no trip. The healthy case beside the stalled one: a span left open over the same
+/// SLA on another runner trips. The heartbeat timeout is longer than the block, so no ping
+/// is judged across it.
+#[tokio::test]
+async fn an_end_queued_while_the_watchdog_was_starved_is_read_before_the_sla_is_judged() {
+    let mut config = fast_config();
+    config.heartbeat_timeout = Duration::from_secs(3);
+    let mut rig = Rig::start(config).await;
+    let (sa, sb) = (rig.sock("a"), rig.sock("b"));
+    let pa = PyRunner::start(&sa, "pong");
+    let pb = PyRunner::start(&sb, "pong");
+    rig.register("runner-a", Some(pa.pid()), Some(&sa), false)
+        .await;
+    rig.register("runner-b", Some(pb.pid()), Some(&sb), false)
+        .await;
+    // both answer pings before the spans open
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (t, pid) in [(1, pa.pid()), (2, pb.pid())] {
+        rig.observe_spans(batch(
+            resource(None, Some(pid)),
+            vec![tool_span(t, 1, "run_notebook", Some(600), 0)],
+        ))
+        .await;
+    }
+    // both open in the ledger (the worker is idle and reads them at once)
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // runner-a's span ends within its SLA; the record is queued, then the task starves
+    // past the SLA (and not past the heartbeat timeout)
+    rig.observe_spans(batch(
+        resource(None, Some(pa.pid())),
+        vec![tool_span(
+            1,
+            1,
+            "run_notebook",
+            Some(600),
+            1_700_000_000_200_000_000,
+        )],
+    ))
+    .await;
+    std::thread::sleep(Duration::from_millis(800));
+    let trip = rig
+        .next_trip(LONG)
+        .await
+        .expect("runner-b's open span trips");
+    assert_eq!(trip.runner_id, "runner-b", "{trip:?}");
+    assert_eq!(trip.verdict, "tool_overrun");
+    assert_eq!(trip.open_spans, vec![(tid(2), sid(1))]);
+    // (runner-b trips again when its breaker's HALF_OPEN probe fails: not asserted here)
+    let until = std::time::Instant::now() + Duration::from_millis(1500);
+    while let Some(t) = rig
+        .next_trip(until.saturating_duration_since(std::time::Instant::now()))
+        .await
+    {
+        assert_ne!(
+            t.runner_id, "runner-a",
+            "tripped for a span whose end was already queued: {t:?}"
+        );
+    }
+    drop((pa, pb));
+}
