@@ -147,16 +147,7 @@ impl TryFrom<RawWebhookConfig> for WebhookConfig {
     type Error = DashboardError;
 
     fn try_from(raw: RawWebhookConfig) -> Result<Self, Self::Error> {
-        let url = reqwest::Url::parse(&raw.url).map_err(|e| {
-            // International host names are not taken (the binary carries no IDNA tables:
-            // `idna_adapter` 1.0, root Cargo.toml); their ASCII form is.
-            let hint = if raw.url.is_ascii() {
-                ""
-            } else {
-                " (write a non-ASCII host name in its xn-- form)"
-            };
-            DashboardError::Config(format!("alerts.webhook url {:?}: {e}{hint}", raw.url))
-        })?;
+        let url = parse_url("alerts.webhook url", &raw.url)?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(DashboardError::Config(format!(
                 "alerts.webhook url {:?}: scheme must be http or https",
@@ -279,9 +270,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
         }
         let public_url = match raw.public_url {
             Some(u) => {
-                let parsed = reqwest::Url::parse(&u).map_err(|e| {
-                    DashboardError::Config(format!("dashboard.public_url {u:?}: {e}"))
-                })?;
+                let parsed = parse_url("dashboard.public_url", &u)?;
                 if !matches!(parsed.scheme(), "http" | "https") {
                     return Err(DashboardError::Config(format!(
                         "dashboard.public_url {u:?}: scheme must be http or https"
@@ -305,6 +294,30 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
             listen_limits,
         })
     }
+}
+
+/// `raw` parsed as a URL for the config key `key`.
+///
+/// International host names are not taken: the binary carries no IDNA tables
+/// (`idna_adapter` 1.0, root Cargo.toml), so a host that is not ASCII, or that is
+/// percent-encoded, is refused naming its `xn--` form before `url` reads it (its ASCII-only
+/// back end also asserts, in debug builds, on a host mixing capitals with non-ASCII).
+///
+/// Errors: [`DashboardError::Config`] naming the key, the value and what is wrong.
+fn parse_url(key: &str, raw: &str) -> Result<reqwest::Url, DashboardError> {
+    let bad = |why: &dyn std::fmt::Display| DashboardError::Config(format!("{key} {raw:?}: {why}"));
+    let authority = raw
+        .split_once("://")
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))
+        .unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    if !host.is_ascii() || host.contains('%') {
+        return Err(bad(
+            &"the host must be written in ASCII: write an international name in its xn-- \
+              form (e.g. xn--bcher-kva.example for bücher.example)",
+        ));
+    }
+    reqwest::Url::parse(raw).map_err(|e| bad(&e))
 }
 
 #[cfg(test)]
@@ -337,10 +350,33 @@ mod tests {
             max_attempts: None,
             timeout_ms: None,
         };
-        let err = WebhookConfig::try_from(raw("https://bücher.example/hook"))
+        for url in [
+            "https://bücher.example/hook",
+            // capitals beside non-ASCII: url's ASCII-only IDNA asserts on these in debug
+            "https://BÜCHER.example/hook",
+            "https://Bücher.example/hook",
+            "https://B%C3%BCcher.example/hook",
+            "https://user@b%c3%bccher.example:8443/hook",
+        ] {
+            let err = WebhookConfig::try_from(raw(url)).unwrap_err().to_string();
+            assert!(err.contains("xn-- form"), "{url}: {err}");
+            assert!(err.contains("alerts.webhook url"), "{url}: {err}");
+        }
+        let public: RawDashboardConfig = toml_like(r#"{"public_url":"https://BÜCHER.example"}"#);
+        let err = DashboardConfig::try_from((public, RawAlertsConfig::default()))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("xn-- form"), "{err}");
+        assert!(
+            err.contains("dashboard.public_url") && err.contains("xn-- form"),
+            "{err}"
+        );
+        // non-ASCII outside the host is fine
+        WebhookConfig::try_from(raw("https://hooks.example/ö?q=ü")).unwrap();
+        // a bad ASCII host gets url's own message, no hint
+        let err = WebhookConfig::try_from(raw("https://exa mple.com/ö"))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("xn--"), "{err}");
         let ok = WebhookConfig::try_from(raw("https://xn--bcher-kva.example/hook")).unwrap();
         assert!(ok.url.contains("xn--bcher-kva.example"), "{}", ok.url);
         // An ASCII host with capitals is taken as before.
