@@ -63,8 +63,8 @@ pub fn env_filter(
 }
 
 /// `spec` (comma-separated directives) as a filter with each directive's level capped at
-/// `max`; empty directives are dropped. A value of only empty directives enables errors
-/// only, as `EnvFilter` read it.
+/// `max`; empty directives are dropped. A value of only empty directives (`RUST_LOG=`)
+/// counts as unset: [`default_filter`].
 ///
 /// Errors: the first directive that does not parse, quoted, with the reason.
 pub fn capped_targets(spec: &str, max: LevelFilter) -> Result<Targets, String> {
@@ -81,7 +81,7 @@ pub fn capped_targets(spec: &str, max: LevelFilter) -> Result<Targets, String> {
         let (target, level) = match d.split_once('=') {
             Some((t, l)) => {
                 let l = LevelFilter::from_str(l.trim()).map_err(|_| {
-                    bad("the level must be one of off, error, warn, info, debug, trace")
+                    bad("the level must be one of off, error, warn, info, debug, trace (or 0 to 5)")
                 })?;
                 (Some(t.trim()), l)
             }
@@ -101,7 +101,7 @@ pub fn capped_targets(spec: &str, max: LevelFilter) -> Result<Targets, String> {
         };
     }
     if !any {
-        out = out.with_default(LevelFilter::ERROR);
+        return Ok(default_filter());
     }
     Ok(out)
 }
@@ -137,10 +137,12 @@ mod tests {
         assert!(!f.would_enable("tokio", &Level::INFO));
         let f = capped("off");
         assert!(!f.would_enable("stallwatch", &Level::ERROR));
-        // only empty directives: errors only
-        let f = capped(" , ");
-        assert!(f.would_enable("stallwatch", &Level::ERROR));
-        assert!(!f.would_enable("stallwatch", &Level::WARN));
+        // only empty directives: as if unset (info)
+        for empty in ["", " , ", ",,,"] {
+            let f = capped(empty);
+            assert!(f.would_enable("stallwatch", &Level::INFO), "{empty:?}");
+            assert!(!f.would_enable("stallwatch", &Level::DEBUG), "{empty:?}");
+        }
         // where every level is compiled in (debug builds), nothing is capped
         let f = capped_targets("trace", LevelFilter::TRACE).unwrap();
         assert_eq!(f.default_level(), Some(LevelFilter::TRACE));

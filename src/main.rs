@@ -38,8 +38,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            // Print the whole context chain once, then map to an exit code.
-            eprintln!("stallwatch: error: {err:#}");
+            // Print the whole context chain once (as a JSON log line when JSON logs were
+            // asked for), then map to an exit code.
+            if !serve::report_fatal(&err) {
+                eprintln!("stallwatch: error: {err:#}");
+            }
             ExitCode::from(1)
         }
     }

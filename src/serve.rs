@@ -40,10 +40,47 @@ const CONTROL_QUEUE: usize = 64;
 /// Deadline for each shutdown stage.
 const STAGE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Where `serve` stands with JSON logs, for [`report_fatal`]: 0 text, 1 JSON asked for
+/// (`--log-format json` or `STALLWATCH_LOG_FORMAT`) before logging started, 2 JSON logging
+/// started.
+static JSON_LOGS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Reports the error `serve` ended with as one JSON log line (the configured format's shape:
+/// `level` `ERROR`, `fields.message`) when JSON logs were asked for, so a supervisor reading
+/// stderr as JSON lines gets no plain text; returns false (the caller prints plain text)
+/// otherwise. Covers errors before logging started (a bad config) and after (a port in use).
+pub fn report_fatal(err: &anyhow::Error) -> bool {
+    use std::sync::atomic::Ordering;
+    match JSON_LOGS.load(Ordering::Relaxed) {
+        0 => return false,
+        1 => {
+            let _ = tracing_subscriber::fmt()
+                .json()
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+        _ => {}
+    }
+    tracing::error!("stallwatch: error: {err:#}");
+    true
+}
+
 /// Parses settings, opens the data folder, and runs the sidecar until it is told to stop.
 pub fn run(args: ServeArgs) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    if args.log_format == Some(LogFormat::Json) {
+        JSON_LOGS.store(1, Ordering::Relaxed);
+    }
     let settings = config::merge(&args)?;
     let self_traces = init_logging(settings.log_format, args.self_traces);
+    JSON_LOGS.store(
+        if settings.log_format == LogFormat::Json {
+            2
+        } else {
+            0
+        },
+        Ordering::Relaxed,
+    );
     let data = DataDir::open(&settings.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -87,7 +124,7 @@ fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace
         .init();
     if let Some(e) = invalid {
         tracing::warn!(
-            rust_log = %e.value,
+            rust_log = ?e.value,
             error = %e.error,
             default = crate::logfilter::DEFAULT_FILTER,
             "RUST_LOG is not a valid filter; logging with the default"

@@ -33,6 +33,65 @@ fn unknown_config_key_is_refused_with_its_name() {
     assert!(err.contains("max_requst_bytes"), "{err}");
 }
 
+/// With `--log-format json` every stderr line is JSON, the fatal error too: a bad config
+/// (before logging starts) and a port in use (after it started). Text logs keep the plain
+/// `stallwatch: error:` line.
+#[test]
+fn with_json_logs_a_fatal_error_is_a_json_line_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[otlp]\nmax_requst_bytes = 10\n").unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().map(|a| (a, taken)).unwrap();
+    let runs: [(&str, Vec<String>); 2] = [
+        (
+            "max_requst_bytes",
+            vec!["--config".into(), cfg.display().to_string()],
+        ),
+        (
+            "cannot bind",
+            vec!["--otlp-http-listen".into(), taken.0.to_string()],
+        ),
+    ];
+    for (i, (names, extra)) in runs.iter().enumerate() {
+        let out = Command::new(bin())
+            .args(["serve", "--log-format", "json", "--data-dir"])
+            .arg(dir.path().join(format!("d{i}")))
+            .args([
+                "--otlp-grpc-listen",
+                "127.0.0.1:0",
+                "--dashboard-listen",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<serde_json::Value> = err
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        let fatal = lines
+            .iter()
+            .find(|l| l["level"] == "ERROR")
+            .unwrap_or_else(|| panic!("no ERROR line: {err}"));
+        let message = fatal["fields"]["message"].as_str().unwrap();
+        assert!(message.contains(names), "{message}");
+    }
+    // text logs: the plain line as before
+    let out = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("d9"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("stallwatch: error: "), "{err}");
+    drop(taken);
+}
+
 #[test]
 fn a_second_instance_on_the_same_data_dir_names_the_holder_and_exits_non_zero() {
     let dir = tempfile::tempdir().unwrap();

@@ -133,7 +133,7 @@ impl SlaRule {
     pub fn new(index: usize, glob: &str, sla: Duration) -> Result<Self, WatchdogError> {
         let matcher = Glob::new(glob).map_err(|e| WatchdogError::Config {
             key: format!("watchdog.sla_rule[{index}].tool"),
-            message: format!("invalid glob {glob:?}: {e}"),
+            message: format!("glob {glob:?}: {e}"),
         })?;
         Ok(Self {
             glob: glob.to_string(),
@@ -230,7 +230,7 @@ fn glob_set(key: &str, globs: &[String]) -> Result<GlobSet, WatchdogError> {
         .map(|(i, g)| {
             Glob::new(g).map_err(|e| WatchdogError::Config {
                 key: format!("{key}[{i}]"),
-                message: format!("invalid glob {g:?}: {e}"),
+                message: format!("glob {g:?}: {e}"),
             })
         })
         .collect()
@@ -349,7 +349,7 @@ impl TryFrom<RawWatchdogConfig> for WatchdogConfig {
     type Error = WatchdogError;
 
     /// Validates the raw section. Errors: [`WatchdogError::Config`] naming the key (and the
-    /// rule index for `sla_rule`), e.g. `watchdog.sla_rule[1].tool: invalid glob "[x"`.
+    /// rule index for `sla_rule`), e.g. `invalid watchdog.sla_rule[1].tool: glob "[x": unclosed character class ...`.
     fn try_from(raw: RawWatchdogConfig) -> Result<Self, Self::Error> {
         let mut rules = Vec::with_capacity(raw.sla_rules.len());
         for (i, r) in raw.sla_rules.iter().enumerate() {
