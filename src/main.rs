@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             // Print the whole context chain once (as a JSON log line when JSON logs were
             // asked for), then map to an exit code.
             if !serve::report_fatal(&err) {
-                eprintln!("stallwatch: error: {err:#}");
+                eprintln!("stallwatch: error: {}", error_chain(&err));
             }
             ExitCode::from(1)
         }
@@ -61,8 +61,56 @@ fn mcp_wrap(args: cli::McpWrapArgs) -> ExitCode {
     match run() {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
-            eprintln!("stallwatch mcp: error: {err:#}");
+            eprintln!("stallwatch mcp: error: {}", error_chain(&err));
             ExitCode::from(1)
         }
+    }
+}
+
+/// `err` and its causes joined by `: ` (as `{:#}` prints them), leaving out a cause whose
+/// text already ends the line: many errors name their source in their own message too
+/// (`cannot bind ... on 127.0.0.1:4318: Address already in use`), which `{:#}` printed
+/// twice.
+pub(crate) fn error_chain(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use");
+        #[derive(Debug)]
+        struct Bind {
+            source: std::io::Error,
+        }
+        impl std::fmt::Display for Bind {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "cannot bind on 127.0.0.1:1: {}", self.source)
+            }
+        }
+        impl std::error::Error for Bind {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.source)
+            }
+        }
+        let err = anyhow::Error::new(Bind { source: io }).context("cannot bind the listeners");
+        assert_eq!(
+            super::error_chain(&err),
+            "cannot bind the listeners: cannot bind on 127.0.0.1:1: Address already in use"
+        );
+        let err = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(super::error_chain(&err), "outer: inner");
     }
 }

@@ -61,7 +61,7 @@ pub fn report_fatal(err: &anyhow::Error) -> bool {
         }
         _ => {}
     }
-    tracing::error!("stallwatch: error: {err:#}");
+    tracing::error!("stallwatch: error: {}", crate::error_chain(err));
     true
 }
 
