@@ -67,6 +67,10 @@ pub(crate) struct Runner {
     /// The pids of its processes that restarts replaced (newest last, at most
     /// [`PAST_PIDS`]): a span that arrives late from one of them belongs to a dead process.
     pub(crate) past_pids: Vec<u32>,
+    /// Until when no trip is made for this runner after stallwatch's own task was starved
+    /// ([`Runner::own_stall`]): what reached stallwatch while it could not run (a span's
+    /// end in a socket buffer, a queued batch) is read first.
+    pub(crate) catch_up_until: Option<Instant>,
 }
 
 /// How many replaced pids a runner remembers.
@@ -151,7 +155,19 @@ impl Runner {
             },
             stopping_since: None,
             past_pids: Vec::new(),
+            catch_up_until: None,
         }
+    }
+
+    /// stallwatch's own task could not run until `now` (it woke late): the heartbeat's lost
+    /// deadline restarts from `now` (the pings it should have sent were not sent), and no
+    /// trip is made before `now + cfg.heartbeat_timeout`, the time a heartbeat gets to
+    /// answer, so a span whose end arrived during the stall is read before it is judged.
+    /// A stopping runner's limit is not held.
+    pub(crate) fn own_stall(&mut self, now: Instant, cfg: &WatchdogConfig) {
+        self.hb.own_fault(now);
+        let until = now + cfg.heartbeat_timeout;
+        self.catch_up_until = Some(self.catch_up_until.map_or(until, |t| t.max(until)));
     }
 
     /// Remembers `pid` as a process of this runner that a restart replaced.
@@ -275,6 +291,16 @@ impl Runner {
                 cfg.suspect_cap,
             ),
         };
+        let mut f = f;
+        if let Some(until) = self.catch_up_until {
+            if now >= until {
+                self.catch_up_until = None;
+            } else if f.trip && self.stopping_since.is_none() {
+                // judged again once what arrived during our own stall was read
+                f.trip = false;
+                out.next = out.next.min(until);
+            }
+        }
         let prev = self.fused;
         self.fused = f;
         self.worst = worst;

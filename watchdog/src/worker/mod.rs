@@ -92,6 +92,9 @@ struct Worker {
     last_eval: Instant,
     /// When the last `sidecar.degraded` incident was raised.
     degraded_at: Option<Instant>,
+    /// Reading an observation took longer than [`late_limit`] since the last evaluation:
+    /// counted as our own stall there.
+    stalled_in_observe: bool,
 }
 
 impl Watchdog {
@@ -157,6 +160,7 @@ impl Watchdog {
                 last_board_full: Instant::now(),
                 last_eval: Instant::now(),
                 degraded_at: None,
+                stalled_in_observe: false,
             };
             w.stats
                 .ledger_open_spans
@@ -171,6 +175,13 @@ impl Watchdog {
     }
 }
 
+/// How late a wake may be before it counts as our own stall
+/// ([`crate::runner::Runner::own_stall`]): a ping
+/// interval (the pings due meanwhile were not sent), at least 250 ms of scheduling noise.
+fn late_limit(cfg: &WatchdogConfig) -> Duration {
+    cfg.heartbeat_interval.max(Duration::from_millis(250))
+}
+
 impl Worker {
     async fn run(
         &mut self,
@@ -183,9 +194,13 @@ impl Worker {
         let wake = tokio::time::sleep_until(self.sched.next_wake.into());
         tokio::pin!(wake);
         let mut armed = self.sched.next_wake;
+        // when the wake should fire at the earliest: its instant, or when it was armed if
+        // that instant had already passed (a full pass asked for after an idle spell)
+        let mut due_from = armed.max(Instant::now());
         loop {
             if armed != self.sched.next_wake {
                 armed = self.sched.next_wake;
+                due_from = armed.max(Instant::now());
                 wake.as_mut().reset(armed.into());
             }
             tokio::select! {
@@ -202,12 +217,21 @@ impl Worker {
                     }
                 }
                 _ = &mut wake => {
-                    self.evaluate(Instant::now()).await;
+                    let now = Instant::now();
+                    // how late this wake is: our own task could not run meanwhile
+                    let late = now.saturating_duration_since(due_from);
+                    self.evaluate(now, late).await;
                     // force a re-arm even when the computed instant is unchanged
                     armed = self.sched.next_wake + Duration::from_nanos(1);
                 }
                 o = observations.recv(), if obs_open => match o {
-                    Some(o) => self.observe(o),
+                    Some(o) => {
+                        // reading a batch is CPU work only: when it took longer than a wake
+                        // may be late, this task was stalled in it (a huge batch)
+                        let t0 = Instant::now();
+                        self.observe(o);
+                        self.stalled_in_observe |= t0.elapsed() > late_limit(&self.cfg);
+                    }
                     None => obs_open = false,
                 },
             }
@@ -375,18 +399,23 @@ impl Worker {
     /// runs the resulting actions, flushes the ledger, republishes the board, and computes
     /// the next wake-up: the earliest runner deadline, never later than a tick when a full
     /// pass is pending and never later than the board interval.
-    async fn evaluate(&mut self, now: Instant) {
+    async fn evaluate(&mut self, now: Instant, late: Duration) {
         let gap = now.saturating_duration_since(self.last_eval);
         self.last_eval = now;
-        if gap > STARVED_GAP {
-            // our own task did not run: the pings it should have sent were never sent
+        let stalled_in_observe = std::mem::take(&mut self.stalled_in_observe);
+        if gap > STARVED_GAP || late > late_limit(&self.cfg) || stalled_in_observe {
+            // our own task did not run: the pings it should have sent were never sent,
+            // and what arrived meanwhile is not read yet (`runner::Runner::own_stall`)
+            let cfg = &self.cfg;
             for r in self.runners.values_mut() {
-                r.hb.own_fault(now);
+                r.own_stall(now, cfg);
             }
             self.sched.want_full();
+        }
+        if gap > STARVED_GAP || late > STARVED_GAP {
             let why = format!(
                 "the watchdog task did not run for {} ms (stallwatch starved or stopped)",
-                gap.as_millis()
+                gap.max(late).as_millis()
             );
             self.degraded(now, None, why).await;
         }
