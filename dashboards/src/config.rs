@@ -306,10 +306,21 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
 /// Errors: [`DashboardError::Config`] naming the key, the value and what is wrong.
 fn parse_url(key: &str, raw: &str) -> Result<reqwest::Url, DashboardError> {
     let bad = |why: &dyn std::fmt::Display| DashboardError::Config(format!("{key} {raw:?}: {why}"));
-    let authority = raw
-        .split_once("://")
-        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))
-        .unwrap_or("");
+    // the URL standard drops tabs and newlines anywhere and reads `\` as `/` in http(s)
+    // URLs; it also takes `https:host` without the slashes: refused here, so the host is
+    // always what follows `://`
+    let cleaned: String = raw
+        .trim()
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
+    let Some((_, rest)) = cleaned.split_once(':') else {
+        return reqwest::Url::parse(raw).map_err(|e| bad(&e));
+    };
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err(bad(&"write it as scheme://host/path"));
+    };
+    let authority = rest.split(['/', '\\', '?', '#']).next().unwrap_or("");
     let host = authority.rsplit('@').next().unwrap_or("");
     if !host.is_ascii() || host.contains('%') {
         return Err(bad(
@@ -370,6 +381,21 @@ mod tests {
             err.contains("dashboard.public_url") && err.contains("xn-- form"),
             "{err}"
         );
+        // the URL standard's other spellings of the same host
+        for url in [
+            "https:BÜCHER.example/hook",
+            "https:/BÜCHER.example/hook",
+            "https:\\\\BÜCHER.example/hook",
+            "https:/\t/BÜCHER.example/hook",
+            "https:\n//Bücher.example/hook",
+            "https:B%C3%9CCHER.example/hook",
+            "https://BÜ\tCHER.example/hook",
+        ] {
+            let err = WebhookConfig::try_from(raw(url)).unwrap_err().to_string();
+            assert!(err.contains("alerts.webhook url"), "{url:?}: {err}");
+        }
+        // `\` ends the host as `/` does
+        WebhookConfig::try_from(raw("https://hooks.example\\ö")).unwrap();
         // non-ASCII outside the host is fine
         WebhookConfig::try_from(raw("https://hooks.example/ö?q=ü")).unwrap();
         // a bad ASCII host gets url's own message, no hint
