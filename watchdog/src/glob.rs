@@ -36,7 +36,9 @@
 //!
 //! # Cost
 //!
-//! A glob is at most [`MAX_GLOB_BYTES`] long. [`Glob::new`] expands the `{…}` groups into
+//! A name longer than [`MAX_NAME_BYTES`] matches no glob (so such a tool span gets the
+//! default SLA and no class cap), which bounds the work per name whatever the globs. A
+//! glob is at most [`MAX_GLOB_BYTES`] long. [`Glob::new`] expands the `{…}` groups into
 //! at most [`MAX_ALTERNATIVES`] token lists without groups, holding at most [`MAX_TOKENS`]
 //! tokens in all; past either it is refused. A list of only literals and stars (the usual
 //! SLA glob: `run_notebook*`, `*render*`) is matched as literal runs: a prefix, a suffix and
@@ -80,6 +82,12 @@ pub const MAX_ALTERNATIVES: usize = 256;
 
 /// Deepest nesting of `{…}` groups (globset's limit too).
 pub const MAX_NESTING: usize = 100;
+
+/// Longest name a glob is matched against, bytes (4 KiB): a longer name matches no glob.
+/// MCP tool names are at most 128 characters (MCP spec, Tools); a name of megabytes (an
+/// exporter chooses `gen_ai.tool.name` and span names) would cost every glob a pass over
+/// it, and a glob with classes or many alternatives several, while the watchdog waits.
+pub const MAX_NAME_BYTES: usize = 4096;
 
 /// Longest glob, bytes (4 KiB): a tool or span name glob is a few dozen bytes, and with
 /// [`MAX_ALTERNATIVES`] this bounds what one glob costs to compile and hold (at most
@@ -291,9 +299,10 @@ impl Glob {
         &self.pattern
     }
 
-    /// Whether `name`, whole, matches the glob.
+    /// Whether `name`, whole, matches the glob; a name longer than [`MAX_NAME_BYTES`]
+    /// matches no glob.
     pub fn is_match(&self, name: &str) -> bool {
-        self.alternatives.iter().any(|m| m.is_match(name))
+        name.len() <= MAX_NAME_BYTES && self.alternatives.iter().any(|m| m.is_match(name))
     }
 }
 
@@ -963,13 +972,27 @@ mod tests {
 
     #[test]
     fn no_exponential_backtracking() {
-        let name = "a".repeat(10_000);
+        // at the MAX_NAME_BYTES cap (longer names match no glob)
+        let name = "a".repeat(MAX_NAME_BYTES);
         assert!(!glob("*a*a*a*a*a*b").is_match(&name));
         assert!(glob("*a*a*a*a*a*").is_match(&name));
         assert!(!glob("{*a,*b}*a*a*a*a*a*b{x,y}").is_match(&name));
-        let long = format!("{}b", "a".repeat(10_000));
+        let long = format!("{}b", "a".repeat(MAX_NAME_BYTES - 1));
         assert!(glob("*a*a*a*a*a*b").is_match(&long));
         assert!(!glob("*?*?*?*?*?*?*?*c").is_match(&long));
+    }
+
+    /// A name over MAX_NAME_BYTES matches no glob, `*` included; one at the cap does.
+    #[test]
+    fn a_name_over_the_cap_matches_no_glob() {
+        let at_cap = format!("{}render", "x".repeat(MAX_NAME_BYTES - 6));
+        assert!(glob("*render*").is_match(&at_cap));
+        assert!(glob("*").is_match(&at_cap));
+        let over = format!("x{at_cap}");
+        assert!(!glob("*render*").is_match(&over));
+        assert!(!glob("*").is_match(&over));
+        assert!(!glob("*[r]ender*").is_match(&over));
+        assert!(!GlobSet::new(vec![glob("*"), glob("x*")]).is_match(&over));
     }
 
     /// A name of megabytes (an exporter may send any `gen_ai.tool.name`) against the
@@ -977,6 +1000,8 @@ mod tests {
     /// a character-by-character scan per glob (which stalled the watchdog for seconds).
     #[test]
     fn a_name_of_megabytes_is_matched_in_one_pass() {
+        // the matchers themselves, below the MAX_NAME_BYTES cap of `Glob::is_match`
+        let m = |g: &Glob, n: &str| g.alternatives.iter().any(|a| a.is_match(n));
         let mut name = "x".repeat(8 << 20);
         let globs: Vec<Glob> = crate::config::DEFAULT_CLASS_GLOBS
             .iter()
@@ -984,16 +1009,16 @@ mod tests {
             .chain([glob("run_*_x"), glob("x*y*z")])
             .collect();
         assert!(globs.iter().all(|g| g.alternatives[0].runs.is_some()));
-        assert!(globs.iter().all(|g| !g.is_match(&name)));
+        assert!(globs.iter().all(|g| !m(g, &name)));
         name.insert_str(4 << 20, "render");
-        assert!(globs[0].is_match(&name), "{:?}", globs[0]);
+        assert!(m(&globs[0], &name), "{:?}", globs[0]);
         let name = format!("run_{}_x", "é".repeat(1 << 20));
-        assert!(glob("run_*_x").is_match(&name));
-        assert!(!glob("run_*_y").is_match(&name));
+        assert!(m(&glob("run_*_x"), &name));
+        assert!(!m(&glob("run_*_y"), &name));
         // a class makes it the token matcher, still linear for one star
         let g = glob("*[r]ender*");
         assert!(g.alternatives[0].runs.is_none());
-        assert!(!g.is_match(&"x".repeat(1 << 20)));
+        assert!(!m(&g, &"x".repeat(1 << 20)));
     }
 
     #[test]
