@@ -80,9 +80,14 @@ pub fn capped_targets(spec: &str, max: LevelFilter) -> Result<Targets, String> {
         }
         let (target, level) = match d.split_once('=') {
             Some((t, l)) => {
-                let l = LevelFilter::from_str(l.trim()).map_err(|_| {
-                    bad("the level must be one of off, error, warn, info, debug, trace (or 0 to 5)")
-                })?;
+                // (`tracing` reads an empty level as `error`: refused instead, a typo)
+                let l = l.trim();
+                let l = (!l.is_empty())
+                    .then(|| LevelFilter::from_str(l).ok())
+                    .flatten()
+                    .ok_or_else(|| {
+                        bad("the level must be one of off, error, warn, info, debug, trace (or 0 to 5)")
+                    })?;
                 (Some(t.trim()), l)
             }
             // A bare level, else a bare target (every level of it).
@@ -158,6 +163,7 @@ mod tests {
             ("=debug", "=debug"),
             ("a b=info", "a b=info"),
             ("a=b=c", "a=b=c"),
+            ("stallwatch=", "stallwatch="),
         ] {
             let e = capped_targets(spec, LevelFilter::DEBUG).unwrap_err();
             assert!(e.contains(&format!("{names:?}")), "{spec}: {e}");

@@ -133,7 +133,7 @@ impl SlaRule {
     pub fn new(index: usize, glob: &str, sla: Duration) -> Result<Self, WatchdogError> {
         let matcher = Glob::new(glob).map_err(|e| WatchdogError::Config {
             key: format!("watchdog.sla_rule[{index}].tool"),
-            message: format!("glob {glob:?}: {e}"),
+            message: format!("glob {}: {e}", shown(glob)),
         })?;
         Ok(Self {
             glob: glob.to_string(),
@@ -223,6 +223,14 @@ impl Default for SlaPolicy {
     }
 }
 
+/// A glob quoted for an error message: at most its first 64 characters.
+fn shown(glob: &str) -> String {
+    match glob.char_indices().nth(64) {
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &glob[..cut], glob.len()),
+        None => format!("{glob:?}"),
+    }
+}
+
 fn glob_set(key: &str, globs: &[String]) -> Result<GlobSet, WatchdogError> {
     globs
         .iter()
@@ -230,7 +238,7 @@ fn glob_set(key: &str, globs: &[String]) -> Result<GlobSet, WatchdogError> {
         .map(|(i, g)| {
             Glob::new(g).map_err(|e| WatchdogError::Config {
                 key: format!("{key}[{i}]"),
-                message: format!("glob {g:?}: {e}"),
+                message: format!("glob {}: {e}", shown(g)),
             })
         })
         .collect()
@@ -438,6 +446,11 @@ mod tests {
         assert!(e.contains("watchdog.min_sla_ms"), "{e}");
         let e = parse("class_tools = [\"{a\"]").unwrap_err();
         assert!(e.contains("watchdog.class_tools[0]"), "{e}");
+        assert!(!e.contains("invalid glob"), "{e}");
+        // a long glob is quoted by its start only
+        let e = parse(&format!("class_tools = [\"{}\"]", "a".repeat(5000))).unwrap_err();
+        assert!(e.contains("over the limit of 4096") && e.len() < 300, "{e}");
+        assert!(e.contains("(5000 bytes)"), "{e}");
         let e = parse("heartbeat_timeout = 5").unwrap_err();
         assert!(
             e.contains("unknown field") && e.contains("heartbeat_timeout"),

@@ -151,8 +151,8 @@ pub enum GlobError {
     /// The `{…}` groups expand to more than [`MAX_ALTERNATIVES`] alternatives, or to more
     /// than [`MAX_TOKENS`] tokens in all.
     #[error(
-        "the alternations `{{…}}` expand to more than {MAX_ALTERNATIVES} alternatives or \
-         {MAX_TOKENS} characters in all; split the glob into several"
+        "the alternations `{{…}}` expand to more than {MAX_ALTERNATIVES} alternatives, or to \
+         more than {MAX_TOKENS} characters and classes in all; split the glob into several"
     )]
     TooManyAlternatives,
     /// The glob is longer than [`MAX_GLOB_BYTES`].
