@@ -29,7 +29,20 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() && json_logs_asked() => {
+            // a usage error while JSON logs were asked for: one JSON line, as a fatal
+            // error of `serve` is (help and version stay plain, on stdout)
+            let _ = tracing_subscriber::fmt()
+                .json()
+                .with_writer(std::io::stderr)
+                .try_init();
+            tracing::error!("stallwatch: {}", e.render().to_string().trim_end());
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(args),
         cli::Command::Demo(args) => demo::run(args),
@@ -65,6 +78,17 @@ fn mcp_wrap(args: cli::McpWrapArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// True when the command line or `STALLWATCH_LOG_FORMAT` asks for JSON logs, read without
+/// clap (for clap's own errors): `--log-format json`, `--log-format=json`.
+fn json_logs_asked() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = args
+        .windows(2)
+        .any(|w| w[0] == "--log-format" && w[1] == "json")
+        || args.iter().any(|a| a == "--log-format=json");
+    flag || std::env::var("STALLWATCH_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"))
 }
 
 /// `err` and its causes joined by `: ` (as `{:#}` prints them), leaving out a cause whose

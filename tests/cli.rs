@@ -79,6 +79,23 @@ fn with_json_logs_a_fatal_error_is_a_json_line_too() {
         let message = fatal["fields"]["message"].as_str().unwrap();
         assert!(message.contains(names), "{message}");
     }
+    // a usage error (clap's) while JSON logs were asked for: JSON too, exit code 2
+    for env in [None, Some("json")] {
+        let mut cmd = Command::new(bin());
+        cmd.args(["serve", "--bogus-flag"]);
+        match env {
+            Some(v) => cmd.env("STALLWATCH_LOG_FORMAT", v),
+            None => cmd.args(["--log-format", "json"]),
+        };
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line: serde_json::Value = serde_json::from_str(err.trim())
+            .unwrap_or_else(|e| panic!("not one JSON line ({e}): {err}"));
+        assert_eq!(line["level"], "ERROR");
+        let message = line["fields"]["message"].as_str().unwrap();
+        assert!(message.contains("--bogus-flag"), "{message}");
+    }
     // text logs: the plain line as before
     let out = Command::new(bin())
         .args(["serve", "--config"])
