@@ -23,8 +23,8 @@ use std::str::FromStr;
 
 use tracing_subscriber::filter::{LevelFilter, Targets};
 
-/// The filter when `RUST_LOG` is unset or invalid.
-pub const DEFAULT_FILTER: &str = "info";
+/// The level of every target when `RUST_LOG` is unset or invalid.
+pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::INFO;
 
 /// Why `RUST_LOG` was not used: the value and what is wrong with it.
 #[derive(Debug)]
@@ -35,9 +35,9 @@ pub struct InvalidFilter {
     pub error: String,
 }
 
-/// The default filter: [`DEFAULT_FILTER`] for every target.
+/// The default filter: [`DEFAULT_LEVEL`] for every target.
 pub fn default_filter() -> Targets {
-    Targets::new().with_default(LevelFilter::INFO)
+    Targets::new().with_default(DEFAULT_LEVEL)
 }
 
 /// The filter from `rust_log` (the value of `RUST_LOG`, `None` when unset), with every
@@ -81,10 +81,9 @@ pub fn capped_targets(spec: &str, max: LevelFilter) -> Result<Targets, String> {
         let (target, level) = match d.split_once('=') {
             Some((t, l)) => {
                 // (`tracing` reads an empty level as `error`: refused instead, a typo)
-                let l = l.trim();
-                let l = (!l.is_empty())
-                    .then(|| LevelFilter::from_str(l).ok())
-                    .flatten()
+                let l = Some(l.trim())
+                    .filter(|l| !l.is_empty())
+                    .and_then(|l| LevelFilter::from_str(l).ok())
                     .ok_or_else(|| {
                         bad("the level must be one of off, error, warn, info, debug, trace (or 0 to 5)")
                     })?;
@@ -98,7 +97,7 @@ pub fn capped_targets(spec: &str, max: LevelFilter) -> Result<Targets, String> {
         };
         let level = level.min(max);
         out = match target {
-            Some(t) if t.is_empty() || t.contains(char::is_whitespace) || t.contains('=') => {
+            Some(t) if t.is_empty() || t.contains(char::is_whitespace) => {
                 return Err(bad("a target is a module path such as stallwatch_storage"))
             }
             Some(t) => out.with_target(t, level),

@@ -34,10 +34,7 @@ fn main() -> ExitCode {
         Err(e) if e.use_stderr() && json_logs_asked() => {
             // a usage error while JSON logs were asked for: one JSON line, as a fatal
             // error of `serve` is (help and version stay plain, on stdout)
-            let _ = tracing_subscriber::fmt()
-                .json()
-                .with_writer(std::io::stderr)
-                .try_init();
+            serve::init_json_fallback();
             tracing::error!("stallwatch: {}", e.render().to_string().trim_end());
             return ExitCode::from(2);
         }

@@ -53,16 +53,20 @@ pub fn report_fatal(err: &anyhow::Error) -> bool {
     use std::sync::atomic::Ordering;
     match JSON_LOGS.load(Ordering::Relaxed) {
         0 => return false,
-        1 => {
-            let _ = tracing_subscriber::fmt()
-                .json()
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
+        1 => init_json_fallback(),
         _ => {}
     }
     tracing::error!("stallwatch: error: {}", crate::error_chain(err));
     true
+}
+
+/// Logging for an error reported before [`init_logging`] ran while JSON logs were asked
+/// for: JSON lines on stderr, the shape `init_logging` gives them.
+pub(crate) fn init_json_fallback() {
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Parses settings, opens the data folder, and runs the sidecar until it is told to stop.
@@ -126,7 +130,7 @@ fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace
         tracing::warn!(
             rust_log = ?e.value,
             error = %e.error,
-            default = crate::logfilter::DEFAULT_FILTER,
+            default = %crate::logfilter::DEFAULT_LEVEL,
             "RUST_LOG is not a valid filter; logging with the default"
         );
     }

@@ -147,13 +147,7 @@ impl TryFrom<RawWebhookConfig> for WebhookConfig {
     type Error = DashboardError;
 
     fn try_from(raw: RawWebhookConfig) -> Result<Self, Self::Error> {
-        let url = parse_url("alerts.webhook url", &raw.url)?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(DashboardError::Config(format!(
-                "alerts.webhook url {:?}: scheme must be http or https",
-                raw.url
-            )));
-        }
+        check_url("alerts.webhook url", &raw.url)?;
         if raw.secret.is_empty() {
             return Err(DashboardError::Config(format!(
                 "alerts.webhook {:?}: secret must not be empty",
@@ -270,12 +264,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
         }
         let public_url = match raw.public_url {
             Some(u) => {
-                let parsed = parse_url("dashboard.public_url", &u)?;
-                if !matches!(parsed.scheme(), "http" | "https") {
-                    return Err(DashboardError::Config(format!(
-                        "dashboard.public_url {u:?}: scheme must be http or https"
-                    )));
-                }
+                check_url("dashboard.public_url", &u)?;
                 Some(u.trim_end_matches('/').to_string())
             }
             None => None,
@@ -296,7 +285,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
     }
 }
 
-/// `raw` parsed as a URL for the config key `key`.
+/// Checks that `raw` is an `http` or `https` URL, for the config key `key`.
 ///
 /// International host names are not taken: the binary carries no IDNA tables
 /// (`idna_adapter` 1.0, root Cargo.toml), so a host that is not ASCII, or that is
@@ -304,7 +293,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
 /// back end also asserts, in debug builds, on a host mixing capitals with non-ASCII).
 ///
 /// Errors: [`DashboardError::Config`] naming the key, the value and what is wrong.
-fn parse_url(key: &str, raw: &str) -> Result<reqwest::Url, DashboardError> {
+fn check_url(key: &str, raw: &str) -> Result<(), DashboardError> {
     let bad = |why: &dyn std::fmt::Display| DashboardError::Config(format!("{key} {raw:?}: {why}"));
     // the URL standard drops tabs and newlines anywhere and reads `\` as `/` in http(s)
     // URLs; it also takes `https:host` without the slashes: refused here, so the host is
@@ -315,7 +304,7 @@ fn parse_url(key: &str, raw: &str) -> Result<reqwest::Url, DashboardError> {
         .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
         .collect();
     let Some((_, rest)) = cleaned.split_once(':') else {
-        return reqwest::Url::parse(raw).map_err(|e| bad(&e));
+        return reqwest::Url::parse(raw).map(drop).map_err(|e| bad(&e));
     };
     let Some(rest) = rest.strip_prefix("//") else {
         return Err(bad(&"write it as scheme://host/path"));
@@ -328,7 +317,11 @@ fn parse_url(key: &str, raw: &str) -> Result<reqwest::Url, DashboardError> {
               form (e.g. xn--bcher-kva.example for bücher.example)",
         ));
     }
-    reqwest::Url::parse(raw).map_err(|e| bad(&e))
+    let url = reqwest::Url::parse(raw).map_err(|e| bad(&e))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(&"scheme must be http or https"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -121,8 +121,6 @@ pub struct RawSlaRule {
 /// One validated SLA rule.
 #[derive(Clone, Debug)]
 pub struct SlaRule {
-    /// The glob as written.
-    pub glob: String,
     /// Its SLA.
     pub sla: Duration,
     matcher: Glob,
@@ -135,11 +133,12 @@ impl SlaRule {
             key: format!("watchdog.sla_rule[{index}].tool"),
             message: format!("glob {}: {e}", shown(glob)),
         })?;
-        Ok(Self {
-            glob: glob.to_string(),
-            sla,
-            matcher,
-        })
+        Ok(Self { sla, matcher })
+    }
+
+    /// The glob as written.
+    pub fn glob(&self) -> &str {
+        self.matcher.as_str()
     }
 
     /// True when `tool` matches the rule's glob.
@@ -321,7 +320,7 @@ impl WatchdogConfig {
             if r.sla.is_zero() {
                 return Err(WatchdogError::Config {
                     key: format!("watchdog.sla_rule[{i}].sla_ms"),
-                    message: format!("rule {:?} has an SLA of 0 ms", r.glob),
+                    message: format!("rule {:?} has an SLA of 0 ms", r.glob()),
                 });
             }
         }

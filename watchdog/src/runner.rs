@@ -274,7 +274,7 @@ impl Runner {
         let hb = self.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
         // thresholds are strict (">"): wake just after them
         let after = |t: Instant| t + Duration::from_millis(1);
-        let f = match self.stopping_since {
+        let mut f = match self.stopping_since {
             Some(since) => {
                 let limit = since + cfg.stopping_timeout;
                 out.next = out.next.min(after(limit));
@@ -291,7 +291,6 @@ impl Runner {
                 cfg.suspect_cap,
             ),
         };
-        let mut f = f;
         if let Some(until) = self.catch_up_until {
             if now >= until {
                 self.catch_up_until = None;
