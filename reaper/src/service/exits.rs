@@ -146,11 +146,10 @@ impl ReaperHandle {
             .storage
             .set_runner_state(id.clone(), state, evidence.clone(), now_unix_nano())
             .await;
-        let last = stderr.last().cloned().unwrap_or_default();
-        let reason = if success {
-            format!("runner {id} exited cleanly")
-        } else {
-            format!("runner {id} exited with {}: {last}", exit.describe())
+        let reason = match (success, stderr.last()) {
+            (true, _) => format!("runner {id} exited cleanly"),
+            (false, Some(last)) => format!("runner {id} exited with {}: {last}", exit.describe()),
+            (false, None) => format!("runner {id} exited with {}", exit.describe()),
         };
         let cause = EndCause::of_exit(&exit);
         self.end_runner_spans(&id, cause, &reason, Some(&exit), exit_at, Vec::new(), &[])

@@ -29,6 +29,14 @@ async fn crash_records_stderr_and_restarts_until_the_intensity_limit() {
     assert_eq!(crash.incident.evidence["exit"]["code"], 101);
     let stderr = crash.incident.evidence["last_stderr"].to_string();
     assert!(stderr.contains("unhandled rejection: boom"), "{stderr}");
+    assert!(
+        crash
+            .incident
+            .reason
+            .ends_with("exited with exit code 101: unhandled rejection: boom"),
+        "{}",
+        crash.incident.reason
+    );
     h.incident(EventKind::RunnerRestarted, "crashy").await;
     h.incident(EventKind::RunnerRestarted, "crashy").await;
     // Third crash inside the window: give up.
@@ -81,6 +89,23 @@ async fn a_runner_binary_still_open_for_writing_is_started_once_closed() {
     let pid = reply["pid"].as_u64().unwrap() as i32;
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
     h.delete("busy-brief").await.unwrap();
+}
+
+/// A crash that wrote nothing to stderr is reported without a dangling separator.
+#[tokio::test]
+async fn a_silent_crash_has_a_reason_without_stderr() {
+    let mut h = harness(300).await;
+    h.register(spawn_spec("silent", &["sh", "-c", "exit 7"]))
+        .await
+        .unwrap();
+    let i = h.incident(EventKind::RunnerCrashed, "silent").await;
+    assert_eq!(i.incident.evidence["exit"]["code"], 7);
+    assert!(
+        i.incident.reason.ends_with("exited with exit code 7"),
+        "{}",
+        i.incident.reason
+    );
+    h.delete("silent").await.unwrap();
 }
 
 #[tokio::test]
