@@ -13,6 +13,7 @@
 //! the same for export requests, `telemetry/`).
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -45,7 +46,16 @@ where
 {
     fn run(&mut self, tx: &Transaction<'_>) -> bool {
         let out = match self.f.take() {
-            Some(f) => f(tx),
+            // A panicking closure (a bug) fails alone, like one that returned an error: its
+            // savepoint is rolled back and the connection's lock is not poisoned, so every
+            // later control write still runs.
+            Some(f) => match catch_unwind(AssertUnwindSafe(|| f(tx))) {
+                Ok(out) => out,
+                Err(payload) => Err(StorageError::Task(format!(
+                    "internal error in a control write (a panic: {})",
+                    panic_message(payload.as_ref())
+                ))),
+            },
             None => Err(StorageError::Task("control closure ran twice".into())),
         };
         let ok = out.is_ok();
@@ -63,6 +73,15 @@ where
         };
         let _ = self.reply.send(out);
     }
+}
+
+/// The message of a panic's payload (`&str` or `String`, as `panic!` makes them).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
 }
 
 /// The same error again, for every caller of a failed group (rusqlite errors are not
@@ -257,6 +276,10 @@ mod tests {
                         },
                         move |tx| {
                             tx.execute("INSERT INTO t (k) VALUES (?1)", [i])?;
+                            if i % 10 == 5 {
+                                // A panicking closure (a bug): rolled back alone as well.
+                                panic!("closure {i} panics");
+                            }
                             if i % 10 == 3 {
                                 // A failing closure: its insert must be rolled back alone.
                                 tx.execute("INSERT INTO t (k) VALUES (?1)", [i])?;
@@ -271,22 +294,31 @@ mod tests {
         for (i, r) in results.iter().enumerate() {
             if i % 10 == 3 {
                 assert!(r.is_err(), "closure {i} violated the key and must fail");
+            } else if i % 10 == 5 {
+                let e = r.as_ref().unwrap_err().to_string();
+                assert!(e.contains(&format!("a panic: closure {i} panics")), "{e}");
             } else {
                 assert_eq!(*r.as_ref().unwrap(), i as i32);
             }
         }
+        assert!(
+            !conn.is_poisoned(),
+            "a panicking closure poisoned the connection"
+        );
         let c = conn.lock().unwrap();
         let n: i64 = c
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
-        let failed = (0..64).filter(|i| i % 10 == 3).count() as i64;
+        let failed = (0..64).filter(|i| i % 10 == 3 || i % 10 == 5).count() as i64;
         assert_eq!(
             n,
             64 - failed,
             "every good closure committed, no failed one"
         );
         let bad: i64 = c
-            .query_row("SELECT count(*) FROM t WHERE k % 10 = 3", [], |r| r.get(0))
+            .query_row("SELECT count(*) FROM t WHERE k % 10 IN (3, 5)", [], |r| {
+                r.get(0)
+            })
             .unwrap();
         assert_eq!(bad, 0);
         let commits = commits.load(std::sync::atomic::Ordering::Relaxed);

@@ -46,6 +46,8 @@ const VACUUM_STEP_PAGES: i64 = 2048;
 impl Writer {
     /// One full retention pass: by age, by size, then `incremental_vacuum`.
     pub(super) fn retention_pass(&mut self) -> Result<RetentionReport, StorageError> {
+        #[cfg(test)]
+        super::writer::inject::hit(&self.db_path, "retention");
         let mut report = RetentionReport {
             bytes_before: self.refresh_used()?,
             ..Default::default()

@@ -3,6 +3,7 @@
 //! ([`RecentLogs`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use crate::telemetry::checkpoint;
 use crate::telemetry::schema::MERGE_BATCHES;
 use crate::telemetry::stats::RefusedReason;
 
-use super::{Degraded, Prepared, WriteRequest, Writer};
+use super::{panic_error, Degraded, Prepared, WriteRequest, Writer};
 
 /// Longest the writer waits for the WAL to be checkpointed before committing more while the
 /// `-wal` file is past its bound ([`Writer::checkpoint_tail`]).
@@ -103,7 +104,14 @@ impl Writer {
             replies.push(r.reply);
             preps.push(r.prepared);
         }
-        let outcome = self.write_all(preps);
+        // A panic while writing is a bug; it is contained here like a failed commit: the
+        // transaction is rolled back, the in-memory index state re-read, and the group's
+        // requests answered as failed (500), so the writer thread, and with it every later
+        // export, lives on (see `Writer::run` for a panic elsewhere).
+        let outcome = match catch_unwind(AssertUnwindSafe(|| self.write_all(preps))) {
+            Ok(outcome) => outcome,
+            Err(payload) => Err(panic_error(payload.as_ref())),
+        };
         match outcome {
             Ok(c) => {
                 self.stats.observe_commit(started.elapsed());
@@ -277,6 +285,8 @@ impl Writer {
 
     pub(super) fn write_all(&mut self, preps: Vec<Prepared>) -> Result<Committed, rusqlite::Error> {
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        #[cfg(test)]
+        super::inject::hit(&self.db_path, "write");
         let received = now_unix_nano() as i64;
         let mut c = Committed::default();
         for p in preps {

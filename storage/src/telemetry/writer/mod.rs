@@ -16,6 +16,7 @@
 //! the stored payload, so a collision never drops a record.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -303,6 +304,43 @@ impl TelemetryWriter {
     }
 }
 
+/// A panic's payload as the error its requests are answered with: an internal error (a
+/// bug), answered 500 like any other failed commit that is not transient.
+pub(super) fn panic_error(payload: &(dyn std::any::Any + Send)) -> rusqlite::Error {
+    let what = crate::group::panic_message(payload);
+    rusqlite::Error::ToSqlConversionFailure(
+        format!("internal error in the telemetry writer (a panic: {what})").into(),
+    )
+}
+
+/// Test-only panics at named points of the writer, keyed by database path so tests
+/// running side by side never take each other's.
+#[cfg(test)]
+pub(crate) mod inject {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static PANICS: Mutex<Vec<(PathBuf, &'static str)>> = Mutex::new(Vec::new());
+
+    /// The next pass through `at` by the writer of a database under `dir` panics.
+    pub(crate) fn panic_once(dir: &Path, at: &'static str) {
+        PANICS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((dir.to_path_buf(), at));
+    }
+
+    /// Panics if a test asked for it at `at` for `db`.
+    pub(crate) fn hit(db: &Path, at: &str) {
+        let mut p = PANICS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = p.iter().position(|(d, a)| db.starts_with(d) && *a == at) {
+            p.remove(i);
+            drop(p);
+            panic!("injected by a test at {at}");
+        }
+    }
+}
+
 pub(super) struct Writer {
     pub(super) conn: Connection,
     ckpt: Arc<checkpoint::Shared>,
@@ -311,7 +349,7 @@ pub(super) struct Writer {
     pub(super) stats: Arc<TelemetryStats>,
     full_tx: watch::Sender<Option<String>>,
     degraded_tx: watch::Sender<Option<Degraded>>,
-    db_path: std::path::PathBuf,
+    pub(super) db_path: std::path::PathBuf,
     /// (device, inode) of the database file when opened; `None` if it could not be read.
     identity: Option<(u64, u64)>,
     pub(super) budget_bytes: u64,
@@ -388,18 +426,57 @@ impl Writer {
                     }
                 }
             };
-            match msg {
-                Msg::Write(first) => self.group(first),
+            let handled = catch_unwind(AssertUnwindSafe(|| match msg {
+                Msg::Write(first) => {
+                    self.group(first);
+                    true
+                }
                 Msg::Retention(reply) => {
                     let _ = reply.send(self.retention_pass());
+                    true
                 }
                 Msg::Shutdown => {
                     self.drain_for_shutdown();
-                    break;
+                    false
                 }
+            }));
+            match handled {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(payload) => self.recover_from_panic(&panic_error(payload.as_ref())),
             }
         }
         tracing::debug!("telemetry writer stopped");
+    }
+
+    /// After a panic outside a commit (a merge, a retention pass: a bug), the thread goes
+    /// on in the state a failed commit leaves: any open transaction rolled back, the batch
+    /// id and the index maps re-read from the database, the term cache emptied. The
+    /// requests being handled were dropped with their replies, so their exporters get a
+    /// retryable answer ([`WriteError::Closed`], 503) and send again; nothing they were
+    /// told was stored is lost, since an answer is sent only after COMMIT.
+    fn recover_from_panic(&mut self, error: &rusqlite::Error) {
+        tracing::error!(%error, "the telemetry writer recovered from a panic (a bug); ingest goes on");
+        self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        self.pending_terms.clear();
+        self.term_cache.clear();
+        self.retaining = false;
+        let reread = self
+            .conn
+            .query_row(
+                "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
+                [],
+                |r| r.get(0),
+            )
+            .map(|next| self.next_batch_id = self.next_batch_id.max(next))
+            .and_then(|()| self.reload_l0())
+            .and_then(|()| self.refresh_used().map(drop));
+        if let Err(e) = reread {
+            tracing::error!(error = %e, "cannot re-read the writer's state after a panic");
+        }
     }
 
     fn drain_for_shutdown(&mut self) {
@@ -496,5 +573,81 @@ impl Writer {
     /// The low watermark: bytes in use size retention deletes down to.
     pub(super) fn size_low(&self) -> u64 {
         self.budget_bytes / 100 * SIZE_LOW_PERCENT
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::inject;
+    use crate::model::{ResourceSpans, ScopeSpans, Span, SpanId, TraceBatch, TraceId};
+    use crate::{Storage, StorageConfig, WriteError};
+
+    fn batch(n: u8) -> Arc<TraceBatch> {
+        Arc::new(TraceBatch {
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans {
+                    spans: vec![Span {
+                        trace_id: TraceId([n; 16]),
+                        span_id: SpanId([n; 8]),
+                        name: format!("span {n}"),
+                        start_time_unix_nano: 1_000,
+                        end_time_unix_nano: 2_000,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        })
+    }
+
+    fn open(dir: &tempfile::TempDir) -> Storage {
+        let mut c = StorageConfig::new(dir.path().join("stallwatch.db"));
+        c.retention_interval = Duration::from_secs(3600);
+        Storage::open(c).unwrap()
+    }
+
+    /// A panic inside a commit fails that export (500: a bug), stores nothing of it, and
+    /// the writer goes on: the next exports, the same one re-sent included, are stored.
+    #[tokio::test]
+    async fn a_panic_while_writing_fails_that_export_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = open(&dir);
+        storage.write_traces(batch(1)).await.unwrap();
+        inject::panic_once(dir.path(), "write");
+        match storage.write_traces(batch(2)).await {
+            Err(WriteError::Failed(m)) => assert!(m.contains("a panic"), "{m}"),
+            other => panic!("expected a failed write, got {other:?}"),
+        }
+        assert!(storage.trace(TraceId([2; 16])).await.unwrap().is_none());
+        storage.write_traces(batch(2)).await.unwrap();
+        storage.write_traces(batch(3)).await.unwrap();
+        for n in 1..=3 {
+            let t = storage.trace(TraceId([n; 16])).await.unwrap();
+            assert_eq!(t.map(|t| t.spans.len()), Some(1), "trace {n}");
+        }
+        storage.shutdown().await;
+    }
+
+    /// A panic outside a commit (here a retention pass) loses that request's answer only;
+    /// the thread lives on and later exports are stored and deduplicated as before.
+    #[tokio::test]
+    async fn a_panic_outside_a_commit_leaves_the_writer_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = open(&dir);
+        storage.write_traces(batch(1)).await.unwrap();
+        inject::panic_once(dir.path(), "retention");
+        assert!(storage.run_retention().await.is_err());
+        storage.write_traces(batch(1)).await.unwrap();
+        storage.write_traces(batch(4)).await.unwrap();
+        assert!(storage.run_retention().await.is_ok());
+        let t = storage.trace(TraceId([1; 16])).await.unwrap().unwrap();
+        assert_eq!(t.spans.len(), 1, "the re-sent span is kept once");
+        assert!(storage.trace(TraceId([4; 16])).await.unwrap().is_some());
+        storage.shutdown().await;
     }
 }
