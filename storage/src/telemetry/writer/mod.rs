@@ -196,6 +196,7 @@ impl TelemetryWriter {
             next_retention: Instant::now() + config.retention_interval,
             retaining: false,
             wal_wait_again_at: Instant::now(),
+            stopping: false,
         };
         let orphans = traces::drop_orphan_runs(&writer.conn)?;
         if orphans > 0 {
@@ -391,6 +392,9 @@ pub(super) struct Writer {
     /// True while a size retention step runs (the groups it serves between its chunks do
     /// not start another).
     pub(super) retaining: bool,
+    /// Shutdown was asked: a panic while draining ends the thread instead of waiting for
+    /// more (the one waiting to join it would wait forever).
+    stopping: bool,
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(super) wal_wait_again_at: Instant,
@@ -399,54 +403,62 @@ pub(super) struct Writer {
 impl Writer {
     fn run(mut self) {
         loop {
-            let msg = match self.deferred.pop_front() {
-                Some(m) => m,
-                None => {
-                    let mut wait = self
-                        .next_retention
-                        .saturating_duration_since(Instant::now());
-                    let degraded = self.degraded_tx.borrow().is_some();
-                    if degraded {
-                        wait = wait.min(DEGRADED_PROBE_EVERY);
-                    }
-                    match self.rx.recv_timeout(wait) {
-                        Ok(m) => m,
-                        Err(RecvTimeoutError::Timeout) if degraded => {
-                            self.probe();
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Timeout) => {
-                            self.next_retention = Instant::now() + self.retention_interval;
-                            if let Err(e) = self.retention_pass() {
-                                tracing::warn!(error = %e, "telemetry retention pass failed");
-                            }
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Disconnected) => break,
-                    }
-                }
-            };
-            let handled = catch_unwind(AssertUnwindSafe(|| match msg {
-                Msg::Write(first) => {
-                    self.group(first);
-                    true
-                }
-                Msg::Retention(reply) => {
-                    let _ = reply.send(self.retention_pass());
-                    true
-                }
-                Msg::Shutdown => {
-                    self.drain_for_shutdown();
-                    false
-                }
-            }));
-            match handled {
+            match catch_unwind(AssertUnwindSafe(|| self.step())) {
                 Ok(true) => {}
                 Ok(false) => break,
-                Err(payload) => self.recover_from_panic(&panic_error(payload.as_ref())),
+                Err(payload) => {
+                    self.recover_from_panic(&panic_error(payload.as_ref()));
+                    if self.stopping {
+                        break;
+                    }
+                }
             }
         }
         tracing::debug!("telemetry writer stopped");
+    }
+
+    /// One turn of the loop: the next message handled, or a retention pass or health
+    /// probe when none came in time. False when the thread is to stop.
+    fn step(&mut self) -> bool {
+        let msg = match self.deferred.pop_front() {
+            Some(m) => m,
+            None => {
+                let mut wait = self
+                    .next_retention
+                    .saturating_duration_since(Instant::now());
+                let degraded = self.degraded_tx.borrow().is_some();
+                if degraded {
+                    wait = wait.min(DEGRADED_PROBE_EVERY);
+                }
+                match self.rx.recv_timeout(wait) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) if degraded => {
+                        self.probe();
+                        return true;
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.next_retention = Instant::now() + self.retention_interval;
+                        if let Err(e) = self.retention_pass() {
+                            tracing::warn!(error = %e, "telemetry retention pass failed");
+                        }
+                        return true;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            }
+        };
+        match msg {
+            Msg::Write(first) => self.group(first),
+            Msg::Retention(reply) => {
+                let _ = reply.send(self.retention_pass());
+            }
+            Msg::Shutdown => {
+                self.stopping = true;
+                self.drain_for_shutdown();
+                return false;
+            }
+        }
+        true
     }
 
     /// After a panic outside a commit (a merge, a retention pass: a bug), the thread goes
