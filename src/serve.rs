@@ -429,7 +429,40 @@ async fn serve(
 
     let residency_task = tokio::spawn(release_code_pages_while_running());
 
-    signals.wait(&shutdown).await;
+    // A stage that ends before shutdown was asked (a panic: a bug; a listener that failed)
+    // leaves stallwatch without part of itself, e.g. a watchdog that trips nothing while
+    // exports still succeed. That is fatal: a `sidecar.degraded` incident, the ordered
+    // shutdown below, then exit code 1, so whoever supervises the sidecar starts it again
+    // and its orphan sweep closes what was left open.
+    let (mut wd_task, mut reaper_task) = (wd_task, reaper_task);
+    let (mut collector_task, mut dash_task) = (collector_task, dash_task);
+    let ended_early: Option<(&'static str, String)> = tokio::select! {
+        () = signals.wait(&shutdown) => None,
+        r = &mut wd_task => Some(("watchdog", task_end(r.map(|()| Ok::<(), String>(()))))),
+        r = &mut reaper_task => Some(("reaper", task_end(r.map(|()| Ok::<(), String>(()))))),
+        r = &mut collector_task => Some(("collector", task_end(r))),
+        r = &mut dash_task => Some(("dashboard", task_end(r))),
+    };
+    if let Some((stage, why)) = &ended_early {
+        let why = format!("the {stage} stopped while running: {why}; stallwatch shuts down so it can be started again");
+        tracing::error!(stage, "{why}");
+        let at = now_unix_nano();
+        let incident = NewIncident {
+            kind: EventKind::SidecarDegraded,
+            runner_id: None,
+            tool_name: None,
+            trace_id: None,
+            span_id: None,
+            reason: why.clone(),
+            evidence: serde_json::json!({ "stage": stage, "why": why }),
+            idempotency_key: stallwatch_storage::keys::sidecar_degraded(at),
+            at_unix_nano: at,
+        };
+        if let Err(e) = events.publish(incident).await {
+            tracing::error!("sidecar.degraded not recorded: {e}");
+        }
+    }
+    let early = |name: &str| ended_early.as_ref().is_some_and(|(s, _)| *s == name);
     tracing::info!("shutting down");
     // A second stop signal hurries the shutdown (a user pressing Ctrl-C again, a supervisor
     // that sends SIGTERM twice): spawned runners get SIGKILL now instead of the rest of
@@ -452,7 +485,9 @@ async fn serve(
 
     // 1. Stop intake; in-flight exports finish and are committed.
     collector_token.cancel();
-    stage("collector", collector_task, &hurry).await;
+    if !early("collector") {
+        stage("collector", collector_task, &hurry).await;
+    }
     // 2. Spawned runners get the normal termination sequence (attached ones are left).
     let stopped = tokio::select! {
         r = tokio::time::timeout(STAGE_DEADLINE * 3, reaper.stop_spawned_runners()) => {
@@ -474,15 +509,21 @@ async fn serve(
     let never = CancellationToken::new();
     wd_token.cancel();
     reaper_token.cancel();
-    stage("watchdog", wd_task, &never).await;
-    stage("reaper", reaper_task, &never).await;
+    if !early("watchdog") {
+        stage("watchdog", wd_task, &never).await;
+    }
+    if !early("reaper") {
+        stage("reaper", reaper_task, &never).await;
+    }
     forward_changes.abort();
     control_task.abort();
     full_task.abort();
     reserve_task.abort();
     // 4. Dashboard and webhooks.
     dash_token.cancel();
-    stage("dashboard", dash_task, &hurry).await;
+    if !early("dashboard") {
+        stage("dashboard", dash_task, &hurry).await;
+    }
     stage("webhooks", webhooks, &hurry).await;
     if let Some(t) = self_trace_task {
         t.abort();
@@ -503,7 +544,20 @@ async fn serve(
         tracing::warn!("storage flush passed its deadline");
     }
     tracing::info!("stopped");
-    Ok(())
+    match ended_early {
+        Some((stage, why)) => Err(anyhow::anyhow!("the {stage} stopped while running: {why}")),
+        None => Ok(()),
+    }
+}
+
+/// How a stage's task ended before it was asked to: its panic, its error, or that it
+/// returned.
+fn task_end<E: std::fmt::Display>(r: Result<Result<(), E>, tokio::task::JoinError>) -> String {
+    match r {
+        Ok(Ok(())) => "its task returned".into(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// First release of the executable's code pages after the ready line, once start-up work

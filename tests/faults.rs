@@ -1384,3 +1384,61 @@ fn extreme_histograms_chart_and_no_read_fails_after_them() {
         assert_eq!(status, 200, "{v}");
     }
 }
+
+/// A stage that dies of a panic (a bug) must not leave stallwatch running without it: a
+/// watchdog task that panicked tripped nothing while exports still got 200. Now stallwatch
+/// records `sidecar.degraded`, shuts down in order and exits with code 1, so its supervisor
+/// starts it again; the export acknowledged before is stored.
+#[test]
+fn a_stage_that_panics_stops_stallwatch_with_an_incident_and_exit_code_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut opts = ServerOpts::new(&data);
+    opts.env.push((
+        "STALLWATCH_FAILPOINTS".into(),
+        "watchdog.observe:1:panic".into(),
+    ));
+    let mut server = Server::start_with(opts);
+    let trace = "5b8efff798038103d269b633813fc60d";
+    let body = format!(
+        r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"{trace}","spanId":"eee19b7ec3c1b175","name":"s","startTimeUnixNano":"1","endTimeUnixNano":"2"}}]}}]}}]}}"#
+    );
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stallwatch kept running without its watchdog:\n{}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = server.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("failpoint watchdog.observe:1 reached")
+            && stderr.contains("the watchdog stopped while running"),
+        "{stderr}"
+    );
+
+    let again = Server::start(&data);
+    assert!(stored(&again, trace, "eee19b7ec3c1b175"));
+    let (st, all) = again.get_json("/api/v1/incidents?limit=200");
+    assert_eq!(st, 200);
+    let degraded = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["event"] == "sidecar.degraded")
+        .unwrap_or_else(|| panic!("no sidecar.degraded incident: {all:#}"));
+    assert_eq!(degraded["evidence"]["stage"], "watchdog", "{degraded:#}");
+}

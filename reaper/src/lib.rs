@@ -20,7 +20,7 @@ pub mod config;
 pub mod ends;
 pub mod env;
 pub mod error;
-pub mod failpoint;
+pub use stallwatch_storage::failpoint;
 #[cfg(unix)]
 pub mod forensics;
 pub mod plan;

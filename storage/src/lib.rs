@@ -20,6 +20,7 @@ pub mod config;
 mod db;
 pub mod error;
 pub mod events;
+pub mod failpoint;
 pub mod forward;
 mod group;
 mod held;

@@ -242,6 +242,7 @@ impl Worker {
     }
 
     fn observe(&mut self, obs: Observation) {
+        stallwatch_storage::failpoint::hit("watchdog.observe");
         self.stats.observations.fetch_add(1, Ordering::Relaxed);
         let mut records = std::mem::take(&mut self.records);
         records.clear();
