@@ -1,6 +1,37 @@
 //! The environment pieces a spawned runner gets on every platform (docs/design.md,
 //! Interfaces: Runners).
 
+/// Layers a runner spec's own `env` over the injected variables (`env`): the spec wins,
+/// except for the `STALLWATCH_*` variables stallwatch injected, which it keeps (a warning
+/// names each one the spec tried to set). The instance mark proves which processes belong
+/// to a spawn: a runner given another's mark (a sub-runner registered with its parent's
+/// whole environment) was counted as that runner's descendant and killed by its trip. The
+/// heartbeat socket and the checkpoint folder are where stallwatch listens and stages.
+pub fn layer_spec_env(
+    env: &mut std::collections::BTreeMap<String, String>,
+    spec_env: &std::collections::BTreeMap<String, String>,
+    id: &str,
+) {
+    for (k, v) in spec_env {
+        if k.starts_with("STALLWATCH_") && env.contains_key(k) {
+            tracing::warn!(
+                runner = id,
+                key = %k,
+                "runner env sets a variable stallwatch sets for each runner; stallwatch's value is kept"
+            );
+            continue;
+        }
+        if k.starts_with("OTEL_EXPORTER_OTLP_") && k != "OTEL_EXPORTER_OTLP_TIMEOUT" {
+            tracing::warn!(
+                runner = id,
+                key = %k,
+                "runner env overrides stallwatch's OTLP export setting on purpose; its spans may not reach the watchdog"
+            );
+        }
+        env.insert(k.clone(), v.clone());
+    }
+}
+
 /// `theirs` (`k=v,k=v`, W3C Baggage-like as in the SDK environment specification) with
 /// `stallwatch.runner.id` and `service.instance.id` set to ours (theirs for those two keys
 /// is dropped; every other key is kept in order).

@@ -227,16 +227,7 @@ pub fn runner_env(
                 .into_owned(),
         );
     }
-    for (k, v) in &spawn.env {
-        if k.starts_with("OTEL_EXPORTER_OTLP_") && k != "OTEL_EXPORTER_OTLP_TIMEOUT" {
-            tracing::warn!(
-                runner = id,
-                key = %k,
-                "runner env overrides stallwatch's OTLP export setting on purpose; its spans may not reach the watchdog"
-            );
-        }
-        env.insert(k.clone(), v.clone());
-    }
+    crate::env::layer_spec_env(&mut env, &spawn.env, id);
     // Merged, never replaced: the runner's own resource attributes are kept, ours are
     // always present (spans are tied to the runner by `stallwatch.runner.id`).
     let theirs = spawn
@@ -470,6 +461,34 @@ mod tests {
             "stallwatch.runner.id=r1,service.instance.id=u"
         );
         assert!(!env.contains_key("STALLWATCH_CHECKPOINT_DIR"));
+    }
+
+    /// A spec cannot set stallwatch's own variables: the instance mark, the heartbeat
+    /// socket and the runner id stay stallwatch's (a sub-runner registered with its
+    /// parent's environment carried the parent's mark and died with it). Other
+    /// `STALLWATCH_*` names pass through.
+    #[test]
+    fn a_spec_cannot_take_another_runners_mark() {
+        let cfg = ReaperConfig::new("/d");
+        let mut spec = SpawnSpec {
+            argv: vec!["x".into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            workspace: None,
+        };
+        for (k, v) in [
+            ("STALLWATCH_RUNNER_INSTANCE", "parents-mark"),
+            ("STALLWATCH_HEARTBEAT_SOCKET", "/elsewhere"),
+            ("STALLWATCH_RUNNER_ID", "parent"),
+            ("STALLWATCH_OWN_SETTING", "kept"),
+        ] {
+            spec.env.insert(k.into(), v.into());
+        }
+        let env = runner_env(&cfg, "r2", &spec, Path::new("/s"), None, "u2");
+        assert_eq!(env["STALLWATCH_RUNNER_INSTANCE"], "u2");
+        assert_eq!(env["STALLWATCH_HEARTBEAT_SOCKET"], "/s");
+        assert_eq!(env["STALLWATCH_RUNNER_ID"], "r2");
+        assert_eq!(env["STALLWATCH_OWN_SETTING"], "kept");
     }
 
     #[test]

@@ -209,7 +209,7 @@ pub(super) fn validate_spawn(spec: &RunnerSpec, spawn: &SpawnSpec) -> Result<(),
 }
 
 /// The injected environment, as on Linux (docs/design.md, Interfaces: Runners): inherited <
-/// injected < the runner's own `env`.
+/// injected < the runner's own `env`, except stallwatch's own `STALLWATCH_*` variables.
 pub(super) fn runner_env(
     config: &ReaperConfig,
     id: &str,
@@ -234,9 +234,7 @@ pub(super) fn runner_env(
     }
     env.insert("OTEL_SERVICE_NAME".into(), id.into());
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
-    for (k, v) in &spawn.env {
-        env.insert(k.clone(), v.clone());
-    }
+    crate::env::layer_spec_env(&mut env, &spawn.env, id);
     let theirs = spawn
         .env
         .get("OTEL_RESOURCE_ATTRIBUTES")
