@@ -145,7 +145,7 @@ pub fn send_signal(target: SignalTarget<'_>, sig: Sig) -> Result<(), SignalError
             if protected(pgid) || pgid == own_group {
                 return Err(SignalError::Protected(format!("process group {pgid}")));
             }
-            let pg = Pid::from_raw(pgid as i32)
+            let pg = raw_pid(pgid)
                 .ok_or_else(|| SignalError::Protected(format!("process group {pgid}")))?;
             rustix::process::kill_process_group(pg, sig.raw()).map_err(io::Error::from)?;
         }
@@ -169,8 +169,27 @@ pub fn send_dump_signal(fd: BorrowedFd<'_>, pid: u32) -> Result<(), SignalError>
 
 /// Opens a pidfd for `pid` (Linux >= 5.3).
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let p = Pid::from_raw(pid as i32).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let p = raw_pid(pid).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
     Ok(rustix::process::pidfd_open(p, PidfdFlags::empty())?)
+}
+
+/// `pid` as the kernel's `pid_t`: `None` for 0 and for values past `i32::MAX`, which no
+/// process has (Linux `PID_MAX_LIMIT` is 2^22) and which, cast, would be negative: a
+/// process group, or every process, to `kill`.
+fn raw_pid(pid: u32) -> Option<Pid> {
+    i32::try_from(pid).ok().and_then(Pid::from_raw)
+}
+
+/// The thread group (the process) that `pid` belongs to, from `/proc/PID/status`
+/// (`Tgid:`): `pid` itself for a process, another id for one of its threads, whose
+/// `/proc/TID` entries exist too.
+pub fn thread_group(pid: u32) -> io::Result<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no Tgid in /proc status"))
 }
 
 /// True when the process behind `fd` has exited (pidfd readable), without waiting.

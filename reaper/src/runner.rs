@@ -81,6 +81,12 @@ pub fn validate_spec(spec: &RunnerSpec) -> Result<(), RegisterError> {
             }
             Ok(())
         }
+        (None, Some(a)) if a.pid == 0 || a.pid > i32::MAX as u32 => Err(bad(format!(
+            "runner {}: attach.pid {} is not a process id (1 to {})",
+            spec.id,
+            a.pid,
+            i32::MAX
+        ))),
         (None, Some(_)) => Ok(()),
         _ => Err(bad(format!(
             "runner {}: exactly one of spawn or attach is required",

@@ -303,6 +303,18 @@ impl ReaperHandle {
                 att.pid
             )));
         }
+        // `/proc/TID` exists for a thread too: without this a thread id was attached (and
+        // then never seen to exit) or answered 500.
+        match platform::thread_group(att.pid) {
+            Ok(tgid) if tgid != att.pid => {
+                return Err(RegisterError::Invalid(format!(
+                    "pid {} is a thread of process {tgid}: attach the process",
+                    att.pid
+                )));
+            }
+            // No such process: the checks below say so precisely.
+            Ok(_) | Err(_) => {}
+        }
         let pidfd = match att.start_time_ticks {
             Some(t) => match platform::open_verified(att.pid, t).map_err(internal)? {
                 Some(fd) => Some(fd),
@@ -314,7 +326,14 @@ impl ReaperHandle {
                 }
             },
             None => {
-                // Watched, never signalled: the pidfd only tells us when it exits.
+                // Watched, never signalled: the pidfd only tells us when it exits. A zombie
+                // has exited already, as with a start time (409 both ways).
+                if platform::proc_stat(att.pid).is_ok_and(|s| s.state == 'Z') {
+                    return Err(RegisterError::Gone(format!(
+                        "process {} has exited (a zombie not yet reaped by its parent)",
+                        att.pid
+                    )));
+                }
                 if platform::proc_stat(att.pid).is_err() {
                     return Err(RegisterError::Gone(format!("no live process {}", att.pid)));
                 }

@@ -140,3 +140,73 @@ async fn bad_runner_specs_are_refused_with_invalid_runner() {
     h.register(spec).await.unwrap();
     h.delete("hb").await.unwrap();
 }
+
+/// A pid no process can have, a thread id, and a zombie are each refused with their own
+/// answer, with and without a start time (a pid past `i32::MAX` panicked the handler; a
+/// thread id was attached and never seen to exit, or answered 500; a zombie without a
+/// start time was attached and shown exited at once).
+#[tokio::test]
+async fn pids_threads_and_zombies_are_refused_by_name() {
+    let h = harness(200).await;
+    for pid in [0, 2_147_483_648, u32::MAX] {
+        let err = h.register(attach("big", pid)).await.unwrap_err();
+        assert!(matches!(err, RegisterError::Invalid(_)), "pid {pid}: {err}");
+        assert!(err.to_string().contains("not a process id"), "{err}");
+    }
+
+    let mut threaded = std::process::Command::new(python())
+        .args([
+            "-c",
+            "import threading,time\nthreading.Thread(target=time.sleep,args=(600,),daemon=True).start()\nprint('up',flush=True)\ntime.sleep(600)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(threaded.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid = threaded.id();
+    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|t| *t != pid)
+        .expect("a second thread");
+    let ticks = stallwatch_reaper::platform::proc_stat(tid)
+        .unwrap()
+        .start_time_ticks;
+    for start in [None, Some(ticks)] {
+        let mut spec = attach("tid", tid);
+        spec.attach.as_mut().unwrap().start_time_ticks = start;
+        let err = h.register(spec).await.unwrap_err();
+        assert!(matches!(err, RegisterError::Invalid(_)), "{start:?}: {err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("is a thread of process {pid}")),
+            "{err}"
+        );
+    }
+    threaded.kill().unwrap();
+    threaded.wait().unwrap();
+
+    // A zombie: exited, not reaped yet by its parent (this test).
+    let zombie = std::process::Command::new("true").spawn().unwrap();
+    let zpid = zombie.id();
+    wait_for("zombie", || {
+        stallwatch_reaper::platform::proc_stat(zpid).is_ok_and(|s| s.state == 'Z')
+    })
+    .await;
+    let zticks = stallwatch_reaper::platform::proc_stat(zpid)
+        .unwrap()
+        .start_time_ticks;
+    for start in [None, Some(zticks)] {
+        let mut spec = attach("zombie", zpid);
+        spec.attach.as_mut().unwrap().start_time_ticks = start;
+        let err = h.register(spec).await.unwrap_err();
+        assert!(matches!(err, RegisterError::Gone(_)), "{start:?}: {err}");
+    }
+    let mut zombie = zombie;
+    zombie.wait().unwrap();
+}
