@@ -146,11 +146,22 @@ impl ReaperHandle {
             .storage
             .set_runner_state(id.clone(), state, evidence.clone(), now_unix_nano())
             .await;
-        let reason = match (success, stderr.last()) {
+        let mut reason = match (success, stderr.last()) {
             (true, _) => format!("runner {id} exited cleanly"),
             (false, Some(last)) => format!("runner {id} exited with {}: {last}", exit.describe()),
             (false, None) => format!("runner {id} exited with {}", exit.describe()),
         };
+        if !leftovers.is_empty() {
+            // Its processes end with it (docs/design.md, Reaper): say so, not only in the
+            // evidence.
+            let pids: Vec<String> = leftovers.iter().map(|p| p.pid.to_string()).collect();
+            let n = pids.len();
+            reason.push_str(&format!(
+                "; {n} process{} it left running stopped with it (pid {})",
+                if n == 1 { "" } else { "es" },
+                pids.join(", ")
+            ));
+        }
         let cause = EndCause::of_exit(&exit);
         self.end_runner_spans(&id, cause, &reason, Some(&exit), exit_at, Vec::new(), &[])
             .await;

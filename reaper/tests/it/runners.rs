@@ -108,6 +108,34 @@ async fn a_silent_crash_has_a_reason_without_stderr() {
     h.delete("silent").await.unwrap();
 }
 
+/// A runner that exits cleanly with a background child still running: the child ends
+/// with it (docs/design.md, Reaper), and the incident's reason says so, not only its
+/// evidence.
+#[tokio::test]
+async fn a_clean_exit_stops_what_the_runner_left_running_and_says_so() {
+    let mut h = harness(300).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("bg.pid");
+    let script = format!("sleep 600 & echo $! > {}; exit 0", pidfile.display());
+    h.register(spawn_spec("launcher", &["sh", "-c", &script]))
+        .await
+        .unwrap();
+    let i = h.incident(EventKind::RunnerExited, "launcher").await;
+    let bg: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        i.incident.reason.ends_with(&format!(
+            "exited cleanly; 1 process it left running stopped with it (pid {bg})"
+        )),
+        "{}",
+        i.incident.reason
+    );
+    wait_for("background child gone", || !running(bg)).await;
+}
+
 #[tokio::test]
 async fn clean_exit_is_runner_exited_and_not_restarted() {
     let mut h = harness(300).await;
