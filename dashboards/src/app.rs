@@ -31,9 +31,11 @@ pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 /// loopback nor in `allowed_hosts`).
 pub fn app(state: AppState) -> Router {
     let config = state.config.clone();
+    let streams = crate::state::stream_cap(config.listen_limits.max_connections);
     let ctx: Shared = Arc::new(Ctx {
         app: state,
         http: Arc::new(HttpMetrics::default()),
+        streams: Arc::new(tokio::sync::Semaphore::new(streams)),
     });
     let mut router = routes::router()
         .layer(axum::extract::DefaultBodyLimit::max(

@@ -52,6 +52,13 @@ pub enum DashboardError {
     /// Nothing is listening for control requests (stallwatch is shutting down): HTTP 503.
     #[error("control channel closed")]
     ControlUnavailable,
+    /// Every event-stream permit is taken (HTTP 503 + `Retry-After`; code
+    /// `too_many_streams`).
+    #[error("{limit} event streams are open, the most this listener serves at once (three quarters of its max_connections): close one, or retry later")]
+    TooManyStreams {
+        /// The cap ([`crate::state::stream_cap`]).
+        limit: usize,
+    },
     /// The storage failed (HTTP 500; 503 when full).
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
@@ -185,6 +192,11 @@ impl IntoResponse for DashboardError {
                 let (status, code) = checkpoint_wire(e);
                 (status, code.into(), e.to_string())
             }
+            DashboardError::TooManyStreams { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_streams".into(),
+                self.to_string(),
+            ),
             DashboardError::ControlUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "control_unavailable".into(),

@@ -109,6 +109,46 @@ impl Params {
     }
 }
 
+/// The `Last-Event-ID` header of an SSE reconnect (WHATWG HTML, "Server-sent events":
+/// the last event id the client saw), as a row or incident id: `None` when absent or
+/// empty. `what` names the id in errors ("an incident id", "a log row id").
+///
+/// Errors: an `invalid_parameter` 400 when the header is given more than once, is not
+/// text, or is not an id from 0 to `i64::MAX`.
+pub(crate) fn last_event_id(
+    headers: &http::HeaderMap,
+    what: &str,
+) -> Result<Option<i64>, DashboardError> {
+    let mut values = headers.get_all("last-event-id").iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    let n = 1 + values.count();
+    if n > 1 {
+        return Err(DashboardError::bad_param(format!(
+            "Last-Event-ID is given {n} times; give it once"
+        )));
+    }
+    let s = v
+        .to_str()
+        .map_err(|_| {
+            DashboardError::bad_param(format!(
+                "Last-Event-ID must be {what}, got bytes that are not text"
+            ))
+        })?
+        .trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse::<i64>()
+        .ok()
+        .filter(|n| *n >= 0)
+        .map(Some)
+        .ok_or_else(|| {
+            DashboardError::bad_param(format!("Last-Event-ID must be {what}, got {s:?}"))
+        })
+}
+
 /// An extractor for routes that take no query parameter (the control routes): any is a 400
 /// naming it, as [`Params::finish`] answers on the read routes.
 pub(crate) struct NoQuery;

@@ -45,6 +45,33 @@ pub(crate) struct ShutdownSignal(pub(crate) CancellationToken);
 pub(crate) struct Ctx {
     pub(crate) app: AppState,
     pub(crate) http: Arc<HttpMetrics>,
+    /// Permits of open event streams (`/api/v1/events`, `/api/v1/logs/stream`):
+    /// [`stream_cap`] of them.
+    pub(crate) streams: Arc<tokio::sync::Semaphore>,
+}
+
+/// Event streams open at once at most: three quarters of the listener's
+/// `max_connections` (384 of 512 by default), at least 1. A stream holds its connection
+/// for as long as it is open, so without a cap of its own any local process opening
+/// streams filled every connection slot and locked out `/healthz` and the control API,
+/// shutdown and `DELETE` included; the last quarter is kept for requests that end.
+pub(crate) fn stream_cap(max_connections: usize) -> usize {
+    (max_connections / 4 * 3).max(1)
+}
+
+/// Holds one of the [`Ctx::streams`] permits for as long as a stream is open.
+///
+/// Errors: [`crate::DashboardError::TooManyStreams`] (503 + `Retry-After`) when all are
+/// taken.
+pub(crate) fn stream_permit(
+    ctx: &Ctx,
+) -> Result<tokio::sync::OwnedSemaphorePermit, crate::DashboardError> {
+    ctx.streams
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| crate::DashboardError::TooManyStreams {
+            limit: stream_cap(ctx.app.config.listen_limits.max_connections),
+        })
 }
 
 /// Handler state type.

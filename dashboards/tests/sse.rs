@@ -163,3 +163,73 @@ async fn concurrent_publishers_reach_a_live_stream_each_exactly_once() {
     assert_eq!(sent, recorded, "every recorded incident was streamed");
     h.stop().await;
 }
+
+/// Event streams have a cap of their own (three quarters of `max_connections`), so open
+/// streams never take the last connection slots: past the cap a stream is refused with
+/// 503 `too_many_streams` and `Retry-After`, while `/healthz` and the API still answer;
+/// a closed stream gives its slot back. `Last-Event-ID` given twice or as bytes that are
+/// not text is a 400 like any bad id.
+#[tokio::test]
+async fn event_streams_leave_room_for_requests_and_bad_last_event_ids_are_refused() {
+    let mut config = DashboardConfig::default();
+    config.listen_limits.max_connections = 8;
+    let h = Harness::start(config).await;
+    let mut open = Vec::new();
+    for path in ["/api/v1/events", "/api/v1/logs/stream"]
+        .into_iter()
+        .cycle()
+        .take(6)
+    {
+        let r = h.client.get(h.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        open.push(r);
+    }
+    for path in ["/api/v1/events", "/api/v1/logs/stream"] {
+        let r = h.client.get(h.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 503, "{path}");
+        assert_eq!(r.headers()["retry-after"], "1");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+    }
+    assert_eq!(h.get("/healthz").await.status(), 200);
+    assert_eq!(h.get("/api/v1/runners").await.status(), 200);
+    drop(open.pop());
+    let again = eventually(Duration::from_secs(30), || async {
+        let r = h.client.get(h.url("/api/v1/events")).send().await.ok()?;
+        (r.status() == 200).then_some(r)
+    })
+    .await;
+    assert!(again.is_some(), "a closed stream's slot never came back");
+    drop(open);
+    drop(again);
+
+    let twice = h
+        .client
+        .get(h.url("/api/v1/events"))
+        .header("last-event-id", "1")
+        .header("last-event-id", "2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 400);
+    let body: Value = twice.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 times"),
+        "{body}"
+    );
+    let not_text = h
+        .client
+        .get(h.url("/api/v1/logs/stream"))
+        .header(
+            "last-event-id",
+            reqwest::header::HeaderValue::from_bytes(b"\xff1").unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_text.status(), 400);
+    h.stop().await;
+}

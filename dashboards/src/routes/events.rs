@@ -226,35 +226,21 @@ pub(crate) async fn stream(
         Some("1") | Some("true") => true,
         Some(other) => {
             return Err(DashboardError::bad_param(format!(
-                "query parameter \"board\" must be 1 or 0, got {other:?}"
+                "query parameter \"board\" must be 1, 0, true or false, got {other:?}"
             )))
         }
     };
     p.finish()?;
-    let from_header = match headers.get("last-event-id") {
-        None => None,
-        Some(v) => {
-            let s = v.to_str().unwrap_or("").trim();
-            if s.is_empty() {
-                None
-            } else {
-                Some(s.parse::<u64>().map_err(|_| {
-                    DashboardError::bad_param(format!(
-                        "Last-Event-ID must be an incident id, got {s:?}"
-                    ))
-                })?)
-            }
-        }
-    };
-    let start = from_header
-        .or(from_query)
-        .map(|v| v.min(i64::MAX as u64) as i64);
+    let from_header = crate::params::last_event_id(&headers, "an incident id")?;
+    let start = from_header.or(from_query.map(|v| v.min(i64::MAX as u64) as i64));
+    let permit = crate::state::stream_permit(&ctx)?;
     let rx = ctx.app.events.subscribe();
     let (tx, out) = mpsc::channel(64);
     let metrics = ctx.http.clone();
     metrics.sse(1);
     let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
     tokio::spawn(async move {
+        let _permit = permit;
         let board = with_board.then(|| ctx.app.board.clone());
         let _ = pump(ctx, rx, start, tx, shutdown, board).await;
         metrics.sse(-1);

@@ -198,30 +198,18 @@ pub(crate) async fn stream(
     let query = filters(&mut p)?;
     let from_query = p.u64_in("last_event_id", 0, i64::MAX as u64)?;
     p.finish()?;
-    let from_header = match headers.get("last-event-id") {
-        None => None,
-        Some(v) => {
-            let s = v.to_str().unwrap_or("").trim();
-            if s.is_empty() {
-                None
-            } else {
-                Some(s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-                    DashboardError::bad_param(format!(
-                        "Last-Event-ID must be a log row id, got {s:?}"
-                    ))
-                })?)
-            }
-        }
-    };
+    let from_header = crate::params::last_event_id(&headers, "a log row id")?;
     let start = match from_header.or(from_query.map(|v| v as i64)) {
         Some(v) => v,
         None => ctx.app.storage.newest_log_id().await?,
     };
+    let permit = crate::state::stream_permit(&ctx)?;
     let (tx, out) = mpsc::channel(16);
     let metrics = ctx.http.clone();
     metrics.sse(1);
     let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
     tokio::spawn(async move {
+        let _permit = permit;
         tail(ctx, query, start, tx, shutdown).await;
         metrics.sse(-1);
     });
