@@ -467,6 +467,19 @@ impl ProcTable {
     /// runner (`mark = None`) has only its process tree. stallwatch itself and its ancestors
     /// are never included, whatever the tree says.
     pub fn descendants(&self, root: u32, mark: Option<&str>) -> Vec<ProcStat> {
+        self.descendants_and_unproven(root, mark).0
+    }
+
+    /// [`Self::descendants`], and beside them the live processes found below `root` in the
+    /// process tree, outside its process group, that do not carry `mark`: they left the
+    /// runner's group and its mark (a `setsid` and an `execve` with a fresh environment),
+    /// so they are not proven to be its own and are left alone, but named in the report.
+    /// Empty for an attached runner (`mark = None`), whose tree is proof enough.
+    pub fn descendants_and_unproven(
+        &self,
+        root: u32,
+        mark: Option<&str>,
+    ) -> (Vec<ProcStat>, Vec<ProcStat>) {
         let mut found = HashSet::new();
         self.subtree(root, &mut found);
         if let Some(m) = mark {
@@ -483,15 +496,18 @@ impl ProcTable {
                 self.subtree(o, &mut found);
             }
         }
-        let mut out: Vec<ProcStat> = found
+        let root_pgid = self.procs.get(&root).map(|p| p.pgid).unwrap_or(root);
+        let (mut out, mut unproven): (Vec<ProcStat>, Vec<ProcStat>) = found
             .into_iter()
             .filter(|p| *p != self.me && !self.ancestors.contains(p))
             .filter_map(|p| self.procs.get(&p).copied())
             .filter(|p| p.state != 'Z')
-            .filter(|p| mark.is_none_or(|m| environ_has(p.pid, INSTANCE_ENV, m)))
-            .collect();
+            .partition(|p| mark.is_none_or(|m| environ_has(p.pid, INSTANCE_ENV, m)));
+        // Unmarked members of the runner's own group get the group's signal anyway.
+        unproven.retain(|p| p.pgid != root_pgid);
         out.sort_by_key(|p| p.pid);
-        out
+        unproven.sort_by_key(|p| p.pid);
+        (out, unproven)
     }
 }
 

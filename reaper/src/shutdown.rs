@@ -188,6 +188,7 @@ pub async fn stop_all(
                     exit: None,
                     escaped: escaped.clone(),
                     survivors: Vec::new(),
+                    unproven: Vec::new(),
                     sigterm_unix_nano: now_unix_nano(),
                     sigkill_unix_nano: None,
                     duration_ms: 0,

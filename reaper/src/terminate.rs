@@ -90,6 +90,11 @@ pub struct TerminationReport {
     pub escaped: Vec<ProcRef>,
     /// Recorded processes still alive at the end.
     pub survivors: Vec<ProcRef>,
+    /// Processes found below the runner, outside its group and without its instance mark,
+    /// when descendants were recorded: not proven to be its own, so left alone
+    /// ([`platform::ProcTable::descendants_and_unproven`]).
+    #[serde(default)]
+    pub unproven: Vec<ProcRef>,
     /// When SIGTERM was sent (or the termination began), ns since the Unix epoch.
     pub sigterm_unix_nano: u64,
     /// When SIGKILL was sent, if it was.
@@ -230,6 +235,8 @@ struct Executor<'a, 't> {
     recorded: Option<Vec<ProcRef>>,
     group: Vec<ProcRef>,
     escaped: Vec<ProcRef>,
+    /// Found below the runner without its mark, outside its group: left alone.
+    unproven: Vec<ProcRef>,
     fds: BTreeMap<u32, OwnedFd>,
     /// The leader's own SIGTERM was delivered (only then does it get SIGCONT).
     leader_termed: bool,
@@ -243,14 +250,15 @@ impl Executor<'_, '_> {
     fn observe(&mut self) -> Seen {
         if self.recorded.is_none() {
             let t = self.t;
-            let recorded: Vec<ProcRef> = platform::descendants(t.pid, t.mark)
-                .into_iter()
-                .map(|p| ProcRef {
-                    pid: p.pid,
-                    start_time_ticks: p.start_time_ticks,
-                    pgid: p.pgid,
-                })
-                .collect();
+            let as_ref = |p: platform::ProcStat| ProcRef {
+                pid: p.pid,
+                start_time_ticks: p.start_time_ticks,
+                pgid: p.pgid,
+            };
+            let (proven, unproven) =
+                platform::ProcTable::snapshot().descendants_and_unproven(t.pid, t.mark);
+            let recorded: Vec<ProcRef> = proven.into_iter().map(as_ref).collect();
+            self.unproven = unproven.into_iter().map(as_ref).collect();
             let leader_pgid = platform::proc_stat(t.pid).map(|s| s.pgid).unwrap_or(t.pid);
             (self.group, self.escaped) = recorded.iter().partition(|p| p.pgid == leader_pgid);
             self.recorded = Some(recorded);
@@ -306,7 +314,11 @@ impl Executor<'_, '_> {
         match a {
             Action::RecordDescendants => {
                 run.report.escaped = self.escaped.clone();
-                let detail = serde_json::json!({"group": self.group, "escaped": self.escaped});
+                run.report.unproven = self.unproven.clone();
+                let mut detail = serde_json::json!({"group": self.group, "escaped": self.escaped});
+                if !self.unproven.is_empty() {
+                    detail["unproven"] = serde_json::json!(self.unproven);
+                }
                 run.done("descendants_recorded", pid, detail).await;
             }
             Action::Term => {
@@ -434,6 +446,7 @@ pub(crate) async fn terminate_traced(
             exit: None,
             escaped: Vec::new(),
             survivors: Vec::new(),
+            unproven: Vec::new(),
             sigterm_unix_nano: now_unix_nano(),
             sigkill_unix_nano: None,
             duration_ms: 0,
@@ -460,6 +473,7 @@ pub(crate) async fn terminate_traced(
         recorded: None,
         group: Vec::new(),
         escaped: Vec::new(),
+        unproven: Vec::new(),
         fds: BTreeMap::new(),
         leader_termed: false,
         term_detail: None,

@@ -316,7 +316,7 @@ impl ReaperHandle {
                 EventKind::RunnerTerminated,
                 &id,
                 format!(
-                    "runner {id} stopped ({cause}): ended by {} after {} ms{}{}",
+                    "runner {id} stopped ({cause}): ended by {} after {} ms{}{}{}",
                     report.ended_by,
                     report.duration_ms,
                     if report.survivors.is_empty() {
@@ -324,6 +324,7 @@ impl ReaperHandle {
                     } else {
                         format!(", {} survivors", report.survivors.len())
                     },
+                    unproven_note(&report.unproven),
                     forensics
                         .map(|f| format!("; why: {}", f.reason_line))
                         .unwrap_or_default()
@@ -442,4 +443,19 @@ fn deleted_answer(id: &str, report: Option<&TerminationReport>) -> RunnerDeleted
             .map(|r| r.survivors.iter().map(json).collect())
             .unwrap_or_default(),
     }
+}
+
+/// `; N process(es) below it without its instance mark left alone (pid a, b)`, or nothing:
+/// what a termination found but could not prove was the runner's (docs/design.md, Reaper).
+pub(crate) fn unproven_note(unproven: &[crate::terminate::ProcRef]) -> String {
+    if unproven.is_empty() {
+        return String::new();
+    }
+    let pids: Vec<String> = unproven.iter().map(|p| p.pid.to_string()).collect();
+    format!(
+        "; {} process{} below it without its instance mark left alone (pid {})",
+        pids.len(),
+        if pids.len() == 1 { "" } else { "es" },
+        pids.join(", ")
+    )
 }

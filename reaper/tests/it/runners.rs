@@ -136,6 +136,54 @@ async fn a_clean_exit_stops_what_the_runner_left_running_and_says_so() {
     wait_for("background child gone", || !running(bg)).await;
 }
 
+/// A child that left the runner's session and dropped its instance mark is not proven to
+/// be the runner's: a stop leaves it alone, and says so in the report and the incident.
+#[tokio::test]
+async fn a_child_without_the_mark_outside_the_group_is_left_alone_and_named() {
+    let mut h = harness(300).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("away.pid");
+    let script = format!(
+        "setsid env -i sleep 600 & echo $! > {}; exec sleep 600",
+        pidfile.display()
+    );
+    h.register(spawn_spec("parent", &["sh", "-c", &script]))
+        .await
+        .unwrap();
+    wait_for("pid file", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))
+    })
+    .await;
+    let away: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_for("the child dropped its mark", || {
+        std::fs::read(format!("/proc/{away}/environ")).is_ok_and(|e| e.is_empty())
+    })
+    .await;
+    let del = h.delete("parent").await.unwrap();
+    let unproven = del["termination"]["unproven"].as_array().unwrap();
+    assert_eq!(unproven.len(), 1, "{del:#}");
+    assert_eq!(unproven[0]["pid"], away);
+    let i = h.incident(EventKind::RunnerTerminated, "parent").await;
+    assert!(
+        i.incident.reason.contains(&format!(
+            "1 process below it without its instance mark left alone (pid {away})"
+        )),
+        "{}",
+        i.incident.reason
+    );
+    assert!(
+        running(away),
+        "a process not proven to be the runner's was signalled"
+    );
+    let _ = std::process::Command::new("kill")
+        .arg(away.to_string())
+        .status();
+}
+
 #[tokio::test]
 async fn clean_exit_is_runner_exited_and_not_restarted() {
     let mut h = harness(300).await;
