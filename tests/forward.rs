@@ -617,3 +617,123 @@ fn headers_reach_the_upstream_and_a_permanent_refusal_is_counted_as_dropped() {
         0
     );
 }
+
+/// A tiny HTTP/1.1 upstream on a thread: each request is answered by `answer(path)` with
+/// `Connection: close`; the paths it was asked for are kept in order.
+struct TinyUpstream {
+    addr: SocketAddr,
+    paths: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl TinyUpstream {
+    fn start(answer: impl Fn(&str) -> String + Send + 'static) -> Self {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let paths = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = paths.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                let mut len = 0usize;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0u8; len];
+                let _ = reader.read_exact(&mut body);
+                seen.lock().unwrap().push(path.clone());
+                let _ = conn.write_all(answer(&path).as_bytes());
+            }
+        });
+        Self { addr, paths }
+    }
+
+    fn paths(&self) -> Vec<String> {
+        self.paths.lock().unwrap().clone()
+    }
+}
+
+/// The forwarder follows a redirect within the endpoint's origin (the export arrives),
+/// and not one to another host or port, where `[forward.headers]` credentials would go
+/// too: that export is refused for good, with the target named, and the other server
+/// never hears from it.
+#[test]
+fn redirects_are_followed_within_the_endpoints_origin_only() {
+    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    let elsewhere = TinyUpstream::start(move |_| ok.to_string());
+    let target = format!("http://{}/v1/traces", elsewhere.addr);
+    let same = TinyUpstream::start(move |path| {
+        if path == "/v1/traces" {
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: /moved/v1/traces\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+        } else {
+            ok.to_string()
+        }
+    });
+    let cross = TinyUpstream::start(move |_| {
+        format!("HTTP/1.1 308 Permanent Redirect\r\nlocation: {target}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(
+            same.addr,
+            "http/protobuf",
+            "[forward.headers]\nx-api-key = \"k\"\n",
+        ),
+        free_addr(),
+        free_addr(),
+    );
+    post(&a, "/v1/traces", traces(1, 2, "same").encode_to_vec());
+    wait_until!(LONG, "the export at the redirect's target", {
+        same.paths() == ["/v1/traces", "/moved/v1/traces"]
+    });
+    wait_until!(LONG, "an empty backlog", {
+        sum(
+            &samples(&a),
+            "stallwatch_forward_backlog_items{signal=\"traces\"}",
+        ) == 0
+    });
+    assert_eq!(
+        sum(&samples(&a), "stallwatch_forward_dropped_items_total"),
+        0
+    );
+
+    let b = start_on(
+        &dir.path().join("b"),
+        &forward_config(
+            cross.addr,
+            "http/protobuf",
+            "[forward.headers]\nx-api-key = \"k\"\n",
+        ),
+        free_addr(),
+        free_addr(),
+    );
+    post(&b, "/v1/traces", traces(2, 3, "cross").encode_to_vec());
+    wait_until!(LONG, "the redirected export refused", {
+        sum(
+            &samples(&b),
+            "stallwatch_forward_dropped_items_total{signal=\"traces\",reason=\"refused\"}",
+        ) == 3
+    });
+    let stderr = b.stderr();
+    assert!(
+        stderr.contains("redirect to http://") && stderr.contains("not followed"),
+        "{stderr}"
+    );
+    assert_eq!(cross.paths(), ["/v1/traces"]);
+    assert!(elsewhere.paths().is_empty(), "followed across origins");
+}

@@ -133,6 +133,7 @@ impl Exporter {
         let mut http = reqwest::Client::builder()
             .use_rustls_tls()
             .no_proxy()
+            .redirect(same_origin_redirects())
             .timeout(config.timeout)
             .connect_timeout(config.timeout);
         if let Some(pem) = &ca {
@@ -238,8 +239,20 @@ impl Exporter {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| retry_after(v, std::time::SystemTime::now()));
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = resp.bytes().await.unwrap_or_default();
         match status {
+            300..=399 => Outcome::Refused {
+                too_large: false,
+                error: format!(
+                    "POST {url}: HTTP {status} redirect to {} not followed: only redirects within the endpoint's own scheme, host and port are; set [forward] endpoint to where the upstream is",
+                    location.as_deref().unwrap_or("(no Location)")
+                ),
+            },
             200..=299 => {
                 let (rejected, message) = partial_http(signal, &bytes);
                 Outcome::Accepted { rejected, message }
@@ -326,6 +339,31 @@ fn grpc_channel(url: &str, timeout: Duration, ca: Option<&[u8]>) -> Result<Chann
         })?;
     }
     Ok(ep.connect_lazy())
+}
+
+/// Most redirects followed for one export.
+const MAX_REDIRECTS: usize = 5;
+
+/// The forwarder follows a redirect only within the endpoint's origin (scheme, host and
+/// port), at most [`MAX_REDIRECTS`] times. Why: `[forward.headers]` often carry the
+/// upstream's credentials (`x-api-key`, a vendor token) that reqwest does not strip on a
+/// cross-origin redirect, so following one sent them, and the telemetry, to whatever host
+/// a `Location` named. A redirect not followed is answered as the 3xx it is: refused, with
+/// the target named.
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else if same {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
 }
 
 /// The full error chain of a reqwest error (its `Display` hides "connection refused").
