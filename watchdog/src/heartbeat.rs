@@ -217,21 +217,39 @@ async fn exchange(path: &Path) -> Result<(), HeartbeatFailure> {
             _ => HeartbeatFailure::Io(e.to_string()),
         })
     })?;
-    stream
-        .write_all(b"PING\n")
-        .await
-        .map_err(|e| HeartbeatFailure::Io(e.to_string()))?;
+    talk(&mut stream).await
+}
+
+/// One PING and its answer on a connected stream.
+async fn talk<S>(stream: &mut S) -> Result<(), HeartbeatFailure>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    // A runner may answer before it reads our PING (write `PONG`, close): our write then
+    // fails (EPIPE, ECONNRESET) while its answer already waits in the socket. The answer
+    // is what counts, so it is read first; the write's error stands only when none came.
+    let written = stream.write_all(b"PING\n").await;
     let mut buf = [0u8; MAX_ANSWER_BYTES];
     let mut n = 0;
     loop {
         if n == buf.len() {
             return Err(HeartbeatFailure::BadAnswer(lossy(&buf[..n])));
         }
-        let got = stream
-            .read(&mut buf[n..])
-            .await
-            .map_err(|e| HeartbeatFailure::Io(e.to_string()))?;
+        let got = match stream.read(&mut buf[n..]).await {
+            Ok(got) => got,
+            Err(e) => {
+                return Err(HeartbeatFailure::Io(match &written {
+                    Err(w) if n == 0 => w.to_string(),
+                    _ => e.to_string(),
+                }))
+            }
+        };
         if got == 0 {
+            if n == 0 {
+                if let Err(w) = written {
+                    return Err(HeartbeatFailure::Io(w.to_string()));
+                }
+            }
             // closed before a newline: judge what came
             break;
         }
@@ -241,6 +259,8 @@ async fn exchange(path: &Path) -> Result<(), HeartbeatFailure> {
         }
     }
     let line = buf[..n].split(|b| *b == b'\n').next().unwrap_or_default();
+    // A line ended CRLF is the same answer (a runner written for a CRLF protocol).
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line == b"PONG" {
         Ok(())
     } else if line == b"BYE" {
@@ -571,6 +591,27 @@ mod tests {
         );
         let h = HeartbeatTracker::new(false, t0);
         assert_eq!(h.state(t0 + G + T, T, G), HeartbeatState::NotConfigured);
+    }
+
+    /// A runner that answers without reading our PING (writes `PONG`, closes) is healthy:
+    /// our write fails with EPIPE, but its answer waits in the socket and counts. A CRLF
+    /// line is the same answer; a closed socket with no answer is still an i/o failure.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn an_answer_sent_before_our_ping_was_read_counts() {
+        use tokio::io::AsyncWriteExt;
+        for answer in [&b"PONG\n"[..], &b"PONG\r\n"[..]] {
+            let (mut ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+            theirs.write_all(answer).await.unwrap();
+            drop(theirs);
+            assert_eq!(talk(&mut ours).await, Ok(()), "{answer:?}");
+        }
+        let (mut ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        drop(theirs);
+        assert!(matches!(
+            talk(&mut ours).await,
+            Err(HeartbeatFailure::Io(e)) if e.contains("roken pipe")
+        ));
     }
 
     #[test]
