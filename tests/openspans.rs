@@ -276,6 +276,41 @@ fn a_goodbye_that_never_exits_is_tripped_after_the_stopping_timeout() {
     );
 }
 
+/// The healthy pair of the goodbye by socket: a runner whose heartbeat socket is gone for
+/// a moment (removed, then bound again) is `stopping` only until it answers again. It was
+/// no longer pinged once stopping, so its PONGs were never seen, and it was tripped at the
+/// stopping timeout as if it had "said goodbye".
+#[test]
+fn a_runner_whose_socket_comes_back_is_running_again_and_never_tripped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = chain_config("").replace("[reaper]", "stopping_timeout_ms = 2000\n[reaper]");
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&cfg));
+    spawn_runner(
+        &server,
+        "rebind",
+        &["python3", &runners_script("goodbye.py"), "rebind"],
+        None,
+        &[],
+    );
+    wait_lifecycle(&server, "rebind", "running", Duration::from_secs(20));
+    wait_lifecycle(&server, "rebind", "stopping", Duration::from_secs(10));
+    wait_lifecycle(&server, "rebind", "running", Duration::from_secs(10));
+    // Past twice the stopping timeout: still running, never tripped.
+    std::thread::sleep(Duration::from_secs(5));
+    let r = runner(&server, "rebind");
+    assert_eq!(r["lifecycle"], "running", "{r:#}");
+    assert_eq!(r["breaker"], "CLOSED", "{r:#}");
+    let evs: Vec<_> = incidents(&server, "rebind")
+        .into_iter()
+        .map(|i| i["event"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !evs.iter()
+            .any(|e| e == "breaker.opened" || e == "runner.terminated"),
+        "a healthy runner was tripped: {evs:?}"
+    );
+}
+
 /// The lowest descriptor number `pid` does not hold: with RLIMIT_NOFILE at this value,
 /// every new descriptor fails with EMFILE.
 fn lowest_free_fd(pid: u32) -> usize {

@@ -64,6 +64,10 @@ pub(crate) struct Runner {
     /// Since when it is *stopping* (said goodbye, or its termination began): never tripped
     /// for the missing heartbeat, tripped only past `stopping_timeout`.
     pub(crate) stopping_since: Option<Instant>,
+    /// Why it is stopping, when its own heartbeat said so (`BYE`, or its socket gone as
+    /// kits remove it at exit): then it is still pinged, and a PONG ends the stopping
+    /// (it did not exit after all). `None` when the reaper is stopping it.
+    pub(crate) stopping_by: Option<SelfStop>,
     /// The pids of its processes that restarts replaced (newest last, at most
     /// [`PAST_PIDS`]): a span that arrives late from one of them belongs to a dead process.
     pub(crate) past_pids: Vec<u32>,
@@ -154,6 +158,7 @@ impl Runner {
                 RunnerLifecycle::Running
             },
             stopping_since: None,
+            stopping_by: None,
             past_pids: Vec::new(),
             catch_up_until: None,
         }
@@ -232,7 +237,7 @@ impl Runner {
         };
         let pinging = self.breaker.state() == BreakerState::Closed
             && !self.dead
-            && self.stopping_since.is_none()
+            && (self.stopping_since.is_none() || self.stopping_by.is_some())
             && self.hb.configured();
         if pinging && self.hb.due(now + PING_SLACK, max_in_flight) {
             self.hb.ping_started(now, cfg.heartbeat_interval);
@@ -328,6 +333,15 @@ impl Runner {
         }
         out
     }
+}
+
+/// What made a runner *stopping* from its own heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SelfStop {
+    /// It answered `BYE`.
+    Goodbye,
+    /// Its socket was gone after it had answered (kits remove it first at exit).
+    SocketGone,
 }
 
 /// The verdict of a *stopping* runner at `now`: healthy until `limit`, then `unresponsive`

@@ -6,6 +6,8 @@ Usage: goodbye.py MODE [SOCKET]   (SOCKET defaults to $STALLWATCH_HEARTBEAT_SOCK
   bye       PONG for 1 s, then its goodbye (BYE) while it keeps working 4 s at exit
             (longer than the heartbeat timeout), then exits 0
   bye_hang  PONG for 1 s, then BYE forever, and never exits
+  rebind    PONG for 1 s, then its socket removed for 1 s (as a kit does at exit), then a
+            new socket answering PONG forever: alive all along
 """
 
 import os
@@ -45,6 +47,12 @@ if mode == "pong":
     while True:
         time.sleep(1)
 time.sleep(1.0)
+if mode == "rebind":
+    os.unlink(path)
+    time.sleep(1.0)
+    threading.Thread(target=serve, daemon=True).start()
+    while True:
+        time.sleep(1)
 answer[0] = b"BYE\n"
 if mode == "bye":
     time.sleep(4.0)  # an atexit hook saving a cache

@@ -220,8 +220,13 @@ impl Worker {
         let f = r.fused;
         let reason = match (&r.worst, f.cause) {
             (_, Cause::StoppingTimeout) => format!(
-                "{}: runner {id} said goodbye but did not exit within stopping_timeout_ms ({} ms)",
+                "{}: runner {id} {} but did not exit within stopping_timeout_ms ({} ms)",
                 f.verdict.as_str(),
+                match r.stopping_by {
+                    Some(SelfStop::SocketGone) => "removed its heartbeat socket (as a kit does at exit) and never answered again,",
+                    Some(SelfStop::Goodbye) => "said goodbye",
+                    None => "was being stopped",
+                },
                 self.cfg.stopping_timeout.as_millis()
             ),
             (Some(w), Cause::OverSla) => format!(

@@ -51,6 +51,7 @@ impl Worker {
                     r.incarnation += 1;
                     r.restarted_since_trip = true;
                     r.stopping_since = None;
+                    r.stopping_by = None;
                     r.lifecycle = if configured {
                         RunnerLifecycle::Starting
                     } else {
@@ -85,6 +86,7 @@ impl Worker {
                 } else if let Some(r) = self.runners.get_mut(&id) {
                     r.dead = true;
                     r.stopping_since = None;
+                    r.stopping_by = None;
                     r.worst = None;
                     if r.lifecycle != RunnerLifecycle::GaveUp {
                         r.lifecycle = RunnerLifecycle::Exited;
@@ -103,8 +105,13 @@ impl Worker {
                     match lifecycle {
                         RunnerLifecycle::Stopping => {
                             r.stopping_since.get_or_insert(now);
+                            r.stopping_by = None;
                         }
-                        _ => r.stopping_since = None,
+                        _ => {
+                            r.stopping_since = None;
+                            r.stopping_by = None;
+                            r.stopping_by = None;
+                        }
                     }
                 }
             }
@@ -174,12 +181,24 @@ impl Worker {
                         Ok(_) if r.lifecycle == RunnerLifecycle::Starting => {
                             r.lifecycle = RunnerLifecycle::Running;
                         }
-                        Err(HeartbeatFailure::Goodbye) => self.begin_stopping(&d.runner, now),
+                        Ok(_) if r.stopping_by.is_some() => {
+                            // It answered after all (a socket re-created, a goodbye taken
+                            // back): alive, so no longer stopping.
+                            tracing::info!(runner = %d.runner, "runner answered again: no longer stopping");
+                            r.stopping_since = None;
+                            r.stopping_by = None;
+                            r.stopping_by = None;
+                            r.lifecycle = RunnerLifecycle::Running;
+                            self.board_dirty.insert(d.runner.clone());
+                        }
+                        Err(HeartbeatFailure::Goodbye) => {
+                            self.begin_stopping(&d.runner, now, SelfStop::Goodbye)
+                        }
                         Err(HeartbeatFailure::SocketMissing)
                             if had_pong && self.ledger.runner_tool_spans(&d.runner).is_empty() =>
                         {
                             // the kits remove the socket first at exit
-                            self.begin_stopping(&d.runner, now)
+                            self.begin_stopping(&d.runner, now, SelfStop::SocketGone)
                         }
                         Err(HeartbeatFailure::OwnFault(e)) => {
                             let why = format!("heartbeat of runner {} not sent: {e}", d.runner);

@@ -42,8 +42,8 @@ pub use crate::handle::WatchdogHandle;
 use crate::heartbeat::{check_path, ping, HeartbeatFailure, HeartbeatState};
 use crate::ledger::{Applied, Ledger, WorstView};
 use crate::runner::{
-    heartbeat_socket_usable, probe_outcome, Action, LedgerView, Runner, DEGRADED_INCIDENT_EVERY,
-    HEALTHY, MAX_IDLE, STARVED_GAP,
+    heartbeat_socket_usable, probe_outcome, Action, LedgerView, Runner, SelfStop,
+    DEGRADED_INCIDENT_EVERY, HEALTHY, MAX_IDLE, STARVED_GAP,
 };
 use crate::schedule::{DueSet, Schedule};
 use crate::shapes::{self, Record, SpanKey};
@@ -347,11 +347,19 @@ impl Worker {
 
     /// A runner said goodbye (or removed its socket with no tool span open): it becomes
     /// *stopping*; its missing heartbeat never trips it (`docs/design.md`, Runner lifecycle).
-    fn begin_stopping(&mut self, id: &str, now: Instant) {
+    fn begin_stopping(&mut self, id: &str, now: Instant, by: SelfStop) {
         if let Some(r) = self.runners.get_mut(id) {
             if r.stopping_since.is_none() && !r.dead {
-                tracing::info!(runner = %id, "runner said goodbye: stopping");
+                match by {
+                    SelfStop::Goodbye => {
+                        tracing::info!(runner = %id, "runner said goodbye: stopping")
+                    }
+                    SelfStop::SocketGone => {
+                        tracing::info!(runner = %id, "runner's heartbeat socket is gone: stopping, still pinged")
+                    }
+                }
                 r.stopping_since = Some(now);
+                r.stopping_by = Some(by);
                 r.lifecycle = RunnerLifecycle::Stopping;
                 self.due.set_by(id, now);
                 self.board_dirty.insert(id.to_string());
