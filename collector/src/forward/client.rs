@@ -244,7 +244,7 @@ impl Exporter {
             .get(reqwest::header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let bytes = resp.bytes().await.unwrap_or_default();
+        let bytes = read_capped(resp, MAX_RESPONSE_BYTES).await;
         match status {
             300..=399 => Outcome::Refused {
                 too_large: false,
@@ -339,6 +339,27 @@ fn grpc_channel(url: &str, timeout: Duration, ca: Option<&[u8]>) -> Result<Chann
         })?;
     }
     Ok(ep.connect_lazy())
+}
+
+/// Most bytes of an upstream's answer read, bytes (64 KiB): an `ExportTraceServiceResponse`
+/// carries a `partial_success` count and message, and an error page is shown by its first
+/// 300 bytes. An upstream answering 800 MiB took the sidecar to 1.7 GB RSS.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// The first `cap` bytes of `resp`'s body (what arrived before an error, if one came);
+/// the rest is not read, and the connection is dropped with it.
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < cap {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                let take = chunk.len().min(cap - out.len());
+                out.extend_from_slice(&chunk[..take]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    out
 }
 
 /// Most redirects followed for one export.
@@ -449,6 +470,37 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::rpc;
+
+    /// An upstream's answer is read up to the cap and no further: the server sees the
+    /// connection dropped long before its announced 1 GiB is sent.
+    #[tokio::test]
+    async fn an_answer_is_read_up_to_its_cap_only() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1073741824\r\n\r\n")
+                .await;
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut sent = 0usize;
+            while sent < 1 << 30 {
+                if s.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len();
+            }
+            sent
+        });
+        let resp = reqwest::get(format!("http://{addr}/")).await.unwrap();
+        let body = read_capped(resp, MAX_RESPONSE_BYTES).await;
+        assert_eq!(body.len(), MAX_RESPONSE_BYTES);
+        let sent = server.await.unwrap();
+        assert!(sent < 256 << 20, "the whole answer was read: {sent} bytes");
+    }
 
     #[test]
     fn grpc_codes_and_retry_info() {
