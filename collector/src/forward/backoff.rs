@@ -25,7 +25,9 @@ impl Backoff {
     }
 
     /// The delay before the next attempt after one more failure: `initial`, then double
-    /// the previous computed delay, capped at `max`; a server `hint` wins (capped at `max`).
+    /// the previous computed delay, capped at `max`; a server `hint` wins, kept between
+    /// `initial` and `max` (a `Retry-After` date already past, or 0, would otherwise
+    /// retry at once, over and over, an upstream that said it is unavailable).
     pub fn next_delay(&mut self, hint: Option<Duration>) -> Duration {
         self.failures += 1;
         let base = match self.last {
@@ -34,7 +36,7 @@ impl Backoff {
         };
         self.last = Some(base);
         match hint {
-            Some(h) => h.min(self.max),
+            Some(h) => h.max(self.initial).min(self.max),
             None => base,
         }
     }
@@ -70,6 +72,11 @@ mod tests {
             "hint capped at retry_max"
         );
         assert_eq!(b.next_delay(None), s(4), "exponential sequence continued");
+        assert_eq!(
+            b.next_delay(Some(Duration::ZERO)),
+            s(1),
+            "a hint of 0 (a Retry-After date already past) waits retry_initial"
+        );
         b.reset();
         assert_eq!(b.failures(), 0);
         assert_eq!(b.next_delay(None), s(1));

@@ -96,8 +96,10 @@ pub fn backoff(attempts_made: u32, initial: Duration, max: Duration) -> Duration
 ///
 /// 2xx → delivered; a 4xx other than 408, 409, 425, 429 → given up (the receiver refuses
 /// the message itself); else retry after the receiver's `retry_after` when it sent one
-/// (capped at `retry_max`), otherwise after [`backoff`] scaled by `jitter` in `[0, 1)` to
-/// 80–120 % (so receivers that failed together are not retried together).
+/// (kept between `retry_initial` and `retry_max`: a date already past, or 0, spent every
+/// attempt within milliseconds and lost the event), otherwise after [`backoff`] scaled by
+/// `jitter` in `[0, 1)` to 80–120 % (so receivers that failed together are not retried
+/// together).
 pub fn outcome(
     status: Option<u16>,
     attempts_made: u32,
@@ -116,7 +118,7 @@ pub fn outcome(
         return AttemptOutcome::GiveUp;
     }
     let wait = match retry_after {
-        Some(w) => w.min(webhook.retry_max),
+        Some(w) => w.max(webhook.retry_initial).min(webhook.retry_max),
         None => backoff(attempts_made, webhook.retry_initial, webhook.retry_max)
             .mul_f64(0.8 + 0.4 * jitter.clamp(0.0, 1.0)),
     };
@@ -245,6 +247,11 @@ mod tests {
         assert_eq!(
             o(Some(429), 1, 0, ra),
             AttemptOutcome::RetryAt(300_000_000_000)
+        );
+        // A Retry-After of 0 (or a date already past) waits retry_initial at least.
+        assert_eq!(
+            o(Some(503), 1, 0, Some(Duration::ZERO)),
+            AttemptOutcome::RetryAt(1_000_000_000)
         );
         // Jitter keeps the back-off within 80..=120 %.
         assert_eq!(
