@@ -89,6 +89,11 @@ impl CsvWidths {
         self.end_record()
     }
 
+    /// True when the input ended inside a quoted field (a truncated file).
+    fn ends_in_quotes(&self) -> bool {
+        self.in_quotes
+    }
+
     fn end_record(&mut self) -> Option<(usize, usize, usize)> {
         let (width, any) = (self.fields, self.any);
         self.fields = 1;
@@ -145,6 +150,39 @@ fn extension(rel: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// A reader that fails with `InvalidData` at the first byte sequence that is not UTF-8:
+/// JSON text is UTF-8 (RFC 8259, section 8.1), but skipping a string unread
+/// (`IgnoredAny`) does not check it.
+struct Utf8Checked<R> {
+    inner: R,
+    /// The bytes of a sequence cut by the end of the last read (at most 3).
+    pending: Vec<u8>,
+}
+
+impl<R: Read> Read for Utf8Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text");
+        if n == 0 {
+            return if self.pending.is_empty() {
+                Ok(0)
+            } else {
+                Err(bad())
+            };
+        }
+        let mut joined = std::mem::take(&mut self.pending);
+        joined.extend_from_slice(&buf[..n]);
+        match std::str::from_utf8(&joined) {
+            Ok(_) => {}
+            Err(e) if e.error_len().is_none() => {
+                self.pending = joined[e.valid_up_to()..].to_vec();
+            }
+            Err(_) => return Err(bad()),
+        }
+        Ok(n)
+    }
+}
+
 /// A notebook's top level as far as validation needs it: a `cells` list, its items
 /// skipped unread.
 #[derive(serde::Deserialize)]
@@ -179,25 +217,41 @@ pub fn validate_content(
         };
     }
     match ext.as_str() {
-        "json" => {
-            let reader = BufReader::with_capacity(READ_CHUNK, file);
-            serde_json::from_reader::<_, serde::de::IgnoredAny>(reader).map_err(|e| {
+        "json" | "ipynb" => {
+            let reader = BufReader::with_capacity(
+                READ_CHUNK,
+                Utf8Checked {
+                    inner: file,
+                    pending: Vec::new(),
+                },
+            );
+            let parsed = if ext == "json" {
+                serde_json::from_reader::<_, serde::de::IgnoredAny>(reader).map(drop)
+            } else {
+                serde_json::from_reader::<_, Notebook>(reader).map(drop)
+            };
+            let what = if ext == "json" {
+                "not valid JSON"
+            } else {
+                "notebook is not valid JSON"
+            };
+            parsed.map_err(|e| {
+                let text = e.to_string();
                 if e.is_io() {
-                    io(e.into())
-                } else {
-                    invalid(format!("not valid JSON: {e}"))
-                }
-            })?;
-        }
-        "ipynb" => {
-            let reader = BufReader::with_capacity(READ_CHUNK, file);
-            serde_json::from_reader::<_, Notebook>(reader).map_err(|e| {
-                if e.is_io() {
-                    io(e.into())
-                } else if e.is_data() {
+                    let e = std::io::Error::from(e);
+                    if e.kind() == std::io::ErrorKind::InvalidData {
+                        invalid(format!("{what}: {e}"))
+                    } else {
+                        io(e)
+                    }
+                } else if e.is_data() && text.starts_with("missing field `cells`") {
                     invalid("notebook has no \"cells\" list".into())
+                } else if e.is_data() && text.starts_with("invalid type") {
+                    invalid(format!("notebook \"cells\" is not a list: {text}"))
+                } else if e.is_data() {
+                    invalid(format!("not a notebook: {text}"))
                 } else {
-                    invalid(format!("notebook is not valid JSON: {e}"))
+                    invalid(format!("{what}: {text}"))
                 }
             })?;
         }
@@ -219,6 +273,11 @@ pub fn validate_content(
                 return Err(invalid(format!(
                     "row {row} has {w} fields, the header has {header}"
                 )));
+            }
+            if widths.ends_in_quotes() {
+                return Err(invalid(
+                    "a quoted field is still open at the end of the file (truncated?)".into(),
+                ));
             }
         }
         "h5" | "hdf5" | "hdf" | "he5" if !hdf5_signature_in(file, len).map_err(io)? => {
@@ -282,6 +341,10 @@ mod tests {
         csv.extend_from_slice(b"3\n");
         let e = check("big.csv", &csv).unwrap_err().to_string();
         assert!(e.contains("has 1 fields, the header has 2"), "{e}");
+        for open in [&b"a,b\n1,\"2\n"[..], &b"a,b\n1,\"2\n3,4\n5,6\n"[..]] {
+            let e = check("open.csv", open).unwrap_err().to_string();
+            assert!(e.contains("still open at the end"), "{e}");
+        }
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("results.h5");
@@ -318,7 +381,30 @@ mod tests {
         let e = check("n.ipynb", br#"{"cells": {}}"#)
             .unwrap_err()
             .to_string();
+        assert!(e.contains("\"cells\" is not a list"), "{e}");
+        let e = check("n.ipynb", br#"{"metadata": {}}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no \"cells\" list"), "{e}");
+        let e = check("n.ipynb", br#"{"cells": [], "cells": []}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicate field"), "{e}");
+        // Text that is not UTF-8 is not JSON, even inside a string skipped unread; a
+        // sequence cut by a read boundary is fine.
+        for (name, data) in [
+            ("a.json", &b"{\"a\": \"\xff\"}"[..]),
+            ("n.ipynb", &b"{\"cells\": [\"\xc3\"]}"[..]),
+        ] {
+            let e = check(name, data).unwrap_err().to_string();
+            assert!(e.contains("not UTF-8"), "{name}: {e}");
+        }
+        let mut wide = b"{\"a\": \"".to_vec();
+        while wide.len() < 3 * READ_CHUNK {
+            wide.extend_from_slice("é€😀".as_bytes());
+        }
+        wide.extend_from_slice(b"\"}");
+        assert!(check("wide.json", &wide).is_ok());
         let e = check("n.ipynb", br#"{"cells": [1, 2"#)
             .unwrap_err()
             .to_string();
