@@ -628,20 +628,53 @@ impl StopSignals {
     }
 }
 
-/// After a degraded start: every 2 s, once twice the reserve is free again, re-creates
-/// `<data_dir>/reserve` and lets telemetry in again.
+/// Keeps the disk-space reserve: when the disk fills while running (telemetry refused as
+/// full, or a control record held, with less than the reserve free on the filesystem), frees
+/// `<data_dir>/reserve` for control records and refuses telemetry; while degraded (so, after
+/// a degraded start too), every 2 s, once twice the reserve is free again, re-creates it and
+/// lets telemetry in again. Idle otherwise (no timer).
 async fn keep_reserve(dir: std::path::PathBuf, storage: Storage, mut degraded: bool) {
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    while degraded {
-        tick.tick().await;
+    let mut full = storage.storage_full();
+    let mut held = storage.held_records();
+    loop {
+        if degraded {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let d = dir.clone();
+            let back = tokio::task::spawn_blocking(move || crate::datadir::reserve_at(&d))
+                .await
+                .unwrap_or(false);
+            if back {
+                storage.pause_ingest(None);
+                tracing::info!("disk space is back: reserve re-created, telemetry accepted again");
+                degraded = false;
+            }
+            continue;
+        }
+        // The disk filling while running: telemetry refused as full, or a control record
+        // held. When the filesystem itself is out of space (not only the size cap), the
+        // reserve goes now so the runner rows, incidents and ledger steps held in memory
+        // are written (they were lost at shutdown, the reserve still in place), and
+        // telemetry stays refused until the reserve can be made again.
+        tokio::select! {
+            r = full.changed() => if r.is_err() { return },
+            r = held.changed() => if r.is_err() { return },
+        }
         let d = dir.clone();
-        let back = tokio::task::spawn_blocking(move || crate::datadir::reserve_at(&d))
+        let free = tokio::task::spawn_blocking(move || crate::datadir::free_bytes_at(&d))
             .await
-            .unwrap_or(false);
-        if back {
-            storage.pause_ingest(None);
-            tracing::info!("disk space is back: reserve re-created, telemetry accepted again");
-            degraded = false;
+            .ok()
+            .flatten();
+        if free.is_some_and(|f| f < crate::datadir::RESERVE_BYTES) {
+            let freed = std::fs::remove_file(dir.join("reserve")).is_ok();
+            storage.pause_ingest(Some(
+                "the disk is full; telemetry is refused until space returns".into(),
+            ));
+            tracing::error!(
+                data_dir = %dir.display(),
+                reserve_freed = freed,
+                "the disk is full: telemetry refused with 503, the reserve freed for control records (runners still watched and stopped)"
+            );
+            degraded = true;
         }
     }
 }

@@ -672,3 +672,93 @@ fn a_disk_full_at_start_starts_degraded_and_refuses_telemetry_with_503() {
     });
     server.stop();
 }
+
+/// The disk filling while stallwatch runs: the reserve is freed for control records, so a
+/// runner's row and the incidents of its stop are stored (they were held in memory, lost at
+/// shutdown, while the 8 MiB reserve sat unused), and telemetry is refused with 503 until
+/// space returns, when the reserve is made again and telemetry accepted.
+#[test]
+fn a_disk_that_fills_while_running_frees_the_reserve_for_control_records() {
+    let Some(fs) = Tmpfs::mount("48m") else {
+        return;
+    };
+    let opts = || ServerOpts::new(&fs.path()).config(&quiet_config());
+    let server = Server::start_with(opts());
+    assert!(
+        fs.path().join("reserve").exists(),
+        "reserve written at start"
+    );
+    let runner = spawn_runner(&server, "keepme", &["sleep", "600"], None, &[]);
+    let pid = runner["pid"].as_u64().unwrap();
+    fs.fill();
+    let late = spawn_runner(&server, "late", &["sleep", "600"], None, &[]);
+    let late_pid = late["pid"].as_u64().unwrap();
+    let (st, body) = delete(&server, "keepme");
+    assert_eq!(st, 200, "{body}");
+    wait_until!(
+        Duration::from_secs(10),
+        "runner stopped",
+        !process_alive(pid)
+    );
+    wait_until!(
+        Duration::from_secs(20),
+        "the reserve freed",
+        !fs.path().join("reserve").exists()
+    );
+    let span = serde_json::json!({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": [{
+        "traceId": "0af7651916cd43dd8448eb211c80319d", "spanId": "b7ad6b7169203332",
+        "name": "on-a-full-disk", "kind": 1,
+        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000"}]}]}]});
+    let post = || {
+        http_client()
+            .post(server.otlp_http("/v1/traces"))
+            .json(&span)
+            .send()
+            .unwrap()
+    };
+    assert_eq!(
+        post().status().as_u16(),
+        503,
+        "telemetry refused on a full disk"
+    );
+    assert!(
+        server
+            .stderr()
+            .contains("the disk is full: telemetry refused"),
+        "{}",
+        server.stderr()
+    );
+    let first_log_path = server.stderr_path.clone();
+    server.stop();
+    let first_log = std::fs::read_to_string(first_log_path).unwrap_or_default();
+    assert!(
+        !process_alive(late_pid),
+        "a spawned runner outlived shutdown"
+    );
+
+    let again = Server::start_with(opts());
+    let events = |id: &str| -> Vec<String> {
+        let (_, all) = again.get_json(&format!("/api/v1/incidents?runner_id={id}&limit=100"));
+        all["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i["event"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let keepme = events("keepme");
+    assert!(
+        keepme.iter().any(|e| e == "runner.terminated"),
+        "the stop's incident was lost: {keepme:?}\n{first_log}"
+    );
+    let late = events("late");
+    assert!(
+        late.iter().any(|e| e == "runner.started") && late.iter().any(|e| e == "runner.terminated"),
+        "the incidents of a runner started on the full disk were lost: {late:?}\n{first_log}"
+    );
+    again.stop();
+    fs.free();
+    let last = Server::start_with(opts());
+    assert!(fs.path().join("reserve").exists(), "the reserve made again");
+    last.stop();
+}

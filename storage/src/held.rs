@@ -115,12 +115,25 @@ impl Held {
 }
 
 /// The queue and its counters (inside [`Storage`]).
-#[derive(Default)]
 pub(crate) struct HeldQueue {
     queue: std::sync::Mutex<VecDeque<Held>>,
     flusher_running: AtomicBool,
     pub(crate) held_total: AtomicU64,
     pub(crate) dropped_total: AtomicU64,
+    /// Records held so far, for [`Storage::held_records`] watchers.
+    signal: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for HeldQueue {
+    fn default() -> Self {
+        Self {
+            queue: std::sync::Mutex::default(),
+            flusher_running: AtomicBool::default(),
+            held_total: AtomicU64::default(),
+            dropped_total: AtomicU64::default(),
+            signal: tokio::sync::watch::channel(0).0,
+        }
+    }
 }
 
 impl HeldQueue {
@@ -135,6 +148,7 @@ impl HeldQueue {
             q.push_back(h);
             self.held_total.fetch_add(1, Ordering::Relaxed);
         }
+        self.signal.send_modify(|n| *n += 1);
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -183,6 +197,12 @@ impl Storage {
     /// Control records held in memory right now.
     pub fn held_len(&self) -> usize {
         self.inner.held.len()
+    }
+
+    /// Changes each time a control record is held (the count of records held so far): the
+    /// binary frees its disk-space reserve when one was held for a full disk.
+    pub fn held_records(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.held.signal.subscribe()
     }
 
     /// A lock, I/O error or vanished file seen by the telemetry writer (a telemetry-share
