@@ -5,8 +5,8 @@
 //! Metric points were flattened on the way in (docs/design.md, telemetry model): points of one
 //! scope that share a metric identity (name, description, unit, kind, temporality,
 //! monotonicity) are gathered back into one `Metric`; buckets, quantiles, flags and
-//! exemplars come back from the point's `detail` JSON. Metric `metadata` and exemplar
-//! filtered attributes are not rebuilt.
+//! exemplars (with their filtered attributes) come back from the point's `detail` JSON, and
+//! a metric's `metadata` from its first point's.
 
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -45,6 +45,59 @@ fn attrs(kvs: &[KeyValue]) -> Vec<pc::KeyValue> {
             key: kv.key.clone(),
             value: Some(any(&kv.value)),
             ..Default::default()
+        })
+        .collect()
+}
+
+/// An attribute value as a point's `detail` JSON stores it (`decode::convert::metrics`:
+/// `{"stringValue": …}`, `intValue` a decimal string, `bytesValue` hex, `{}` empty).
+fn json_any(v: &Value) -> pc::AnyValue {
+    use pc::any_value::Value as V;
+    let value = if let Some(s) = v.get("stringValue").and_then(Value::as_str) {
+        Some(V::StringValue(s.to_owned()))
+    } else if let Some(b) = v.get("boolValue").and_then(Value::as_bool) {
+        Some(V::BoolValue(b))
+    } else if let Some(i) = v.get("intValue") {
+        match i {
+            Value::String(s) => s.parse().ok().map(V::IntValue),
+            Value::Number(n) => n.as_i64().map(V::IntValue),
+            _ => None,
+        }
+    } else if v.get("doubleValue").is_some() {
+        Some(V::DoubleValue(jf(v.get("doubleValue")).unwrap_or(f64::NAN)))
+    } else if let Some(h) = v.get("bytesValue").and_then(Value::as_str) {
+        hex::decode(h).ok().map(V::BytesValue)
+    } else if let Some(a) = v.get("arrayValue") {
+        Some(V::ArrayValue(pc::ArrayValue {
+            values: match a.get("values") {
+                Some(Value::Array(items)) => items.iter().map(json_any).collect(),
+                _ => Vec::new(),
+            },
+        }))
+    } else {
+        v.get("kvlistValue").map(|k| {
+            V::KvlistValue(pc::KeyValueList {
+                values: json_kvs(k.get("values")),
+            })
+        })
+    };
+    pc::AnyValue { value }
+}
+
+/// A `[{"key", "value"}]` list as a point's `detail` JSON stores attributes (exemplar
+/// filtered attributes, metric metadata).
+fn json_kvs(v: Option<&Value>) -> Vec<pc::KeyValue> {
+    let Some(Value::Array(items)) = v else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|kv| {
+            Some(pc::KeyValue {
+                key: kv.get("key")?.as_str()?.to_owned(),
+                value: Some(json_any(kv.get("value").unwrap_or(&Value::Null))),
+                ..Default::default()
+            })
         })
         .collect()
 }
@@ -231,7 +284,7 @@ fn exemplars(d: &Value) -> Vec<pm::Exemplar> {
                 jf(e.get("as_double")).map(pm::exemplar::Value::AsDouble)
             };
             pm::Exemplar {
-                filtered_attributes: Vec::new(),
+                filtered_attributes: json_kvs(e.get("filtered_attributes")),
                 time_unix_nano: ju64(e.get("time_unix_nano")),
                 trace_id: hex_of("trace_id"),
                 span_id: hex_of("span_id"),
@@ -391,7 +444,7 @@ fn scope_metrics(points: &[MetricPoint]) -> Vec<pm::Metric> {
                     name: id.name.clone(),
                     description: id.description.clone(),
                     unit: id.unit.clone(),
-                    metadata: Vec::new(),
+                    metadata: json_kvs(d.get("metadata")),
                     data: Some(empty_data(id.kind, id.temporality, id.monotonic)),
                 });
                 ids.push(id);

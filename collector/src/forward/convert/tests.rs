@@ -163,8 +163,35 @@ fn logs_round_trip() {
 fn metrics_round_trip_every_kind() {
     use pm::metric::Data;
     let attrs = vec![kv("host", pc::any_value::Value::StringValue("a".into()))];
+    use pc::any_value::Value as V;
+    // Every kind of value, nested, in exemplar filtered attributes and metric metadata:
+    // both come back from the stored `detail` (they were dropped on the way upstream).
+    let filtered = vec![
+        kv("s", V::StringValue("x".into())),
+        kv("i", V::IntValue(-5)),
+        kv("d", V::DoubleValue(1.5)),
+        kv("b", V::BoolValue(true)),
+        kv("y", V::BytesValue(vec![1, 255])),
+        kv(
+            "a",
+            V::ArrayValue(pc::ArrayValue {
+                values: vec![
+                    pc::AnyValue {
+                        value: Some(V::IntValue(i64::MAX)),
+                    },
+                    pc::AnyValue { value: None },
+                ],
+            }),
+        ),
+        kv(
+            "m",
+            V::KvlistValue(pc::KeyValueList {
+                values: vec![kv("inner", V::StringValue("v".into()))],
+            }),
+        ),
+    ];
     let exemplar = pm::Exemplar {
-        filtered_attributes: vec![],
+        filtered_attributes: filtered,
         time_unix_nano: 9,
         trace_id: vec![7; 16],
         span_id: vec![1; 8],
@@ -182,7 +209,7 @@ fn metrics_round_trip_every_kind() {
         name: name.into(),
         description: "d".into(),
         unit: "ms".into(),
-        metadata: vec![],
+        metadata: vec![kv("origin", V::StringValue("sdk".into()))],
         data: Some(data),
     };
     let req = ExportMetricsServiceRequest {
@@ -297,4 +324,13 @@ fn metrics_round_trip_every_kind() {
         .batch;
     // NaN != NaN: compare the debug text, which prints NaN alike.
     assert_eq!(format!("{again:?}"), format!("{first:?}"));
+    let g = &back.resource_metrics[0].scope_metrics[0].metrics[0];
+    assert_eq!(
+        g.metadata,
+        req.resource_metrics[0].scope_metrics[0].metrics[0].metadata
+    );
+    let Some(Data::Gauge(gauge)) = &g.data else {
+        panic!("a gauge: {g:?}")
+    };
+    assert_eq!(gauge.data_points[0].exemplars, vec![exemplar]);
 }
