@@ -784,6 +784,51 @@ fn metrics_are_flattened_to_points() {
     assert!(decode_metrics(bad.to_string().as_bytes(), Format::Json, &LIMITS).is_err());
 }
 
+/// Histogram points that are not histograms are refused alone, each named (partial
+/// success), over JSON and protobuf alike; a valid one beside them is kept, and one with
+/// no buckets at all is valid.
+#[test]
+fn invalid_histogram_points_are_refused_alone() {
+    let v = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "h", "histogram": {"dataPoints": [
+            {"explicitBounds": [1, 10], "bucketCounts": ["1", "2", "3"], "count": "6"},
+            {"explicitBounds": [10, 1], "bucketCounts": ["1", "2", "3"], "count": "6"},
+            {"explicitBounds": [1, "NaN"], "bucketCounts": ["1", "2", "3"], "count": "6"},
+            {"explicitBounds": [1, 10], "bucketCounts": ["1", "2"], "count": "3"},
+            {"count": "4", "sum": 2.5}
+        ]}},
+        {"name": "e", "exponentialHistogram": {"dataPoints": [
+            {"scale": 3, "count": "1", "positive": {"offset": 1, "bucketCounts": ["1"]}},
+            {"scale": 1000, "count": "1"},
+            {"scale": -11, "count": "1"}
+        ]}}
+    ]}]}]});
+    let d = decode_metrics(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
+    assert_eq!(d.batch.point_count(), 3, "{}", d.message);
+    assert_eq!(d.rejected, 5, "{}", d.message);
+    assert!(
+        d.message.contains("not strictly increasing"),
+        "{}",
+        d.message
+    );
+    for (why, bounds, counts) in [
+        ("not strictly increasing", vec![10.0, 1.0], 3),
+        ("is NaN", vec![1.0, f64::NAN], 3),
+        ("it needs 3", vec![1.0, 10.0], 2),
+    ] {
+        assert!(
+            super::convert::histogram_buckets_invalid(&bounds, counts)
+                .is_some_and(|m| m.contains(why)),
+            "{why}"
+        );
+    }
+    assert_eq!(
+        super::convert::histogram_buckets_invalid(&[1.0, f64::INFINITY], 3),
+        None
+    );
+    assert_eq!(super::convert::histogram_buckets_invalid(&[], 0), None);
+}
+
 /// The old whole-request decode, kept here as the reference for the per-span scan.
 fn whole_request(body: &[u8]) -> Result<Decoded<TraceBatch>, DecodeError> {
     convert::traces(protobuf(body, "ExportTraceServiceRequest")?, &LIMITS)

@@ -202,6 +202,37 @@ pub(crate) fn metrics(
     ))
 }
 
+/// Scales an exponential histogram point may have (OpenTelemetry metrics data model,
+/// "ExponentialHistogram", Scale: "-10 to 20"); outside it a bucket index cannot be mapped
+/// to a bound.
+const EXPONENTIAL_SCALES: std::ops::RangeInclusive<i32> = -10..=20;
+
+/// Why a histogram point's buckets are not a histogram, if they are not (OTLP
+/// `metrics.proto`, `HistogramDataPoint`): `explicit_bounds` must be strictly increasing
+/// (no NaN), and `bucket_counts` must have one more entry than it, or none. Stored, unsorted
+/// bounds gave percentiles that went down as the rank went up.
+pub(crate) fn histogram_buckets_invalid(bounds: &[f64], counts: usize) -> Option<String> {
+    if let Some(i) = bounds.iter().position(|b| b.is_nan()) {
+        return Some(format!("explicit_bounds[{i}] is NaN"));
+    }
+    if let Some(i) = bounds.windows(2).position(|w| w[0] >= w[1]) {
+        return Some(format!(
+            "explicit_bounds are not strictly increasing ({} then {} at index {})",
+            bounds[i],
+            bounds[i + 1],
+            i + 1
+        ));
+    }
+    if counts != 0 && counts != bounds.len() + 1 {
+        return Some(format!(
+            "bucket_counts has {counts} entries for {} explicit_bounds: it needs {} (or none)",
+            bounds.len(),
+            bounds.len() + 1
+        ));
+    }
+    None
+}
+
 fn metric(
     m: pm::Metric,
     p: &Path,
@@ -260,6 +291,12 @@ fn metric(
             let pdp = pd.field("dataPoints");
             for (i, dp) in h.data_points.into_iter().enumerate() {
                 let pi = pdp.index(i);
+                if let Some(why) =
+                    histogram_buckets_invalid(&dp.explicit_bounds, dp.bucket_counts.len())
+                {
+                    refusals.refuse(format!("data point at {pi}: {why}"));
+                    continue;
+                }
                 let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
                 let mut d = Map::new();
                 d.insert(
@@ -295,6 +332,15 @@ fn metric(
             let pdp = pd.field("dataPoints");
             for (i, dp) in h.data_points.into_iter().enumerate() {
                 let pi = pdp.index(i);
+                if !EXPONENTIAL_SCALES.contains(&dp.scale) {
+                    refusals.refuse(format!(
+                        "data point at {pi}: scale {} is outside the exponential histogram's {} to {}",
+                        dp.scale,
+                        EXPONENTIAL_SCALES.start(),
+                        EXPONENTIAL_SCALES.end()
+                    ));
+                    continue;
+                }
                 let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
                 let mut d = Map::new();
                 d.insert(

@@ -24,6 +24,8 @@ mod metrics;
 mod span_wire;
 mod traces;
 
+#[cfg(test)]
+pub(crate) use metrics::histogram_buckets_invalid;
 pub(crate) use metrics::metrics;
 #[cfg(test)]
 pub(crate) use traces::traces;
