@@ -85,6 +85,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         Ordering::Relaxed,
     );
+    check_config(&settings)?;
     let data = DataDir::open(&settings.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -135,6 +136,34 @@ fn init_logging(format: LogFormat, self_traces: bool) -> Option<crate::selftrace
         );
     }
     sink
+}
+
+/// Validates every section the way `serve` will, before the data folder is created: a
+/// value out of range (`heartbeat_interval_ms = 0`, a bad webhook URL or glob) is reported
+/// with nothing created, like a parse error (it was reported after the database, token and
+/// reserve were made). Same errors, same context, as the conversions in `serve`.
+fn check_config(settings: &Settings) -> Result<()> {
+    StorageConfig::try_from((
+        settings.storage.clone(),
+        settings.data_dir.join("stallwatch.db"),
+    ))?;
+    WatchdogConfig::try_from(settings.watchdog.clone()).context("invalid [watchdog] section")?;
+    ReaperConfig::try_from(stallwatch_reaper::ReaperConfigInput {
+        raw: settings.reaper.clone(),
+        data_dir: settings.data_dir.clone(),
+        runners: settings.runners.clone(),
+    })
+    .context("invalid [reaper] section or [[runner]]")?;
+    DashboardConfig::try_from((settings.dashboard.clone(), settings.alerts.clone()))
+        .context("invalid [dashboard] or [alerts] section")?;
+    CollectorConfig::try_from(settings.otlp.clone()).context("invalid [otlp] section")?;
+    if let Some(raw) = settings.forward.clone() {
+        let raw = raw
+            .with_env(|k| std::env::var(k).ok())
+            .context("invalid [forward] section")?;
+        stallwatch_collector::ForwardConfig::try_from(raw).context("invalid [forward] section")?;
+    }
+    Ok(())
 }
 
 async fn serve(

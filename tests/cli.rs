@@ -33,6 +33,38 @@ fn unknown_config_key_is_refused_with_its_name() {
     assert!(err.contains("max_requst_bytes"), "{err}");
 }
 
+/// A value that parses but is out of range is refused like a parse error: named, and
+/// before the data folder, its database, token and reserve are created (they were made
+/// first). A valid file starts and creates them.
+#[test]
+fn an_out_of_range_value_is_refused_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (toml, named)) in [
+        ("[watchdog]\nheartbeat_interval_ms = 0\n", "heartbeat_interval_ms"),
+        ("[dashboard]\nmax_connections = 0\n", "max_connections"),
+        ("[[alerts.webhook]]\nurl = \"ftp://x\"\nsecret = \"0123456789abcdef0123456789abcdef\"\n", "url"),
+        ("[[watchdog.sla_rule]]\ntool = \"[\"\nsla_ms = 5\n", "["),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cfg = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&cfg, toml).unwrap();
+        let data = dir.path().join(format!("d{i}"));
+        let out = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{toml}: {err}");
+        assert!(err.contains(named), "{toml}: {err}");
+        assert!(!data.exists(), "{toml}: the data folder was created: {err}");
+    }
+}
+
 /// With `--log-format json` every stderr line is JSON, the fatal error too: a bad config
 /// (before logging starts) and a port in use (after it started). Text logs keep the plain
 /// `stallwatch: error:` line.
