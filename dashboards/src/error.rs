@@ -56,7 +56,7 @@ pub enum DashboardError {
     /// `too_many_streams`).
     #[error("{limit} event streams are open, the most this listener serves at once (three quarters of its max_connections): close one, or retry later")]
     TooManyStreams {
-        /// The cap ([`crate::state::stream_cap`]).
+        /// The cap: three quarters of the listener's `max_connections`.
         limit: usize,
     },
     /// The storage failed (HTTP 500; 503 when full).

@@ -193,7 +193,7 @@ struct Notebook {
 
 /// Validates one staged regular file of `len` bytes, read from `file` (opened by the
 /// caller with `O_NOFOLLOW` and checked with `fstat`). `rel` names it in errors. Reads the
-/// file in [`READ_CHUNK`] pieces (JSON through a buffered reader, HDF5 only at its
+/// file in 64 KiB pieces (JSON through a buffered reader, HDF5 only at its
 /// signature offsets), so a file of any size is validated in constant memory.
 ///
 /// Errors: [`CheckpointError::Validation`] (422 at the edge) naming the file and the rule;
