@@ -17,6 +17,8 @@ export declare const CLIENT_READ_TIMEOUT_MS: number;
 export declare class HeartbeatError extends Error {}
 /** The socket path is over 107 bytes. */
 export declare class SocketPathTooLongError extends HeartbeatError {}
+/** The socket is served by another live process (the runner that started this one). */
+export declare class SocketInUseError extends HeartbeatError {}
 
 /** UNIX socket server answering `PING\n` with `PONG\n`; unref'd. */
 export declare class HeartbeatServer {
@@ -26,7 +28,7 @@ export declare class HeartbeatServer {
   /** PONG answers sent. */
   pongs: number;
   readonly listening: boolean;
-  /** Creates the parent folder, unlinks a stale socket (throws HeartbeatError synchronously if the path is not a socket), listens. */
+  /** Creates the parent folder, unlinks a stale socket (throws HeartbeatError synchronously if the path is not a socket; rejects with SocketInUseError if another live process serves it), listens. */
   start(): Promise<HeartbeatServer>;
   /** Stops listening and removes the socket file. */
   close(): Promise<void>;

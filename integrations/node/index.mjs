@@ -8,6 +8,7 @@ export const {
   MAX_REQUEST_BYTES,
   CLIENT_READ_TIMEOUT_MS,
   HeartbeatError,
+  SocketInUseError,
   SocketPathTooLongError,
   HeartbeatServer,
   serveHeartbeat,

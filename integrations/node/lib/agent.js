@@ -25,7 +25,8 @@
  *
  * Messages from the main thread: `{type: 'resource', id, attributes, schemaUrl}`,
  * `{type: 'start' | 'update' | 'end', span}` (span serialized by watch.js), `{type:
- * 'flush', id}`; to it: `{type: 'listening'}`, `{type: 'error', message}`, `{type:
+ * 'flush', id}`; to it: `{type: 'listening'}`, `{type: 'in_use'}` (the runner serves the
+ * socket), `{type: 'error', message}`, `{type:
  * 'flushed', id}`.
  */
 const fs = require('node:fs');
@@ -143,8 +144,33 @@ class Agent {
       });
       conn.on('end', () => conn.destroy());
     });
-    server.once('error', (err) => parentPort.postMessage({ type: 'error', message: err.message }));
-    server.listen(socketPath, () => {
+    // A socket file already there is stale only if nothing listens on it: a live one is
+    // the runner's that started this process (a child inherits STALLWATCH_HEARTBEAT_SOCKET),
+    // and taking it over cut the runner off its heartbeat, so stallwatch stopped it.
+    let retried = false;
+    const onError = (err) => {
+      if (err.code !== 'EADDRINUSE' || retried) {
+        parentPort.postMessage({ type: 'error', message: err.message });
+        return;
+      }
+      retried = true;
+      const probe = net.connect(socketPath);
+      probe.once('connect', () => {
+        probe.destroy();
+        parentPort.postMessage({ type: 'in_use' });
+      });
+      probe.once('error', () => {
+        probe.destroy();
+        try {
+          if (fs.lstatSync(socketPath).isSocket()) fs.unlinkSync(socketPath);
+        } catch (_) {
+          /* gone already */
+        }
+        server.once('error', onError);
+        server.listen(socketPath, onListening);
+      });
+    };
+    const onListening = () => {
       server.removeAllListeners('error');
       server.on('error', () => {});
       try {
@@ -153,7 +179,9 @@ class Agent {
         /* best effort */
       }
       parentPort.postMessage({ type: 'listening' });
-    });
+    };
+    server.once('error', onError);
+    server.listen(socketPath, onListening);
   }
 
   // -- spans ------------------------------------------------------------------------

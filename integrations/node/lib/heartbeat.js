@@ -36,6 +36,40 @@ class SocketPathTooLongError extends HeartbeatError {
   }
 }
 
+/**
+ * The socket path is served by another live process: the runner this process was started
+ * by (a child inherits `STALLWATCH_HEARTBEAT_SOCKET`). Taking it over cut the runner off
+ * its heartbeat, and stallwatch stopped the healthy runner.
+ */
+class SocketInUseError extends HeartbeatError {
+  constructor(message) {
+    super(message);
+    this.name = 'SocketInUseError';
+  }
+}
+
+/** Resolves true when something listens on the UNIX socket at `socketPath`. */
+function socketIsLive(socketPath) {
+  return new Promise((resolve) => {
+    let st;
+    try {
+      st = fs.lstatSync(socketPath);
+    } catch (_) {
+      return resolve(false);
+    }
+    if (!st.isSocket()) return resolve(false);
+    const probe = net.connect(socketPath);
+    probe.once('connect', () => {
+      probe.destroy();
+      resolve(true);
+    });
+    probe.once('error', () => {
+      probe.destroy();
+      resolve(false);
+    });
+  });
+}
+
 /** How a Windows named-pipe path starts: `\\.\pipe\`. */
 const PIPE_PREFIX = '\\\\.\\pipe\\';
 
@@ -136,8 +170,29 @@ class HeartbeatServer {
       } catch (err) {
         throw new HeartbeatError(`cannot create heartbeat socket folder ${JSON.stringify(dir)}: ${err.message}`);
       }
-      removeStale(this.path);
+      // A path that is not a socket throws here, synchronously, as before.
+      let existing = null;
+      try {
+        existing = fs.lstatSync(this.path);
+      } catch (_) {
+        /* free */
+      }
+      if (existing && !existing.isSocket()) removeStale(this.path);
+      return socketIsLive(this.path).then((live) => {
+        if (live) {
+          throw new SocketInUseError(
+            `heartbeat socket ${JSON.stringify(this.path)} is served by another live process ` +
+              '(the runner this process was started by); this process does not serve it',
+          );
+        }
+        removeStale(this.path);
+        return this._listen();
+      });
     }
+    return this._listen();
+  }
+
+  _listen() {
     const server = net.createServer((conn) => answer(conn, this));
     this._server = server;
     return new Promise((resolve, reject) => {
@@ -204,6 +259,7 @@ module.exports = {
   MAX_REQUEST_BYTES,
   CLIENT_READ_TIMEOUT_MS,
   HeartbeatError,
+  SocketInUseError,
   SocketPathTooLongError,
   HeartbeatServer,
   serveHeartbeat,

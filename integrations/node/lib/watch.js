@@ -56,7 +56,8 @@ function prepareSocketPath(socketPath) {
       `heartbeat socket path ${JSON.stringify(socketPath)} exists and is not a socket; refusing to remove it`,
     );
   }
-  if (st) fs.rmSync(socketPath, { force: true });
+  // An existing socket is left for the agent: it is stale only if nothing listens on it
+  // (agent.js `listen`); a live one belongs to the runner that started this process.
 }
 
 function hr(t) {
@@ -104,8 +105,15 @@ class Agent {
     this.ready = new Promise((resolve, reject) => {
       if (!socketPath) resolve(null);
       this._worker.on('message', (msg) => {
-        if (msg.type === 'listening') resolve(this);
-        else if (msg.type === 'error') {
+        if (msg.type === 'listening') {
+          this._served = true;
+          resolve(this);
+        } else if (msg.type === 'in_use') {
+          // A child of the runner that inherited its environment: the runner serves the
+          // heartbeat, and this process must not take it over (or remove it at exit).
+          this.socketPath = null;
+          resolve(null);
+        } else if (msg.type === 'error') {
           reject(new HeartbeatError(`cannot serve heartbeat socket ${JSON.stringify(socketPath)}: ${msg.message}`));
         } else if (msg.type === 'flushed') {
           const done = this._flushes.get(msg.id);
@@ -119,6 +127,7 @@ class Agent {
     if (socketPath) {
       // The socket stays (answering BYE after goodbye()) until the very end of the process.
       process.once('exit', () => {
+        if (!this._served) return;
         try {
           if (fs.lstatSync(socketPath).isSocket()) fs.unlinkSync(socketPath);
         } catch (_) {

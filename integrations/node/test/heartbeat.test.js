@@ -84,6 +84,32 @@ test('a stale socket file is replaced; close removes the socket', async () => {
   assert.equal(fs.existsSync(sock), false);
 });
 
+test('a child of the runner that sets the kit up never takes the runner\'s socket', async (t) => {
+  // A helper process inherits STALLWATCH_HEARTBEAT_SOCKET: its setup() unlinked the runner's
+  // live socket and bound its own, then removed it (or said BYE) at exit, so stallwatch
+  // stopped the healthy runner. Now the child does not serve it and the runner answers on.
+  const sock = path.join(shortTmp(), 'hb.sock');
+  const server = await new HeartbeatServer(sock).start();
+  t.after(() => server.close());
+  for (const code of [
+    `const sw = require('./index.js');
+     const runner = sw.setup({ exporter: false });
+     runner.heartbeatReady.then((r) => { console.log('served ' + (r !== null)); runner.shutdown().then(() => process.exit(0)); });`,
+    `const { serveHeartbeat } = require('./index.js');
+     serveHeartbeat().then(() => console.log('served true'), (e) => console.log('served ' + e.name));`,
+  ]) {
+    const child = spawnNode(code, { STALLWATCH_HEARTBEAT_SOCKET: sock });
+    t.after(() => child.kill('SIGKILL'));
+    const line = await child.waitLine('served ');
+    assert.match(line, /^served (false|SocketInUseError)$/);
+    await child.exited;
+    assert.ok(fs.existsSync(sock), 'the child removed the runner\'s socket');
+    assert.equal(await ping(sock), 'PONG\n');
+  }
+  await assert.rejects(new HeartbeatServer(sock).start(), (e) => e.name === 'SocketInUseError');
+  assert.equal(await ping(sock), 'PONG\n');
+});
+
 test('a regular file at the path is refused and kept', () => {
   const p = path.join(shortTmp(), 'hb.sock');
   fs.writeFileSync(p, 'user data');

@@ -9,7 +9,12 @@ import threading
 import pytest
 
 from conftest import ping
-from stallwatch_runner import HeartbeatError, HeartbeatServer, SocketPathTooLongError
+from stallwatch_runner import (
+    HeartbeatError,
+    HeartbeatServer,
+    SocketInUseError,
+    SocketPathTooLongError,
+)
 
 BLOCKED_CHILD = """
 import os, sys, threading, time
@@ -89,6 +94,29 @@ def test_stale_socket_file_is_replaced(short_tmp):
     with HeartbeatServer(sock):
         assert ping(sock) == b"PONG\n"
     assert not sock.exists(), "close() removes the socket file"
+
+
+CHILD_SETUP = """
+from stallwatch_runner import serve_heartbeat
+print("served", serve_heartbeat() is not None, flush=True)
+"""
+
+
+def test_a_child_of_the_runner_never_takes_its_socket(spawn, short_tmp):
+    """A helper subprocess (or a multiprocessing child re-importing the main module) that
+    sets the kit up inherits STALLWATCH_HEARTBEAT_SOCKET: it took the runner's live socket
+    over and, exiting, removed it, so stallwatch stopped the healthy runner. Now it does not
+    serve it, and the runner keeps answering."""
+    sock = short_tmp / "hb.sock"
+    with HeartbeatServer(sock):
+        child = spawn(CHILD_SETUP, {"STALLWATCH_HEARTBEAT_SOCKET": str(sock)})
+        assert child.wait_line("served ") == "served False"
+        child.proc.wait(timeout=30)
+        assert sock.exists(), "the child removed the runner's socket"
+        assert ping(sock) == b"PONG\n"
+        with pytest.raises(SocketInUseError):
+            HeartbeatServer(sock).start()
+        assert ping(sock) == b"PONG\n"
 
 
 def test_regular_file_at_path_is_not_removed(short_tmp):

@@ -25,6 +25,7 @@ from .bootstrap import (
 from .heartbeat import (
     HeartbeatError,
     HeartbeatServer,
+    SocketInUseError,
     SocketPathTooLongError,
     serve_heartbeat,
     thread_stacks,
@@ -39,6 +40,7 @@ __all__ = [
     "OnStartSpanProcessor",
     "Runner",
     "attach",
+    "SocketInUseError",
     "SocketPathTooLongError",
     "build_resource",
     "check_mpl_backend",

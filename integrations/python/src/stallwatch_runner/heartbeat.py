@@ -82,6 +82,13 @@ class HeartbeatError(RuntimeError):
     """The heartbeat socket could not be served (bad path, not a socket, bind failed)."""
 
 
+class SocketInUseError(HeartbeatError):
+    """The socket path is served by another live process: the runner this process was
+    started by (a helper subprocess, or a ``multiprocessing`` child that re-imported the
+    main module, inherits ``STALLWATCH_HEARTBEAT_SOCKET``). Taking the socket over cut the
+    runner off its heartbeat, and stallwatch stopped the healthy runner."""
+
+
 class SocketPathTooLongError(HeartbeatError, ValueError):
     """The socket path is longer than the 107-byte UNIX socket limit."""
 
@@ -178,6 +185,25 @@ def _remove_stale(path: Path) -> None:
     if not stat.S_ISSOCK(st.st_mode):
         raise HeartbeatError(
             f"heartbeat socket path {str(path)!r} exists and is not a socket; refusing to remove it"
+        )
+    # Stale only if nothing listens: a live server (the runner that started this process)
+    # accepts the connection, or keeps it waiting when its backlog is full.
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(os.fsencode(path))
+    except socket.timeout:
+        live = True
+    except OSError:
+        live = False
+    else:
+        live = True
+    finally:
+        probe.close()
+    if live:
+        raise SocketInUseError(
+            f"heartbeat socket {str(path)!r} is served by another live process (the runner "
+            "this process was started by); this process does not serve it"
         )
     try:
         os.unlink(path)
@@ -423,11 +449,18 @@ def serve_heartbeat(
     """Start a :class:`HeartbeatServer` on ``path`` (default: ``$STALLWATCH_HEARTBEAT_SOCKET``).
 
     Returns the running server, or ``None`` when no path is given and the variable is
-    unset or empty. Raises what :class:`HeartbeatServer` raises.
+    unset or empty, or names a socket another live process serves (a child of the runner
+    that inherited its environment: the runner keeps its heartbeat). Raises what
+    :class:`HeartbeatServer` raises.
     """
     if path is None:
         env = os.environ.get(HEARTBEAT_SOCKET_ENV, "")
         if not env:
             return None
-        path = env
+        try:
+            return HeartbeatServer(env, health).start()
+        except SocketInUseError:
+            # A child of the runner that inherited its environment: the runner serves the
+            # heartbeat; this process must not take it over (or remove it at exit).
+            return None
     return HeartbeatServer(path, health).start()
