@@ -122,12 +122,12 @@ impl DataDir {
 
     /// True when the filesystem has less than [`RESERVE_BYTES`] free: the disk is full.
     pub fn disk_full(&self) -> bool {
-        self.free_bytes().is_some_and(|f| f < RESERVE_BYTES)
+        disk_full_at(&self.path)
     }
 
     /// Deletes `<data_dir>/reserve`, answering true when there was one to free.
     pub fn release_reserve(&self) -> bool {
-        fs::remove_file(self.path.join("reserve")).is_ok()
+        release_reserve_at(&self.path)
     }
 
     /// [`reserve_at`] of this folder.
@@ -141,6 +141,17 @@ impl DataDir {
 pub fn free_bytes_at(dir: &Path) -> Option<u64> {
     let st = rustix::fs::statvfs(dir).ok()?;
     Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// True when `dir`'s filesystem has less than [`RESERVE_BYTES`] free: the disk is full
+/// (false when free space is unknown).
+pub fn disk_full_at(dir: &Path) -> bool {
+    free_bytes_at(dir).is_some_and(|f| f < RESERVE_BYTES)
+}
+
+/// Deletes `<dir>/reserve`, answering true when there was one to free.
+pub fn release_reserve_at(dir: &Path) -> bool {
+    fs::remove_file(dir.join("reserve")).is_ok()
 }
 
 /// Writes `<dir>/reserve` ([`RESERVE_BYTES`] of zeros, mode 0600, synced) when it is

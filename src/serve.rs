@@ -689,12 +689,11 @@ async fn keep_reserve(dir: std::path::PathBuf, storage: Storage, mut degraded: b
             r = held.changed() => if r.is_err() { return },
         }
         let d = dir.clone();
-        let free = tokio::task::spawn_blocking(move || crate::datadir::free_bytes_at(&d))
+        let full = tokio::task::spawn_blocking(move || crate::datadir::disk_full_at(&d))
             .await
-            .ok()
-            .flatten();
-        if free.is_some_and(|f| f < crate::datadir::RESERVE_BYTES) {
-            let freed = std::fs::remove_file(dir.join("reserve")).is_ok();
+            .unwrap_or(false);
+        if full {
+            let freed = crate::datadir::release_reserve_at(&dir);
             storage.pause_ingest(Some(
                 "the disk is full; telemetry is refused until space returns".into(),
             ));

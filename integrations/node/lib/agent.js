@@ -33,7 +33,7 @@ const fs = require('node:fs');
 const net = require('node:net');
 const { parentPort, workerData } = require('node:worker_threads');
 
-const { CLIENT_READ_TIMEOUT_MS, MAX_REQUEST_BYTES } = require('./heartbeat');
+const { CLIENT_READ_TIMEOUT_MS, MAX_REQUEST_BYTES, socketIsLive } = require('./heartbeat');
 const { mainStackAnswer } = require('./mainstack');
 
 /** Main-loop tick older than this (ms) counts as a blocked loop. */
@@ -154,13 +154,11 @@ class Agent {
         return;
       }
       retried = true;
-      const probe = net.connect(socketPath);
-      probe.once('connect', () => {
-        probe.destroy();
-        parentPort.postMessage({ type: 'in_use' });
-      });
-      probe.once('error', () => {
-        probe.destroy();
+      socketIsLive(socketPath).then((live) => {
+        if (live) {
+          parentPort.postMessage({ type: 'in_use' });
+          return;
+        }
         try {
           if (fs.lstatSync(socketPath).isSocket()) fs.unlinkSync(socketPath);
         } catch (_) {

@@ -262,5 +262,6 @@ module.exports = {
   SocketInUseError,
   SocketPathTooLongError,
   HeartbeatServer,
+  socketIsLive,
   serveHeartbeat,
 };

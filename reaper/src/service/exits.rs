@@ -151,17 +151,12 @@ impl ReaperHandle {
             (false, Some(last)) => format!("runner {id} exited with {}: {last}", exit.describe()),
             (false, None) => format!("runner {id} exited with {}", exit.describe()),
         };
-        if !leftovers.is_empty() {
-            // Its processes end with it (docs/design.md, Reaper): say so, not only in the
-            // evidence.
-            let pids: Vec<String> = leftovers.iter().map(|p| p.pid.to_string()).collect();
-            let n = pids.len();
-            reason.push_str(&format!(
-                "; {n} process{} it left running stopped with it (pid {})",
-                if n == 1 { "" } else { "es" },
-                pids.join(", ")
-            ));
-        }
+        // Its processes end with it (docs/design.md, Reaper): say so, not only in the
+        // evidence.
+        reason.push_str(&super::stop::processes_note(
+            leftovers.iter().map(|p| p.pid),
+            "it left running stopped with it",
+        ));
         let cause = EndCause::of_exit(&exit);
         self.end_runner_spans(&id, cause, &reason, Some(&exit), exit_at, Vec::new(), &[])
             .await;

@@ -448,12 +448,21 @@ fn deleted_answer(id: &str, report: Option<&TerminationReport>) -> RunnerDeleted
 /// `; N process(es) below it without its instance mark left alone (pid a, b)`, or nothing:
 /// what a termination found but could not prove was the runner's (docs/design.md, Reaper).
 pub(crate) fn unproven_note(unproven: &[crate::terminate::ProcRef]) -> String {
-    if unproven.is_empty() {
+    processes_note(
+        unproven.iter().map(|p| p.pid),
+        "below it without its instance mark left alone",
+    )
+}
+
+/// `; N process(es) <what> (pid a, b)` for an incident's reason, or nothing when `pids`
+/// is empty.
+pub(crate) fn processes_note(pids: impl Iterator<Item = u32>, what: &str) -> String {
+    let pids: Vec<String> = pids.map(|p| p.to_string()).collect();
+    if pids.is_empty() {
         return String::new();
     }
-    let pids: Vec<String> = unproven.iter().map(|p| p.pid.to_string()).collect();
     format!(
-        "; {} process{} below it without its instance mark left alone (pid {})",
+        "; {} process{} {what} (pid {})",
         pids.len(),
         if pids.len() == 1 { "" } else { "es" },
         pids.join(", ")

@@ -147,11 +147,7 @@ impl TelemetryWriter {
             "max_page_count",
             (budget_bytes / page_size).max(1) as i64,
         )?;
-        let next_batch_id: i64 = conn.query_row(
-            "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
-            [],
-            |r| r.get(0),
-        )?;
+        let next_batch_id = first_free_batch_id(&conn)?;
         let capacity = config.queue_capacity.max(1);
         let (tx, rx) = mpsc::sync_channel(capacity);
         let stats = Arc::new(TelemetryStats::default());
@@ -303,6 +299,15 @@ impl TelemetryWriter {
             c.shared.note_commit(0);
         }
     }
+}
+
+/// The id after the highest stored `span_batches` row (1 when there is none).
+fn first_free_batch_id(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    conn.query_row(
+        "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
+        [],
+        |r| r.get(0),
+    )
 }
 
 /// A panic's payload as the error its requests are answered with: an internal error (a
@@ -476,13 +481,7 @@ impl Writer {
         self.pending_terms.clear();
         self.term_cache.clear();
         self.retaining = false;
-        let reread = self
-            .conn
-            .query_row(
-                "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
-                [],
-                |r| r.get(0),
-            )
+        let reread = first_free_batch_id(&self.conn)
             .map(|next| self.next_batch_id = self.next_batch_id.max(next))
             .and_then(|()| self.reload_l0())
             .and_then(|()| self.refresh_used().map(drop));
