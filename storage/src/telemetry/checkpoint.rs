@@ -8,7 +8,8 @@
 //! writer keeps committing. A PASSIVE checkpoint never blocks the
 //! writer or readers. When nothing commits the thread sleeps on a condition variable with
 //! no timeout (the writer wakes it through [`Shared::note_commit`]), so an idle sidecar
-//! pays no wake-ups for it.
+//! pays no wake-ups for it. A panic in its loop is logged and the loop starts again after
+//! a one-second pause (`supervise`); until then the writer bounds the WAL alone.
 //!
 //! Bounding the WAL (docs/design.md, Durability levels: `max_db_bytes` bounds the file plus
 //! its WAL): SQLite rewinds the WAL at the start of a write transaction once every frame
@@ -38,6 +39,11 @@ use crate::error::StorageError;
 /// How long the checkpointer gathers commits before it checkpoints them (unless
 /// [`GATHER_WAL_SHARE`] or a WAL past a quarter of its bound ends that sooner).
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the checkpoint loop pauses after a panic before it starts again: a panic that
+/// recurs at once costs a log line a second, not a spinning core. Meanwhile the writer
+/// bounds the WAL on its own (it checkpoints the tail itself once the `-wal` file is past
+/// its bound, see the module doc).
+const PANIC_PAUSE: Duration = Duration::from_secs(1);
 /// The checkpointer also stops gathering commits once this share of the WAL's bound
 /// (one eighth) was committed: at the smallest `max_db_bytes` (a 4 MiB WAL) full ingest
 /// writes more than the bound in one interval, and the writer would copy it itself.
@@ -69,6 +75,12 @@ pub(crate) struct Shared {
     idle: AtomicBool,
     /// Times [`Shared::note_commit`] woke the checkpointer.
     pub(crate) wakes: AtomicU64,
+    /// Panics the checkpoint loop survived (each one logged, the loop started again after
+    /// [`PANIC_PAUSE`]).
+    pub(crate) panics: AtomicU64,
+    /// Tests: the next checkpoint panics instead of running.
+    #[cfg(test)]
+    panic_next: AtomicBool,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -136,7 +148,7 @@ impl Checkpointer {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("stallwatch-wal-checkpoint".into())
-            .spawn(move || run(conn, s, page_size))
+            .spawn(move || supervise(&conn, &s, page_size))
             .map_err(|e| StorageError::Task(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Self {
             shared,
@@ -172,10 +184,38 @@ fn gather_bytes(shared: &Shared, page_size: u64) -> u64 {
     (bound.max(0) as u64 * page_size / GATHER_WAL_SHARE).max(1)
 }
 
-fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
+/// Runs the checkpoint loop until it is stopped, starting it again after a panic (a bug in
+/// it or in SQLite's bindings): the thread that copies the WAL must not end quietly and
+/// leave every copy to the writer for the rest of the run.
+fn supervise(conn: &Connection, shared: &Arc<Shared>, page_size: u64) {
+    loop {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(conn, shared, page_size)
+        }));
+        let Err(payload) = ran else {
+            return;
+        };
+        shared.panics.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            panic = %crate::group::panic_message(payload.as_ref()),
+            "the WAL checkpoint thread panicked; starting it again in {PANIC_PAUSE:?}"
+        );
+        let Ok(stop) = shared.stop.lock() else {
+            return;
+        };
+        let Ok((stop, _)) = shared.wake.wait_timeout_while(stop, PANIC_PAUSE, |s| !*s) else {
+            return;
+        };
+        if *stop {
+            return;
+        }
+    }
+}
+
+fn run(conn: &Connection, shared: &Arc<Shared>, page_size: u64) {
     let mut seen = shared.commits.load(Ordering::Acquire);
     let bound = shared.bound_frames.load(Ordering::Relaxed);
-    let gather_bytes = gather_bytes(&shared, page_size);
+    let gather_bytes = gather_bytes(shared, page_size);
     let mut last_log: i64 = 0;
     loop {
         {
@@ -230,7 +270,11 @@ fn run(conn: Connection, shared: Arc<Shared>, page_size: u64) {
             continue;
         }
         shared.bytes_since.store(0, Ordering::Relaxed);
-        let done = passive(&conn);
+        #[cfg(test)]
+        if shared.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("test: the checkpoint panics");
+        }
+        let done = passive(conn);
         shared.checkpoints.fetch_add(1, Ordering::Relaxed);
         match done {
             Ok((_, log, _)) => {
@@ -306,6 +350,55 @@ mod tests {
             wakes >= 1 && wakes <= ran + 2,
             "{wakes} wake-ups for {ran} checkpoints and {commits} commits"
         );
+    }
+
+    /// A panic in the checkpoint loop is logged and the loop starts again: later commits
+    /// are still checkpointed by this thread. Without the guard the thread ended and
+    /// `checkpoints` stayed where it was.
+    #[test]
+    fn a_panic_in_the_checkpoint_loop_is_survived() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StorageConfig::new(dir.path().join("db"));
+        let writer = open_connection(
+            &config,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )
+        .unwrap();
+        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+        writer
+            .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
+            .unwrap();
+        let mut cp = Checkpointer::start(&config).unwrap();
+        let commit = || {
+            writer
+                .execute("INSERT INTO t (x) VALUES (zeroblob(4096))", [])
+                .unwrap();
+            cp.shared.note_commit(4096);
+        };
+        let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while !f() {
+                assert!(std::time::Instant::now() < until, "{what}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        cp.shared.panic_next.store(true, Ordering::SeqCst);
+        commit();
+        wait_for("the panic", &|| {
+            cp.shared.panics.load(Ordering::Relaxed) == 1
+        });
+        assert_eq!(cp.shared.checkpoints.load(Ordering::Relaxed), 0);
+        // after the pause the loop runs again and checkpoints the next commit
+        std::thread::sleep(PANIC_PAUSE + Duration::from_millis(100));
+        commit();
+        wait_for("a checkpoint after the panic", &|| {
+            cp.shared.checkpoints.load(Ordering::Relaxed) >= 1
+        });
+        assert_eq!(cp.shared.panics.load(Ordering::Relaxed), 1);
+        // and it still stops at once when asked
+        let started = std::time::Instant::now();
+        cp.stop();
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     /// With the smallest WAL bound (4 MiB, at `max_db_bytes` = 64 MiB) and 320 KiB
