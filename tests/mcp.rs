@@ -462,6 +462,63 @@ fn the_mcp_endpoint_answers_the_real_python_client() {
     }
     let r = post(format!("\"{}\"", "x".repeat(2 << 20)));
     assert_eq!(r.status().as_u16(), 413);
+    // An id that is not a string or an integer is an invalid request, not a notification
+    // (which would have gone unanswered): 400, -32600.
+    for id in ["null", "true", "{\"a\":1}"] {
+        let r = post(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#
+        ));
+        assert_eq!(r.status().as_u16(), 400, "{id}");
+        let v: serde_json::Value = r.json().unwrap();
+        assert_eq!(v["error"]["code"], -32600, "{id}: {v}");
+        assert_eq!(v["id"], serde_json::Value::Null, "{id}: {v}");
+    }
+    // Params that do not fit the method: the request's own answer, -32602 with its id
+    // (rmcp answered 415 in plain text).
+    let r = post(r#"{"jsonrpc":"2.0","id":"p1","method":"tools/call","params":{"name":5}}"#.into());
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().unwrap();
+    assert_eq!(v["id"], "p1", "{v}");
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    // An unknown method reaches rmcp, which answers -32601 to its id.
+    let r = post(r#"{"jsonrpc":"2.0","id":9,"method":"no/such"}"#.into());
+    let v: serde_json::Value = r.json().unwrap();
+    assert_eq!(
+        (v["id"].as_i64(), v["error"]["code"].as_i64()),
+        (Some(9), Some(-32601)),
+        "{v}"
+    );
+    // Origin (MCP Streamable HTTP: servers MUST validate it; 403 when present and invalid):
+    // a page on another site is refused, the workbench's own loopback page served.
+    let with_origin = |origin: &str| {
+        http_client()
+            .post(format!("http://{}/mcp", server.dashboard))
+            .header("origin", origin)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+            .send()
+            .unwrap()
+    };
+    for origin in [
+        "https://evil.example",
+        "null",
+        "http://127.0.0.1.evil.example:4319",
+    ] {
+        let r = with_origin(origin);
+        assert_eq!(r.status().as_u16(), 403, "{origin}");
+        let v: serde_json::Value = r.json().unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("Origin"),
+            "{v}"
+        );
+    }
+    for origin in ["http://localhost:6274", "tauri://localhost"] {
+        let r = with_origin(origin);
+        assert_eq!(r.status().as_u16(), 200, "{origin}");
+        let v: serde_json::Value = r.json().unwrap();
+        assert!(v["result"]["tools"].is_array(), "{origin}: {v}");
+    }
 }
 
 #[test]

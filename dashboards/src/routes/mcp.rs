@@ -10,8 +10,10 @@
 //! parameters and are validated the same way (an unknown one is refused by name).
 //!
 //! Stateless mode with JSON responses: every POST is answered on its own, nothing is kept
-//! between requests. The dashboard's Host check applies (it wraps every route); like the
-//! read API these tools need no token, since they change nothing.
+//! between requests. The dashboard's Host check applies (it wraps every route), and a
+//! request with an `Origin` header must come from an origin that rule allows
+//! (`origin_allowed`); like the read API these tools need no token, since they change
+//! nothing.
 
 use std::sync::Arc;
 
@@ -60,9 +62,23 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
                     .to_ascii_lowercase()
                     .starts_with("application/json")
             });
+    if let Some(origin) = parts.headers.get(http::header::ORIGIN) {
+        if !origin_allowed(origin.as_bytes(), &ctx.app.config) {
+            let shown = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+            tracing::warn!(origin = %shown, "/mcp refused a request from a foreign Origin");
+            return jsonrpc_error(
+                http::StatusCode::FORBIDDEN,
+                None,
+                -32000,
+                format!(
+                    "Forbidden: Origin {shown:?} is not allowed (a loopback or [dashboard] allowed_hosts host, or a cors_allowed_origins entry)"
+                ),
+            );
+        }
+    }
     if json_post {
-        if let Err((code, message)) = check_jsonrpc(&bytes) {
-            return jsonrpc_error(code, message);
+        if let Err(refusal) = check_message(&bytes) {
+            return jsonrpc_error(refusal.status, refusal.id, refusal.code, refusal.message);
         }
     }
     let config = StreamableHttpServerConfig::default()
@@ -79,12 +95,21 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
     service.handle(req).await.map(Body::new)
 }
 
-/// A JSON-RPC error answer with HTTP 400 (JSON-RPC 2.0 §5.1 codes; MCP Streamable HTTP:
-/// a POST body that is not a JSON-RPC message gets an HTTP error status, and the body may be
-/// a JSON-RPC error response with no `id`).
-fn jsonrpc_error(code: i64, message: String) -> Response {
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
-    let mut resp = (http::StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+/// A JSON-RPC error answer (JSON-RPC 2.0 §5.1 codes): `id` is the request's when it had a
+/// valid one, else `null`. MCP Streamable HTTP: a POST whose body the server cannot accept
+/// gets an HTTP error status, and its body may be a JSON-RPC error response with no `id`.
+fn jsonrpc_error(
+    status: http::StatusCode,
+    id: Option<Value>,
+    code: i64,
+    message: String,
+) -> Response {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id.unwrap_or(Value::Null),
+        "error": {"code": code, "message": message},
+    });
+    let mut resp = (status, axum::Json(body)).into_response();
     resp.headers_mut().insert(
         http::header::CACHE_CONTROL,
         http::HeaderValue::from_static("no-store"),
@@ -92,30 +117,197 @@ fn jsonrpc_error(code: i64, message: String) -> Response {
     resp
 }
 
-/// Refuses, before rmcp sees it, a POST body that is not one JSON-RPC 2.0 message: not JSON
-/// (-32700 parse error), a batch or anything but an object with `"jsonrpc": "2.0"` and a
-/// `method`, `result` or `error` (-32600 invalid request). rmcp answered those 415 with
-/// its Rust type names. Errors: (JSON-RPC code, message).
-fn check_jsonrpc(body: &[u8]) -> Result<(), (i64, String)> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| (-32700, format!("Parse error: the body is not JSON: {e}")))?;
-    let invalid = |why: &str| (-32600, format!("Invalid Request: {why}"));
-    let Some(o) = v.as_object() else {
-        return Err(invalid(if v.is_array() {
-            "JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one message per request"
-        } else {
-            "a JSON-RPC message is an object"
-        }));
+/// True when a request's `Origin` may use `/mcp` (MCP, Transports: Streamable HTTP,
+/// Security Warning: servers MUST validate `Origin`, and answer 403 when it is present and
+/// invalid; a DNS rebinding guard next to the `Host` check): the origin's host is one the
+/// `Host` rule allows (loopback, `*.localhost`, `[dashboard] allowed_hosts`; any scheme, so
+/// `tauri://localhost` passes), or the whole origin matches a `cors_allowed_origins`
+/// pattern. `null` (a sandboxed or file page) and anything unparsable are refused.
+fn origin_allowed(origin: &[u8], config: &crate::DashboardConfig) -> bool {
+    let Ok(origin) = std::str::from_utf8(origin) else {
+        return false;
     };
-    if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err(invalid("\"jsonrpc\" must be \"2.0\""));
+    let origin = origin.trim();
+    if config
+        .cors_allowed_origins
+        .iter()
+        .any(|p| crate::origin_matches(p, origin))
+    {
+        return true;
     }
-    if !(o.contains_key("method") || o.contains_key("result") || o.contains_key("error")) {
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    let scheme_ok = !scheme.is_empty()
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    // an origin is scheme://host[:port], nothing after it
+    scheme_ok
+        && !authority.is_empty()
+        && !authority.contains(['/', '@', '?', '#'])
+        && crate::host_allowed(authority, &config.allowed_hosts)
+}
+
+/// Why a POST body is refused before rmcp sees it.
+#[derive(Debug)]
+struct Refusal {
+    /// 400 for a body that is not a request (or has no usable id); 200 for a request with a
+    /// valid id whose `params` do not fit its method: that is the request's JSON-RPC answer.
+    status: http::StatusCode,
+    /// The request's id, when it had a valid one.
+    id: Option<Value>,
+    /// JSON-RPC 2.0 §5.1 error code.
+    code: i64,
+    message: String,
+}
+
+/// True for an id MCP accepts: a string or an integer (MCP, Basic: Requests: "MUST be a
+/// string or integer", never null; JSON-RPC 2.0 §4 numbers "SHOULD NOT contain fractional
+/// parts").
+fn valid_id(id: &Value) -> bool {
+    id.is_string() || id.is_i64() || id.is_u64()
+}
+
+/// Refuses, before rmcp sees it, a POST body that is not one JSON-RPC 2.0 message that MCP
+/// can take, with the JSON-RPC code that names the fault (rmcp answered all of these 415 in
+/// plain text, with its Rust type names):
+/// - not JSON: -32700 parse error (HTTP 400);
+/// - a batch, a non-object, `"jsonrpc"` other than `"2.0"`, no `method`, `result` or
+///   `error`, a `method` that is not a string, an `id` that is not a string or an integer
+///   (null, a boolean, an object, a fraction: once treated as a notification), `params`
+///   that are not an object: -32600 invalid request (HTTP 400);
+/// - a message whose envelope is sound but whose `params` do not fit its method (a
+///   `tools/call` without a string `name`, say): -32602 invalid params, answered to the
+///   request's id (HTTP 200, it is the request's answer), HTTP 400 for a notification.
+///
+/// Unknown methods pass: rmcp answers them -32601.
+fn check_message(body: &[u8]) -> Result<(), Refusal> {
+    let bad = |id: Option<&Value>, code: i64, message: String| Refusal {
+        status: http::StatusCode::BAD_REQUEST,
+        id: id.cloned(),
+        code,
+        message,
+    };
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        bad(
+            None,
+            -32700,
+            format!("Parse error: the body is not JSON: {e}"),
+        )
+    })?;
+    let invalid =
+        |id: Option<&Value>, why: &str| bad(id, -32600, format!("Invalid Request: {why}"));
+    let Some(o) = v.as_object() else {
         return Err(invalid(
-            "a message needs a \"method\" (request, notification) or a \"result\" or \"error\" (response)",
+            None,
+            if v.is_array() {
+                "JSON-RPC batches are not supported (MCP 2025-06-18 removed them); send one message per request"
+            } else {
+                "a JSON-RPC message is an object"
+            },
+        ));
+    };
+    let id = o.get("id");
+    let good_id = id.filter(|id| valid_id(id));
+    if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(invalid(good_id, "\"jsonrpc\" must be \"2.0\""));
+    }
+    if let Some(id) = id {
+        // JSON-RPC 2.0 §5: an error answering a request whose id could not be read has a
+        // null id; everything else needs a string or an integer
+        let null_error = id.is_null() && o.contains_key("error") && !o.contains_key("method");
+        if !valid_id(id) && !null_error {
+            return Err(invalid(
+                None,
+                &format!("\"id\" must be a string or an integer (MCP: Requests), not {id}"),
+            ));
+        }
+    }
+    match o.get("method") {
+        Some(Value::String(_)) => {}
+        Some(m) => {
+            return Err(invalid(
+                good_id,
+                &format!("\"method\" must be a string, not {m}"),
+            ))
+        }
+        None if o.contains_key("result") || o.contains_key("error") => {}
+        None => {
+            return Err(invalid(
+                good_id,
+                "a message needs a \"method\" (request, notification) or a \"result\" or \"error\" (response)",
+            ))
+        }
+    }
+    if o.get("params").is_some_and(|p| !p.is_object()) {
+        return Err(invalid(
+            good_id,
+            "\"params\" must be an object (MCP: Requests)",
         ));
     }
-    Ok(())
+    // the envelope is sound: what is left is a method's params that rmcp cannot take
+    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
+    match serde_json::from_value::<ClientJsonRpcMessage>(v.clone()) {
+        Err(e) => Err(invalid(
+            good_id,
+            &format!("not a message MCP can take: {e}"),
+        )),
+        // rmcp takes a known method whose params do not fit for a custom one, and answers
+        // it "method not found"
+        Ok(JsonRpcMessage::Request(r)) => match &r.request {
+            ClientRequest::CustomRequest(c) => match params_error(&c.method, o) {
+                Some(e) => Err(Refusal {
+                    status: http::StatusCode::OK,
+                    id: good_id.cloned(),
+                    code: -32602,
+                    message: format!("Invalid params for {}: {e}", c.method),
+                }),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        },
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Why the `params` of `msg` do not fit `method`, for an MCP client request method whose
+/// params rmcp could not type (MCP schema 2025-06-18), or `None` for a method MCP does not
+/// define (rmcp answers those -32601).
+fn params_error(method: &str, msg: &Map<String, Value>) -> Option<String> {
+    use rmcp::model as m;
+    fn err<T: serde::de::DeserializeOwned>(v: Value) -> Option<String> {
+        match serde_json::from_value::<T>(v) {
+            Ok(_) => Some("params rmcp cannot take".into()),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+    let mut req = Map::new();
+    req.insert("method".into(), Value::String(method.into()));
+    if let Some(p) = msg.get("params") {
+        req.insert("params".into(), p.clone());
+    }
+    let req = Value::Object(req);
+    match method {
+        "initialize" => err::<m::InitializeRequest>(req),
+        "tools/call" => err::<m::CallToolRequest>(req),
+        "completion/complete" => err::<m::CompleteRequest>(req),
+        "prompts/get" => err::<m::GetPromptRequest>(req),
+        "resources/read" => err::<m::ReadResourceRequest>(req),
+        "resources/subscribe" => err::<m::SubscribeRequest>(req),
+        "resources/unsubscribe" => err::<m::UnsubscribeRequest>(req),
+        "ping"
+        | "logging/setLevel"
+        | "tools/list"
+        | "prompts/list"
+        | "resources/list"
+        | "resources/templates/list"
+        | "tasks/get"
+        | "tasks/list"
+        | "tasks/result"
+        | "tasks/cancel" => Some("params rmcp cannot take".into()),
+        _ => None,
+    }
 }
 
 fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> Value {
@@ -368,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_one_jsonrpc_message_is_refused_by_code() {
-        let code = |b: &str| check_jsonrpc(b.as_bytes()).err().map(|(c, _)| c);
+        let code = |b: &str| check_message(b.as_bytes()).err().map(|r| r.code);
         assert_eq!(code("{not json"), Some(-32700));
         assert_eq!(code(""), Some(-32700));
         assert_eq!(
@@ -382,11 +574,18 @@ mod tests {
             Some(-32600)
         );
         assert_eq!(code(r#"{"jsonrpc":"2.0","id":1}"#), Some(-32600));
-        let (_, why) = check_jsonrpc(b"[]").unwrap_err();
-        assert!(why.contains("batches"), "{why}");
+        let r = check_message(b"[]").unwrap_err();
+        assert!(r.message.contains("batches"), "{}", r.message);
+        assert_eq!(r.status, http::StatusCode::BAD_REQUEST);
         // requests, notifications and responses pass to rmcp
         assert_eq!(
             code(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            None
+        );
+        assert_eq!(
+            code(
+                r#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"list_runners"}}"#
+            ),
             None
         );
         assert_eq!(
@@ -398,5 +597,82 @@ mod tests {
             code(r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#),
             None
         );
+        // an unknown method passes (rmcp answers -32601)
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#), None);
+    }
+
+    #[test]
+    fn an_id_that_is_not_a_string_or_an_integer_is_an_invalid_request() {
+        for id in ["null", "true", "{}", "[1]", "1.5"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#);
+            let r = check_message(body.as_bytes()).unwrap_err();
+            assert_eq!((r.code, r.status.as_u16()), (-32600, 400), "{id}");
+            assert!(r.message.contains("\"id\""), "{}", r.message);
+            assert_eq!(r.id, None, "{id}");
+        }
+        let r = check_message(br#"{"jsonrpc":"2.0","id":3,"method":5}"#).unwrap_err();
+        assert_eq!((r.code, r.id), (-32600, Some(json!(3))));
+        assert!(r.message.contains("\"method\""), "{}", r.message);
+        let r = check_message(br#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":7}"#)
+            .unwrap_err();
+        assert_eq!((r.code, r.id), (-32600, Some(json!(3))));
+    }
+
+    #[test]
+    fn params_that_do_not_fit_the_method_answer_the_request_with_invalid_params() {
+        let r = check_message(
+            br#"{"jsonrpc":"2.0","id":"q","method":"tools/call","params":{"name":5}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(r.code, -32602);
+        assert_eq!(r.id, Some(json!("q")));
+        assert_eq!(r.status, http::StatusCode::OK);
+        assert!(r.message.contains("tools/call"), "{}", r.message);
+        for body in [
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","arguments":5}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"initialize","params":{}}"#,
+        ] {
+            let r = check_message(body.as_bytes()).unwrap_err();
+            assert_eq!((r.code, r.id), (-32602, Some(json!(2))), "{body}");
+        }
+        // a notification rmcp cannot type is taken as a custom one (and answered 202)
+        assert!(check_message(
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":{}}}"#,
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn origins_of_loopback_pages_pass_and_foreign_ones_are_refused() {
+        let config = crate::DashboardConfig {
+            allowed_hosts: vec!["workbench.lan".into()],
+            cors_allowed_origins: vec!["https://app.example:*".into()],
+            ..Default::default()
+        };
+        for o in [
+            "http://localhost:6274",
+            "http://127.0.0.1:4319",
+            "http://[::1]:8080",
+            "tauri://localhost",
+            "http://tauri.localhost",
+            "http://workbench.lan:3000",
+            "https://app.example:8443",
+        ] {
+            assert!(origin_allowed(o.as_bytes(), &config), "{o}");
+        }
+        for o in [
+            "null",
+            "https://evil.example",
+            "http://127.0.0.1.evil.example",
+            "http://localhost@evil.example",
+            "http://localhost/path",
+            "localhost",
+            "://localhost",
+            "",
+        ] {
+            assert!(!origin_allowed(o.as_bytes(), &config), "{o}");
+        }
+        assert!(!origin_allowed(b"http://\xff", &config));
     }
 }
