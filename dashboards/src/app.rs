@@ -163,6 +163,9 @@ fn cors_layer(config: &DashboardConfig) -> Option<CorsLayer> {
                 http::header::AUTHORIZATION,
                 http::header::CONTENT_TYPE,
                 http::header::HeaderName::from_static("last-event-id"),
+                // MCP Streamable HTTP: clients send it on every request after
+                // `initialize` (MCP, Transports: Protocol Version Header)
+                http::header::HeaderName::from_static("mcp-protocol-version"),
             ])
             .expose_headers([http::header::RETRY_AFTER])
             .max_age(Duration::from_secs(600)),
@@ -182,6 +185,7 @@ mod tests {
             "127.0.0.1:1",
             "[::1]",
             "[::1]:4319",
+            "[::1]:65535",
             "LOCALHOST:80",
             "tauri.localhost",
         ] {
@@ -193,6 +197,10 @@ mod tests {
             "127.0.0.1.evil.com",
             "[::2]:1",
             "localhost:x",
+            "[::1]:evil",
+            "[::1]:65536",
+            "127.0.0.1:99999999999",
+            "localhost:-1",
             "10.0.0.1",
             "",
         ] {

@@ -274,6 +274,26 @@ async fn cors_only_for_configured_origins() {
             .map(|v| v.to_str().unwrap().to_string());
         assert_eq!(acao.as_deref(), allowed.then_some(origin), "{origin}");
     }
+    // A browser MCP client's preflight for /mcp: after `initialize` it sends
+    // MCP-Protocol-Version on every request, so that header must be allowed.
+    let r = h
+        .client
+        .request(reqwest::Method::OPTIONS, h.url("/mcp"))
+        .header("origin", "tauri://localhost")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "content-type,mcp-protocol-version",
+        )
+        .send()
+        .await
+        .unwrap();
+    let allowed = r
+        .headers()
+        .get("access-control-allow-headers")
+        .map(|v| v.to_str().unwrap().to_ascii_lowercase())
+        .unwrap_or_default();
+    assert!(allowed.contains("mcp-protocol-version"), "{allowed:?}");
     h.stop().await;
 }
 
@@ -378,5 +398,222 @@ async fn ui_is_embedded() {
         assert_eq!(text, source, "{path}");
     }
     assert_eq!(h.get("/ui/secret.txt").await.status(), 404);
+    h.stop().await;
+}
+
+/// `/mcp` end to end on seeded data: the tools answer as their read routes do (arguments
+/// validated by the route, `search_logs` matching the body's text), and what MCP asks of
+/// the transport: an unknown tool is a protocol error, every request with an id gets an
+/// answer, media types compare case-insensitively, refusals are JSON-RPC errors.
+#[tokio::test]
+async fn mcp_tools_and_transport_rules() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    seed(&h).await;
+    let post = |body: String, headers: &[(&str, &str)]| {
+        let mut r = h
+            .client
+            .post(h.url("/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        r.send()
+    };
+    let call = |tool: &str, args: Value| {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": tool, "arguments": args}});
+        post(body.to_string(), &[])
+    };
+    let result = |r: reqwest::Response| async move {
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        v["result"].clone()
+    };
+    // search_logs matches the body's text, case-insensitively, not its JSON envelope
+    let found = result(
+        call(
+            "search_logs",
+            serde_json::json!({"trace_id": TRACE_A, "contains": "CELL 7"}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(found["isError"], false, "{found}");
+    let items = found["structuredContent"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{found}");
+    assert_eq!(
+        items[0]["body"]["stringValue"], "cell 7 still running",
+        "{found}"
+    );
+    let none = result(
+        call(
+            "search_logs",
+            serde_json::json!({"contains": "stringValue"}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        none["structuredContent"]["items"],
+        serde_json::json!([]),
+        "{none}"
+    );
+    // arguments are the route's query: an unknown one is refused by name, `lean` is taken
+    let bad = result(
+        call(
+            "get_trace",
+            serde_json::json!({"trace_id": TRACE_A, "bogus": 1}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(bad["isError"], true, "{bad}");
+    assert!(
+        bad["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("bogus"),
+        "{bad}"
+    );
+    let lean = result(
+        call(
+            "get_trace",
+            serde_json::json!({"trace_id": TRACE_A, "lean": true}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(lean["isError"], false, "{lean}");
+    let bad = result(
+        call(
+            "get_trace",
+            serde_json::json!({"trace_id": TRACE_A, "lean": "maybe"}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(bad["isError"], true, "{bad}");
+    // several attr filters: all must hold
+    let both = result(
+        call(
+            "search_traces",
+            serde_json::json!({"attr": ["stallwatch.runner.id=nb-1", "stallwatch.runner.id=nb-1"]}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(both["isError"], false, "{both}");
+    // an unknown tool: a JSON-RPC error, -32602
+    let r = call("nope", serde_json::json!({})).await.unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    // an integer id past i64: refused, not taken for a notification (202, no answer)
+    let r = post(
+        r#"{"jsonrpc":"2.0","id":9223372036854775808,"method":"ping"}"#.into(),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    // a key given twice: rmcp reads what was checked (the last one), so the request is
+    // answered to the id that passed the check
+    let r = post(
+        r#"{"jsonrpc":"2.0","id":true,"id":7,"method":"ping"}"#.into(),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["id"], 7, "{v}");
+    // media types compare case-insensitively; a wrong one is a JSON-RPC error
+    let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
+    let r = h
+        .client
+        .post(h.url("/mcp"))
+        .header("content-type", "Application/JSON; charset=utf-8")
+        .header("accept", "APPLICATION/JSON, TEXT/EVENT-STREAM")
+        .body(ping)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = h
+        .client
+        .post(h.url("/mcp"))
+        .header("content-type", "application/jsonfoo")
+        .header("accept", "application/json, text/event-stream")
+        .body(ping)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Content-Type"),
+        "{v}"
+    );
+    let r = post(ping.into(), &[("accept", "application/json")]).await;
+    // reqwest joins the two Accept headers: still both types, so served
+    assert_eq!(r.unwrap().status(), 200);
+    let r = h
+        .client
+        .post(h.url("/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .body(ping)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 406);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("text/event-stream"),
+        "{v}"
+    );
+    // GET and DELETE: 405 with Allow: POST and a JSON-RPC error
+    for m in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let r = h
+            .client
+            .request(m.clone(), h.url("/mcp"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{m}");
+        assert_eq!(r.headers()["allow"], "POST", "{m}");
+        let v: Value = r.json().await.unwrap();
+        assert!(v["error"]["code"].is_i64(), "{m}: {v}");
+    }
+    // two Origin lines: refused, whatever their order
+    for pair in [
+        ["http://localhost", "https://evil.example"],
+        ["https://evil.example", "http://localhost"],
+    ] {
+        let r = post(ping.into(), &[("origin", pair[0]), ("origin", pair[1])])
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{pair:?}");
+    }
+    // a foreign origin is refused before the body is read: 403, not 413
+    let r = post("x".repeat(2 << 20), &[("origin", "https://evil.example")])
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
     h.stop().await;
 }

@@ -37,13 +37,21 @@ pub fn request_host(uri: &http::Uri, headers: &http::HeaderMap) -> String {
     host
 }
 
+/// True for the port of a `Host` (RFC 3986 §3.2.3: `port = *DIGIT`, so it may be empty):
+/// digits only, at most 65535.
+fn port_ok(port: &str) -> bool {
+    port.is_empty() || (port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok())
+}
+
 /// True for a `Host` / `:authority` naming a loopback host (`localhost`, `*.localhost`,
 /// `127.0.0.0/8`, `[::1]`) or one of `allowed` (lowercase names, any port).
 pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let host = host.trim().to_ascii_lowercase();
     let name = if let Some(rest) = host.strip_prefix('[') {
         match rest.split_once(']') {
-            Some((inner, port)) if port.is_empty() || port.starts_with(':') => {
+            Some((inner, port))
+                if port.is_empty() || port.strip_prefix(':').is_some_and(port_ok) =>
+            {
                 return inner == "::1"
                     || allowed.iter().any(|a| a.trim_matches(['[', ']']) == inner);
             }
@@ -51,7 +59,7 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
         }
     } else {
         match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some((name, port)) if port_ok(port) => name,
             Some(_) => return false,
             None => host.as_str(),
         }

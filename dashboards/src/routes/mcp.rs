@@ -5,8 +5,8 @@
 //! Read-only tools with JSON results, each the same answer as a read API route:
 //! `search_traces` (`GET /api/v1/traces`), `get_trace` (`GET /api/v1/traces/{trace_id}`),
 //! `list_open_spans` (`GET /api/v1/open-spans`), `list_runners` (`GET /api/v1/runners`),
-//! `list_incidents` (`GET /api/v1/incidents`), and `search_logs` (the logs of one trace,
-//! filtered by a substring, until a logs search API exists). Arguments are the routes' query
+//! `list_incidents` (`GET /api/v1/incidents`), and `search_logs` (`GET /api/v1/logs`, its
+//! `body` filter named `contains`). Arguments are the routes' query
 //! parameters and are validated the same way (an unknown one is refused by name).
 //!
 //! Stateless mode with JSON responses: every POST is answered on its own, nothing is kept
@@ -40,9 +40,53 @@ struct StallwatchMcp {
     ctx: Shared,
 }
 
-/// `POST|GET|DELETE /mcp`: hands the request to rmcp's Streamable HTTP service.
+/// `POST /mcp`: checks the request the way MCP Streamable HTTP asks (Origin, method,
+/// media types, one JSON-RPC message), answering every refusal with a JSON-RPC error body,
+/// then hands the checked message to rmcp's Streamable HTTP service.
 pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // Origin first: a foreign page learns nothing else, not even the body limit.
+    let mut origins = parts.headers.get_all(http::header::ORIGIN).iter();
+    if let Some(origin) = origins.next() {
+        let shown = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+        // several Origin lines: a proxy and stallwatch could each read a different one
+        let why = if origins.next().is_some() {
+            Some("several Origin headers".to_string())
+        } else if !origin_allowed(origin.as_bytes(), &ctx.app.config) {
+            Some(format!(
+                "Origin {shown:?} is not allowed (a loopback or [dashboard] allowed_hosts host, or a cors_allowed_origins entry)"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            tracing::warn!(origin = %shown, "/mcp refused a request: {why}");
+            return jsonrpc_error(
+                http::StatusCode::FORBIDDEN,
+                None,
+                -32000,
+                format!("Forbidden: {why}"),
+            );
+        }
+    }
+    if parts.method != http::Method::POST {
+        // stateless: no SSE stream to GET, no session to DELETE (MCP Streamable HTTP)
+        let mut resp = jsonrpc_error(
+            http::StatusCode::METHOD_NOT_ALLOWED,
+            None,
+            -32000,
+            format!(
+                "Method Not Allowed: {} (this server is stateless: POST one JSON-RPC message per request)",
+                parts.method
+            ),
+        );
+        resp.headers_mut()
+            .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
+        return resp;
+    }
+    if let Err((status, message)) = check_media_types(&parts.headers) {
+        return jsonrpc_error(status, None, -32600, message);
+    }
     let bytes = match axum::body::to_bytes(body, MAX_MCP_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
@@ -52,35 +96,34 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
             .into_response()
         }
     };
-    let json_post = parts.method == http::Method::POST
-        && parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| {
-                ct.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("application/json")
-            });
-    if let Some(origin) = parts.headers.get(http::header::ORIGIN) {
-        if !origin_allowed(origin.as_bytes(), &ctx.app.config) {
-            let shown = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-            tracing::warn!(origin = %shown, "/mcp refused a request from a foreign Origin");
+    let message = match check_message(&bytes) {
+        Ok(v) => v,
+        Err(refusal) => {
+            return jsonrpc_error(refusal.status, refusal.id, refusal.code, refusal.message)
+        }
+    };
+    // rmcp reads what was checked, not the raw bytes: with a key given twice the two
+    // parsers could each keep a different one (serde_json keeps the last)
+    let bytes = match serde_json::to_vec(&message) {
+        Ok(b) => b,
+        Err(e) => {
             return jsonrpc_error(
-                http::StatusCode::FORBIDDEN,
+                http::StatusCode::INTERNAL_SERVER_ERROR,
                 None,
-                -32000,
-                format!(
-                    "Forbidden: Origin {shown:?} is not allowed (a loopback or [dashboard] allowed_hosts host, or a cors_allowed_origins entry)"
-                ),
-            );
+                -32603,
+                format!("Internal error: {e}"),
+            )
         }
-    }
-    if json_post {
-        if let Err(refusal) = check_message(&bytes) {
-            return jsonrpc_error(refusal.status, refusal.id, refusal.code, refusal.message);
-        }
-    }
+    };
+    // the media types passed a case-insensitive check; rmcp compares them as written
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static("application/json, text/event-stream"),
+    );
     let config = StreamableHttpServerConfig::default()
         .with_stateful_mode(false)
         .with_json_response(true)
@@ -93,6 +136,53 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
     );
     let req = http::Request::from_parts(parts, Body::from(bytes));
     service.handle(req).await.map(Body::new)
+}
+
+/// The media type of a header value, lowercased, without its parameters (RFC 9110
+/// §8.3.1: type and subtype are case-insensitive).
+fn media_type(value: &str) -> String {
+    value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Checks a POST's `Content-Type` (`application/json`, MCP Streamable HTTP: the body is
+/// one JSON-RPC message) and `Accept` (the client MUST list both `application/json` and
+/// `text/event-stream`), case-insensitively. Errors: (415 or 406, what is wrong).
+fn check_media_types(headers: &http::HeaderMap) -> Result<(), (http::StatusCode, String)> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if content_type.as_deref().map(media_type).as_deref() != Some("application/json") {
+        return Err((
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "Unsupported Media Type: Content-Type must be application/json, got {}",
+                content_type.map_or("none".into(), |c| format!("{c:?}"))
+            ),
+        ));
+    }
+    let accepted: Vec<String> = headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(media_type)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let takes = |t: &str| accepted.iter().any(|a| a == t || a == "*/*");
+    if !(takes("application/json") && takes("text/event-stream")) {
+        return Err((
+            http::StatusCode::NOT_ACCEPTABLE,
+            "Not Acceptable: Accept must list both application/json and text/event-stream (MCP Streamable HTTP)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A JSON-RPC error answer (JSON-RPC 2.0 §5.1 codes): `id` is the request's when it had a
@@ -164,9 +254,10 @@ struct Refusal {
 
 /// True for an id MCP accepts: a string or an integer (MCP, Basic: Requests: "MUST be a
 /// string or integer", never null; JSON-RPC 2.0 §4 numbers "SHOULD NOT contain fractional
-/// parts").
+/// parts") of at most 64 signed bits.
 fn valid_id(id: &Value) -> bool {
-    id.is_string() || id.is_i64() || id.is_u64()
+    // rmcp keeps a number id as an i64: a larger one was taken for a notification
+    id.is_string() || id.is_i64()
 }
 
 /// Refuses, before rmcp sees it, a POST body that is not one JSON-RPC 2.0 message that MCP
@@ -182,7 +273,7 @@ fn valid_id(id: &Value) -> bool {
 ///   request's id (HTTP 200, it is the request's answer), HTTP 400 for a notification.
 ///
 /// Unknown methods pass: rmcp answers them -32601.
-fn check_message(body: &[u8]) -> Result<(), Refusal> {
+fn check_message(body: &[u8]) -> Result<Value, Refusal> {
     let bad = |id: Option<&Value>, code: i64, message: String| Refusal {
         status: http::StatusCode::BAD_REQUEST,
         id: id.cloned(),
@@ -263,11 +354,17 @@ fn check_message(body: &[u8]) -> Result<(), Refusal> {
                     code: -32602,
                     message: format!("Invalid params for {}: {e}", c.method),
                 }),
-                None => Ok(()),
+                None => Ok(v),
             },
-            _ => Ok(()),
+            _ => Ok(v),
         },
-        Ok(_) => Ok(()),
+        // rmcp acknowledges notifications and responses with 202; a message with an id
+        // and a method is a request, which must be answered
+        Ok(JsonRpcMessage::Notification(_)) if o.contains_key("id") => Err(invalid(
+            None,
+            "a request's id must be a string or an integer that fits in 64 signed bits",
+        )),
+        Ok(_) => Ok(v),
     }
 }
 
@@ -330,6 +427,7 @@ fn tools() -> Value {
     // what the read API takes: 1 to 1,000 (MAX_SEARCH_LIMIT, incidents::MAX_PAGE)
     let page =
         || json!({"type": "integer", "minimum": 1, "maximum": 1000, "description": "page size"});
+    let attr = |d: &str| json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}], "description": d});
     json!({ "tools": [
         tool("search_traces", "Search stored traces, newest first. Answers {\"items\":[trace summary],\"next_cursor\"}.", json!({
             "service": s("service.name"),
@@ -337,7 +435,8 @@ fn tools() -> Value {
             "tool_name": s("gen_ai.tool.name"),
             "status": s("unset, ok or error"),
             "min_duration_ms": json!({"type": "number", "minimum": 0}),
-            "attr": s("key=value on an indexed attribute (gen_ai.tool.name, service.name, error.type, process.pid, stallwatch.runner.id)"),
+            "max_duration_ms": json!({"type": "number", "minimum": 0}),
+            "attr": attr("key=value on an indexed attribute (gen_ai.tool.name, service.name, error.type, process.pid, stallwatch.runner.id); several: all must hold"),
             "start_unix_nano": n("earliest start, ns since the Unix epoch"),
             "end_unix_nano": n("latest start, ns since the Unix epoch"),
             "limit": page(),
@@ -345,6 +444,7 @@ fn tools() -> Value {
         }), &[]),
         tool("get_trace", "One trace: {\"trace_id\",\"spans\",\"logs\"} (spans with attributes as OTLP KeyValue lists, state open | ended | inferred).", json!({
             "trace_id": s("32 lowercase hex digits"),
+            "lean": json!({"type": "boolean", "description": "leave out attributes, events and links"}),
         }), &["trace_id"]),
         tool("list_open_spans", "Tool spans still open, with their age and SLA.", json!({
             "runner_id": s("only this runner's"),
@@ -354,28 +454,48 @@ fn tools() -> Value {
             "runner_id": s("only this runner's"),
             "event": s("only this event name"),
             "before_id": n("page before this incident id"),
+            "cursor": s("next_cursor of the previous page"),
             "limit": page(),
         }), &[]),
-        tool("search_logs", "Log records of one trace, optionally only those whose body contains a text.", json!({
-            "trace_id": s("32 lowercase hex digits"),
-            "contains": s("substring of the body"),
-        }), &["trace_id"]),
+        tool("search_logs", "Log records newest first, as GET /api/v1/logs answers them: {\"items\":[log],\"next_cursor\"}; every filter is optional and all must hold.", json!({
+            "trace_id": s("only this trace's records: 32 lowercase hex digits"),
+            "span_id": s("only this span's records: 16 lowercase hex digits"),
+            "contains": s("a case-insensitive substring of the record's body (its text, not its JSON)"),
+            "service": s("service.name"),
+            "runner_id": s("stallwatch.runner.id"),
+            "min_severity": s("1..24 or trace, debug, info, warn, error, fatal"),
+            "attr": attr("key=value on the record or its resource; several: all must hold"),
+            "start_unix_nano": n("earliest record time, ns since the Unix epoch"),
+            "end_unix_nano": n("records before this time, ns since the Unix epoch"),
+            "limit": page(),
+            "cursor": s("next_cursor of the previous page"),
+        }), &[]),
     ]})
 }
 
-/// The tool's arguments as query pairs (strings, numbers and booleans; anything else is
-/// refused by name).
+/// The tool's arguments as query pairs (strings, numbers and booleans; an array gives one
+/// pair per item; anything else is refused by name).
 fn pairs(args: &Map<String, Value>) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
+    let one = |k: &str, v: &Value| match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        _ => Err(format!(
+            "argument {k:?} must be a string, a number or a boolean"
+        )),
+    };
     for (k, v) in args {
-        let v = match v {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            Value::Bool(b) => b.to_string(),
+        match v {
             Value::Null => continue,
-            _ => return Err(format!("argument {k:?} must be a string or a number")),
-        };
-        out.push((k.clone(), v));
+            // a repeatable filter (`attr`); the route refuses a repeat of any other
+            Value::Array(items) => {
+                for item in items {
+                    out.push((k.clone(), one(k, item)?));
+                }
+            }
+            v => out.push((k.clone(), one(k, v)?)),
+        }
     }
     Ok(out)
 }
@@ -418,8 +538,12 @@ impl StallwatchMcp {
             }
             "get_trace" => {
                 let id = string("trace_id")?;
+                // the rest (`lean`) is the route's query: it refuses what it does not know
+                let mut rest = args.clone();
+                rest.remove("trace_id");
+                let q = pairs(&rest)?;
                 answer(
-                    super::traces::trace(State(ctx), Path(id), Query(Vec::new()))
+                    super::traces::trace(State(ctx), Path(id), Query(q))
                         .await
                         .into_response(),
                 )
@@ -453,25 +577,24 @@ impl StallwatchMcp {
                 .await
             }
             "search_logs" => {
-                let id = string("trace_id")?;
-                let contains = args.get("contains").and_then(Value::as_str).unwrap_or("");
-                if let Some(k) = args.keys().find(|k| *k != "trace_id" && *k != "contains") {
-                    return Err(format!("unknown argument {k:?}"));
-                }
-                let trace = answer(
-                    super::traces::trace(State(ctx), Path(id.clone()), Query(Vec::new()))
+                // GET /api/v1/logs: `contains` is its `body` filter (the body's text,
+                // case-insensitive), the other arguments its query parameters
+                let q = pairs(&args)?
+                    .into_iter()
+                    .map(|(k, v)| {
+                        if k == "contains" {
+                            ("body".into(), v)
+                        } else {
+                            (k, v)
+                        }
+                    })
+                    .collect();
+                answer(
+                    super::logs::search(State(ctx), Query(q))
                         .await
                         .into_response(),
                 )
-                .await?;
-                let items: Vec<Value> = trace["logs"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|l| contains.is_empty() || l["body"].to_string().contains(contains))
-                    .cloned()
-                    .collect();
-                Ok(json!({"trace_id": id, "items": items}))
+                .await
             }
             other => Err(format!("unknown tool {other:?}")),
         }
@@ -502,6 +625,17 @@ impl ServerHandler for StallwatchMcp {
         request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        // an unknown tool is a protocol error, not a tool result (MCP 2025-06-18, Tools:
+        // Error Handling: "Unknown tools", -32602)
+        let known = tools()["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["name"] == request.name.as_ref()));
+        if !known {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {:?}", request.name),
+                None,
+            ));
+        }
         let args = request.arguments.unwrap_or_default();
         let result = match self.run(&request.name, args).await {
             Ok(v) => json!({
@@ -552,10 +686,17 @@ mod tests {
         assert!(p.contains(&("tool_name".into(), "x".into())));
         assert!(p.contains(&("limit".into(), "5".into())));
         assert_eq!(p.len(), 2);
-        let bad = json!({"attr": ["a"]});
-        assert!(pairs(bad.as_object().unwrap())
-            .unwrap_err()
-            .contains("attr"));
+        // an array repeats the parameter (`attr`); an object or a nested array is refused
+        let two = json!({"attr": ["a=1", "b=2"]});
+        assert_eq!(
+            pairs(two.as_object().unwrap()).unwrap(),
+            [("attr".into(), "a=1".into()), ("attr".into(), "b=2".into())]
+        );
+        for bad in [json!({"attr": {"a": 1}}), json!({"attr": [["a"]]})] {
+            assert!(pairs(bad.as_object().unwrap())
+                .unwrap_err()
+                .contains("attr"));
+        }
     }
 
     #[test]
