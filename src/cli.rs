@@ -51,6 +51,17 @@ pub struct McpWrapArgs {
     /// else ~/.local/share/stallwatch); its `ready.json` says where the sidecar listens.
     #[arg(long, env = "STALLWATCH_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// How long the server may leave an `initialize` unanswered, ms (1000..=3600000): until
+    /// then the heartbeat vouches for a server that is still starting, and a restarted one
+    /// that never answers the replayed `initialize` is stopped after it.
+    #[arg(
+        long,
+        env = "STALLWATCH_MCP_INITIALIZE_TIMEOUT_MS",
+        value_name = "MS",
+        default_value_t = 60_000,
+        value_parser = clap::value_parser!(u64).range(1000..=3_600_000)
+    )]
+    pub initialize_timeout_ms: u64,
     /// The MCP server command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "SERVER_COMMAND")]
     pub server: Vec<String>,

@@ -58,15 +58,28 @@ fn main() -> ExitCode {
     }
 }
 
-/// `stallwatch mcp wrap`: runs the relay and leaves with the server's exit code.
+/// `stallwatch mcp wrap`: runs the relay and leaves with the server's exit code (after
+/// giving up on a server that kept failing, with its last one).
 fn mcp_wrap(args: cli::McpWrapArgs) -> ExitCode {
     let run = || -> anyhow::Result<i32> {
-        let cfg = stallwatch_mcp::WrapConfig::new(args.server, args.runner_id, args.data_dir)?;
+        let mut cfg = stallwatch_mcp::WrapConfig::new(args.server, args.runner_id, args.data_dir)?;
+        cfg.initialize_timeout = std::time::Duration::from_millis(args.initialize_timeout_ms);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()?;
-        Ok(rt.block_on(stallwatch_mcp::wrap(cfg))?)
+        let result = rt.block_on(stallwatch_mcp::wrap(cfg));
+        // Not a plain drop: that waits for the blocking read of stdin, so after a signal or
+        // giving up the wrapper lingered (its stdout open, the host seeing no EOF) until
+        // the client wrote a line or closed its end.
+        rt.shutdown_background();
+        match result {
+            Err(e @ stallwatch_mcp::Error::GaveUp { code, .. }) => {
+                eprintln!("stallwatch mcp: error: {e}");
+                Ok(code)
+            }
+            other => Ok(other?),
+        }
     };
     match run() {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -18,6 +18,7 @@ mod forensics;
 mod forward;
 mod lifecycle;
 mod mcp;
+mod mcp_wrap;
 mod memory;
 mod metrics;
 mod openspans;

@@ -25,6 +25,11 @@ pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// terminated: 2000 ms (MCP spec, Lifecycle: Shutdown).
 pub const DEFAULT_EXIT_WAIT: Duration = Duration::from_millis(2000);
 
+/// How long the server may leave an `initialize` unanswered (the client's, or the
+/// wrapper's replay after a restart) before the heartbeat socket stops vouching for it and
+/// a replay is given up: 60000 ms. Generous: a server's first start may fetch a package or
+/// load a model before it reads its stdin.
+pub const DEFAULT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Validated options of one wrapper run.
 #[derive(Clone, Debug)]
 pub struct WrapConfig {
@@ -44,6 +49,8 @@ pub struct WrapConfig {
     pub restart_window: Duration,
     /// Wait for the server's own exit after its stdin closes.
     pub exit_wait: Duration,
+    /// Longest wait for the server's answer to an `initialize`.
+    pub initialize_timeout: Duration,
 }
 
 impl WrapConfig {
@@ -74,6 +81,7 @@ impl WrapConfig {
             max_restarts: DEFAULT_MAX_RESTARTS,
             restart_window: DEFAULT_RESTART_WINDOW,
             exit_wait: DEFAULT_EXIT_WAIT,
+            initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
         })
     }
 }

@@ -29,5 +29,8 @@ pub enum Error {
         restarts: usize,
         /// The window, seconds.
         window_s: u64,
+        /// The server's last exit code (128 + signal when it was killed): the wrapper
+        /// leaves with it.
+        code: i32,
     },
 }

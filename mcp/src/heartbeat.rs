@@ -6,6 +6,14 @@
 //! tool's SLA. Other answers: `BYE` while the wrapper is deliberately stopping the server
 //! (the watchdog marks it `stopping`), `ERR mcp_ping_timeout`, `ERR mcp_not_ready` (any
 //! non-`PONG` answer counts as a lost heartbeat).
+//!
+//! Before the session is initialized the server cannot be pinged (MCP, Lifecycle), so
+//! nothing says its loop is stuck: a server that starts slowly (`npx` fetching a package, a
+//! model loading) or that a host initializes lazily is healthy. The socket then answers
+//! `PONG`, unless an `initialize` (the client's or the wrapper's replay after a restart)
+//! has waited longer than the initialize timeout: `ERR mcp_not_ready`, and the watchdog
+//! judges it. Answering `ERR mcp_not_ready` from the start had the sidecar stop idle and
+//! slowly starting servers at the end of its start-up grace, again after each restart.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -29,6 +37,10 @@ pub struct HealthView {
     pub bye: bool,
     /// The ping timeout.
     pub timeout: Duration,
+    /// When the pending `initialize` was sent to the server, while it is unanswered.
+    pub init_sent: Option<Instant>,
+    /// How long an `initialize` may go unanswered before the socket stops vouching.
+    pub init_timeout: Duration,
 }
 
 impl HealthView {
@@ -38,7 +50,12 @@ impl HealthView {
             return "BYE";
         }
         if !self.ready {
-            return "ERR mcp_not_ready";
+            return match self.init_sent {
+                Some(t) if now.saturating_duration_since(t) >= self.init_timeout => {
+                    "ERR mcp_not_ready"
+                }
+                _ => "PONG",
+            };
         }
         match self.last_answer {
             Some(t) if now.saturating_duration_since(t) < self.timeout => "PONG",
@@ -169,8 +186,18 @@ mod tests {
             ready: false,
             bye: false,
             timeout: Duration::from_millis(3000),
+            init_sent: None,
+            init_timeout: Duration::from_millis(60_000),
         };
-        assert_eq!(h.answer(t0), "ERR mcp_not_ready");
+        // not initialized: starting, or a host that initializes lazily; nothing to judge
+        assert_eq!(h.answer(t0 + Duration::from_secs(600)), "PONG");
+        // an `initialize` pending: vouched for until the initialize timeout
+        h.init_sent = Some(t0);
+        assert_eq!(h.answer(t0 + Duration::from_millis(59_999)), "PONG");
+        assert_eq!(
+            h.answer(t0 + Duration::from_millis(60_000)),
+            "ERR mcp_not_ready"
+        );
         h.ready = true;
         assert_eq!(h.answer(t0), "ERR mcp_ping_timeout");
         h.last_answer = Some(t0);
@@ -201,6 +228,8 @@ mod tests {
             ready: true,
             bye: false,
             timeout: Duration::from_secs(60),
+            init_sent: None,
+            init_timeout: Duration::from_secs(60),
         }));
         let _task = serve(&path, health.clone()).unwrap();
         let ask = || async {
@@ -211,7 +240,11 @@ mod tests {
             out
         };
         assert_eq!(ask().await, "PONG\n");
-        health.lock().unwrap().ready = false;
+        {
+            let mut h = health.lock().unwrap();
+            h.ready = false;
+            h.init_sent = Some(Instant::now() - Duration::from_secs(61));
+        }
         assert_eq!(ask().await, "ERR mcp_not_ready\n");
     }
 }

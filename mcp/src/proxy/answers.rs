@@ -17,8 +17,14 @@ impl Relay {
                     self.health_mut(|h| h.last_answer = Some(Instant::now()));
                     return;
                 }
+                if id.starts_with(&format!("\"{}", self.ping_prefix())) {
+                    // one of this wrapper's pings, too old to be remembered: never the
+                    // client's (its id carries this run's random part)
+                    return;
+                }
                 if self.replaying.as_deref() == Some(id.as_str()) {
                     self.replaying = None;
+                    self.replay_sent = None;
                     self.read_initialize_result(&msg);
                     if let Some(note) = self.initialized_note.clone() {
                         self.write_server_now(note);
@@ -117,12 +123,31 @@ impl Relay {
         }
     }
 
+    /// The start of this wrapper run's ping ids: `stallwatch-ping-<8 hex digits>-`.
+    pub(super) fn ping_prefix(&self) -> String {
+        format!("stallwatch-ping-{}-", &self.session_id[..8])
+    }
+
     pub(super) fn on_ping_tick(&mut self) {
+        if let Some(sent) = self.replay_sent {
+            if sent.elapsed() >= self.cfg.initialize_timeout && !self.stopping {
+                // The restarted server never answered the replayed `initialize`: it is not
+                // registered yet, so nothing else watches it. Stop it; its exit answers
+                // what is held and goes through the restart policy.
+                eprintln!(
+                    "stallwatch mcp: the restarted MCP server did not answer the replayed initialize within {} ms; stopping it",
+                    self.cfg.initialize_timeout.as_millis()
+                );
+                self.replay_sent = None;
+                self.kill_server();
+            }
+            return;
+        }
         if !self.session_ready || self.replaying.is_some() || self.server.is_none() {
             return;
         }
         self.ping_seq += 1;
-        let id = format!("stallwatch-ping-{}", self.ping_seq);
+        let id = format!("{}{}", self.ping_prefix(), self.ping_seq);
         let key = jsonrpc::id_key(&Value::from(id.clone()));
         self.pings.push_back((key, Instant::now()));
         while self.pings.len() > MAX_PINGS {

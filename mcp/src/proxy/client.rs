@@ -14,6 +14,9 @@ impl Relay {
             Kind::Request { id, method } => {
                 if method == "initialize" {
                     self.init_request = Some(msg.clone());
+                    if !self.session_ready {
+                        self.health_mut(|h| h.init_sent = Some(Instant::now()));
+                    }
                 }
                 let params = msg.get("params");
                 let refuse = method == "tools/call"
@@ -130,6 +133,7 @@ impl Relay {
         self.health_mut(|h| {
             h.ready = true;
             h.last_answer = Some(Instant::now());
+            h.init_sent = None;
         });
     }
 
@@ -212,6 +216,20 @@ impl Relay {
         let resource = self.resource();
         let mut drained: Vec<(String, InFlight)> = self.inflight.drain().collect();
         drained.sort_by_key(|(_, f)| f.span.start_unix_nano);
+        // A request held for the next incarnation (sent while the server was exiting or
+        // being restarted) is answered here in the server's place: it must not also reach
+        // the new server, or a client that retries after this answer runs it twice.
+        let mut never_sent = HashSet::new();
+        self.held.retain(|line| {
+            let request = jsonrpc::parse(line).map(|m| jsonrpc::kind(&m));
+            match request {
+                Some(Kind::Request { id, .. }) if drained.iter().any(|(k, _)| *k == id) => {
+                    never_sent.insert(id);
+                    false
+                }
+                _ => true,
+            }
+        });
         for (key, mut f) in drained {
             self.to_client(jsonrpc::error_response(
                 &f.id,
@@ -219,7 +237,10 @@ impl Relay {
                 &message,
                 data.clone(),
             ));
-            self.answered.insert(key);
+            // a late answer from the server is dropped (a held request never reached one)
+            if !never_sent.contains(&key) {
+                self.answered.insert(key);
+            }
             if f.method != "tools/call" || end_tool_spans {
                 let ty = if verdict == "crashed" {
                     "crashed"

@@ -5,8 +5,10 @@
 //!
 //! Lines are relayed byte for byte (MCP spec, Transports: stdio: newline-delimited JSON-RPC
 //! messages, no embedded newlines). The wrapper's own messages to the server are `ping`
-//! requests with ids `"stallwatch-ping-<n>"` and the replayed `initialize` with id
-//! `"stallwatch-init-<generation>"`; their answers are never shown to the client.
+//! requests with ids `"stallwatch-ping-<session>-<n>"` (`<session>`: 8 random hex digits
+//! of this wrapper run, so a client's own ids never collide with them) and the replayed
+//! `initialize` with id `"stallwatch-init-<generation>"`; their answers are never shown to
+//! the client, however late they come.
 //!
 //! This file holds the state and the event loop; each kind of event is handled in its own
 //! module: `client.rs` (requests from the client, admission, answers in the server's place),
@@ -52,8 +54,12 @@ pub const TRIPPED_ERROR_CODE: i64 = -32001;
 pub const EXIT_EXPLAIN_WAIT: Duration = Duration::from_millis(300);
 /// Deadline of the admission check of a `tools/call` while the breaker is not CLOSED.
 pub const ADMIT_DEADLINE: Duration = Duration::from_millis(500);
-/// Most outstanding wrapper pings remembered (older ones are forgotten).
+/// Most outstanding wrapper pings remembered for their send times (an answer to an older
+/// one is still recognized by its id's prefix, and kept from the client).
 const MAX_PINGS: usize = 64;
+/// Without a sidecar, how long the server's process group has between SIGTERM and SIGKILL
+/// when the wrapper stops it itself.
+pub const KILL_GRACE: Duration = Duration::from_millis(2000);
 
 enum Ev {
     Client(Vec<u8>),
@@ -110,6 +116,8 @@ struct Relay {
     init_request: Option<Value>,
     initialized_note: Option<Vec<u8>>,
     replaying: Option<String>,
+    /// When the replayed `initialize` was sent.
+    replay_sent: Option<Instant>,
     held: VecDeque<Vec<u8>>,
     session_ready: bool,
     slas: HashMap<String, i64>,
@@ -154,6 +162,8 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
         ready: false,
         bye: false,
         timeout: cfg.ping_timeout,
+        init_sent: None,
+        init_timeout: cfg.initialize_timeout,
     }));
     let mut socket = None;
     let mut _socket_task = None;
@@ -214,6 +224,7 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
         init_request: None,
         initialized_note: None,
         replaying: None,
+        replay_sent: None,
         held: VecDeque::new(),
         session_ready: false,
         slas: HashMap::new(),

@@ -44,12 +44,7 @@ impl Relay {
         tokio::spawn(async move {
             let status = tokio::select! {
                 s = child.wait() => s,
-                _ = kill_rx => {
-                    // Last resort without a sidecar: SIGKILL the direct child (std's own
-                    // call); with a sidecar the reaper terminates the whole group.
-                    let _ = child.start_kill();
-                    child.wait().await
-                }
+                _ = kill_rx => stop_child(&mut child, pid).await,
             };
             let (code, how) = match status {
                 Ok(s) => exit_code_of(s),
@@ -70,6 +65,7 @@ impl Relay {
         self.health_mut(|h| {
             h.ready = false;
             h.last_answer = None;
+            h.init_sent = None;
         });
         if register_now {
             self.register(pid);
@@ -118,17 +114,27 @@ impl Relay {
     }
 
     /// Has the server terminated: through the sidecar (`DELETE /api/v1/runners/{id}`:
-    /// SIGTERM to its group, grace, SIGKILL), else SIGKILL to the direct child.
+    /// SIGTERM to its group, grace, SIGKILL) when this incarnation is registered with it,
+    /// else by the wrapper itself ([`Relay::kill_server`]). An incarnation not registered yet
+    /// (a restart waiting for its replayed `initialize`) is never left to the sidecar, whose
+    /// registration still names the previous, dead one.
     pub(super) async fn terminate_server(&mut self) {
-        let Some(server) = self.server.as_mut() else {
+        let Some(server) = self.server.as_ref() else {
             return;
         };
-        if let Some(s) = &self.sidecar {
+        let registered = self.unregistered != Some(server.pid);
+        if let (Some(s), true) = (&self.sidecar, registered) {
             if s.client.delete_runner(&self.cfg.runner_id).await.is_ok() {
                 return;
             }
         }
-        if let Some(k) = server.kill.take() {
+        self.kill_server();
+    }
+
+    /// Stops the current incarnation itself: SIGTERM to its process group, [`KILL_GRACE`],
+    /// SIGKILL to the group (on Windows the direct child is killed).
+    pub(super) fn kill_server(&mut self) {
+        if let Some(k) = self.server.as_mut().and_then(|s| s.kill.take()) {
             let _ = k.send(());
         }
     }
@@ -167,6 +173,7 @@ impl Relay {
             return Err(Error::GaveUp {
                 restarts: self.restarts.len(),
                 window_s: self.cfg.restart_window.as_secs(),
+                code,
             });
         }
         self.restarts.push_back(now);
@@ -179,6 +186,8 @@ impl Relay {
             let id = format!("stallwatch-init-{}", self.generation);
             init["id"] = Value::from(id.clone());
             self.replaying = Some(jsonrpc::id_key(&Value::from(id)));
+            self.replay_sent = Some(Instant::now());
+            self.health_mut(|h| h.init_sent = Some(Instant::now()));
             self.write_server_now(init.to_string().into_bytes());
         } else {
             self.flush_held();
@@ -191,4 +200,36 @@ impl Relay {
             self.write_server_now(line);
         }
     }
+}
+
+/// The wrapper's own stop of its child `pid` (no sidecar, or an incarnation the sidecar does
+/// not know): SIGTERM to the process group the child leads (spawned with
+/// `process_group(0)`, so its pgid is its pid, which stays reserved while the child is
+/// unreaped), up to [`KILL_GRACE`] for it to exit, then SIGKILL to the group. The group is
+/// signalled only while the child is not yet reaped. Windows: the direct child is killed.
+///
+/// The one signal sent outside `reaper/src/platform.rs` (ARCHITECTURE.md, Invariants): the
+/// target is proven by construction, the wrapper's own child, not yet waited for.
+#[allow(clippy::disallowed_methods)]
+async fn stop_child(
+    child: &mut tokio::process::Child,
+    pid: u32,
+) -> std::io::Result<std::process::ExitStatus> {
+    #[cfg(unix)]
+    {
+        use rustix::process::{kill_process_group, Pid, Signal};
+        let group = i32::try_from(pid).ok().and_then(Pid::from_raw);
+        if let Some(g) = group {
+            let _ = kill_process_group(g, Signal::TERM);
+            if let Ok(status) = tokio::time::timeout(KILL_GRACE, child.wait()).await {
+                return status;
+            }
+            let _ = kill_process_group(g, Signal::KILL);
+            return child.wait().await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = pid;
+    let _ = child.start_kill();
+    child.wait().await
 }
