@@ -37,6 +37,8 @@ struct Wrapped {
     lines: mpsc::Receiver<Value>,
     /// Every line the client saw, in order.
     seen: Vec<Value>,
+    /// The fake server's log (its incarnations' pids).
+    log: PathBuf,
 }
 
 impl Wrapped {
@@ -75,6 +77,7 @@ impl Wrapped {
             stdin,
             lines,
             seen: Vec::new(),
+            log: log.to_path_buf(),
         }
     }
 
@@ -148,9 +151,18 @@ impl Wrapped {
 }
 
 impl Drop for Wrapped {
+    /// Kills the wrapper, and any incarnation a failed test left running: it holds the
+    /// test's stderr, and the test run would wait for it.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for pid in incarnations(&self.log) {
+            if process_alive(pid) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
     }
 }
 
@@ -360,4 +372,25 @@ fn giving_up_leaves_with_the_servers_exit_code() {
     let log = dir.path().join("exit7.log");
     let mut w = Wrapped::start(dir.path(), "mcp-exit7", "exit7", &log, &[]);
     assert_eq!(w.wait_exit(Duration::from_secs(20)), 7);
+}
+
+/// A server that closes its stdout but keeps running can answer nothing more: without a
+/// sidecar (which would see its pings go unanswered) the client waited for ever. The
+/// wrapper stops it once `exit_wait` passes without its exit, answers the call in its
+/// place, and the restarted server serves the session.
+#[test]
+fn a_server_that_closes_its_stdout_is_stopped_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("mute.log");
+    let mut w = Wrapped::start(dir.path(), "mcp-mute", "close-stdout", &log, &[]);
+    w.initialize(Duration::from_secs(10));
+    w.call(json!(1), "close");
+    let a = w.answer(json!(1), Duration::from_secs(10));
+    assert!(is_tripped_error(&a), "{a}");
+    w.call(json!(2), "add");
+    let a = w.answer(json!(2), Duration::from_secs(10));
+    assert_eq!(a["result"]["content"][0]["text"], "3", "{a}");
+    let pids = incarnations(&log);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(!process_alive(pids[0]), "the mute incarnation still runs");
 }

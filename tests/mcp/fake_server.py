@@ -14,6 +14,8 @@ incarnation saw which request. MODES:
 - `old-ping`: answers the wrapper's pings, and after the first one also sends an answer to a
   ping id of the same wrapper run that was never sent (as a very late answer would be).
 - `exit7`: exits with code 7 as soon as it starts.
+- `close-stdout`: tool `close` closes the server's stdout and sleeps for ever (it can
+  answer nothing more, but runs).
 - `grandchild`: starts `sleep 300` (its child, in its process group, ignoring nothing) and
   writes the sleep's pid to LOG + ".child"; serves normally.
 
@@ -88,6 +90,13 @@ def main():
             name = msg["params"]["name"]
             if name == "crash":
                 sys.exit(3)
+            if name == "close" and MODE == "close-stdout" and not earlier_incarnation():
+                sys.stdout.flush()
+                try:
+                    os.close(1)
+                except OSError:
+                    pass
+                time.sleep(3600)
             if MODE == "crash":
                 time.sleep(1)
             args = msg["params"].get("arguments") or {}

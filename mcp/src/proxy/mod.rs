@@ -68,6 +68,10 @@ enum Ev {
         generation: u64,
         line: Vec<u8>,
     },
+    /// The server closed its stdout.
+    ServerEof {
+        generation: u64,
+    },
     ServerExit {
         generation: u64,
         code: i32,
@@ -118,6 +122,9 @@ struct Relay {
     replaying: Option<String>,
     /// When the replayed `initialize` was sent.
     replay_sent: Option<Instant>,
+    /// When the current incarnation closed its stdout while still running: it can answer
+    /// nothing more, and is stopped once [`WrapConfig::exit_wait`] passes without its exit.
+    stdout_closed: Option<Instant>,
     held: VecDeque<Vec<u8>>,
     session_ready: bool,
     slas: HashMap<String, i64>,
@@ -225,6 +232,7 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
         initialized_note: None,
         replaying: None,
         replay_sent: None,
+        stdout_closed: None,
         held: VecDeque::new(),
         session_ready: false,
         slas: HashMap::new(),
@@ -251,6 +259,10 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
             .as_ref()
             .map(|(t, _, _)| tokio::time::Instant::from_std(*t + EXIT_EXPLAIN_WAIT))
             .unwrap_or_else(far);
+        let mute_at = relay
+            .stdout_closed
+            .map(|t| tokio::time::Instant::from_std(t + relay.cfg.exit_wait))
+            .unwrap_or_else(far);
         tokio::select! {
             ev = event_rx.recv() => {
                 let Some(ev) = ev else { break Ok(1) };
@@ -268,6 +280,15 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
             _ = tokio::time::sleep_until(explain_at) => {
                 if let Err(e) = relay.after_exit().await {
                     break Err(e);
+                }
+            }
+            _ = tokio::time::sleep_until(mute_at) => {
+                relay.stdout_closed = None;
+                if relay.server.is_some() && !relay.stopping {
+                    eprintln!(
+                        "stallwatch mcp: the MCP server closed its stdout but still runs; stopping it"
+                    );
+                    relay.terminate_server().await;
                 }
             }
             _ = tokio::time::sleep_until(stop_deadline.unwrap_or_else(far)) => {
@@ -343,6 +364,12 @@ impl Relay {
                 }
                 Step::Go
             }
+            Ev::ServerEof { generation } => {
+                if generation == self.generation && self.server.is_some() {
+                    self.stdout_closed = Some(Instant::now());
+                }
+                Step::Go
+            }
             Ev::ServerExit {
                 generation,
                 code,
@@ -352,6 +379,7 @@ impl Relay {
                     return Step::Go;
                 }
                 self.server = None;
+                self.stdout_closed = None;
                 self.health_mut(|h| h.ready = false);
                 if self.stopping {
                     return Step::Done(code);

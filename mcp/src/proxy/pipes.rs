@@ -4,8 +4,8 @@
 
 use super::*;
 
-/// Reads newline-delimited lines (without the `\n`) and sends them as events; EOF on the
-/// client side is [`Ev::ClientEof`].
+/// Reads newline-delimited lines (without the `\n`) and sends them as events; EOF is
+/// [`Ev::ClientEof`] on the client side, [`Ev::ServerEof`] on the server's.
 pub(super) async fn read_lines<R: tokio::io::AsyncRead + Unpin>(
     r: R,
     events: mpsc::UnboundedSender<Ev>,
@@ -33,9 +33,10 @@ pub(super) async fn read_lines<R: tokio::io::AsyncRead + Unpin>(
             }
         }
     }
-    if generation.is_none() {
-        let _ = events.send(Ev::ClientEof);
-    }
+    let _ = events.send(match generation {
+        Some(generation) => Ev::ServerEof { generation },
+        None => Ev::ClientEof,
+    });
 }
 
 /// Writes each line plus `\n`, flushing when the queue is momentarily empty.
