@@ -13,7 +13,7 @@ use crate::support::*;
 
 /// Fast watchdog settings so trips and recoveries take seconds: default SLA 2500 ms (below
 /// the `slow` tool's 4 s, which only its `_meta` SLA of 9000 ms allows).
-const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 [watchdog]
 heartbeat_interval_ms = 500
 heartbeat_timeout_ms = 2000

@@ -13,18 +13,12 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-/// Fast watchdog settings, and a start-up grace (1 s) well below the slow server's 5 s
-/// start, so a wrapper that vouched for nobody before `initialize` had it stopped.
-const CONFIG: &str = r#"
-[watchdog]
-heartbeat_interval_ms = 500
-heartbeat_timeout_ms = 2000
-breaker_cooldown_ms = 2000
-default_sla_ms = 2500
-suspect_cap_ms = 2000
-staleness_ms = 1500
-startup_grace_ms = 1000
-"#;
+/// `mcp.rs`'s fast watchdog settings, and a start-up grace (1 s) well below the slow
+/// server's 5 s start, so a wrapper that vouched for nobody before `initialize` had it
+/// stopped.
+fn config() -> String {
+    format!("{}startup_grace_ms = 1000\n", crate::mcp::CONFIG)
+}
 
 fn fake_server() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/fake_server.py")
@@ -191,7 +185,7 @@ fn is_tripped_error(v: &Value) -> bool {
 #[test]
 fn a_slowly_starting_or_lazily_initialized_server_is_never_stopped() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(CONFIG));
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&config()));
     let log_slow = dir.path().join("slow.log");
     let log_lazy = dir.path().join("lazy.log");
     let mut slow = Wrapped::start(&server.data_dir, "mcp-slow", "slow-start", &log_slow, &[]);
@@ -223,7 +217,7 @@ fn a_slowly_starting_or_lazily_initialized_server_is_never_stopped() {
 #[test]
 fn a_request_answered_in_the_servers_place_never_reaches_the_next_incarnation() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(CONFIG));
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&config()));
     let log = dir.path().join("crash.log");
     let mut w = Wrapped::start(&server.data_dir, "mcp-crash", "crash", &log, &[]);
     w.initialize(Duration::from_secs(10));
@@ -263,7 +257,7 @@ fn a_request_answered_in_the_servers_place_never_reaches_the_next_incarnation() 
 #[test]
 fn a_restarted_server_that_never_answers_the_replayed_initialize_is_stopped() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(CONFIG));
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&config()));
     let log = dir.path().join("hang.log");
     let mut w = Wrapped::start(
         &server.data_dir,

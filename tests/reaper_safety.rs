@@ -613,6 +613,19 @@ fn a_full_disk_episode_and_a_restart_leave_no_contradictory_incidents() {
     server.stop();
 }
 
+/// Posts one ended span (`trace_id`, span id `b7ad6b7169203331`, `name`) as OTLP/JSON:
+/// the server's answer.
+fn post_span(server: &Server, trace_id: &str, name: &str) -> reqwest::blocking::Response {
+    let span = serde_json::json!({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": [{
+        "traceId": trace_id, "spanId": "b7ad6b7169203331", "name": name, "kind": 1,
+        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000"}]}]}]});
+    http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .json(&span)
+        .send()
+        .unwrap()
+}
+
 /// #13: a disk full at start no longer refuses to start: stallwatch frees its reserve,
 /// starts degraded, spawns, watches and stops runners, and refuses telemetry with a
 /// retryable 503 until space returns; then telemetry is accepted again. #5: the database
@@ -642,16 +655,12 @@ fn a_disk_full_at_start_starts_degraded_and_refuses_telemetry_with_503() {
         "{}",
         server.stderr()
     );
-    let span = serde_json::json!({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": [{
-        "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
-        "name": "during-full-disk", "kind": 1,
-        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000"}]}]}]});
     let post = || {
-        http_client()
-            .post(server.otlp_http("/v1/traces"))
-            .json(&span)
-            .send()
-            .unwrap()
+        post_span(
+            &server,
+            "0af7651916cd43dd8448eb211c80319c",
+            "during-full-disk",
+        )
     };
     let r = post();
     assert_eq!(r.status().as_u16(), 503, "telemetry refused while degraded");
@@ -705,16 +714,12 @@ fn a_disk_that_fills_while_running_frees_the_reserve_for_control_records() {
         "the reserve freed",
         !fs.path().join("reserve").exists()
     );
-    let span = serde_json::json!({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": [{
-        "traceId": "0af7651916cd43dd8448eb211c80319d", "spanId": "b7ad6b7169203332",
-        "name": "on-a-full-disk", "kind": 1,
-        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000100000000"}]}]}]});
     let post = || {
-        http_client()
-            .post(server.otlp_http("/v1/traces"))
-            .json(&span)
-            .send()
-            .unwrap()
+        post_span(
+            &server,
+            "0af7651916cd43dd8448eb211c80319d",
+            "on-a-full-disk",
+        )
     };
     assert_eq!(
         post().status().as_u16(),

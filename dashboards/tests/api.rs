@@ -538,23 +538,23 @@ async fn mcp_tools_and_transport_rules() {
     assert_eq!(v["id"], 7, "{v}");
     // media types compare case-insensitively; a wrong one is a JSON-RPC error
     let ping = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
-    let r = h
-        .client
-        .post(h.url("/mcp"))
-        .header("content-type", "Application/JSON; charset=utf-8")
-        .header("accept", "APPLICATION/JSON, TEXT/EVENT-STREAM")
-        .body(ping)
-        .send()
-        .await
-        .unwrap();
+    // one Content-Type and one Accept, as given
+    let with_types = |content_type: &'static str, accept: &'static str| {
+        h.client
+            .post(h.url("/mcp"))
+            .header("content-type", content_type)
+            .header("accept", accept)
+            .body(ping)
+            .send()
+    };
+    let r = with_types(
+        "Application/JSON; charset=utf-8",
+        "APPLICATION/JSON, TEXT/EVENT-STREAM",
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 200);
-    let r = h
-        .client
-        .post(h.url("/mcp"))
-        .header("content-type", "application/jsonfoo")
-        .header("accept", "application/json, text/event-stream")
-        .body(ping)
-        .send()
+    let r = with_types("application/jsonfoo", "application/json, text/event-stream")
         .await
         .unwrap();
     assert_eq!(r.status(), 415);
@@ -569,13 +569,7 @@ async fn mcp_tools_and_transport_rules() {
     let r = post(ping.into(), &[("accept", "application/json")]).await;
     // reqwest joins the two Accept headers: still both types, so served
     assert_eq!(r.unwrap().status(), 200);
-    let r = h
-        .client
-        .post(h.url("/mcp"))
-        .header("content-type", "application/json")
-        .header("accept", "application/json")
-        .body(ping)
-        .send()
+    let r = with_types("application/json", "application/json")
         .await
         .unwrap();
     assert_eq!(r.status(), 406);

@@ -339,7 +339,7 @@ fn check_message(body: &[u8]) -> Result<Value, Refusal> {
     }
     // the envelope is sound: what is left is a method's params that rmcp cannot take
     use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
-    match serde_json::from_value::<ClientJsonRpcMessage>(v.clone()) {
+    match <ClientJsonRpcMessage as serde::Deserialize>::deserialize(&v) {
         Err(e) => Err(invalid(
             good_id,
             &format!("not a message MCP can take: {e}"),
@@ -406,6 +406,16 @@ fn params_error(method: &str, msg: &Map<String, Value>) -> Option<String> {
         _ => None,
     }
 }
+
+/// The tools [`tools`] lists, in its order.
+const TOOL_NAMES: [&str; 6] = [
+    "search_traces",
+    "get_trace",
+    "list_open_spans",
+    "list_runners",
+    "list_incidents",
+    "search_logs",
+];
 
 fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> Value {
     json!({
@@ -627,10 +637,7 @@ impl ServerHandler for StallwatchMcp {
     ) -> Result<CallToolResult, ErrorData> {
         // an unknown tool is a protocol error, not a tool result (MCP 2025-06-18, Tools:
         // Error Handling: "Unknown tools", -32602)
-        let known = tools()["tools"]
-            .as_array()
-            .is_some_and(|t| t.iter().any(|t| t["name"] == request.name.as_ref()));
-        if !known {
+        if !TOOL_NAMES.contains(&request.name.as_ref()) {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool {:?}", request.name),
                 None,
@@ -671,6 +678,7 @@ mod tests {
                 "search_logs"
             ]
         );
+        assert_eq!(names, TOOL_NAMES, "call_tool's list of known tools");
         let v = tools();
         assert!(v["tools"]
             .as_array()

@@ -294,6 +294,20 @@ fn run(conn: &Connection, shared: &Arc<Shared>, page_size: u64) {
 mod tests {
     use super::*;
 
+    /// A writer connection to a new WAL database at `config.path` with one table `t`.
+    fn open_writer(config: &StorageConfig) -> Connection {
+        let writer = open_connection(
+            config,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )
+        .unwrap();
+        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+        writer
+            .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
+            .unwrap();
+        writer
+    }
+
     /// Opens a WAL database at `config.path` with one table, starts a checkpointer, makes
     /// `commits` commits of `bytes` each (noted as the writer notes them), `gap` apart,
     /// lets the last gathering end and stops the checkpointer. Answers its counters and
@@ -304,15 +318,7 @@ mod tests {
         bytes: u64,
         gap: Duration,
     ) -> (Arc<Shared>, u64) {
-        let writer = open_connection(
-            config,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
-        )
-        .unwrap();
-        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
-        writer
-            .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
-            .unwrap();
+        let writer = open_writer(config);
         let mut cp = Checkpointer::start(config).unwrap();
         let started = std::time::Instant::now();
         for _ in 0..commits {
@@ -359,15 +365,7 @@ mod tests {
     fn a_panic_in_the_checkpoint_loop_is_survived() {
         let dir = tempfile::tempdir().unwrap();
         let config = StorageConfig::new(dir.path().join("db"));
-        let writer = open_connection(
-            &config,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
-        )
-        .unwrap();
-        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
-        writer
-            .execute_batch("CREATE TABLE t (x BLOB NOT NULL)")
-            .unwrap();
+        let writer = open_writer(&config);
         let mut cp = Checkpointer::start(&config).unwrap();
         let commit = || {
             writer
