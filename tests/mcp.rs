@@ -129,7 +129,7 @@ fn group_members(pgid: u32) -> Vec<u32> {
 }
 
 /// The stored span of tool `tool` (the newest trace naming it), once `done(span)` holds.
-fn tool_span(server: &Server, tool: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(crate) fn tool_span(server: &Server, tool: &str, done: impl Fn(&Value) -> bool) -> Value {
     let mut found = Value::Null;
     wait_until!(
         Duration::from_secs(20),
@@ -161,7 +161,7 @@ fn incidents(server: &Server, runner_id: &str) -> Vec<Value> {
     page["items"].as_array().cloned().unwrap_or_default()
 }
 
-fn str_attr<'a>(span: &'a Value, key: &str) -> &'a str {
+pub(crate) fn str_attr<'a>(span: &'a Value, key: &str) -> &'a str {
     attr(&span["attributes"], key)["stringValue"]
         .as_str()
         .unwrap_or_else(|| panic!("{key} is not a string in {span:#}"))

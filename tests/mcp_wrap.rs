@@ -101,6 +101,33 @@ impl Wrapped {
         }
     }
 
+    /// The batch (a JSON array) that holds the answer to `id`, within `timeout`.
+    fn batch_answer(&mut self, id: Value, timeout: Duration) -> Vec<Value> {
+        let holds = |v: &Value| {
+            v.as_array()
+                .is_some_and(|items| items.iter().any(|i| i["id"] == id))
+        };
+        let deadline = Instant::now() + timeout;
+        if let Some(v) = self.seen.iter().find(|v| holds(v)) {
+            return v.as_array().cloned().unwrap_or_default();
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(v) => {
+                    self.seen.push(v.clone());
+                    if holds(&v) {
+                        return v.as_array().cloned().unwrap_or_default();
+                    }
+                }
+                Err(_) => panic!(
+                    "no batch answering {id} within {timeout:?}; saw {:#?}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
     /// Every line that arrives within `d`.
     fn drain(&mut self, d: Duration) {
         let deadline = Instant::now() + d;
@@ -124,8 +151,7 @@ impl Wrapped {
     }
 
     fn call(&mut self, id: Value, tool: &str) {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": tool, "arguments": {"a": 1, "b": 2}}}));
+        self.send(call_message(id, tool));
     }
 
     /// Waits for the wrapper's exit (stdin kept open): its exit code.
@@ -171,6 +197,12 @@ fn incarnations(log: &Path) -> Vec<u64> {
         }
     }
     out
+}
+
+/// A `tools/call` of `tool` with arguments `a = 1`, `b = 2`.
+fn call_message(id: Value, tool: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": {"a": 1, "b": 2}}})
 }
 
 fn is_tripped_error(v: &Value) -> bool {
@@ -387,4 +419,57 @@ fn a_server_that_closes_its_stdout_is_stopped_and_replaced() {
     let pids = incarnations(&log);
     assert_eq!(pids.len(), 2, "{pids:?}");
     assert!(!process_alive(pids[0]), "the mute incarnation still runs");
+}
+
+/// JSON-RPC batches (MCP 2025-03-26 allows them) are tracked like lone requests: a healthy
+/// batch is answered by the server as one batch, and a batch in flight when the server dies
+/// is answered in its place, as one batch of -32001 errors, its tool span ended as an error.
+/// The client of such a batch waited for ever: only lone requests were tracked.
+#[test]
+fn a_batch_in_flight_when_the_server_dies_is_answered_in_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&config()));
+    let log = dir.path().join("batch.log");
+    let mut w = Wrapped::start(&server.data_dir, "mcp-batch", "crash", &log, &[]);
+    w.initialize(Duration::from_secs(10));
+    // healthy: answered by the server, as one batch, both calls
+    w.send(json!([
+        call_message(json!("b1"), "add"),
+        call_message(json!("b2"), "add")
+    ]));
+    let answers = w.batch_answer(json!("b1"), Duration::from_secs(10));
+    assert_eq!(answers.len(), 2, "{answers:#?}");
+    for a in &answers {
+        assert_eq!(a["result"]["content"][0]["text"], "3", "{a}");
+    }
+    // the server dies with a batch in flight: both of its requests answered, in one batch
+    w.send(json!([
+        call_message(json!("c1"), "add"),
+        call_message(json!("c2"), "crash"),
+        {"jsonrpc": "2.0", "method": "notifications/progress",
+         "params": {"progressToken": "t", "progress": 1}}
+    ]));
+    let answers = w.batch_answer(json!("c1"), Duration::from_secs(10));
+    let ids: Vec<&Value> = answers.iter().map(|a| &a["id"]).collect();
+    assert_eq!(ids, [&json!("c1"), &json!("c2")], "{answers:#?}");
+    assert!(answers.iter().all(is_tripped_error), "{answers:#?}");
+    // the session goes on with the next incarnation
+    w.call(json!(3), "add");
+    let a = w.answer(json!(3), Duration::from_secs(15));
+    assert_eq!(a["result"]["content"][0]["text"], "3", "{a}");
+    let span = crate::mcp::tool_span(&server, "crash", |s| s["state"] == "ended");
+    assert_eq!(span["status"]["code"], 2, "{span:#}");
+    // ended by the wrapper (`crashed`) or, first, by the sidecar, which saw the runner exit
+    let ty = crate::mcp::str_attr(&span, "error.type");
+    assert!(ty == "crashed" || ty == "runner_exited", "{span:#}");
+    w.drain(Duration::from_millis(300));
+    for id in ["c1", "c2"] {
+        let answered = w
+            .seen
+            .iter()
+            .flat_map(|v| v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]))
+            .filter(|v| v["id"] == id)
+            .count();
+        assert_eq!(answered, 1, "{id} answered {answered} times: {:#?}", w.seen);
+    }
 }

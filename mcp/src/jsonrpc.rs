@@ -23,7 +23,7 @@ pub enum Kind {
         /// Canonical text of the id ([`id_key`]).
         id: String,
     },
-    /// Anything else (a batch array, invalid JSON, ...): relayed untouched.
+    /// Anything else (a response without `result` or `error`, ...): relayed untouched.
     Other,
 }
 
@@ -37,6 +37,19 @@ pub fn id_key(id: &Value) -> String {
 pub fn parse(line: &[u8]) -> Option<Value> {
     let v: Value = serde_json::from_slice(line).ok()?;
     v.is_object().then_some(v)
+}
+
+/// Parses one line that is a batch (JSON-RPC 2.0 §6: a non-empty array); its elements
+/// as they are, objects or not. `None` for anything else.
+pub fn parse_batch(line: &[u8]) -> Option<Vec<Value>> {
+    let first = line.iter().find(|b| !b.is_ascii_whitespace())?;
+    if *first != b'[' {
+        return None;
+    }
+    match serde_json::from_slice(line).ok()? {
+        Value::Array(items) if !items.is_empty() => Some(items),
+        _ => None,
+    }
 }
 
 /// Classifies a parsed message.
@@ -58,14 +71,14 @@ pub fn kind(msg: &Value) -> Kind {
     }
 }
 
-/// One JSON-RPC error response line (without the newline).
-pub fn error_response(id: &Value, code: i64, message: &str, data: Value) -> Vec<u8> {
-    let v = serde_json::json!({
+/// One JSON-RPC error response (JSON-RPC 2.0 §5.1): `{"jsonrpc", "id", "error": {"code",
+/// "message", "data"}}`.
+pub fn error_value(id: &Value, code: i64, message: &str, data: Value) -> Value {
+    serde_json::json!({
         "jsonrpc": "2.0",
         "id": id,
         "error": {"code": code, "message": message, "data": data},
-    });
-    v.to_string().into_bytes()
+    })
 }
 
 #[cfg(test)]
@@ -106,13 +119,16 @@ mod tests {
         );
         assert_eq!(k(r#"{"jsonrpc":"2.0","id":7}"#), Kind::Other);
         assert!(parse(b"[1,2]").is_none());
+        assert_eq!(parse_batch(b" [1,{}]").map(|b| b.len()), Some(2));
+        assert!(parse_batch(b"[]").is_none(), "an empty batch is not one");
+        assert!(parse_batch(b"{}").is_none());
+        assert!(parse_batch(b"[1,").is_none());
         assert!(parse(b"not json").is_none());
     }
 
     #[test]
     fn error_response_keeps_the_id_type() {
-        let line = error_response(&json!("a"), -32001, "stopped", json!({"x": 1}));
-        let v: Value = serde_json::from_slice(&line).unwrap();
+        let v = error_value(&json!("a"), -32001, "stopped", json!({"x": 1}));
         assert_eq!(v["id"], json!("a"));
         assert_eq!(v["error"]["code"], -32001);
         assert_eq!(v["error"]["data"]["x"], 1);

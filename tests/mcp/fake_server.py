@@ -19,7 +19,8 @@ incarnation saw which request. MODES:
 - `grandchild`: starts `sleep 300` (its child, in its process group, ignoring nothing) and
   writes the sleep's pid to LOG + ".child"; serves normally.
 
-Tools: `add` (answers `a + b`), `crash` (see the modes).
+Tools: `add` (answers `a + b`), `crash` (see the modes). A batch (a JSON array) is
+answered with one array of the answers to its requests, in its order (JSON-RPC 2.0 §6).
 """
 
 import json
@@ -58,53 +59,67 @@ def main():
         child = subprocess.Popen(["sleep", "300"])
         with open(LOG + ".child", "w") as f:
             f.write(str(child.pid))
-    hang_initialize = MODE == "replay-hang" and earlier_incarnation()
-    old_ping_sent = False
+    state = {"hang_initialize": MODE == "replay-hang" and earlier_incarnation(),
+             "old_ping_sent": False}
     for raw in sys.stdin:
         line = raw.strip()
         if not line:
             continue
         log(line)
         msg = json.loads(line)
-        method, mid = msg.get("method"), msg.get("id")
-        if method == "initialize":
-            if hang_initialize:
-                continue
-            send({"jsonrpc": "2.0", "id": mid, "result": {
-                "protocolVersion": msg["params"]["protocolVersion"],
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "stallwatch-fake-server", "version": "1"},
-            }})
-        elif method == "ping":
+        if isinstance(msg, list):
+            answers = [a for a in (handle(m, state) for m in msg) if a is not None]
+            if answers:
+                send(answers)
+            continue
+        answer = handle(msg, state)
+        if answer is not None:
+            send(answer)
+
+
+def handle(msg, state):
+    """The answer to one message (None for none); may exit or hang, per the mode."""
+    method, mid = msg.get("method"), msg.get("id")
+    if method == "initialize":
+        if state["hang_initialize"]:
+            return None
+        return {"jsonrpc": "2.0", "id": mid, "result": {
+            "protocolVersion": msg["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "stallwatch-fake-server", "version": "1"},
+        }}
+    if method == "ping":
+        if MODE == "old-ping" and not state["old_ping_sent"] and isinstance(mid, str):
+            state["old_ping_sent"] = True
             send({"jsonrpc": "2.0", "id": mid, "result": {}})
-            if MODE == "old-ping" and not old_ping_sent and isinstance(mid, str):
-                old_ping_sent = True
-                prefix = mid.rsplit("-", 1)[0]
-                send({"jsonrpc": "2.0", "id": f"{prefix}-999999", "result": {}})
-        elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": mid, "result": {"tools": [
-                {"name": "add", "inputSchema": {"type": "object"}},
-                {"name": "crash", "inputSchema": {"type": "object"}},
-            ]}})
-        elif method == "tools/call":
-            name = msg["params"]["name"]
-            if name == "crash":
-                sys.exit(3)
-            if name == "close" and MODE == "close-stdout" and not earlier_incarnation():
-                sys.stdout.flush()
-                try:
-                    os.close(1)
-                except OSError:
-                    pass
-                time.sleep(3600)
-            if MODE == "crash":
-                time.sleep(1)
-            args = msg["params"].get("arguments") or {}
-            text = str(args.get("a", 0) + args.get("b", 0))
-            send({"jsonrpc": "2.0", "id": mid, "result": {
-                "content": [{"type": "text", "text": text}], "isError": False}})
-        elif mid is not None:
-            send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no such method"}})
+            prefix = mid.rsplit("-", 1)[0]
+            return {"jsonrpc": "2.0", "id": f"{prefix}-999999", "result": {}}
+        return {"jsonrpc": "2.0", "id": mid, "result": {}}
+    if method == "tools/list":
+        return {"jsonrpc": "2.0", "id": mid, "result": {"tools": [
+            {"name": "add", "inputSchema": {"type": "object"}},
+            {"name": "crash", "inputSchema": {"type": "object"}},
+        ]}}
+    if method == "tools/call":
+        name = msg["params"]["name"]
+        if name == "crash":
+            sys.exit(3)
+        if name == "close" and MODE == "close-stdout" and not earlier_incarnation():
+            sys.stdout.flush()
+            try:
+                os.close(1)
+            except OSError:
+                pass
+            time.sleep(3600)
+        if MODE == "crash":
+            time.sleep(1)
+        args = msg["params"].get("arguments") or {}
+        text = str(args.get("a", 0) + args.get("b", 0))
+        return {"jsonrpc": "2.0", "id": mid, "result": {
+            "content": [{"type": "text", "text": text}], "isError": False}}
+    if mid is not None:
+        return {"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no such method"}}
+    return None
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@
 //! `initialize` with id `"stallwatch-init-<generation>"`; their answers are never shown to
 //! the client, however late they come.
 //!
+//! A JSON-RPC batch (an array on one line) is relayed as it came, its requests tracked one
+//! by one; it is re-written only to take out what must not pass: a `tools/call` the open
+//! breaker refuses, answers to the wrapper's own requests or to requests already answered
+//! in the server's place. Answers given in the server's place to a batch's requests go back
+//! as one batch.
+//!
 //! This file holds the state and the event loop; each kind of event is handled in its own
 //! module: `client.rs` (requests from the client, admission, answers in the server's place),
 //! `answers.rs` (lines from the server, pings), `breaker.rs` (the sidecar's breaker news),
@@ -84,6 +90,9 @@ struct InFlight {
     method: String,
     span: McpSpan,
     progress_token: Option<String>,
+    /// The client's batch it came in (a number of this wrapper run), if any: answers in the
+    /// server's place go back in one batch per client batch.
+    batch: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -114,6 +123,8 @@ struct Relay {
     server: Option<Server>,
     generation: u64,
     inflight: HashMap<String, InFlight>,
+    /// Client batches seen so far (numbers [`InFlight::batch`]).
+    batch_seq: u64,
     answered: HashSet<String>,
     pings: VecDeque<(String, Instant)>,
     ping_seq: u64,
@@ -225,6 +236,7 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
         server: None,
         generation: 0,
         inflight: HashMap::new(),
+        batch_seq: 0,
         answered: HashSet::new(),
         pings: VecDeque::new(),
         ping_seq: 0,
