@@ -96,11 +96,14 @@ impl Forensics {
     /// Removes what runners no longer registered left in `<data_dir>/run/`: stacks files
     /// (`<id>.<instance>.stacks`, and what a kit names after one) of instances not in
     /// `current` (`(id, instance_id)`), and heartbeat sockets (`<id>.sock`, only if it is a
-    /// socket at least `stale_socket_age` old, `STALE_SOCKET_AGE` outside tests) of runner
-    /// ids not in it. The folder is this instance's own (its data folder is locked), so
+    /// socket at least `stale_socket_age` old, `STALE_SOCKET_AGE` outside tests, that no
+    /// process accepts connections on) of runner ids not in it. Whatever belongs to a runner
+    /// whose socket is live stays: it still runs (a runner of the previous run, before the
+    /// orphan sweep registers it again). The folder is this instance's own (its data folder is locked), so
     /// nothing there belongs to another stallwatch.
     pub fn clean_run_dir(&self, current: &[(String, String)], stale_socket_age: Duration) {
-        let Ok(dir) = std::fs::read_dir(self.data_dir.join("run")) else {
+        let dir_path = self.data_dir.join("run");
+        let Ok(dir) = std::fs::read_dir(&dir_path) else {
             return;
         };
         let instances: HashSet<String> = current
@@ -120,7 +123,10 @@ impl Forensics {
                             .and_then(|t| t.elapsed().ok())
                             .is_some_and(|age| age >= stale_socket_age)
                 });
-                if stale && !ids.contains(id) {
+                // A socket a process still accepts connections on is a live runner's: one
+                // re-adopted after a restart, before the orphan sweep registers it again
+                // (removing it cost a healthy runner its heartbeat, and then its life).
+                if stale && !ids.contains(id) && !crate::runner::socket_in_use(&e.path()) {
                     let _ = std::fs::remove_file(e.path());
                 }
                 continue;
@@ -129,7 +135,13 @@ impl Forensics {
             let Some(stem) = name.find(".stacks").map(|i| &name[..i]) else {
                 continue;
             };
-            if !instances.contains(stem) {
+            // A runner not registered keeps its files while its heartbeat socket is live
+            // (its process still runs and may be re-adopted with that very instance).
+            let live = stem.rsplit_once('.').is_some_and(|(id, _)| {
+                !ids.contains(id)
+                    && crate::runner::socket_in_use(&dir_path.join(format!("{id}.sock")))
+            });
+            if !instances.contains(stem) && !live {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -267,13 +279,17 @@ mod tests {
         std::fs::create_dir_all(&run).unwrap();
         let fx = Forensics::new(&crate::config::ReaperConfig::new(dir.path()));
         let _live = std::os::unix::net::UnixListener::bind(run.join("live.sock")).unwrap();
-        let _gone = std::os::unix::net::UnixListener::bind(run.join("gone.sock")).unwrap();
+        // A runner not registered (yet) whose process still serves its socket: one the
+        // orphan sweep is about to re-adopt after a restart.
+        let _adopted = std::os::unix::net::UnixListener::bind(run.join("adopted.sock")).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(run.join("gone.sock")).unwrap());
         std::fs::write(run.join("plain.sock"), b"not a socket").unwrap();
         for f in [
             "live.i2.stacks",
             "live.i1.stacks",
             "live.i1.stacks.report.json",
             "gone.i9.stacks",
+            "adopted.i7.stacks",
         ] {
             std::fs::write(run.join(f), b"x").unwrap();
         }
@@ -288,7 +304,16 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, ["live.i2.stacks", "live.sock", "plain.sock"]);
+        assert_eq!(
+            left,
+            [
+                "adopted.i7.stacks",
+                "adopted.sock",
+                "live.i2.stacks",
+                "live.sock",
+                "plain.sock"
+            ]
+        );
     }
 
     #[test]
