@@ -54,6 +54,13 @@ pub struct Entry {
     pub sla: Option<Duration>,
     /// True for a parent only named by an open child: shown, never acted on.
     pub inferred: bool,
+    /// True for an entry loaded from the previous run ([`Ledger::load`]) that no record
+    /// has confirmed since: its end may have been sent, and lost, while stallwatch was
+    /// down (the exporter gave up its retries), so it is shown but never judged, like an
+    /// inferred one, until a record of it arrives (a kit refreshes a running tool span
+    /// every few seconds; an end closes it). Judging it had tripped healthy runners whose
+    /// span ended during the downtime (docs/design.md, Orphan sweep).
+    pub restored: bool,
     /// First arrival.
     pub first_seen: Instant,
     /// Latest arrival.
@@ -278,6 +285,7 @@ impl Ledger {
                     }
                 }
                 e.inferred = false;
+                e.restored = false;
                 e.last_seen = e.last_seen.max(now);
                 e.last_seen_unix_nano = e.last_seen_unix_nano.max(now_unix_nano);
                 e.name = rec.name.clone();
@@ -360,6 +368,7 @@ impl Ledger {
                         sla_override_ms: None,
                         sla: None,
                         inferred: true,
+                        restored: false,
                         first_seen: now,
                         last_seen: now,
                         refreshes: 0,
@@ -392,12 +401,16 @@ impl Ledger {
         }
     }
 
-    /// Drops inferred entries not refreshed for `max_age` (a parent that never arrives).
+    /// Drops inferred entries not refreshed for `max_age` (a parent that never arrives),
+    /// and restored ones no record confirmed for as long (an end lost while stallwatch was
+    /// down).
     pub fn sweep_inferred(&mut self, now: Instant, max_age: Duration) {
         let old: Vec<SpanKey> = self
             .entries
             .values()
-            .filter(|e| e.inferred && now.saturating_duration_since(e.last_seen) > max_age)
+            .filter(|e| {
+                (e.inferred || e.restored) && now.saturating_duration_since(e.last_seen) > max_age
+            })
             .map(|e| e.key)
             .collect();
         for k in old {
@@ -428,6 +441,7 @@ impl Ledger {
 
     /// Rebuilds entries from the durable copy (at start). Rows from another boot get
     /// `now` as their arrival times (their monotonic offsets mean nothing after a reboot).
+    /// Every loaded entry is [`Entry::restored`] until a record of it arrives.
     pub fn load(&mut self, rows: Vec<LedgerRow>, clock: &MonoClock, now: Instant) {
         for r in rows {
             let key = SpanKey {
@@ -452,6 +466,7 @@ impl Ledger {
                 sla_override_ms: r.sla_override_ms.map(|v| v.min(i64::MAX as u64) as i64),
                 sla: r.sla_ms.map(Duration::from_millis),
                 inferred: r.state == SpanState::Inferred,
+                restored: true,
                 first_seen: first,
                 last_seen: last,
                 refreshes,
@@ -511,6 +526,7 @@ fn new_entry(
         sla_override_ms: rec.sla_override_ms,
         sla,
         inferred: false,
+        restored: false,
         first_seen,
         last_seen: now,
         refreshes: 0,

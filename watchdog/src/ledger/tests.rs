@@ -226,3 +226,55 @@ fn an_ended_key_is_remembered_for_at_least_the_capacity_and_then_forgotten() {
     }
     assert_eq!(l.apply(&fresh, t0, 3, &cfg, &|_| None), Applied::Opened);
 }
+
+/// A span loaded from the previous run is not judged until a record of it arrives: its end
+/// may have been sent, and lost, while stallwatch was down. After a crash and a restart,
+/// spans that had ended meanwhile were judged over their SLA (downtime included) and tripped
+/// healthy runners. A refresh confirms it: it is then judged from its first arrival,
+/// downtime included (a span stuck across the restart); never confirmed, it is swept like
+/// an inferred entry.
+#[test]
+fn a_restored_span_is_judged_only_once_a_record_confirms_it() {
+    let cfg = WatchdogConfig::default();
+    let none = |_| None;
+    let clock = MonoClock::with_boot_id("boot-a".into());
+    let t0 = Instant::now();
+    let mut before = Ledger::new();
+    before.apply(&open(2, None, true), t0, 1, &cfg, &none);
+    before.apply(&open(3, None, true), t0, 1, &cfg, &none);
+    let rows: Vec<LedgerRow> = before
+        .take_writes(&clock)
+        .into_iter()
+        .filter_map(|w| match w {
+            LedgerWrite::Upsert(r) => Some(*r),
+            LedgerWrite::Remove(..) => None,
+        })
+        .collect();
+    assert_eq!(rows.len(), 2);
+    // the restart: a new ledger on the same boot, 90 s later (past the 60 s SLA)
+    let restart = t0 + Duration::from_secs(90);
+    let mut after = Ledger::new();
+    after.load(rows, &clock, restart);
+    assert!(after.get(&key(2)).unwrap().restored);
+    assert_eq!(after.worst_for("r1", restart, cfg.staleness), None);
+    assert_eq!(after.next_crossing("r1", restart, cfg.staleness), None);
+    // span 2 ended while stallwatch was down: its late end closes it
+    assert_eq!(
+        after.apply(&Record::Ended(key(2)), restart, 2, &cfg, &none),
+        Applied::Closed
+    );
+    // span 3 still runs: its refresh confirms it, judged from its first arrival
+    let refreshed = restart + Duration::from_secs(1);
+    after.apply(&open(3, None, true), refreshed, 3, &cfg, &none);
+    assert!(!after.get(&key(3)).unwrap().restored);
+    let w = after.worst_for("r1", refreshed, cfg.staleness).unwrap();
+    assert_eq!((w.key, w.elapsed), (key(3), Duration::from_secs(91)));
+    // a restored span never confirmed is swept after the max age, like an inferred one
+    let rows = vec![to_row(after.get(&key(3)).unwrap(), &clock)];
+    let mut again = Ledger::new();
+    again.load(rows, &clock, refreshed);
+    again.sweep_inferred(refreshed + Duration::from_secs(10), Duration::from_secs(60));
+    assert!(again.get(&key(3)).is_some());
+    again.sweep_inferred(refreshed + Duration::from_secs(61), Duration::from_secs(60));
+    assert!(again.get(&key(3)).is_none());
+}

@@ -35,7 +35,8 @@ impl Ledger {
     }
 
     /// The worst open tool span of `runner` at `now`: highest elapsed / SLA; inferred
-    /// entries never count (docs/design.md, SLA and staleness).
+    /// entries and restored ones not confirmed since ([`super::Entry::restored`]) never
+    /// count (docs/design.md, SLA and staleness; Orphan sweep).
     pub fn worst_for(&self, runner: &str, now: Instant, staleness: Duration) -> Option<WorstView> {
         self.worst_where(runner, now, staleness, |_| true)
     }
@@ -65,7 +66,7 @@ impl Ledger {
             let Some(e) = self.entries.get(k).filter(|e| keep(e)) else {
                 continue;
             };
-            let (Some(sla), false) = (e.sla, e.inferred) else {
+            let (Some(sla), false) = (e.sla, e.inferred || e.restored) else {
                 continue;
             };
             let elapsed = now.saturating_duration_since(e.first_seen);
@@ -102,7 +103,7 @@ impl Ledger {
             let Some(e) = self.entries.get(k) else {
                 continue;
             };
-            let (Some(sla), false) = (e.sla, e.inferred) else {
+            let (Some(sla), false) = (e.sla, e.inferred || e.restored) else {
                 continue;
             };
             let mut cands = [Some(e.first_seen + sla), None];

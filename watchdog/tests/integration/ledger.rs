@@ -197,10 +197,29 @@ async fn ledger_survives_reopening_the_storage() {
     reopened.shutdown().await;
     drop(reopened);
 
-    // a fresh watchdog reloads it: elapsed counts from the first arrival, not the reload
+    // a fresh watchdog reloads it, but does not judge it until a record confirms it (its
+    // end may have been lost while stallwatch was down) ...
     let mut rig = Rig::start_in(dir, fast_config()).await;
     rig.register("keeper", None, None, false).await;
     let mut board = rig.handle.board();
+    wait_for("the runner on the board", LONG, || {
+        let b = board.borrow_and_update().clone();
+        async move { b.get("keeper").map(|_| ()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = board.borrow_and_update().clone();
+    assert_eq!(
+        b.get("keeper").and_then(|r| r.worst_span.clone()),
+        None,
+        "a restored span was judged before a record confirmed it"
+    );
+    // ... then its refresh: elapsed counts from the first arrival, not the reload
+    rig.observe_spans(batch(
+        res.clone(),
+        vec![tool_span(7, 7, "long_tool", Some(600_000), 0)],
+    ))
+    .await;
     let worst = wait_for("reloaded worst span", LONG, || {
         let b = board.borrow_and_update().clone();
         async move { b.get("keeper")?.worst_span.clone() }
