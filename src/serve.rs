@@ -39,6 +39,10 @@ const RUNNER_CHANGE_QUEUE: usize = 256;
 const CONTROL_QUEUE: usize = 64;
 /// Deadline for each shutdown stage.
 const STAGE_DEADLINE: Duration = Duration::from_secs(10);
+/// After a second stop signal, how long the hurried termination sequences of the spawned
+/// runners are still waited for (they send SIGKILL within a poll) before the last resort,
+/// `kill_all_registered`.
+const HURRIED_STOP_WAIT: Duration = Duration::from_secs(6);
 
 /// Where `serve` stands with JSON logs, for [`report_fatal`]: 0 text, 1 JSON asked for
 /// (`--log-format json` or `STALLWATCH_LOG_FORMAT`) before logging started, 2 JSON logging
@@ -500,11 +504,14 @@ async fn serve(
     let hurry = CancellationToken::new();
     let hurry_task = tokio::spawn({
         let hurry = hurry.clone();
+        let reaper = reaper.clone();
         async move {
             signals.wait(&CancellationToken::new()).await;
             tracing::warn!(
                 "second stop signal: spawned runners get SIGKILL now, open connections are dropped"
             );
+            // Every termination running (a trip's, a shutdown's) skips the rest of its grace.
+            reaper.hurry();
             hurry.cancel();
         }
     });
@@ -517,15 +524,22 @@ async fn serve(
     if !early("collector") {
         stage("collector", collector_task, &hurry).await;
     }
-    // 2. Spawned runners get the normal termination sequence (attached ones are left).
+    // 2. Spawned runners get the normal termination sequence (attached ones are left). A
+    //    second stop signal hurries the sequences (SIGKILL now, recorded as their own step),
+    //    which are then waited for a little longer; what still runs after that gets the
+    //    last resort below.
+    let stop_all = reaper.stop_spawned_runners();
+    tokio::pin!(stop_all);
     let stopped = tokio::select! {
-        r = tokio::time::timeout(STAGE_DEADLINE * 3, reaper.stop_spawned_runners()) => {
+        r = tokio::time::timeout(STAGE_DEADLINE * 3, &mut stop_all) => {
             if r.is_err() {
                 tracing::warn!("stopping spawned runners passed its deadline");
             }
             r.is_ok()
         }
-        () = hurry.cancelled() => false,
+        () = hurry.cancelled() => tokio::time::timeout(HURRIED_STOP_WAIT, &mut stop_all)
+            .await
+            .is_ok(),
     };
     if !stopped {
         let n = reaper.kill_all_registered().await;

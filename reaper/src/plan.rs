@@ -137,6 +137,14 @@ impl Plan {
 }
 
 impl Plan {
+    /// A second stop signal of stallwatch (the user pressing Ctrl-C again): no more grace.
+    /// The wait after SIGTERM (the leader's group, then the escaped descendants) ends at
+    /// the next step and SIGKILL follows, through the same proven paths and recorded
+    /// steps as at the end of a grace period.
+    pub fn hurry(&mut self) {
+        self.grace = Duration::ZERO;
+    }
+
     /// The actions of the latest step were carried out at `at` (time since the termination
     /// began): the wait the plan is in starts from there, so the grace period runs from the
     /// moment SIGTERM was sent and recorded, not from the observation before it.

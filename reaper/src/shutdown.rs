@@ -157,13 +157,15 @@ async fn ledger(
 }
 
 /// Stops every member together: SIGTERM to all, one grace period, SIGKILL to survivors,
-/// reap. Answers one report per member, in order. Never fails: problems are steps.
+/// reap. Answers one report per member, in order. Never fails: problems are steps. Once
+/// `hurry` is cancelled (a second stop signal) the grace period ends at once.
 pub async fn stop_all(
     storage: &Storage,
     stats: &ReaperStats,
     grace: Duration,
     members: &[Member<'_>],
     cause: &StopCause,
+    hurry: Option<&tokio_util::sync::CancellationToken>,
 ) -> Vec<TerminationReport> {
     let started = Instant::now();
     stats
@@ -262,7 +264,7 @@ pub async fn stop_all(
             }
             left += usize::from(!st.gone);
         }
-        if left == 0 || Instant::now() >= deadline {
+        if left == 0 || Instant::now() >= deadline || hurry.is_some_and(|h| h.is_cancelled()) {
             break;
         }
         tokio::time::sleep(POLL).await;

@@ -46,6 +46,9 @@ pub struct Target<'a> {
     /// True when the leader is an unreaped child of stallwatch leading its own group:
     /// group signals (`kill(-pgid)`) are allowed and the leader is reaped at the end.
     pub own_child_group: bool,
+    /// Cancelled by a second stop signal of stallwatch: the grace period ends at once
+    /// ([`crate::plan::Plan::hurry`]). `None`: never hurried.
+    pub hurry: Option<&'a tokio_util::sync::CancellationToken>,
 }
 
 /// One recorded process: pid, start time and group.
@@ -479,6 +482,9 @@ pub(crate) async fn terminate_traced(
         term_detail: None,
     };
     while plan.phase != Phase::Done {
+        if t.hurry.is_some_and(|h| h.is_cancelled()) {
+            plan.hurry();
+        }
         let seen = x.observe();
         let now = run.started.elapsed();
         let actions = plan::advance(&mut plan, now, seen);

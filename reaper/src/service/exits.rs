@@ -106,6 +106,7 @@ impl ReaperHandle {
                     pid: entry.pid,
                     pidfd: st.pidfd.as_ref(),
                     own_child_group: true,
+                    hurry: Some(&self.inner.hurry),
                 },
                 &StopCause::ExitCleanup,
                 None,

@@ -108,6 +108,13 @@ struct Inner {
     events: EventBus,
     changes: mpsc::Sender<RunnerChange>,
     shutdown: CancellationToken,
+    /// Cancelled by [`ReaperHandle::hurry`]: running terminations skip the rest of their
+    /// grace period.
+    hurry: CancellationToken,
+    /// The trips being handled (termination, rollback, span ends, incident): waited for
+    /// before the reaper stops, so an ordered shutdown never cuts one off before its
+    /// records are written.
+    trip_tasks: tokio_util::task::TaskTracker,
     stats: Arc<ReaperStats>,
     checkpoints: Checkpoints,
     runners: Mutex<HashMap<String, Arc<Entry>>>,
@@ -157,6 +164,8 @@ impl Reaper {
             events,
             changes,
             shutdown: shutdown.clone(),
+            hurry: CancellationToken::new(),
+            trip_tasks: tokio_util::task::TaskTracker::new(),
             stats,
             runners: Mutex::new(HashMap::new()),
             restarts: Mutex::new(HashMap::new()),
@@ -230,7 +239,7 @@ impl Reaper {
                     t = trips.recv() => match t {
                         Some(trip) => {
                             let h2 = h.clone();
-                            tokio::spawn(async move { h2.on_trip(trip).await; });
+                            h.inner.trip_tasks.spawn(async move { h2.on_trip(trip).await; });
                         }
                         None => {
                             // No more trips; keep reaping until shutdown.
@@ -243,6 +252,10 @@ impl Reaper {
                 }
             }
             h.stop_spawned_runners().await;
+            // A trip still being handled (an attached runner in its grace period) finishes
+            // and writes its records while storage is still open.
+            h.inner.trip_tasks.close();
+            h.inner.trip_tasks.wait().await;
             sweep_task.abort();
             let mut none = HashMap::new();
             h.reap_unowned(&mut none, true);
@@ -252,6 +265,13 @@ impl Reaper {
 }
 
 impl ReaperHandle {
+    /// A second stop signal: every termination running now or later skips the rest of its
+    /// grace period and sends SIGKILL at once, through its own proven paths, recording the
+    /// step ([`crate::plan::Plan::hurry`]). Call before [`ReaperHandle::kill_all_registered`].
+    pub fn hurry(&self) {
+        self.inner.hurry.cancel();
+    }
+
     /// The reaper's counters (a [`stallwatch_storage::MetricsSource`]).
     pub fn stats(&self) -> Arc<ReaperStats> {
         self.inner.stats.clone()

@@ -21,6 +21,10 @@ use super::{Entry, ReaperHandle, OWNED_PIDS};
 /// writer's group commits, few enough that thousands of runners never queue thousands
 /// of transactions at once ahead of everything else.
 const AFTER_STOP_PARALLEL: usize = 64;
+/// How long [`ReaperHandle::kill_all_registered`] waits for the lock of a runner whose
+/// hurried termination is running: SIGKILL follows within a poll (10 ms); the wait for the
+/// processes' exit after it is what takes longer.
+pub const HURRIED_LOCK_WAIT: Duration = Duration::from_secs(3);
 use crate::ends::EndCause;
 use crate::platform::{self};
 use crate::spans::EndEvent;
@@ -83,6 +87,7 @@ impl ReaperHandle {
             self.inner.config.grace,
             &members,
             &StopCause::Shutdown,
+            Some(&self.inner.hurry),
         )
         .await;
         drop(members);
@@ -115,30 +120,35 @@ impl ReaperHandle {
         out
     }
 
-    /// Past the shutdown deadline: SIGKILL every spawned runner still registered (its group
-    /// while it is our unreaped child, else through its pidfd) and reap our own, so
-    /// stallwatch never exits with a spawned runner alive (issue 17 #10). Never waits on a
-    /// runner's lock. Answers how many were signalled.
+    /// Past the shutdown deadline, or at a second stop signal: SIGKILL every spawned runner
+    /// still registered (its group while it is our unreaped child, else through its pidfd)
+    /// and reap our own, so stallwatch never exits with a spawned runner alive (issue 17
+    /// #10). A runner whose termination is running (its lock held) is left to it: the
+    /// sequence is hurried ([`ReaperHandle::hurry`], which this calls) and sends its own
+    /// SIGKILL with its proofs; its lock is waited for up to [`HURRIED_LOCK_WAIT`]. Signalling
+    /// its group from here, without the lock, hit an unrelated group that had reused the
+    /// pid once the sequence had reaped the leader. Answers how many were signalled here.
     pub async fn kill_all_registered(&self) -> usize {
+        self.hurry();
         let mut n = 0;
         let mut reap = Vec::new();
         for e in self.entries().into_iter().filter(|e| e.stop_at_shutdown) {
             let own = e.spawned && self.owns(e.pid);
-            let Ok(mut g) = e.proc.try_lock() else {
-                if own {
-                    // Held by a sequence that missed the deadline: the group is still pinned.
-                    let pgid = e.pid;
-                    n += usize::from(
-                        platform::send_signal(
-                            platform::SignalTarget::Group { pgid },
-                            platform::Sig::Kill,
-                        )
-                        .is_ok(),
-                    );
-                    reap.push(e.pid);
-                }
-                continue;
+            let mut g = match e.proc.try_lock() {
+                Ok(g) => g,
+                Err(_) => match tokio::time::timeout(HURRIED_LOCK_WAIT, e.proc.lock()).await {
+                    Ok(g) => g,
+                    Err(_) => {
+                        tracing::warn!(
+                            runner = %e.id,
+                            "its hurried termination still runs; not signalled from here"
+                        );
+                        continue;
+                    }
+                },
             };
+            // The lock holder may have reaped the leader: only then is the pid no longer ours.
+            let own = own && self.owns(e.pid);
             let Some(fd) = g.pidfd.as_ref() else { continue };
             if g.finished || platform::pidfd_exited(platform::borrow(fd)) {
                 continue;
@@ -207,6 +217,7 @@ impl ReaperHandle {
                 pid: entry.pid,
                 pidfd: st.pidfd.as_ref(),
                 own_child_group: own_child,
+                hurry: Some(&self.inner.hurry),
             },
             cause,
             resume,

@@ -40,6 +40,7 @@ async fn run_and_check(script: &str, settle: Duration, grace: Duration) -> Termi
         pid,
         pidfd: Some(&fd),
         own_child_group: true,
+        hurry: None,
     };
     let (report, trace) = terminate_traced(
         &storage,
