@@ -2,7 +2,8 @@
 
 Run: python bench/bench_tool_span.py [N]. The endpoint is a closed local port, so every
 snapshot export fails (the worst case for the export thread); the numbers show what the
-tool itself pays: on_start only records the span and enqueues it.
+tool itself pays: on_start records the span, enqueues it and waits (at most
+FIRST_SNAPSHOT_WAIT_S) for the export thread's first attempt at its snapshot.
 """
 
 from __future__ import annotations

@@ -7,8 +7,18 @@ sends that snapshot as soon as a tool span starts and again every ``refresh_inte
 while it runs, so stallwatch can tell a long tool (fresh) from a dead one (stale).
 
 Rules that keep the watched tool safe:
-- ``on_start``/``on_end`` only touch a dict and put into a bounded queue (no I/O, no
-  waiting); a full queue drops the record.
+- ``on_start``/``on_end`` only touch a dict and put into a bounded queue (no I/O); a
+  full queue drops the record. The one wait: a *tool* span's ``on_start`` waits, at most
+  ``first_snapshot_wait_s`` (:data:`FIRST_SNAPSHOT_WAIT_S`, 100 ms; 0 never waits), for
+  the export thread's first attempt at that span's snapshot to finish (sent or failed).
+  The export thread needs the GIL; a tool whose body starts with a native call that holds
+  the GIL (``sum(range(10**9))``, a long NumPy or regex call) would otherwise keep the
+  snapshot from ever leaving, and stallwatch would judge the runner "heartbeat lost, no
+  span" after the heartbeat timeout instead of "suspect in a known tool span" after
+  min(SLA, 30 s). Waiting on an event releases the GIL, so the export thread runs. Never
+  for a non-tool span, never when the record was dropped, never from the export thread;
+  once a wait has run out, later starts do not wait until the export thread has finished
+  an attempt again, so a hung or absent sidecar costs at most one bound, not one per span.
 - Exports run on one daemon thread with a short per-request timeout; nothing is ever
   retried in the tool's thread.
 - A tool span whose *first* snapshot failed is retried at once from the export thread
@@ -54,6 +64,9 @@ MAX_TRACKED_SPANS = 4096
 FIRST_RETRY_DELAY_S = 0.05
 #: Longest delay in seconds between retries of a failed first snapshot.
 MAX_RETRY_DELAY_S = 1.0
+#: Default longest wait in seconds of a tool span's start for the export thread's first
+#: attempt at its snapshot (see the module docs); 0 never waits.
+FIRST_SNAPSHOT_WAIT_S = 0.1
 
 #: Name of the export thread; exporter log records from it are filtered (see below).
 THREAD_NAME = "stallwatch-onstart"
@@ -141,19 +154,31 @@ class OnStartSpanProcessor(SpanProcessor):
 
     ``exporter`` is any :class:`SpanExporter` (``setup()`` passes an
     ``OTLPSpanExporter`` with the SDK's endpoint/headers and a short timeout);
-    ``refresh_interval_s`` is the seconds between refreshes (> 0). The processor owns
-    the exporter and shuts it down in :meth:`shutdown`.
+    ``refresh_interval_s`` is the seconds between refreshes (> 0);
+    ``first_snapshot_wait_s`` the longest a tool span's start waits for the first attempt
+    at its snapshot (>= 0; 0 never waits; see the module docs). The processor owns the
+    exporter and shuts it down in :meth:`shutdown`.
     """
 
     def __init__(
         self,
         exporter: SpanExporter,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
+        first_snapshot_wait_s: float = FIRST_SNAPSHOT_WAIT_S,
     ) -> None:
         if not refresh_interval_s > 0:
             raise ValueError(f"refresh_interval_s must be > 0, got {refresh_interval_s!r}")
+        if not first_snapshot_wait_s >= 0:
+            raise ValueError(f"first_snapshot_wait_s must be >= 0, got {first_snapshot_wait_s!r}")
         self._exporter = exporter
         self._interval = float(refresh_interval_s)
+        self._first_wait = float(first_snapshot_wait_s)
+        # span id -> event set once the export thread's first attempt at its snapshot is
+        # over; only while its on_start waits.
+        self._waiting: Dict[int, threading.Event] = {}
+        # A start's wait ran out and the export thread has finished no attempt since:
+        # starts do not wait meanwhile (a hung exporter costs one bound, not one per span).
+        self._behind = False
         self._starts: "queue.Queue[Optional[Union[Span, ReadableSpan]]]" = queue.Queue(maxsize=MAX_QUEUED_STARTS)
         self._tools: Dict[int, Span] = {}
         # span id -> monotonic time its start was queued, until a snapshot of it is exported.
@@ -171,7 +196,7 @@ class OnStartSpanProcessor(SpanProcessor):
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
-    # -- called in the tool's thread: never block -------------------------------------
+    # -- called in the tool's thread: never block (but see _await_first_attempt) -------
 
     def on_start(self, span: Span, parent_context: Optional[Context] = None) -> None:
         if self._stopped.is_set():
@@ -182,22 +207,53 @@ class OnStartSpanProcessor(SpanProcessor):
                 return
             key = ctx.span_id
             if is_tool_span(span.attributes):
+                event: Optional[threading.Event] = None
                 with self._lock:
                     if len(self._tools) >= MAX_TRACKED_SPANS:
                         self.dropped += 1
                         return
                     self._tools[key] = span
                     self._unacked[key] = time.monotonic()
+                    if (
+                        self._first_wait > 0
+                        and not self._behind
+                        and threading.current_thread() is not self._thread
+                        and self._thread.is_alive()
+                    ):
+                        event = self._waiting[key] = threading.Event()
                 try:
                     self._starts.put_nowait(span)
                 except queue.Full:
                     self.dropped += 1
+                    if event is not None:
+                        with self._lock:
+                            self._waiting.pop(key, None)
+                    return
+                if event is not None:
+                    self._await_first_attempt(key, event)
             else:
                 with self._lock:
                     if len(self._candidates) < MAX_TRACKED_SPANS:
                         self._candidates[key] = span
         except Exception:  # pragma: no cover - never raise into the tool
             _logger.debug("stallwatch: on_start failed", exc_info=True)
+
+    def _await_first_attempt(self, key: int, event: threading.Event) -> None:
+        # Event.wait releases the GIL, so the export thread can send the snapshot before
+        # the tool's first native call takes the GIL back (module docs).
+        try:
+            event.wait(self._first_wait)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt): the SDK never hands this span to the tool,
+            # so nobody ends it; forget it rather than refresh it for ever.
+            with self._lock:
+                self._waiting.pop(key, None)
+                self._tools.pop(key, None)
+                self._unacked.pop(key, None)
+            raise
+        with self._lock:
+            if self._waiting.pop(key, None) is not None:
+                self._behind = True  # the wait ran out; the export thread is busy or hung
 
     def on_end(self, span: ReadableSpan) -> None:
         """Forget the span; for a tool span, export its ended copy at once (never blocking).
@@ -227,6 +283,15 @@ class OnStartSpanProcessor(SpanProcessor):
 
     def _run(self) -> None:
         _block_dump_signal()
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                waiting, self._waiting = self._waiting, {}
+            for event in waiting.values():
+                event.set()
+
+    def _loop(self) -> None:
         next_refresh = time.monotonic() + self._interval
         while not self._stopped.is_set():
             wake = next_refresh if self._retry_at is None else min(next_refresh, self._retry_at)
@@ -278,6 +343,22 @@ class OnStartSpanProcessor(SpanProcessor):
         return 0.0 if oldest is None else max(0.0, now - oldest)
 
     def _export(self, spans: Sequence[Union[Span, ReadableSpan]]) -> None:
+        try:
+            self._export_once(spans)
+        finally:
+            self._attempted(spans)
+
+    def _attempted(self, spans: Sequence[Union[Span, ReadableSpan]]) -> None:
+        # An attempt at these spans is over (sent, failed, or nothing left to send):
+        # release the starts waiting for them.
+        keys = [ctx.span_id for ctx in (_context(s) for s in spans) if ctx is not None]
+        with self._lock:
+            self._behind = False
+            events = [e for e in (self._waiting.pop(k, None) for k in keys) if e is not None]
+        for event in events:
+            event.set()
+
+    def _export_once(self, spans: Sequence[Union[Span, ReadableSpan]]) -> None:
         # Ended spans go out as they are; running ones as snapshots with end time 0.
         snaps: List[ReadableSpan] = []
         for span in spans:
