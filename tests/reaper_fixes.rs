@@ -89,3 +89,58 @@ fn a_symlinked_staging_folder_is_refused_over_http() {
     }
     server.stop();
 }
+
+/// A runner registered again under the id of one that had just exited, while that exit was
+/// still being recorded (its output readers wait up to 500 ms for a process that holds its
+/// stdout): the old exit's record landed on the new registration (its row marked exited,
+/// the watchdog told it was gone), which was then never watched. The registration now waits
+/// for the old record to be written, then takes the id whole.
+#[test]
+fn a_registration_right_after_an_exit_is_not_taken_for_the_exited_one() {
+    use crate::support::{incidents, post_json, runner, spawn_runner};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    spawn_runner(
+        &server,
+        "again",
+        // the child leaves its group and the instance mark (not the runner's own, so left
+        // running) and keeps the runner's stdout open for 3 s
+        &["sh", "-c", "setsid env -i sleep 3 & sleep 0.5; exit 0"],
+        None,
+        &[],
+    );
+    let body = serde_json::json!({"id": "again", "spawn": {"argv": ["sleep", "600"]}});
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let new = loop {
+        let (st, v) = post_json(&server, "/api/v1/runners", &body);
+        if st == 200 || st == 201 {
+            break v;
+        }
+        assert_eq!(st, 409, "{v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never registered again: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let pid = new["pid"].as_u64().unwrap();
+    // Well past the old exit's record: the new registration is still the one on the board.
+    std::thread::sleep(Duration::from_secs(2));
+    let r = runner(&server, "again");
+    assert_eq!(r["pid"].as_u64(), Some(pid), "{r:#}");
+    assert!(process_alive(pid));
+    assert_ne!(r["lifecycle"], "exited", "{r:#}");
+    let exits: Vec<serde_json::Value> = incidents(&server, "again")
+        .into_iter()
+        .filter(|i| i["event"] == "runner.exited")
+        .collect();
+    assert_eq!(exits.len(), 1, "{exits:#?}");
+    assert_ne!(
+        exits[0]["evidence"]["pid"].as_u64(),
+        Some(pid),
+        "{exits:#?}"
+    );
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+}

@@ -82,6 +82,7 @@ impl ReaperHandle {
             )
             .await;
             h.notify(RunnerChange::Gone { id, removed: false }).await;
+            entry.settle();
         });
     }
 
@@ -174,6 +175,7 @@ impl ReaperHandle {
             removed: false,
         })
         .await;
+        entry.settle();
         if !success {
             self.maybe_restart(&entry, &format!("exited with {}", exit.describe()))
                 .await;

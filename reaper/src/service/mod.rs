@@ -92,9 +92,41 @@ struct Entry {
     readers: Mutex<Vec<JoinHandle<()>>>,
     proc: tokio::sync::Mutex<ProcState>,
     alive: AtomicBool,
+    /// Set once its exit or stop is wholly recorded (span ends, runner row, incident, the
+    /// watchdog told), after `alive` went false: a registration of the same id waits for it
+    /// ([`Entry::wait_settled`]), or that record landed on the new registration (its spans
+    /// closed, its row marked exited, the watchdog told it was gone).
+    settled: AtomicBool,
+    settled_notify: tokio::sync::Notify,
 }
 
+/// How long a registration waits for the previous registration of its id to be settled
+/// ([`Entry::wait_settled`]) before it is refused as in use: that takes the output readers'
+/// wait (500 ms) and a few writes.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
 impl Entry {
+    /// Marks the exit or stop of this registration wholly recorded, waking a registration
+    /// of the same id that waits for it.
+    fn settle(&self) {
+        self.settled.store(true, Ordering::SeqCst);
+        self.settled_notify.notify_waiters();
+    }
+
+    /// Waits up to `limit` for [`Entry::settle`]; true once settled.
+    async fn wait_settled(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.settled_notify.notified();
+            if self.settled.load(Ordering::SeqCst) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.settled.load(Ordering::SeqCst);
+            }
+        }
+    }
+
     /// The instance mark its descendants carry: spawned runners (of this run or re-adopted)
     /// got `STALLWATCH_RUNNER_INSTANCE=<instance_id>`; an attached process did not.
     fn mark(&self) -> Option<&str> {

@@ -32,7 +32,9 @@ impl ReaperHandle {
         runner::validate_spec(&spec)?;
         self.check_capacity(&spec.id)?;
         if let Some(old) = self.entry(&spec.id) {
-            if old.alive.load(Ordering::SeqCst) {
+            // Its process is gone, but its exit or stop may still be being recorded: that
+            // record must not land on this registration.
+            if old.alive.load(Ordering::SeqCst) || !old.wait_settled(super::SETTLE_WAIT).await {
                 return Err(RegisterError::IdInUse(spec.id.clone()));
             }
         }
@@ -189,6 +191,8 @@ impl ReaperHandle {
                 last_report: None,
             }),
             alive: AtomicBool::new(true),
+            settled: AtomicBool::new(false),
+            settled_notify: tokio::sync::Notify::new(),
         });
         let mut readers = Vec::new();
         if let Ok(out) = tokio::process::ChildStdout::from_std(proc.stdout) {
@@ -366,6 +370,8 @@ impl ReaperHandle {
                 last_report: None,
             }),
             alive: AtomicBool::new(true),
+            settled: AtomicBool::new(false),
+            settled_notify: tokio::sync::Notify::new(),
         });
         if let Ok(mut m) = self.inner.runners.lock() {
             m.insert(id.clone(), entry.clone());

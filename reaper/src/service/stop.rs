@@ -355,6 +355,7 @@ impl ReaperHandle {
             removed: cause.removes_runner(),
         })
         .await;
+        entry.settle();
     }
 
     #[tracing::instrument(name = "reaper.trip", level = "info", skip_all, fields(runner_id = %trip.runner_id, verdict = %trip.verdict))]
