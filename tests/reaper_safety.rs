@@ -767,3 +767,53 @@ fn a_disk_that_fills_while_running_frees_the_reserve_for_control_records() {
     assert!(fs.path().join("reserve").exists(), "the reserve made again");
     last.stop();
 }
+
+/// A checkpoint of a runner being stopped by a trip is rolled back, never committed: a
+/// commit asked for during the runner's grace period (the runner wrote its files while it
+/// was stuck) is refused with 409, and the staged file never reaches the workspace. It was
+/// committed (half-written output in the workspace), and the trip's rollback found nothing.
+#[test]
+fn a_commit_during_a_trips_termination_is_refused_and_rolled_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = "[reaper]\ngrace_ms = 4000\nmax_restarts = 0\n[watchdog]\n\
+               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(cfg));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    // serves no heartbeat (tripped as unresponsive) and ignores SIGTERM (a grace period)
+    let reg = spawn_runner(
+        &server,
+        "stuck",
+        &["sh", "-c", "trap '' TERM; sleep 600"],
+        None,
+        &[],
+    );
+    let pid = reg["pid"].as_u64().unwrap();
+    let (id, staging) = checkpoint(&server, "stuck", &ws);
+    std::fs::write(staging.join("results.csv"), "a,b\n1,").unwrap();
+    wait_until!(Duration::from_secs(20), "the trip's SIGTERM", {
+        let (_, v) = server.get_json("/api/v1/runners/stuck");
+        v["lifecycle"] == "stopping"
+    });
+    assert!(process_alive(pid), "still in its grace period");
+    let (st, v) = post_json(
+        &server,
+        &format!("/api/v1/checkpoints/{id}/commit"),
+        &serde_json::json!({}),
+    );
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (409, Some("not_open")),
+        "{v}"
+    );
+    wait_incident(
+        &server,
+        "stuck",
+        "checkpoint.rolled_back",
+        Duration::from_secs(20),
+    );
+    assert!(
+        !ws.join("results.csv").exists(),
+        "the half-written file reached the workspace"
+    );
+}

@@ -90,6 +90,7 @@ pub async fn answer(
     checkpoints: &Checkpoints,
     req: ControlRequest,
     registered: impl Fn(&str) -> bool,
+    stopping: impl Fn(&str) -> bool,
 ) -> Option<ControlRequest> {
     match req {
         ControlRequest::CreateCheckpoint {
@@ -105,7 +106,17 @@ pub async fn answer(
             let _ = to.send(reply(r));
         }
         ControlRequest::CommitCheckpoint { id, reply: to } => {
-            let _ = to.send(reply(checkpoints.commit(&id).await));
+            // A runner being stopped (a trip, a DELETE) wrote its files while it was stuck:
+            // its open checkpoints are rolled back, never committed (a commit taken after
+            // the trip put half-written output into the workspace, and the rollback then
+            // found nothing to do).
+            let r = match checkpoints.runner_of(&id).await {
+                Ok(runner) if stopping(&runner) => Err(WireError::NotOpen(format!(
+                    "checkpoint {id} not committed: its runner {runner} is being stopped, and its open checkpoints are rolled back"
+                ))),
+                _ => reply(checkpoints.commit(&id).await),
+            };
+            let _ = to.send(r);
         }
         ControlRequest::RollbackCheckpoint { id, reply: to } => {
             let _ = to.send(reply(checkpoints.rollback(&id, "requested").await));

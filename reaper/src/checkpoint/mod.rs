@@ -210,6 +210,13 @@ impl Checkpoints {
         Ok(Created { id, path: staging })
     }
 
+    /// The runner checkpoint `id` belongs to.
+    ///
+    /// Errors: [`CheckpointError::NotFound`]; a storage failure as [`CheckpointError::Io`].
+    pub async fn runner_of(&self, id: &str) -> Result<String, CheckpointError> {
+        Ok(self.row(id).await?.runner_id)
+    }
+
     async fn row(&self, id: &str) -> Result<CheckpointRow, CheckpointError> {
         self.storage
             .checkpoint(id.to_string())

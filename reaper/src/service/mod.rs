@@ -98,6 +98,10 @@ struct Entry {
     /// closed, its row marked exited, the watchdog told it was gone).
     settled: AtomicBool,
     settled_notify: tokio::sync::Notify,
+    /// Set when a trip, a DELETE or the shutdown begins stopping it (before its lock is
+    /// taken), cleared when that stop sends nothing (no proof of identity): its checkpoints
+    /// are then refused a commit, as they are rolled back.
+    stop_begun: AtomicBool,
 }
 
 /// How long a registration waits for the previous registration of its id to be settled
@@ -322,7 +326,11 @@ impl ReaperHandle {
             }
             req if checkpoint_edge::is_checkpoint(&req) => {
                 let registered = |id: &str| self.entry(id).is_some();
-                checkpoint_edge::answer(&self.inner.checkpoints, req, registered).await;
+                let stopping = |id: &str| {
+                    self.entry(id)
+                        .is_some_and(|e| e.stop_begun.load(Ordering::SeqCst))
+                };
+                checkpoint_edge::answer(&self.inner.checkpoints, req, registered, stopping).await;
             }
             _ => {}
         }

@@ -193,6 +193,7 @@ impl ReaperHandle {
             alive: AtomicBool::new(true),
             settled: AtomicBool::new(false),
             settled_notify: tokio::sync::Notify::new(),
+            stop_begun: AtomicBool::new(false),
         });
         let mut readers = Vec::new();
         if let Ok(out) = tokio::process::ChildStdout::from_std(proc.stdout) {
@@ -372,6 +373,7 @@ impl ReaperHandle {
             alive: AtomicBool::new(true),
             settled: AtomicBool::new(false),
             settled_notify: tokio::sync::Notify::new(),
+            stop_begun: AtomicBool::new(false),
         });
         if let Ok(mut m) = self.inner.runners.lock() {
             m.insert(id.clone(), entry.clone());

@@ -44,6 +44,9 @@ impl ReaperHandle {
             .into_iter()
             .filter(|e| e.stop_at_shutdown)
             .collect();
+        for e in &entries {
+            e.stop_begun.store(true, Ordering::SeqCst);
+        }
         let permits = Arc::new(tokio::sync::Semaphore::new(AFTER_STOP_PARALLEL));
         let mut others = tokio::task::JoinSet::new();
         let mut held = Vec::new();
@@ -190,6 +193,7 @@ impl ReaperHandle {
         cause: &StopCause,
         resume: Option<Resume>,
     ) -> Option<TerminationReport> {
+        entry.stop_begun.store(true, Ordering::SeqCst);
         let mut st = entry.proc.lock().await;
         if st.finished {
             return None;
@@ -225,6 +229,7 @@ impl ReaperHandle {
         .await;
         if report.ended_by == "not_signalled" {
             st.stopping = false;
+            entry.stop_begun.store(false, Ordering::SeqCst);
             st.last_report = Some(report.clone());
             return Some(report);
         }
@@ -364,6 +369,8 @@ impl ReaperHandle {
             tracing::warn!(runner = %trip.runner_id, "trip for an unknown runner ignored");
             return;
         };
+        // From now on its checkpoints are for rolling back, not committing.
+        entry.stop_begun.store(true, Ordering::SeqCst);
         let _ = self
             .inner
             .storage

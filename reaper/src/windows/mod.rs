@@ -232,7 +232,11 @@ impl ReaperHandle {
             }
             req if checkpoint_edge::is_checkpoint(&req) => {
                 let registered = |id: &str| self.entry(id).is_some();
-                checkpoint_edge::answer(&self.inner.checkpoints, req, registered).await;
+                let stopping = |id: &str| {
+                    self.entry(id)
+                        .is_some_and(|e| e.stopping.load(Ordering::SeqCst))
+                };
+                checkpoint_edge::answer(&self.inner.checkpoints, req, registered, stopping).await;
             }
             _ => {}
         }
