@@ -358,6 +358,8 @@ fn cors_allows_127_0_0_1_and_answers_private_network_preflights() {
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (and `_LOGS_`, `_PROTOCOL`, `_HEADERS` variants) set
 /// around stallwatch reached its runners and overrode the injected endpoint. Now they are
 /// removed; a runner's own `env` still wins; its own `OTEL_RESOURCE_ATTRIBUTES` is merged.
+/// So are an inherited sampler, `OTEL_SDK_DISABLED` and `OTEL_TRACES_EXPORTER`, which kept
+/// the spans from ever leaving the runner.
 #[test]
 fn runner_environment_drops_inherited_signal_specific_otlp_variables() {
     let dir = tempfile::tempdir().unwrap();
@@ -374,6 +376,12 @@ fn runner_environment_drops_inherited_signal_specific_otlp_variables() {
         ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
         ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=secret"),
         ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-api-key=secret"),
+        // and what keeps spans from being exported at all (a new user's sampler set in
+        // the shell turned the watchdog off for every spawned runner)
+        ("OTEL_TRACES_SAMPLER", "always_off"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0"),
+        ("OTEL_SDK_DISABLED", "true"),
+        ("OTEL_TRACES_EXPORTER", "none"),
     ] {
         opts.env.push((k.into(), v.into()));
     }
@@ -410,6 +418,10 @@ fn runner_environment_drops_inherited_signal_specific_otlp_variables() {
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
         "OTEL_EXPORTER_OTLP_HEADERS",
         "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
     ] {
         assert!(
             env.get(gone).is_none(),

@@ -21,7 +21,9 @@ pub fn layer_spec_env(
             );
             continue;
         }
-        if k.starts_with("OTEL_EXPORTER_OTLP_") && k != "OTEL_EXPORTER_OTLP_TIMEOUT" {
+        if (k.starts_with("OTEL_EXPORTER_OTLP_") && k != "OTEL_EXPORTER_OTLP_TIMEOUT")
+            || SCRUBBED_OTEL_VARIABLES.contains(&k.as_str())
+        {
             tracing::warn!(
                 runner = id,
                 key = %k,
@@ -51,9 +53,16 @@ pub fn merge_resource_attributes(theirs: &str, id: &str, instance_id: &str) -> S
 
 /// Inherited variables that would override the injected OTLP endpoint (the OpenTelemetry
 /// SDK environment specification: a signal-specific `OTEL_EXPORTER_OTLP_{TRACES,LOGS,
-/// METRICS}_*` beats the generic one) or send the sidecar's own headers: removed from a
-/// spawned runner's environment unless `env` sets them (then the runner's value is used).
-pub const SCRUBBED_OTLP_VARIABLES: [&str; 10] = [
+/// METRICS}_*` beats the generic one), send the sidecar's own headers, or keep the runner's
+/// spans from being exported at all (`OTEL_SDK_DISABLED`, a sampler such as `always_off`,
+/// a traces exporter such as `none`): removed from a spawned runner's environment unless
+/// `env` sets them (then the runner's value is used, with a warning). Any of them set around
+/// stallwatch silently turned its watchdog off for every runner it spawned.
+pub const SCRUBBED_OTEL_VARIABLES: [&str; 14] = [
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_TRACES_EXPORTER",
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",

@@ -248,7 +248,7 @@ pub fn runner_env(
     env
 }
 
-pub use crate::env::SCRUBBED_OTLP_VARIABLES;
+pub use crate::env::SCRUBBED_OTEL_VARIABLES;
 
 pub use crate::env::merge_resource_attributes;
 
@@ -280,7 +280,7 @@ pub fn spawn_process(
     env: &BTreeMap<String, String>,
 ) -> std::io::Result<SpawnedProcess> {
     let mut cmd = Command::new(&spawn.argv[0]);
-    for k in SCRUBBED_OTLP_VARIABLES {
+    for k in SCRUBBED_OTEL_VARIABLES {
         if !env.contains_key(k) {
             cmd.env_remove(k);
         }

@@ -262,7 +262,7 @@ pub(super) fn spawn_in_job(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .creation_flags(CREATE_NEW_PROCESS_GROUP | CREATE_SUSPENDED);
-    for k in crate::env::SCRUBBED_OTLP_VARIABLES {
+    for k in crate::env::SCRUBBED_OTEL_VARIABLES {
         if !spawn.env.contains_key(k) {
             cmd.env_remove(k);
         }
