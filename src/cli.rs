@@ -81,7 +81,7 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// TOML config file (sections `[otlp]`, `[storage]`, `[watchdog]`, `[reaper]`, `[dashboard]`,
-    /// `[[runner]]`, `[[alerts.webhook]]`; unknown keys are refused).
+    /// `[forward]`, `[[runner]]`, `[[alerts.webhook]]`; unknown keys are refused).
     #[arg(long, env = "STALLWATCH_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Data folder (database, token, lock, run/). Default: $XDG_DATA_HOME/stallwatch, else
