@@ -144,3 +144,38 @@ fn a_registration_right_after_an_exit_is_not_taken_for_the_exited_one() {
         .args(["-KILL", &pid.to_string()])
         .status();
 }
+
+/// A runner that exits cleanly but leaves a child that ignores SIGTERM: its heartbeat goes
+/// with it while the child gets its grace period. That was judged a lost heartbeat: the
+/// runner was tripped as unresponsive and its breaker left OPEN after a clean exit. It is
+/// stopping meanwhile, and its exit is a plain `runner.exited`.
+#[test]
+fn a_clean_exit_that_leaves_a_child_is_not_a_stall() {
+    use crate::support::{incidents, spawn_runner, wait_incident, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = "[reaper]\ngrace_ms = 3000\nmax_restarts = 0\n[watchdog]\n\
+               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 1500\n";
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(cfg));
+    spawn_runner(
+        &server,
+        "leaver",
+        &[
+            "sh",
+            "-c",
+            "(trap '' TERM; exec sleep 600) & sleep 0.3; exit 0",
+        ],
+        None,
+        &[],
+    );
+    wait_incident(&server, "leaver", "runner.exited", Duration::from_secs(15));
+    let events: Vec<String> = incidents(&server, "leaver")
+        .iter()
+        .filter_map(|i| i["event"].as_str().map(String::from))
+        .collect();
+    assert!(
+        !events.iter().any(|e| e == "breaker.opened"),
+        "a clean exit was taken for a stall: {events:?}"
+    );
+    let (_, b) = server.get_json("/api/v1/runners/leaver/admit");
+    assert_eq!(b["state"], "CLOSED", "{b}");
+}

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stallwatch_storage::control::RunnerChange;
+use stallwatch_storage::control::{RunnerChange, RunnerLifecycle};
 use stallwatch_storage::keys::{self, StopCause};
 use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::runners::RunnerRowState;
@@ -97,6 +97,10 @@ impl ReaperHandle {
         let leftovers = platform::descendants(entry.pid, entry.mark());
         let mut report = None;
         if !leftovers.is_empty() {
+            // Its heartbeat is gone with it while the leftovers get their grace period:
+            // the runner is stopping, not stuck (it was tripped as unresponsive, its breaker
+            // left OPEN after a clean exit).
+            self.lifecycle(&entry.id, RunnerLifecycle::Stopping).await;
             let r = terminate::terminate(
                 &self.inner.storage,
                 &self.inner.stats,
