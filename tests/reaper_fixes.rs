@@ -179,3 +179,145 @@ fn a_clean_exit_that_leaves_a_child_is_not_a_stall() {
     let (_, b) = server.get_json("/api/v1/runners/leaver/admit");
     assert_eq!(b["state"], "CLOSED", "{b}");
 }
+
+/// A runner whose SIGTERM handler double-forks a process that leaves its group and ignores
+/// SIGTERM, then exits: that process did not exist when the descendants were recorded
+/// before the first signal, so it outlived the trip (and stallwatch). Once the group is
+/// gone the marked processes are looked for again, and it is ended as an escaped
+/// descendant, named in the report.
+#[test]
+fn a_process_forked_by_the_sigterm_handler_is_ended_with_the_runner() {
+    use crate::support::{incidents, python, spawn_runner, wait_incident, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\n\
+               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 500\n";
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(cfg));
+    let pidfile = dir.path().join("late.pid");
+    let script = format!(
+        "import os, signal, time\n\
+         def on_term(sig, frame):\n\
+         \x20   if os.fork() == 0:\n\
+         \x20       os.setsid()\n\
+         \x20       if os.fork() == 0:\n\
+         \x20           signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         \x20           open({:?}, 'w').write(str(os.getpid()))\n\
+         \x20           time.sleep(600)\n\
+         \x20       os._exit(0)\n\
+         \x20   os._exit(0)\n\
+         signal.signal(signal.SIGTERM, on_term)\n\
+         time.sleep(600)\n",
+        pidfile.display().to_string()
+    );
+    let py = python();
+    spawn_runner(
+        &server,
+        "forker",
+        &[py.to_str().unwrap(), "-c", &script],
+        None,
+        &[],
+    );
+    let done = wait_incident(
+        &server,
+        "forker",
+        "runner.terminated",
+        Duration::from_secs(30),
+    );
+    let late: u64 = std::fs::read_to_string(&pidfile)
+        .expect("the SIGTERM handler's process ran")
+        .trim()
+        .parse()
+        .unwrap();
+    let _cleanup = KillOnDrop(vec![late]);
+    wait_until!(
+        Duration::from_secs(10),
+        format!("the late process {late} to be ended: {done:#}"),
+        !process_alive(late)
+    );
+    let escaped = &done["evidence"]["report"]["escaped"];
+    assert!(
+        escaped
+            .as_array()
+            .is_some_and(|e| e.iter().any(|p| p["pid"].as_u64() == Some(late))),
+        "{done:#}"
+    );
+    let _ = incidents(&server, "forker");
+}
+
+/// A marked process that double-forked away from a runner while stallwatch was down (so it
+/// was re-parented to init, not to stallwatch) is still the runner's: when the re-adopted
+/// runner is tripped, it is ended with it. It was never found (the report said no escaped
+/// descendants) and lived on.
+#[test]
+fn a_readopted_runners_escaped_process_under_init_is_ended_with_it() {
+    use crate::support::{python, spawn_runner, wait_incident, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let quiet =
+        "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\nstartup_grace_ms = 600000\n";
+    let server = Server::start_with(ServerOpts::new(&data).config(quiet));
+    let pidfile = dir.path().join("away.pid");
+    let script = format!(
+        "import os, signal, time\n\
+         if os.fork() == 0:\n\
+         \x20   os.setsid()\n\
+         \x20   if os.fork() == 0:\n\
+         \x20       signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         \x20       open({:?}, 'w').write(str(os.getpid()))\n\
+         \x20       time.sleep(600)\n\
+         \x20   os._exit(0)\n\
+         time.sleep(600)\n",
+        pidfile.display().to_string()
+    );
+    let py = python();
+    let reg = spawn_runner(
+        &server,
+        "parent",
+        &[py.to_str().unwrap(), "-c", &script],
+        None,
+        &[],
+    );
+    let leader = reg["pid"].as_u64().unwrap();
+    wait_until!(
+        Duration::from_secs(10),
+        "the escaped process",
+        pidfile.exists()
+    );
+    let away: u64 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _cleanup = KillOnDrop(vec![leader, away]);
+    server.crash();
+    // re-adopted by the next run, whose watchdog then finds it unresponsive (no heartbeat)
+    let fast = "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\n\
+                heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 500\n";
+    let server = Server::start_with(ServerOpts::new(&data).config(fast));
+    let done = wait_incident(
+        &server,
+        "parent",
+        "runner.terminated",
+        Duration::from_secs(30),
+    );
+    wait_until!(
+        Duration::from_secs(10),
+        format!("the escaped process {away} to be ended: {done:#}"),
+        !process_alive(away)
+    );
+    assert!(!process_alive(leader));
+}
+
+/// SIGKILLs the given pids when a test ends, passed or not (they would outlive it).
+struct KillOnDrop(Vec<u64>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            if process_alive(*pid) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+}

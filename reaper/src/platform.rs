@@ -407,9 +407,12 @@ pub const INSTANCE_ENV: &str = "STALLWATCH_RUNNER_INSTANCE";
 pub struct ProcTable {
     procs: HashMap<u32, ProcStat>,
     by_parent: HashMap<u32, Vec<u32>>,
-    /// The direct children of stallwatch by their `STALLWATCH_RUNNER_INSTANCE` (indexed so
-    /// thousands of runners each find their orphans in `O(1)`, not by a scan).
-    child_marks: HashMap<String, Vec<u32>>,
+    /// Every process whose environment stallwatch can read, by its
+    /// `STALLWATCH_RUNNER_INSTANCE` (indexed so thousands of runners each find their marked
+    /// processes in `O(1)`, not by a scan each). Not only stallwatch's own children: a
+    /// marked process that double-forked away while stallwatch was down is re-parented to
+    /// init (or to a user's subreaper), and was never found.
+    marks: HashMap<String, Vec<u32>>,
     me: u32,
     ancestors: Vec<u32>,
 }
@@ -433,16 +436,16 @@ impl ProcTable {
         for p in procs.values() {
             by_parent.entry(p.ppid).or_default().push(p.pid);
         }
-        let mut child_marks: HashMap<String, Vec<u32>> = HashMap::new();
-        for c in by_parent.get(&me).into_iter().flatten() {
-            if let Some(m) = environ_value(*c, INSTANCE_ENV) {
-                child_marks.entry(m).or_default().push(*c);
+        let mut marks: HashMap<String, Vec<u32>> = HashMap::new();
+        for p in procs.values().filter(|p| p.pid != me && p.state != 'Z') {
+            if let Some(m) = environ_value(p.pid, INSTANCE_ENV) {
+                marks.entry(m).or_default().push(p.pid);
             }
         }
         Self {
             procs,
             by_parent,
-            child_marks,
+            marks,
             me,
             ancestors: own_ancestors(),
         }
@@ -462,8 +465,9 @@ impl ProcTable {
     /// The proven descendants of runner `root` (issue 17 #8, #9): live (non-zombie)
     /// processes found below `root` by parent links. For a spawned runner, `mark` is its
     /// instance id: then a process counts only if it also carries
-    /// `STALLWATCH_RUNNER_INSTANCE=<mark>`, and the runner's orphans re-parented to
-    /// stallwatch (a child subreaper) are included when they carry the mark. An attached
+    /// `STALLWATCH_RUNNER_INSTANCE=<mark>`, and every other live process carrying the mark
+    /// is included wherever it is now (orphans re-parented to stallwatch, a child
+    /// subreaper, or, when stallwatch was down, to init). An attached
     /// runner (`mark = None`) has only its process tree. stallwatch itself and its ancestors
     /// are never included, whatever the tree says.
     pub fn descendants(&self, root: u32, mark: Option<&str>) -> Vec<ProcStat> {
@@ -484,7 +488,7 @@ impl ProcTable {
         self.subtree(root, &mut found);
         if let Some(m) = mark {
             let orphans: Vec<u32> = self
-                .child_marks
+                .marks
                 .get(m)
                 .into_iter()
                 .flatten()

@@ -31,6 +31,9 @@ use crate::stats::ReaperStats;
 const POLL: Duration = Duration::from_millis(10);
 /// How long to wait for exit after SIGKILL before reporting survivors.
 const AFTER_KILL: Duration = Duration::from_secs(5);
+/// Between the two looks for marked processes forked after the descendants were recorded
+/// (once the leader's group is gone): what a double fork in a SIGTERM handler takes.
+const LATE_FORK_SETTLE: Duration = Duration::from_millis(50);
 
 /// The process to stop.
 pub struct Target<'a> {
@@ -245,6 +248,10 @@ struct Executor<'a, 't> {
     leader_termed: bool,
     /// The `sigterm_sent` detail, written once SIGCONT followed.
     term_detail: Option<serde_json::Value>,
+    /// The marked processes were looked for again once the group was gone.
+    rescanned: bool,
+    /// What that second look found (also in `escaped`), for the report.
+    late: Vec<ProcRef>,
 }
 
 impl Executor<'_, '_> {
@@ -269,6 +276,33 @@ impl Executor<'_, '_> {
         Seen {
             gone: leader_exited(self.t) && live(&self.group).is_empty(),
             escaped_gone: live(&self.escaped).is_empty(),
+        }
+    }
+
+    /// Once the leader's group is gone: the processes carrying the runner's mark that were
+    /// not there when the descendants were recorded (forked since, by a SIGTERM handler
+    /// that double-forks and leaves the group, say) are escaped descendants too, ended the
+    /// same way. They outlived the trip, and stallwatch, before. Only a spawned runner has a
+    /// mark to prove them by.
+    fn record_late_escapees(&mut self) {
+        let Some(mark) = self.t.mark else { return };
+        let (proven, _) =
+            platform::ProcTable::snapshot().descendants_and_unproven(self.t.pid, Some(mark));
+        let recorded = self.recorded.get_or_insert_with(Vec::new);
+        for p in proven {
+            let r = ProcRef {
+                pid: p.pid,
+                start_time_ticks: p.start_time_ticks,
+                pgid: p.pgid,
+            };
+            if !recorded
+                .iter()
+                .any(|k| k.pid == r.pid && k.start_time_ticks == r.start_time_ticks)
+            {
+                recorded.push(r);
+                self.escaped.push(r);
+                self.late.push(r);
+            }
         }
     }
 
@@ -374,12 +408,14 @@ impl Executor<'_, '_> {
                 // signal_each follows a SIGTERM with SIGCONT
                 let n = signal_each(&left, &mut self.fds, sig, self.stats);
                 let pids: Vec<u32> = left.iter().map(|p| p.pid).collect();
-                run.done(
-                    step,
-                    None,
-                    serde_json::json!({"signalled": n, "pids": pids}),
-                )
-                .await;
+                let mut detail = serde_json::json!({"signalled": n, "pids": pids});
+                if !self.late.is_empty() {
+                    // found only once the group was gone (forked after the first look)
+                    detail["found_late"] =
+                        serde_json::json!(self.late.iter().map(|p| p.pid).collect::<Vec<_>>());
+                    run.report.escaped.append(&mut self.late);
+                }
+                run.done(step, None, detail).await;
             }
             Action::ReportSurvivors => {
                 let survivors = live(self.recorded.as_deref().unwrap_or_default());
@@ -480,12 +516,23 @@ pub(crate) async fn terminate_traced(
         fds: BTreeMap::new(),
         leader_termed: false,
         term_detail: None,
+        rescanned: false,
+        late: Vec::new(),
     };
     while plan.phase != Phase::Done {
         if t.hurry.is_some_and(|h| h.is_cancelled()) {
             plan.hurry();
         }
-        let seen = x.observe();
+        let mut seen = x.observe();
+        if seen.gone && !x.rescanned && t.mark.is_some() {
+            // The group is gone: look for marked processes forked since the first look
+            // (twice: a SIGTERM handler's double fork may still be on its way).
+            x.rescanned = true;
+            x.record_late_escapees();
+            tokio::time::sleep(LATE_FORK_SETTLE).await;
+            x.record_late_escapees();
+            seen.escaped_gone = live(&x.escaped).is_empty();
+        }
         let now = run.started.elapsed();
         let actions = plan::advance(&mut plan, now, seen);
         if actions.is_empty() {
