@@ -186,6 +186,17 @@ impl SlaPolicy {
                 ),
             });
         }
+        // Every SLA is capped at max_sla_ms: a default above it would be silently cut.
+        if default_sla > max_sla {
+            return Err(WatchdogError::Config {
+                key: "watchdog.default_sla_ms".into(),
+                message: format!(
+                    "default_sla_ms ({} ms) is above max_sla_ms ({} ms), which caps every SLA",
+                    default_sla.as_millis(),
+                    max_sla.as_millis()
+                ),
+            });
+        }
         Ok(Self {
             default_sla,
             rules,
@@ -294,6 +305,8 @@ impl WatchdogConfig {
             ("watchdog.heartbeat_timeout_ms", self.heartbeat_timeout),
             ("watchdog.tick_ms", self.tick),
             ("watchdog.default_sla_ms", self.sla.default_sla),
+            // a zero floor let a span's `stallwatch.sla_ms = 0` trip its runner at once
+            ("watchdog.min_sla_ms", self.sla.min_sla),
             ("watchdog.board_interval_ms", self.board_interval),
             ("watchdog.stopping_timeout_ms", self.stopping_timeout),
         ];
@@ -443,6 +456,11 @@ mod tests {
         );
         let e = parse("min_sla_ms = 5000\nmax_sla_ms = 10").unwrap_err();
         assert!(e.contains("watchdog.min_sla_ms"), "{e}");
+        let e = parse("min_sla_ms = 0").unwrap_err();
+        assert!(e.contains("watchdog.min_sla_ms"), "{e}");
+        let e = parse("default_sla_ms = 999999999999").unwrap_err();
+        assert!(e.contains("watchdog.default_sla_ms") && e.contains("max_sla_ms"), "{e}");
+        assert!(parse("default_sla_ms = 7200000\nmax_sla_ms = 7200000").is_ok());
         let e = parse("class_tools = [\"{a\"]").unwrap_err();
         assert!(e.contains("watchdog.class_tools[0]"), "{e}");
         assert!(!e.contains("invalid glob"), "{e}");
