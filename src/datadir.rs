@@ -50,9 +50,13 @@ pub fn default_data_dir() -> Result<PathBuf> {
 }
 
 /// The default data folder: `$XDG_DATA_HOME/stallwatch`, else `~/.local/share/stallwatch`.
+/// A relative `XDG_DATA_HOME` is ignored, as the XDG Base Directory Specification says (it
+/// put the data folder under whatever folder stallwatch was started from).
 #[cfg(unix)]
 pub fn default_data_dir() -> Result<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty() && std::path::Path::new(v).is_absolute())
+    {
         return Ok(PathBuf::from(x).join("stallwatch"));
     }
     let home = std::env::var_os("HOME")

@@ -39,6 +39,10 @@ const RUNNER_CHANGE_QUEUE: usize = 256;
 const CONTROL_QUEUE: usize = 64;
 /// Deadline for each shutdown stage.
 const STAGE_DEADLINE: Duration = Duration::from_secs(10);
+/// A stop signal within this long of the first one is taken for the same request (a
+/// supervisor such as `timeout(1)` signals the process and then its process group), not for
+/// a second one that hurries the shutdown.
+const SAME_STOP_REQUEST: Duration = Duration::from_millis(250);
 /// After a second stop signal, how long the hurried termination sequences of the spawned
 /// runners are still waited for (they send SIGKILL within a poll) before the last resort,
 /// `kill_all_registered`.
@@ -502,11 +506,20 @@ async fn serve(
     // their grace period, open connections are dropped; storage still commits what it
     // holds, and the next start's orphan sweep closes what was left open.
     let hurry = CancellationToken::new();
+    let first_signal = std::time::Instant::now();
     let hurry_task = tokio::spawn({
         let hurry = hurry.clone();
         let reaper = reaper.clone();
         async move {
-            signals.wait(&CancellationToken::new()).await;
+            // A signal right after the first is the same request sent twice (`timeout(1)`
+            // signals both the process and its group), not a user asking again.
+            loop {
+                signals.wait(&CancellationToken::new()).await;
+                if first_signal.elapsed() >= SAME_STOP_REQUEST {
+                    break;
+                }
+                tracing::debug!("a second stop signal right after the first: the same request");
+            }
             tracing::warn!(
                 "second stop signal: spawned runners get SIGKILL now, open connections are dropped"
             );

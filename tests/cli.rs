@@ -285,3 +285,41 @@ fn an_invalid_rust_log_is_reported_in_the_log_format_and_the_default_filter_used
     assert!(!err.contains("not a valid filter"), "{err}");
     assert_eq!(server.stop(), Some(0));
 }
+
+/// A relative `XDG_DATA_HOME` is ignored (XDG Base Directory Specification): the data
+/// folder went under whatever folder stallwatch was started from.
+#[test]
+fn a_relative_xdg_data_home_is_ignored() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let (home, cwd) = (dir.path().join("home"), dir.path().join("cwd"));
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .args(["--otlp-grpc-listen", "127.0.0.1:0"])
+        .args(["--otlp-http-listen", "127.0.0.1:0"])
+        .args(["--dashboard-listen", "127.0.0.1:0"])
+        .env_remove("STALLWATCH_DATA_DIR")
+        .env("XDG_DATA_HOME", "relative/data")
+        .env("HOME", &home)
+        .current_dir(&cwd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let ready: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    assert_eq!(
+        ready["data_dir"].as_str(),
+        Some(home.join(".local/share/stallwatch").to_str().unwrap()),
+        "{ready}"
+    );
+    assert!(!cwd.join("relative").exists());
+}

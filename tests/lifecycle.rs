@@ -502,3 +502,47 @@ fn a_second_stop_signal_kills_stopping_runners_at_once() {
         "{steps:?}"
     );
 }
+
+/// `timeout(1)` sends its signal to stallwatch and then to its process group: two SIGTERMs
+/// a moment apart are one request, an ordered shutdown with the runners' grace period. They
+/// were taken for a user pressing Ctrl-C twice: the runners got SIGKILL at once.
+#[test]
+fn two_stop_signals_a_moment_apart_are_one_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = "[reaper]\ngrace_ms = 3000\nmax_restarts = 0\n\
+               [[runner]]\nid = \"stubborn\"\n\
+               spawn = { argv = [\"sh\", \"-c\", \"trap '' TERM; sleep 300\"] }\n";
+    let mut server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(cfg));
+    let runner = runner_pid(&format!("http://{}", server.dashboard), "stubborn");
+    let pid = server.child.id().to_string();
+    for _ in 0..2 {
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    wait_until!(Duration::from_secs(10), "the shutdown to begin", {
+        server.stderr().contains("shutting down")
+    });
+    // In the grace period (3 s) a second later: the runner was not hurried to its end.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        process_alive(runner),
+        "SIGKILLed at once:\n{}",
+        server.stderr()
+    );
+    let t0 = std::time::Instant::now();
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!process_alive(runner));
+    let log = server.stderr();
+    assert!(!log.contains("second stop signal"), "{log}");
+}

@@ -46,7 +46,10 @@ pub async fn discover(data_dir: &Path) -> Result<Sidecar, String> {
 /// (clap reads it into the same flag), else `$XDG_DATA_HOME/stallwatch`, else
 /// `~/.local/share/stallwatch`.
 pub fn default_data_dir() -> Option<PathBuf> {
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+    // a relative XDG_DATA_HOME is ignored (XDG Base Directory Specification), as by `serve`
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty() && std::path::Path::new(v).is_absolute())
+    {
         return Some(PathBuf::from(x).join("stallwatch"));
     }
     let home = std::env::var_os("HOME").filter(|v| !v.is_empty())?;
