@@ -817,3 +817,48 @@ fn a_commit_during_a_trips_termination_is_refused_and_rolled_back() {
         "the half-written file reached the workspace"
     );
 }
+
+/// Another user's process is never a runner, even when stallwatch runs as root and could
+/// signal it: an attach of one (with its start time, so it would be signalled) is refused
+/// 400 naming its user. It was accepted, and a DELETE killed it.
+#[test]
+fn another_users_process_cannot_be_attached() {
+    use std::os::unix::fs::MetadataExt;
+    if !rustix::process::geteuid().is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root here: starting another user's process needs root"
+        );
+        eprintln!("SKIP: starting another user's process needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&quiet_config()));
+    let mut other = Own(Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap());
+    let pid = u64::from(other.0.id());
+    wait_until!(Duration::from_secs(5), "setpriv to become user 65534", {
+        std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == 65534)
+    });
+    let (st, v) = post_json(
+        &server,
+        "/api/v1/runners",
+        &serde_json::json!({"id": "theirs", "attach": {"pid": pid, "start_time_ticks": start_time(pid)}}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("belongs to user 65534")),
+        "{v}"
+    );
+    assert!(other.0.try_wait().unwrap().is_none(), "it was signalled");
+}

@@ -398,6 +398,15 @@ pub fn environ_has(pid: u32, key: &str, value: &str) -> bool {
     env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
 }
 
+/// The effective uid a process runs as (the owner of its `/proc/PID` folder); `None` when
+/// there is no such process.
+pub fn process_uid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}"))
+        .ok()
+        .map(|m| m.uid())
+}
+
 /// The environment variable that marks every process of one spawned runner instance
 /// (a UUID per spawn, injected next to `STALLWATCH_RUNNER_ID`; issue 17 #8).
 pub const INSTANCE_ENV: &str = "STALLWATCH_RUNNER_INSTANCE";

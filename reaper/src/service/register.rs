@@ -308,6 +308,17 @@ impl ReaperHandle {
                 att.pid
             )));
         }
+        // Another user's process is never a runner, even when stallwatch could signal it
+        // (it runs as root): a desktop tool's runners are its user's own processes.
+        if let Some(uid) = platform::process_uid(att.pid) {
+            let own = rustix::process::geteuid().as_raw();
+            if uid != own {
+                return Err(RegisterError::Invalid(format!(
+                    "pid {} cannot be a runner: it belongs to user {uid}, not to stallwatch's user {own}",
+                    att.pid
+                )));
+            }
+        }
         // `/proc/TID` exists for a thread too: without this a thread id was attached (and
         // then never seen to exit) or answered 500.
         match platform::thread_group(att.pid) {
