@@ -321,3 +321,69 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// An ordered shutdown (one SIGTERM) while a trip's termination is in its grace period
+/// waits for that trip to be recorded: its `runner.terminated` and the ends of its spans.
+/// The shutdown closed storage under it ("span end not written: storage is shutting
+/// down"), and the next start closed the span as orphaned.
+#[test]
+fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
+    use crate::support::{incidents, post_json, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = "[reaper]\ngrace_ms = 2000\nmax_restarts = 0\n[watchdog]\n\
+               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
+    let mut server = Server::start_with(ServerOpts::new(&data).config(cfg));
+    // an attached runner: the shutdown leaves it to its trip (a spawned one it stops itself)
+    let proc_ = std::process::Command::new("sh")
+        .args(["-c", "trap '' TERM; sleep 600"])
+        .spawn()
+        .unwrap();
+    let pid = u64::from(proc_.id());
+    let _cleanup = KillOnDrop(vec![pid]);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (st, v) = post_json(
+        &server,
+        "/api/v1/runners",
+        &serde_json::json!({"id": "stuck", "attach": {"pid": pid, "start_time_ticks": ticks},
+            "heartbeat_socket": dir.path().join("none.sock")}),
+    );
+    assert_eq!(st, 201, "{v}");
+    wait_until!(Duration::from_secs(20), "the trip's SIGTERM", {
+        let (_, v) = server.get_json("/api/v1/runners/stuck");
+        v["lifecycle"] == "stopping"
+    });
+    assert!(process_alive(pid));
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = std::time::Instant::now();
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{}",
+            server.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = server.stderr();
+    assert!(!log.contains("storage is shutting down"), "{log}");
+    drop(server);
+    let again = Server::start(&data);
+    let events: Vec<String> = incidents(&again, "stuck")
+        .iter()
+        .filter_map(|i| i["event"].as_str().map(String::from))
+        .collect();
+    assert!(
+        events.iter().any(|e| e == "runner.terminated"),
+        "{events:?}\n{log}"
+    );
+}
