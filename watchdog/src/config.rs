@@ -459,7 +459,10 @@ mod tests {
         let e = parse("min_sla_ms = 0").unwrap_err();
         assert!(e.contains("watchdog.min_sla_ms"), "{e}");
         let e = parse("default_sla_ms = 999999999999").unwrap_err();
-        assert!(e.contains("watchdog.default_sla_ms") && e.contains("max_sla_ms"), "{e}");
+        assert!(
+            e.contains("watchdog.default_sla_ms") && e.contains("max_sla_ms"),
+            "{e}"
+        );
         assert!(parse("default_sla_ms = 7200000\nmax_sla_ms = 7200000").is_ok());
         let e = parse("class_tools = [\"{a\"]").unwrap_err();
         assert!(e.contains("watchdog.class_tools[0]"), "{e}");
