@@ -335,7 +335,7 @@ fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
                heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
     let mut server = Server::start_with(ServerOpts::new(&data).config(cfg));
     // an attached runner: the shutdown leaves it to its trip (a spawned one it stops itself)
-    let proc_ = std::process::Command::new("sh")
+    let mut proc_ = std::process::Command::new("sh")
         .args(["-c", "trap '' TERM; sleep 600"])
         .spawn()
         .unwrap();
@@ -386,4 +386,6 @@ fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
         events.iter().any(|e| e == "runner.terminated"),
         "{events:?}\n{log}"
     );
+    let _ = proc_.kill();
+    let _ = proc_.wait();
 }

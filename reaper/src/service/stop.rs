@@ -128,7 +128,7 @@ impl ReaperHandle {
     /// and reap our own, so stallwatch never exits with a spawned runner alive (issue 17
     /// #10). A runner whose termination is running (its lock held) is left to it: the
     /// sequence is hurried ([`ReaperHandle::hurry`], which this calls) and sends its own
-    /// SIGKILL with its proofs; its lock is waited for up to [`HURRIED_LOCK_WAIT`]. Signalling
+    /// SIGKILL with its proofs; its lock is waited for up to `HURRIED_LOCK_WAIT` (3 s). Signalling
     /// its group from here, without the lock, hit an unrelated group that had reused the
     /// pid once the sequence had reaped the leader. Answers how many were signalled here.
     pub async fn kill_all_registered(&self) -> usize {
