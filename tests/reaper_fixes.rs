@@ -389,3 +389,51 @@ fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
     let _ = proc_.kill();
     let _ = proc_.wait();
 }
+
+/// A termination interrupted in its grace period by a crash of stallwatch goes on, at the
+/// next start, with what is left of the grace period (counted from the first SIGTERM): the
+/// runner got SIGKILL at once on resume, a few milliseconds after the restart.
+#[test]
+fn a_resumed_termination_keeps_the_rest_of_its_grace_period() {
+    use crate::support::{spawn_runner, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = "[reaper]\ngrace_ms = 6000\nmax_restarts = 0\n[watchdog]\n\
+               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
+    let server = Server::start_with(ServerOpts::new(&data).config(cfg));
+    let reg = spawn_runner(
+        &server,
+        "slow",
+        &["sh", "-c", "trap '' TERM; sleep 600"],
+        None,
+        &[],
+    );
+    let pid = reg["pid"].as_u64().unwrap();
+    let _cleanup = KillOnDrop(vec![pid]);
+    wait_until!(Duration::from_secs(20), "the trip's SIGTERM", {
+        let (_, v) = server.get_json("/api/v1/runners/slow");
+        v["lifecycle"] == "stopping"
+    });
+    let termed = std::time::Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    server.crash();
+    let server = Server::start_with(ServerOpts::new(&data).config(cfg));
+    // well inside the 6 s grace that began before the crash
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        process_alive(pid),
+        "SIGKILLed {:?} after the first SIGTERM, inside its grace period:\n{}",
+        termed.elapsed(),
+        server.stderr()
+    );
+    wait_until!(
+        Duration::from_secs(15),
+        "the SIGKILL at the end of the grace period",
+        !process_alive(pid)
+    );
+    assert!(
+        termed.elapsed() >= Duration::from_millis(5500),
+        "ended {:?} after the first SIGTERM",
+        termed.elapsed()
+    );
+}

@@ -125,6 +125,17 @@ impl Plan {
         }
     }
 
+    /// A plan continuing a termination whose SIGTERM was sent and whose grace period was
+    /// interrupted (stallwatch was killed): SIGTERM again, then wait the plan's grace (what
+    /// is left of it) before SIGKILL.
+    pub fn resumed_in_grace(self) -> Self {
+        Self {
+            term_done: true,
+            signalled: false,
+            ..self
+        }
+    }
+
     /// A plan continuing a termination whose `sigterm_sent` (`term_done`) or
     /// `sigkill_sent` steps are already done (`signalled` is true when either is).
     pub fn resumed(self, term_done: bool, kill_done: bool) -> Self {

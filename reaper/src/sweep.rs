@@ -243,6 +243,10 @@ async fn resume_from_ledger(h: &ReaperHandle, id: &str) -> Option<Resume> {
             .filter(|a| a.phase == "done")
             .map(|a| a.step.clone())
             .collect(),
+        sigterm_unix_nano: mine
+            .iter()
+            .find(|a| a.step == "sigterm_sent")
+            .map(|a| a.at_unix_nano),
     })
 }
 

@@ -117,6 +117,9 @@ pub struct Resume {
     pub termination_id: String,
     /// `step` names with a `done` record.
     pub done: HashSet<String>,
+    /// When the interrupted termination's SIGTERM was sent (ns since the Unix epoch), if
+    /// it was: the grace period goes on from there, it does not end at the resume.
+    pub sigterm_unix_nano: Option<u64>,
 }
 
 struct Run<'a> {
@@ -471,7 +474,9 @@ pub(crate) async fn terminate_traced(
     let resume = resume.unwrap_or_else(|| Resume {
         termination_id: uuid::Uuid::new_v4().simple().to_string(),
         done: HashSet::new(),
+        sigterm_unix_nano: None,
     });
+    let sigterm_before = resume.sigterm_unix_nano;
     let mut run = Run {
         storage,
         started: Instant::now(),
@@ -502,10 +507,20 @@ pub(crate) async fn terminate_traced(
         run.report.ended_by = "not_signalled".into();
         return (finish(run).await, trace);
     }
-    let mut plan = Plan::new(grace, AFTER_KILL, t.own_child_group).resumed(
+    let (term_done, kill_done) = (
         run.done_before.contains("sigterm_sent"),
         run.done_before.contains("sigkill_sent"),
     );
+    let mut plan = match sigterm_before.filter(|_| term_done && !kill_done) {
+        // A termination interrupted in its grace period (stallwatch was killed): SIGTERM
+        // again (harmless to a runner that has it already) and wait what is left of the
+        // grace, counted from the first SIGTERM. It got SIGKILL at once on resume.
+        Some(at) => {
+            let spent = Duration::from_nanos(now_unix_nano().saturating_sub(at));
+            Plan::new(grace.saturating_sub(spent), AFTER_KILL, t.own_child_group).resumed_in_grace()
+        }
+        None => Plan::new(grace, AFTER_KILL, t.own_child_group).resumed(term_done, kill_done),
+    };
     let mut x = Executor {
         t: &t,
         stats,
