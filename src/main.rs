@@ -29,6 +29,7 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    unset_empty_stallwatch_variables();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() && json_logs_asked() => {
@@ -55,6 +56,19 @@ fn main() -> ExitCode {
             }
             ExitCode::from(1)
         }
+    }
+}
+
+/// An empty `STALLWATCH_*` variable counts as unset, as an empty `RUST_LOG` does: clap took
+/// `STALLWATCH_DATA_DIR=` for a `--data-dir` given without a value, and its error named a
+/// flag the user never passed. Runs first, while the process has one thread.
+fn unset_empty_stallwatch_variables() {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, v)| v.is_empty() && k.to_string_lossy().starts_with("STALLWATCH_"))
+        .map(|(k, _)| k)
+        .collect();
+    for k in empty {
+        std::env::remove_var(k);
     }
 }
 

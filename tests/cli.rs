@@ -323,3 +323,35 @@ fn a_relative_xdg_data_home_is_ignored() {
     );
     assert!(!cwd.join("relative").exists());
 }
+
+/// An empty `STALLWATCH_*` variable counts as unset: `STALLWATCH_CONFIG=` was taken for
+/// `--config` without a value ("a value is required for '--config'", a flag never passed).
+#[test]
+fn an_empty_stallwatch_variable_counts_as_unset() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--otlp-grpc-listen", "127.0.0.1:0"])
+        .args(["--otlp-http-listen", "127.0.0.1:0"])
+        .args(["--dashboard-listen", "127.0.0.1:0"])
+        .env("STALLWATCH_CONFIG", "")
+        .env("STALLWATCH_LOG_FORMAT", "")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        line.contains("\"event\":\"ready\""),
+        "{line:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
