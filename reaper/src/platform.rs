@@ -416,8 +416,7 @@ pub const INSTANCE_ENV: &str = "STALLWATCH_RUNNER_INSTANCE";
 pub struct ProcTable {
     procs: HashMap<u32, ProcStat>,
     by_parent: HashMap<u32, Vec<u32>>,
-    /// Every process whose environment stallwatch can read, by its
-    /// `STALLWATCH_RUNNER_INSTANCE` (indexed so thousands of runners each find their marked
+    /// Every process of stallwatch's user, by its `STALLWATCH_RUNNER_INSTANCE` (indexed so thousands of runners each find their marked
     /// processes in `O(1)`, not by a scan each). Not only stallwatch's own children: a
     /// marked process that double-forked away while stallwatch was down is re-parented to
     /// init (or to a user's subreaper), and was never found.
@@ -446,7 +445,14 @@ impl ProcTable {
             by_parent.entry(p.ppid).or_default().push(p.pid);
         }
         let mut marks: HashMap<String, Vec<u32>> = HashMap::new();
-        for p in procs.values().filter(|p| p.pid != me && p.state != 'Z') {
+        // Only stallwatch's own user's processes: another user's is never a runner's (as
+        // for attach), even when stallwatch runs as root and can read its environment.
+        let uid = rustix::process::geteuid().as_raw();
+        let candidates = procs
+            .values()
+            .filter(|p| p.pid != me && p.state != 'Z')
+            .filter(|p| process_uid(p.pid) == Some(uid));
+        for p in candidates {
             if let Some(m) = environ_value(p.pid, INSTANCE_ENV) {
                 marks.entry(m).or_default().push(p.pid);
             }
