@@ -437,3 +437,90 @@ fn a_resumed_termination_keeps_the_rest_of_its_grace_period() {
         termed.elapsed()
     );
 }
+
+/// An ordered shutdown: a runner whose SIGTERM handler double-forks a process that leaves
+/// its group and ignores SIGTERM does not leave that process running after stallwatch (the
+/// shutdown's shared sequence looked for descendants only before the first signal); and a
+/// runner that exits on its SIGTERM, taking its heartbeat with it, is not then tripped as
+/// unresponsive (every shutdown raised a false `breaker.opened`).
+#[test]
+fn an_ordered_shutdown_ends_late_forks_and_trips_nobody() {
+    use crate::support::{incidents, python, spawn_runner, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = "[reaper]\ngrace_ms = 2000\nmax_restarts = 0\n[watchdog]\n\
+               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 3000\n";
+    let server = Server::start_with(ServerOpts::new(&data).config(cfg));
+    let pidfile = dir.path().join("late.pid");
+    // serves its heartbeat; on SIGTERM double-forks a process ignoring SIGTERM, then exits
+    let forker = format!(
+        "import os, signal, socket, threading, time\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.bind(os.environ['STALLWATCH_HEARTBEAT_SOCKET'])\n\
+         s.listen(16)\n\
+         def serve():\n\
+         \x20   while True:\n\
+         \x20       c, _ = s.accept()\n\
+         \x20       c.recv(64)\n\
+         \x20       c.sendall(b'PONG\\n')\n\
+         \x20       c.close()\n\
+         threading.Thread(target=serve, daemon=True).start()\n\
+         def on_term(sig, frame):\n\
+         \x20   if os.fork() == 0:\n\
+         \x20       os.setsid()\n\
+         \x20       if os.fork() == 0:\n\
+         \x20           signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         \x20           open({:?}, 'w').write(str(os.getpid()))\n\
+         \x20           time.sleep(600)\n\
+         \x20       os._exit(0)\n\
+         \x20   os._exit(0)\n\
+         if {:?} == 'fork':\n\
+         \x20   signal.signal(signal.SIGTERM, on_term)\n\
+         time.sleep(600)\n",
+        pidfile.display().to_string(),
+        "fork"
+    );
+    let plain = forker.replace("if 'fork' == 'fork':", "if False:");
+    let py = python();
+    spawn_runner(
+        &server,
+        "forker",
+        &[py.to_str().unwrap(), "-c", &forker],
+        None,
+        &[],
+    );
+    spawn_runner(
+        &server,
+        "plain",
+        &[py.to_str().unwrap(), "-c", &plain],
+        None,
+        &[],
+    );
+    wait_until!(Duration::from_secs(10), "both heartbeats answered", {
+        ["forker", "plain"].iter().all(|id| {
+            let (_, v) = server.get_json(&format!("/api/v1/runners/{id}"));
+            v["heartbeat"] == "ok"
+        })
+    });
+    let stderr_path = server.stderr_path.clone();
+    assert_eq!(server.stop(), Some(0));
+    let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let late: u64 = std::fs::read_to_string(&pidfile)
+        .expect("the SIGTERM handler's process ran")
+        .trim()
+        .parse()
+        .unwrap();
+    let _cleanup = KillOnDrop(vec![late]);
+    assert!(!process_alive(late), "outlived stallwatch:\n{log}");
+    let again = Server::start(&data);
+    for id in ["forker", "plain"] {
+        let events: Vec<String> = incidents(&again, id)
+            .iter()
+            .filter_map(|i| i["event"].as_str().map(String::from))
+            .collect();
+        assert!(
+            !events.iter().any(|e| e == "breaker.opened"),
+            "{id} was tripped at shutdown: {events:?}\n{log}"
+        );
+    }
+}

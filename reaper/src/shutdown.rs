@@ -111,6 +111,66 @@ fn send(m: &Member<'_>, st: &mut State, sig: Sig, stats: &ReaperStats) -> serde_
     detail
 }
 
+/// Looks again (twice, [`terminate::LATE_FORK_SETTLE`] apart) for the processes carrying a
+/// member's mark that were not there at the first look, records them as escaped, and sends
+/// them SIGTERM (+ SIGCONT) through verified pidfds. True when any was found.
+async fn late_escapees(
+    members: &[Member<'_>],
+    states: &mut [State],
+    started: Instant,
+    stats: &ReaperStats,
+) -> bool {
+    if members.iter().all(|m| m.mark.is_none()) {
+        return false;
+    }
+    let mut found = vec![Vec::<ProcRef>::new(); members.len()];
+    for round in 0..2 {
+        if round == 1 {
+            tokio::time::sleep(terminate::LATE_FORK_SETTLE).await;
+        }
+        let table = tokio::task::spawn_blocking(ProcTable::snapshot)
+            .await
+            .unwrap_or_else(|_| ProcTable::snapshot());
+        for (i, (m, st)) in members.iter().zip(states.iter()).enumerate() {
+            if m.mark.is_none() {
+                continue;
+            }
+            let (group, escaped) = record(&table, m);
+            for p in group.into_iter().chain(escaped) {
+                let known = st
+                    .group
+                    .iter()
+                    .chain(&st.escaped)
+                    .chain(&found[i])
+                    .any(|k| k.pid == p.pid && k.start_time_ticks == p.start_time_ticks);
+                if !known {
+                    found[i].push(p);
+                }
+            }
+        }
+    }
+    let mut any = false;
+    for ((st, late), i) in states.iter_mut().zip(found).zip(0..) {
+        pace(i).await;
+        if late.is_empty() {
+            continue;
+        }
+        any = true;
+        let n = terminate::signal_each(&late, &mut st.fds, Sig::Term, stats);
+        let pids: Vec<u32> = late.iter().map(|p| p.pid).collect();
+        st.escaped.extend(late.iter().copied());
+        st.report.escaped.extend(late);
+        st.gone = false;
+        push(
+            st,
+            started,
+            "escaped_sigterm_sent",
+            serde_json::json!({"signalled": n, "pids": pids, "found_late": true}),
+        );
+    }
+    any
+}
+
 fn all_gone(m: &Member<'_>, st: &State) -> bool {
     platform::pidfd_exited(m.pidfd.as_fd())
         && terminate::live(&st.group).is_empty()
@@ -268,6 +328,32 @@ pub async fn stop_all(
             break;
         }
         tokio::time::sleep(POLL).await;
+    }
+    // Marked processes forked since the first look (a SIGTERM handler's double fork that
+    // leaves the group and ignores SIGTERM) would outlive stallwatch: SIGTERM them now, and
+    // they share the wait below and the SIGKILL after it.
+    if late_escapees(members, &mut states, started, stats).await {
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !hurry.is_some_and(|h| h.is_cancelled()) {
+            let mut left = 0;
+            for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
+                pace(i).await;
+                if !st.gone && all_gone(m, st) {
+                    st.gone = true;
+                    push(
+                        st,
+                        started,
+                        "exited",
+                        serde_json::json!({"after": "SIGTERM"}),
+                    );
+                }
+                left += usize::from(!st.gone);
+            }
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
     // SIGKILL to the survivors.
     let survivors: Vec<usize> = (0..states.len()).filter(|i| !states[*i].gone).collect();

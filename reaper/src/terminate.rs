@@ -33,7 +33,7 @@ const POLL: Duration = Duration::from_millis(10);
 const AFTER_KILL: Duration = Duration::from_secs(5);
 /// Between the two looks for marked processes forked after the descendants were recorded
 /// (once the leader's group is gone): what a double fork in a SIGTERM handler takes.
-const LATE_FORK_SETTLE: Duration = Duration::from_millis(50);
+pub(crate) const LATE_FORK_SETTLE: Duration = Duration::from_millis(50);
 
 /// The process to stop.
 pub struct Target<'a> {

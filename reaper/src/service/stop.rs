@@ -67,6 +67,12 @@ impl ReaperHandle {
                 }
             }
         }
+        // Stopping, as one stopped alone is: a runner that exits on its SIGTERM is not then
+        // tripped for the heartbeat it took with it (a false breaker.opened at every
+        // shutdown).
+        for (e, _) in &held {
+            self.lifecycle(&e.id, RunnerLifecycle::Stopping).await;
+        }
         let owned: Vec<bool> = held
             .iter()
             .map(|(e, _)| e.spawned && self.owns(e.pid))
