@@ -382,6 +382,10 @@ fn runner_environment_drops_inherited_signal_specific_otlp_variables() {
         ("OTEL_TRACES_SAMPLER_ARG", "0"),
         ("OTEL_SDK_DISABLED", "true"),
         ("OTEL_TRACES_EXPORTER", "none"),
+        // and what strips a tool span's attributes or holds ended spans back
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "0"),
+        ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "0"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "3600000"),
     ] {
         opts.env.push((k.into(), v.into()));
     }
@@ -422,6 +426,9 @@ fn runner_environment_drops_inherited_signal_specific_otlp_variables() {
         "OTEL_TRACES_SAMPLER_ARG",
         "OTEL_SDK_DISABLED",
         "OTEL_TRACES_EXPORTER",
+        "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+        "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+        "OTEL_BSP_SCHEDULE_DELAY",
     ] {
         assert!(
             env.get(gone).is_none(),

@@ -55,14 +55,25 @@ pub fn merge_resource_attributes(theirs: &str, id: &str, instance_id: &str) -> S
 /// SDK environment specification: a signal-specific `OTEL_EXPORTER_OTLP_{TRACES,LOGS,
 /// METRICS}_*` beats the generic one), send the sidecar's own headers, or keep the runner's
 /// spans from being exported at all (`OTEL_SDK_DISABLED`, a sampler such as `always_off`,
-/// a traces exporter such as `none`): removed from a spawned runner's environment unless
-/// `env` sets them (then the runner's value is used, with a warning). Any of them set around
-/// stallwatch silently turned its watchdog off for every runner it spawned.
-pub const SCRUBBED_OTEL_VARIABLES: [&str; 14] = [
+/// a traces exporter such as `none`), strip the attributes that make a span a tool span
+/// (attribute count or length limits of 0), or hold ended spans back (the batch span
+/// processor's delay and sizes, which make healthy spans look open): removed from a spawned
+/// runner's environment unless `env` sets them (then the runner's value is used, with a
+/// warning). Any of them set around stallwatch silently turned its watchdog off, or made it
+/// trip healthy runners, for every runner it spawned.
+pub const SCRUBBED_OTEL_VARIABLES: [&str; 22] = [
     "OTEL_SDK_DISABLED",
     "OTEL_TRACES_SAMPLER",
     "OTEL_TRACES_SAMPLER_ARG",
     "OTEL_TRACES_EXPORTER",
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
