@@ -861,4 +861,24 @@ fn another_users_process_cannot_be_attached() {
         "{v}"
     );
     assert!(other.0.try_wait().unwrap().is_none(), "it was signalled");
+    // a setuid program another user started: real uid 65534, effective uid 0
+    let mut setuid = Own(Command::new(python())
+        .args([
+            "-c",
+            "import os, time; os.setresuid(65534, 0, 65534); time.sleep(60)",
+        ])
+        .spawn()
+        .unwrap());
+    let pid = u64::from(setuid.0.id());
+    wait_until!(Duration::from_secs(5), "the real uid to become 65534", {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t65534\t0")))
+    });
+    let (st, v) = post_json(
+        &server,
+        "/api/v1/runners",
+        &serde_json::json!({"id": "setuid", "attach": {"pid": pid, "start_time_ticks": start_time(pid)}}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(setuid.0.try_wait().unwrap().is_none(), "it was signalled");
 }

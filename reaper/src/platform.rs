@@ -407,6 +407,15 @@ pub fn process_uid(pid: u32) -> Option<u32> {
         .map(|m| m.uid())
 }
 
+/// The real and effective uids of a process (`Uid:` of `/proc/PID/status`); `None` when
+/// there is no such process or the line does not parse.
+pub fn process_uids(pid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let mut ids = line.split_whitespace().map(|v| v.parse::<u32>().ok());
+    Some((ids.next()??, ids.next()??))
+}
+
 /// The environment variable that marks every process of one spawned runner instance
 /// (a UUID per spawn, injected next to `STALLWATCH_RUNNER_ID`; issue 17 #8).
 pub const INSTANCE_ENV: &str = "STALLWATCH_RUNNER_INSTANCE";

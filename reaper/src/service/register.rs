@@ -310,9 +310,11 @@ impl ReaperHandle {
         }
         // Another user's process is never a runner, even when stallwatch could signal it
         // (it runs as root): a desktop tool's runners are its user's own processes.
-        if let Some(uid) = platform::process_uid(att.pid) {
+        // Both its real and its effective user: a setuid program another user started is
+        // theirs too.
+        if let Some((real, effective)) = platform::process_uids(att.pid) {
             let own = rustix::process::geteuid().as_raw();
-            if uid != own {
+            if let Some(uid) = [real, effective].into_iter().find(|u| *u != own) {
                 return Err(RegisterError::Invalid(format!(
                     "pid {} cannot be a runner: it belongs to user {uid}, not to stallwatch's user {own}",
                     att.pid
