@@ -163,15 +163,17 @@ fn start_goodbye(mode: &str, socket: &Path) -> Child {
 }
 
 /// Issue 12 #4: a runner attached by pid alone (watched, never signalled) trips when
-/// SIGSTOPped, is `detached`, and after SIGCONT goes HALF_OPEN → probe → CLOSED.
+/// SIGSTOPped, is `detached`, and after SIGCONT goes HALF_OPEN → probe → CLOSED. Its trip
+/// ends nothing of it: its checkpoint stays open with what it staged (it was rolled back,
+/// the staging folder deleted under the live process).
 #[test]
 fn a_watch_only_runner_recovers_through_half_open_after_sigcont() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = chain_config("").replace("breaker_cooldown_ms = 60000", "breaker_cooldown_ms = 2000");
     let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&cfg));
     let sock = dir.path().join("w.sock");
-    let mut child = start_goodbye("pong", &sock);
-    let pid = child.id();
+    let child = StoppedOnDrop(start_goodbye("pong", &sock));
+    let pid = child.0.id();
     wait_until!(Duration::from_secs(10), "the socket", sock.exists());
     let (st, body) = post_json(
         &server,
@@ -180,6 +182,16 @@ fn a_watch_only_runner_recovers_through_half_open_after_sigcont() {
     );
     assert!(st == 200 || st == 201, "{st} {body}");
     wait_lifecycle(&server, "watched", "running", Duration::from_secs(10));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let (st, cp) = post_json(
+        &server,
+        "/api/v1/checkpoints",
+        &serde_json::json!({"runner_id": "watched", "workspace": ws}),
+    );
+    assert_eq!(st, 201, "{cp}");
+    let staged = std::path::PathBuf::from(cp["path"].as_str().unwrap()).join("part.csv");
+    std::fs::write(&staged, "a,b\n1,").unwrap();
     let kill = |sig: &str| {
         Command::new("kill")
             .args([sig, &pid.to_string()])
@@ -198,6 +210,10 @@ fn a_watch_only_runner_recovers_through_half_open_after_sigcont() {
         process_alive(u64::from(pid)),
         "a watch-only runner was signalled"
     );
+    assert!(
+        staged.exists(),
+        "the live runner's checkpoint was rolled back under it"
+    );
     kill("-CONT");
     wait_incident(
         &server,
@@ -214,8 +230,20 @@ fn a_watch_only_runner_recovers_through_half_open_after_sigcont() {
     let r = runner(&server, "watched");
     assert_eq!(r["breaker"], "CLOSED", "{r:#}");
     assert_eq!(r["lifecycle"], "running", "{r:#}");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
+}
+
+/// Ends a child that a failed test may have left SIGSTOPped (it would hold the run).
+struct StoppedOnDrop(std::process::Child);
+
+impl Drop for StoppedOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Issue 12 #12: a runner that says goodbye (`BYE`) and keeps working at exit longer than

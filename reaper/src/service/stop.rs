@@ -263,11 +263,19 @@ impl ReaperHandle {
     ) {
         let id = entry.id.clone();
         let batch = self.inner.config.sweep_batch;
-        let (rolled, errors) = self
-            .inner
-            .checkpoints
-            .settle_stopped(&id, &cause.to_string(), batch)
-            .await;
+        // A runner that was never signalled (attached without a start time) still runs:
+        // its staged files and its open spans are still its own, so nothing of it is ended
+        // (its staging folder was deleted under the live process, its spans written as
+        // ended while it went on).
+        let signalled = report.ended_by != "not_signalled";
+        let (rolled, errors) = if signalled {
+            self.inner
+                .checkpoints
+                .settle_stopped(&id, &cause.to_string(), batch)
+                .await
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let rollback_at = now_unix_nano();
         let mut events = vec![EndEvent {
             name: "SIGTERM".into(),
@@ -293,10 +301,13 @@ impl ReaperHandle {
         let why = format!("runner {id} stopped by stallwatch ({cause})");
         let exit = report.exit.as_ref();
         let at = report.sigterm_unix_nano;
-        let closed = self
-            .end_runner_spans(&id, end_cause, &why, exit, at, events, open_spans)
-            .await;
-        if !open_spans.is_empty() {
+        let closed = if signalled {
+            self.end_runner_spans(&id, end_cause, &why, exit, at, events, open_spans)
+                .await
+        } else {
+            0
+        };
+        if signalled && !open_spans.is_empty() {
             let _ = self
                 .inner
                 .storage
