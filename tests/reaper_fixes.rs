@@ -524,3 +524,85 @@ fn an_ordered_shutdown_ends_late_forks_and_trips_nobody() {
         );
     }
 }
+
+/// A process a runner started, and that was then registered as a runner of its own, is
+/// spared when the first runner is stopped, though it carries that runner's mark: it has its
+/// own watchdog and breaker, and ending it with its parent was a false kill recorded only
+/// as its own `runner.exited`.
+#[test]
+fn a_registered_runner_is_not_ended_as_another_runners_descendant() {
+    use crate::support::{post_json, python, runner, spawn_runner, ServerOpts};
+    let dir = tempfile::tempdir().unwrap();
+    let quiet =
+        "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\nstartup_grace_ms = 600000\n";
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(quiet));
+    let pidfile = dir.path().join("sub.pid");
+    // one child in its own session (escaped), one in the parent's group: both registered
+    let script = format!(
+        "import os, time\n\
+         pids = []\n\
+         for own_session in (True, False):\n\
+         \x20   pid = os.fork()\n\
+         \x20   if pid == 0:\n\
+         \x20       if own_session:\n\
+         \x20           os.setsid()\n\
+         \x20       time.sleep(600)\n\
+         \x20       os._exit(0)\n\
+         \x20   pids.append(str(pid))\n\
+         open({:?}, 'w').write(' '.join(pids))\n\
+         time.sleep(600)\n",
+        pidfile.display().to_string()
+    );
+    let py = python();
+    spawn_runner(
+        &server,
+        "parent",
+        &[py.to_str().unwrap(), "-c", &script],
+        None,
+        &[],
+    );
+    wait_until!(Duration::from_secs(10), "the children", {
+        std::fs::read_to_string(&pidfile).is_ok_and(|t| t.split(' ').count() == 2)
+    });
+    let subs: Vec<u64> = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let _cleanup = KillOnDrop(subs.clone());
+    for (i, pid) in subs.iter().enumerate() {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let (st, v) = post_json(
+            &server,
+            "/api/v1/runners",
+            &serde_json::json!({"id": format!("sub{i}"), "attach": {"pid": pid, "start_time_ticks": ticks}}),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    let r = http_delete(&server, "/api/v1/runners/parent");
+    assert!(r == 200 || r == 204, "DELETE answered {r}");
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, pid) in subs.iter().enumerate() {
+        assert!(
+            process_alive(*pid),
+            "sub{i} ({pid}) was ended with its parent"
+        );
+        assert_eq!(runner(&server, &format!("sub{i}"))["lifecycle"], "running");
+    }
+}
+
+fn http_delete(server: &Server, path: &str) -> u16 {
+    crate::support::http_client()
+        .delete(server.api(path))
+        .bearer_auth(server.token())
+        .send()
+        .unwrap()
+        .status()
+        .as_u16()
+}

@@ -475,6 +475,16 @@ impl ProcTable {
         }
     }
 
+    /// `roots` and every process below them in the process tree: the other registered
+    /// runners and their own processes, which a termination of one runner spares.
+    pub fn trees_of(&self, roots: &[u32]) -> HashSet<u32> {
+        let mut out: HashSet<u32> = roots.iter().copied().collect();
+        for r in roots {
+            self.subtree(*r, &mut out);
+        }
+        out
+    }
+
     fn subtree(&self, root: u32, out: &mut HashSet<u32>) {
         let mut stack = vec![root];
         while let Some(p) = stack.pop() {

@@ -52,6 +52,11 @@ pub struct Target<'a> {
     /// Cancelled by a second stop signal of stallwatch: the grace period ends at once
     /// ([`crate::plan::Plan::hurry`]). `None`: never hurried.
     pub hurry: Option<&'a tokio_util::sync::CancellationToken>,
+    /// The leaders of the other runners registered now: they and their own process trees
+    /// are never ended as this runner's descendants, even when they carry its mark (a
+    /// process it started and that was registered as a runner of its own). When one shares
+    /// the leader's process group, the group is signalled member by member without it.
+    pub spare: &'a [u32],
 }
 
 /// One recorded process: pid, start time and group.
@@ -253,6 +258,8 @@ struct Executor<'a, 't> {
     term_detail: Option<serde_json::Value>,
     /// The marked processes were looked for again once the group was gone.
     rescanned: bool,
+    /// Another registered runner is in the leader's process group: no group signal.
+    group_spared: bool,
     /// What that second look found (also in `escaped`), for the report.
     late: Vec<ProcRef>,
 }
@@ -268,11 +275,19 @@ impl Executor<'_, '_> {
                 start_time_ticks: p.start_time_ticks,
                 pgid: p.pgid,
             };
-            let (proven, unproven) =
-                platform::ProcTable::snapshot().descendants_and_unproven(t.pid, t.mark);
-            let recorded: Vec<ProcRef> = proven.into_iter().map(as_ref).collect();
-            self.unproven = unproven.into_iter().map(as_ref).collect();
+            let table = platform::ProcTable::snapshot();
+            let (proven, unproven) = table.descendants_and_unproven(t.pid, t.mark);
+            let spared = table.trees_of(t.spare);
             let leader_pgid = platform::proc_stat(t.pid).map(|s| s.pgid).unwrap_or(t.pid);
+            self.group_spared = proven
+                .iter()
+                .any(|p| spared.contains(&p.pid) && p.pgid == leader_pgid);
+            let recorded: Vec<ProcRef> = proven
+                .into_iter()
+                .filter(|p| !spared.contains(&p.pid))
+                .map(as_ref)
+                .collect();
+            self.unproven = unproven.into_iter().map(as_ref).collect();
             (self.group, self.escaped) = recorded.iter().partition(|p| p.pgid == leader_pgid);
             self.recorded = Some(recorded);
         }
@@ -289,8 +304,10 @@ impl Executor<'_, '_> {
     /// mark to prove them by.
     fn record_late_escapees(&mut self) {
         let Some(mark) = self.t.mark else { return };
-        let (proven, _) =
-            platform::ProcTable::snapshot().descendants_and_unproven(self.t.pid, Some(mark));
+        let table = platform::ProcTable::snapshot();
+        let spared = table.trees_of(self.t.spare);
+        let (mut proven, _) = table.descendants_and_unproven(self.t.pid, Some(mark));
+        proven.retain(|p| !spared.contains(&p.pid));
         let recorded = self.recorded.get_or_insert_with(Vec::new);
         for p in proven {
             let r = ProcRef {
@@ -313,7 +330,7 @@ impl Executor<'_, '_> {
     /// child, else each member through its verified pidfd. Answers the step's detail.
     fn send_group(&mut self, sig: Sig) -> serde_json::Value {
         let t = self.t;
-        if t.own_child_group {
+        if t.own_child_group && !self.group_spared {
             let pgid = t.pid;
             match platform::send_signal(SignalTarget::Group { pgid }, sig) {
                 Ok(()) => {
@@ -532,6 +549,7 @@ pub(crate) async fn terminate_traced(
         leader_termed: false,
         term_detail: None,
         rescanned: false,
+        group_spared: false,
         late: Vec::new(),
     };
     while plan.phase != Phase::Done {

@@ -94,7 +94,14 @@ impl ReaperHandle {
         }
         // Leftover members of its group would outlive it: end them while the leader is
         // still an unreaped child (the group id stays pinned).
-        let leftovers = platform::descendants(entry.pid, entry.mark());
+        let spare = self.other_leaders(&entry.id);
+        let leftovers = {
+            let table = platform::ProcTable::snapshot();
+            let spared = table.trees_of(&spare);
+            let mut l = table.descendants(entry.pid, entry.mark());
+            l.retain(|p| !spared.contains(&p.pid));
+            l
+        };
         let mut report = None;
         if !leftovers.is_empty() {
             // Its heartbeat is gone with it while the leftovers get their grace period:
@@ -112,6 +119,7 @@ impl ReaperHandle {
                     pidfd: st.pidfd.as_ref(),
                     own_child_group: true,
                     hurry: Some(&self.inner.hurry),
+                    spare: &spare,
                 },
                 &StopCause::ExitCleanup,
                 None,

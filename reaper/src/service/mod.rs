@@ -434,6 +434,16 @@ impl ReaperHandle {
         })
     }
 
+    /// The leader pids of the live registrations other than `id`'s: spared by its
+    /// termination ([`crate::terminate::Target::spare`]).
+    fn other_leaders(&self, id: &str) -> Vec<u32> {
+        self.entries()
+            .iter()
+            .filter(|e| e.id != id && e.alive.load(Ordering::SeqCst))
+            .map(|e| e.pid)
+            .collect()
+    }
+
     fn entries(&self) -> Vec<Arc<Entry>> {
         self.inner
             .runners

@@ -217,6 +217,7 @@ impl ReaperHandle {
             )
             .await;
         let own_child = entry.spawned && self.owns(entry.pid);
+        let spare = self.other_leaders(&entry.id);
         let report = terminate::terminate(
             &self.inner.storage,
             &self.inner.stats,
@@ -228,6 +229,7 @@ impl ReaperHandle {
                 pidfd: st.pidfd.as_ref(),
                 own_child_group: own_child,
                 hurry: Some(&self.inner.hurry),
+                spare: &spare,
             },
             cause,
             resume,

@@ -41,6 +41,7 @@ async fn run_and_check(script: &str, settle: Duration, grace: Duration) -> Termi
         pidfd: Some(&fd),
         own_child_group: true,
         hurry: None,
+        spare: &[],
     };
     let (report, trace) = terminate_traced(
         &storage,
