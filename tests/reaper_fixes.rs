@@ -606,3 +606,76 @@ fn http_delete(server: &Server, path: &str) -> u16 {
         .status()
         .as_u16()
 }
+
+/// An attached runner's process dies, and a new process, already sending tool spans under
+/// the same runner id, is attached in its place: the old process's end closes only its own
+/// spans (by `process.pid`), and the new process is watched, and tripped when its span
+/// passes its SLA. Its span was closed as `runner_exited` with the old exit, and it was
+/// never judged again.
+#[test]
+fn an_attached_runners_replacement_keeps_the_spans_it_already_sent() {
+    use crate::support::{http_client, incidents, post_json, unix_nanos, wait_incident};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut old = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let mut new = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let _cleanup = KillOnDrop(vec![u64::from(old.id()), u64::from(new.id())]);
+    let attach = |pid: u32| {
+        post_json(
+            &server,
+            "/api/v1/runners",
+            &serde_json::json!({"id": "ra", "attach": {"pid": pid, "start_time_ticks": ticks(pid)}}),
+        )
+    };
+    let (st, v) = attach(old.id());
+    assert_eq!(st, 201, "{v}");
+    // the new process's open tool span (3 s SLA), sent before it is registered
+    let trace = "5e".repeat(16);
+    let body = serde_json::json!({"resourceSpans": [{
+        "resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "tools"}},
+            {"key": "stallwatch.runner.id", "value": {"stringValue": "ra"}},
+            {"key": "process.pid", "value": {"intValue": new.id().to_string()}}]},
+        "scopeSpans": [{"spans": [{"traceId": trace, "spanId": "5f".repeat(8),
+            "name": "execute_tool crunch", "kind": 1,
+            "startTimeUnixNano": unix_nanos().to_string(), "endTimeUnixNano": "0",
+            "attributes": [
+                {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+                {"key": "gen_ai.tool.name", "value": {"stringValue": "crunch"}},
+                {"key": "stallwatch.sla_ms", "value": {"intValue": "3000"}}]}]}]}]});
+    let r = http_client()
+        .post(server.otlp_http("/v1/traces"))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let _ = old.kill();
+    let _ = old.wait();
+    wait_incident(&server, "ra", "runner.exited", Duration::from_secs(10));
+    let (st, v) = attach(new.id());
+    assert_eq!(st, 201, "{v}");
+    let opened = wait_incident(&server, "ra", "breaker.opened", Duration::from_secs(15));
+    assert!(
+        opened["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("crunch")),
+        "{opened:#}\n{:#?}",
+        incidents(&server, "ra")
+    );
+    let _ = new.wait();
+}

@@ -65,6 +65,7 @@ impl ReaperHandle {
     pub(crate) async fn end_runner_spans(
         &self,
         runner_id: &str,
+        pid: Option<u32>,
         cause: EndCause,
         reason: &str,
         exit: Option<&ExitInfo>,
@@ -75,6 +76,7 @@ impl ReaperHandle {
         let (written, ended) = close_runner_spans(
             self.storage(),
             runner_id,
+            pid,
             cause,
             reason,
             exit,
@@ -107,12 +109,14 @@ impl ReaperHandle {
 }
 
 /// Writes the ends of `runner_id`'s open spans (the durable ledger's, plus `known`) for an
-/// end at `at_unix_nano` (the exit time). Answers the keys whose end is now stored. A
+/// end at `at_unix_nano` (the exit time); with `pid`, only those of that process or of no
+/// known process. Answers the keys whose end is now stored. A
 /// failed ledger read is logged and only `known` is closed.
 #[allow(clippy::too_many_arguments)]
 pub async fn close_runner_spans(
     storage: &Storage,
     runner_id: &str,
+    pid: Option<u32>,
     cause: EndCause,
     reason: &str,
     exit: Option<&ExitInfo>,
@@ -121,7 +125,7 @@ pub async fn close_runner_spans(
     known: &[(TraceId, SpanId)],
 ) -> (usize, Vec<(TraceId, SpanId)>) {
     let mut keys: Vec<(TraceId, SpanId)> = known.to_vec();
-    match storage.ledger_runner_open(runner_id.to_string()).await {
+    match storage.ledger_runner_open(runner_id.to_string(), pid).await {
         Ok(rows) => keys.extend(rows),
         Err(e) => tracing::warn!(runner = runner_id, "open spans not read: {e}"),
     }

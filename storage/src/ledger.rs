@@ -237,17 +237,22 @@ impl Storage {
 
     /// (trace id, span id) of every span the durable ledger holds as `open` (not inferred)
     /// for `runner_id`, in key order: the spans whose end the reaper writes when the runner
-    /// ends, whatever ended it (issue 12 #1). Uses the `open_spans_runner` index.
+    /// ends, whatever ended it (issue 12 #1). With `pid`, the spans of another known process
+    /// (`process.pid`) are left out: a new process of the same runner id may already export
+    /// its own, and the old one's end is not theirs. Uses the `open_spans_runner` index.
     pub async fn ledger_runner_open(
         &self,
         runner_id: String,
+        pid: Option<u32>,
     ) -> Result<Vec<(TraceId, SpanId)>, StorageError> {
         self.read(move |c| {
             let mut st = c.prepare_cached(
                 "SELECT trace_id, span_id FROM open_spans
-                 WHERE runner_id = ?1 AND state = 'open' ORDER BY trace_id, span_id",
+                 WHERE runner_id = ?1 AND state = 'open'
+                   AND (?2 IS NULL OR pid IS NULL OR pid = ?2)
+                 ORDER BY trace_id, span_id",
             )?;
-            let rows = st.query_map(params![runner_id], |r| {
+            let rows = st.query_map(params![runner_id, pid.map(i64::from)], |r| {
                 Ok((blob_trace(r.get(0)?)?, blob_span(r.get(1)?, 1)?))
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)

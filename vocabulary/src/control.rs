@@ -192,6 +192,9 @@ pub enum RunnerChange {
         id: String,
         /// True when it was removed for good (`DELETE`), false when it may come back.
         removed: bool,
+        /// The process that is gone, when known: only its spans (and those of no known
+        /// process) close with it, not those a new process of the same id already sent.
+        pid: Option<u32>,
     },
     /// The reaper moved the runner to a lifecycle state only it knows: `stopping` (its
     /// termination began), `detached` (tripped but never signalled), `restarting`,

@@ -58,8 +58,17 @@ impl ReaperHandle {
             let id = entry.id.clone();
             let now = now_unix_nano();
             let why = format!("attached runner {id} exited");
-            h.end_runner_spans(&id, EndCause::Exited, &why, None, now, Vec::new(), &[])
-                .await;
+            h.end_runner_spans(
+                &id,
+                Some(entry.pid),
+                EndCause::Exited,
+                &why,
+                None,
+                now,
+                Vec::new(),
+                &[],
+            )
+            .await;
             let _ = h
                 .inner
                 .storage
@@ -81,7 +90,12 @@ impl ReaperHandle {
                 keys::runner_instance(EventKind::RunnerExited, &id, &entry.instance_id),
             )
             .await;
-            h.notify(RunnerChange::Gone { id, removed: false }).await;
+            h.notify(RunnerChange::Gone {
+                id,
+                removed: false,
+                pid: Some(entry.pid),
+            })
+            .await;
             entry.settle();
         });
     }
@@ -172,8 +186,17 @@ impl ReaperHandle {
             "it left running stopped with it",
         ));
         let cause = EndCause::of_exit(&exit);
-        self.end_runner_spans(&id, cause, &reason, Some(&exit), exit_at, Vec::new(), &[])
-            .await;
+        self.end_runner_spans(
+            &id,
+            Some(entry.pid),
+            cause,
+            &reason,
+            Some(&exit),
+            exit_at,
+            Vec::new(),
+            &[],
+        )
+        .await;
         self.incident(
             kind,
             &id,
@@ -185,6 +208,7 @@ impl ReaperHandle {
         self.notify(RunnerChange::Gone {
             id: id.clone(),
             removed: false,
+            pid: Some(entry.pid),
         })
         .await;
         entry.settle();

@@ -304,8 +304,17 @@ impl ReaperHandle {
         let exit = report.exit.as_ref();
         let at = report.sigterm_unix_nano;
         let closed = if signalled {
-            self.end_runner_spans(&id, end_cause, &why, exit, at, events, open_spans)
-                .await
+            self.end_runner_spans(
+                &id,
+                Some(entry.pid),
+                end_cause,
+                &why,
+                exit,
+                at,
+                events,
+                open_spans,
+            )
+            .await
         } else {
             0
         };
@@ -377,6 +386,7 @@ impl ReaperHandle {
         self.notify(RunnerChange::Gone {
             id,
             removed: cause.removes_runner(),
+            pid: Some(entry.pid),
         })
         .await;
         entry.settle();
@@ -452,6 +462,7 @@ impl ReaperHandle {
             self.notify(RunnerChange::Gone {
                 id: id.to_string(),
                 removed: true,
+                pid: Some(entry.pid),
             })
             .await;
         }

@@ -55,7 +55,12 @@ impl ReaperHandle {
             stallwatch_storage::keys::runner_instance(kind, &id, &entry.instance_id),
         )
         .await;
-        self.notify(RunnerChange::Gone { id, removed: false }).await;
+        self.notify(RunnerChange::Gone {
+            id,
+            removed: false,
+            pid: None,
+        })
+        .await;
     }
 
     /// Stores ends for the runner's open spans (the ledger's plus `known`); answers how
@@ -75,7 +80,7 @@ impl ReaperHandle {
         match self
             .inner
             .storage
-            .ledger_runner_open(runner_id.to_string())
+            .ledger_runner_open(runner_id.to_string(), None)
             .await
         {
             Ok(rows) => keys.extend(rows),
@@ -305,6 +310,7 @@ impl ReaperHandle {
         self.notify(RunnerChange::Gone {
             id,
             removed: cause == "delete",
+            pid: None,
         })
         .await;
     }
@@ -354,6 +360,7 @@ impl ReaperHandle {
                 self.notify(RunnerChange::Gone {
                     id: id.to_string(),
                     removed: true,
+                    pid: None,
                 })
                 .await;
             }

@@ -25,11 +25,27 @@ impl Ledger {
 
     /// Every entry bound to `runner` whose first arrival is at or before `before`.
     pub fn runner_spans_before(&self, runner: &str, before: Instant) -> Vec<SpanKey> {
+        self.runner_spans_before_where(runner, before, |_| true)
+    }
+
+    /// [`Ledger::runner_spans_before`] among the entries whose `process.pid` passes `pid`
+    /// (`None`: no known process): one process of a runner id ends, and the spans a new
+    /// process of the same id already sent stay open.
+    pub fn runner_spans_before_where(
+        &self,
+        runner: &str,
+        before: Instant,
+        pid: impl Fn(Option<u32>) -> bool,
+    ) -> Vec<SpanKey> {
         self.by_runner
             .get(runner)
             .into_iter()
             .flatten()
-            .filter(|k| self.entries.get(k).is_some_and(|e| e.first_seen <= before))
+            .filter(|k| {
+                self.entries
+                    .get(k)
+                    .is_some_and(|e| e.first_seen <= before && pid(e.pid))
+            })
             .copied()
             .collect()
     }

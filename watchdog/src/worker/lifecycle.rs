@@ -10,7 +10,7 @@ impl Worker {
     pub(super) async fn runner_change(&mut self, ch: RunnerChange) {
         let now = Instant::now();
         let (id_of, removed_now) = match &ch {
-            RunnerChange::Gone { id, removed } => (id.clone(), *removed),
+            RunnerChange::Gone { id, removed, .. } => (id.clone(), *removed),
             RunnerChange::Registered { id, .. }
             | RunnerChange::Lifecycle { id, .. }
             | RunnerChange::SpansEnded { id, .. } => (id.clone(), false),
@@ -62,8 +62,13 @@ impl Worker {
                     }
                 }
                 if existed || restarted {
-                    // the old process's open spans died with it
-                    for k in self.ledger.runner_spans_before(&id, now) {
+                    // the old process's open spans died with it; the new process's own
+                    // (sent before it was registered) are its own
+                    let new = pid;
+                    for k in self
+                        .ledger
+                        .runner_spans_before_where(&id, now, |p| p.is_none() || p != new)
+                    {
                         self.ledger.close(k);
                     }
                 }
@@ -73,7 +78,7 @@ impl Worker {
                 }
                 self.sync_breaker(&id);
             }
-            RunnerChange::Gone { id, removed } => {
+            RunnerChange::Gone { id, removed, pid } => {
                 if removed {
                     if let Some(r) = self.runners.remove(&id) {
                         if let Some(p) = r.pid {
@@ -93,8 +98,12 @@ impl Worker {
                     }
                 }
                 // its process is gone: none of its spans can still be running, and the
-                // reaper has written the ends it could (the ledger learns of every end)
-                for k in self.ledger.runner_spans_before(&id, now) {
+                // reaper has written the ends it could (the ledger learns of every end); a
+                // span of another known process of the same id is not its
+                let gone = pid;
+                for k in self.ledger.runner_spans_before_where(&id, now, |p| {
+                    gone.is_none() || p.is_none() || p == gone
+                }) {
                     self.ledger.close(k);
                 }
                 self.ledger_changed();
