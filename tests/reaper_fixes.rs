@@ -124,6 +124,7 @@ fn a_registration_right_after_an_exit_is_not_taken_for_the_exited_one() {
         std::thread::sleep(Duration::from_millis(5));
     };
     let pid = new["pid"].as_u64().unwrap();
+    let _cleanup = KillOnDrop(vec![pid]);
     // Well past the old exit's record: the new registration is still the one on the board.
     std::thread::sleep(Duration::from_secs(2));
     let r = runner(&server, "again");
@@ -140,9 +141,6 @@ fn a_registration_right_after_an_exit_is_not_taken_for_the_exited_one() {
         Some(pid),
         "{exits:#?}"
     );
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status();
 }
 
 /// A runner that exits cleanly but leaves a child that ignores SIGTERM: its heartbeat goes
@@ -153,8 +151,7 @@ fn a_registration_right_after_an_exit_is_not_taken_for_the_exited_one() {
 fn a_clean_exit_that_leaves_a_child_is_not_a_stall() {
     use crate::support::{incidents, spawn_runner, wait_incident, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
-    let cfg = "[reaper]\ngrace_ms = 3000\nmax_restarts = 0\n[watchdog]\n\
-               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 1500\n";
+    let cfg = &fast_trips(3000, 1500);
     let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(cfg));
     spawn_runner(
         &server,
@@ -189,8 +186,7 @@ fn a_clean_exit_that_leaves_a_child_is_not_a_stall() {
 fn a_process_forked_by_the_sigterm_handler_is_ended_with_the_runner() {
     use crate::support::{incidents, python, spawn_runner, wait_incident, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
-    let cfg = "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\n\
-               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 500\n";
+    let cfg = &fast_trips(1000, 500);
     let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(cfg));
     let pidfile = dir.path().join("late.pid");
     let script = format!(
@@ -252,8 +248,7 @@ fn a_readopted_runners_escaped_process_under_init_is_ended_with_it() {
     use crate::support::{python, spawn_runner, wait_incident, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let quiet =
-        "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\nstartup_grace_ms = 600000\n";
+    let quiet = &fast_trips(1000, 600_000);
     let server = Server::start_with(ServerOpts::new(&data).config(quiet));
     let pidfile = dir.path().join("away.pid");
     let script = format!(
@@ -290,8 +285,7 @@ fn a_readopted_runners_escaped_process_under_init_is_ended_with_it() {
     let _cleanup = KillOnDrop(vec![leader, away]);
     server.crash();
     // re-adopted by the next run, whose watchdog then finds it unresponsive (no heartbeat)
-    let fast = "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\n\
-                heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 500\n";
+    let fast = &fast_trips(1000, 500);
     let server = Server::start_with(ServerOpts::new(&data).config(fast));
     let done = wait_incident(
         &server,
@@ -331,8 +325,7 @@ fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
     use crate::support::{incidents, post_json, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let cfg = "[reaper]\ngrace_ms = 2000\nmax_restarts = 0\n[watchdog]\n\
-               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
+    let cfg = &fast_trips(2000, 300);
     let mut server = Server::start_with(ServerOpts::new(&data).config(cfg));
     // an attached runner: the shutdown leaves it to its trip (a spawned one it stops itself)
     let mut proc_ = std::process::Command::new("sh")
@@ -341,13 +334,7 @@ fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
         .unwrap();
     let pid = u64::from(proc_.id());
     let _cleanup = KillOnDrop(vec![pid]);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ticks = stallwatch_client::process_start_time_ticks(pid as u32).unwrap();
     let (st, v) = post_json(
         &server,
         "/api/v1/runners",
@@ -355,10 +342,7 @@ fn an_ordered_shutdown_during_a_trip_keeps_the_trips_records() {
             "heartbeat_socket": dir.path().join("none.sock")}),
     );
     assert_eq!(st, 201, "{v}");
-    wait_until!(Duration::from_secs(20), "the trip's SIGTERM", {
-        let (_, v) = server.get_json("/api/v1/runners/stuck");
-        v["lifecycle"] == "stopping"
-    });
+    crate::support::wait_lifecycle(&server, "stuck", "stopping", Duration::from_secs(20));
     assert!(process_alive(pid));
     assert!(std::process::Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
@@ -398,8 +382,7 @@ fn a_resumed_termination_keeps_the_rest_of_its_grace_period() {
     use crate::support::{spawn_runner, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let cfg = "[reaper]\ngrace_ms = 6000\nmax_restarts = 0\n[watchdog]\n\
-               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
+    let cfg = &fast_trips(6000, 300);
     let server = Server::start_with(ServerOpts::new(&data).config(cfg));
     let reg = spawn_runner(
         &server,
@@ -410,10 +393,7 @@ fn a_resumed_termination_keeps_the_rest_of_its_grace_period() {
     );
     let pid = reg["pid"].as_u64().unwrap();
     let _cleanup = KillOnDrop(vec![pid]);
-    wait_until!(Duration::from_secs(20), "the trip's SIGTERM", {
-        let (_, v) = server.get_json("/api/v1/runners/slow");
-        v["lifecycle"] == "stopping"
-    });
+    crate::support::wait_lifecycle(&server, "slow", "stopping", Duration::from_secs(20));
     let termed = std::time::Instant::now();
     std::thread::sleep(Duration::from_millis(500));
     server.crash();
@@ -448,8 +428,7 @@ fn an_ordered_shutdown_ends_late_forks_and_trips_nobody() {
     use crate::support::{incidents, python, spawn_runner, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let cfg = "[reaper]\ngrace_ms = 2000\nmax_restarts = 0\n[watchdog]\n\
-               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 3000\n";
+    let cfg = &fast_trips(2000, 3000);
     let server = Server::start_with(ServerOpts::new(&data).config(cfg));
     let pidfile = dir.path().join("late.pid");
     // serves its heartbeat; on SIGTERM double-forks a process ignoring SIGTERM, then exits
@@ -533,8 +512,7 @@ fn an_ordered_shutdown_ends_late_forks_and_trips_nobody() {
 fn a_registered_runner_is_not_ended_as_another_runners_descendant() {
     use crate::support::{post_json, python, runner, spawn_runner, ServerOpts};
     let dir = tempfile::tempdir().unwrap();
-    let quiet =
-        "[reaper]\ngrace_ms = 1000\nmax_restarts = 0\n[watchdog]\nstartup_grace_ms = 600000\n";
+    let quiet = &fast_trips(1000, 600_000);
     let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(quiet));
     let pidfile = dir.path().join("sub.pid");
     // one child in its own session (escaped), one in the parent's group: both registered
@@ -571,13 +549,7 @@ fn a_registered_runner_is_not_ended_as_another_runners_descendant() {
         .collect();
     let _cleanup = KillOnDrop(subs.clone());
     for (i, pid) in subs.iter().enumerate() {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ticks = stallwatch_client::process_start_time_ticks(*pid as u32).unwrap();
         let (st, v) = post_json(
             &server,
             "/api/v1/runners",
@@ -617,15 +589,7 @@ fn an_attached_runners_replacement_keeps_the_spans_it_already_sent() {
     use crate::support::{http_client, incidents, post_json, unix_nanos, wait_incident};
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
-    let ticks = |pid: u32| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        stat[stat.rfind(')').unwrap() + 2..]
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let ticks = |pid: u32| stallwatch_client::process_start_time_ticks(pid).unwrap();
     let mut old = std::process::Command::new("sleep")
         .arg("600")
         .spawn()
@@ -678,4 +642,13 @@ fn an_attached_runners_replacement_keeps_the_spans_it_already_sent() {
         incidents(&server, "ra")
     );
     let _ = new.wait();
+}
+
+/// Fast trips for the runner-ending tests: a heartbeat every 100 ms, lost after 500 ms, due
+/// `startup_grace_ms` after the start (600000: never, for runners serving none); no restarts.
+pub(crate) fn fast_trips(grace_ms: u64, startup_grace_ms: u64) -> String {
+    format!(
+        "[reaper]\ngrace_ms = {grace_ms}\nmax_restarts = 0\n[watchdog]\n\
+         heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = {startup_grace_ms}\n"
+    )
 }

@@ -775,9 +775,8 @@ fn a_disk_that_fills_while_running_frees_the_reserve_for_control_records() {
 #[test]
 fn a_commit_during_a_trips_termination_is_refused_and_rolled_back() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = "[reaper]\ngrace_ms = 4000\nmax_restarts = 0\n[watchdog]\n\
-               heartbeat_interval_ms = 100\nheartbeat_timeout_ms = 500\nstartup_grace_ms = 300\n";
-    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(cfg));
+    let cfg = crate::reaper_fixes::fast_trips(4000, 300);
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("d")).config(&cfg));
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     // serves no heartbeat (tripped as unresponsive) and ignores SIGTERM (a grace period)
@@ -791,10 +790,7 @@ fn a_commit_during_a_trips_termination_is_refused_and_rolled_back() {
     let pid = reg["pid"].as_u64().unwrap();
     let (id, staging) = checkpoint(&server, "stuck", &ws);
     std::fs::write(staging.join("results.csv"), "a,b\n1,").unwrap();
-    wait_until!(Duration::from_secs(20), "the trip's SIGTERM", {
-        let (_, v) = server.get_json("/api/v1/runners/stuck");
-        v["lifecycle"] == "stopping"
-    });
+    wait_lifecycle(&server, "stuck", "stopping", Duration::from_secs(20));
     assert!(process_alive(pid), "still in its grace period");
     let (st, v) = post_json(
         &server,

@@ -111,6 +111,41 @@ fn send(m: &Member<'_>, st: &mut State, sig: Sig, stats: &ReaperStats) -> serde_
     detail
 }
 
+/// Waits up to `grace` (less once `hurry` is cancelled) for every member to be gone after
+/// SIGTERM, recording each one's exit as it is seen (`ended_by` = `sigterm` unless set).
+async fn wait_after_term(
+    members: &[Member<'_>],
+    states: &mut [State],
+    started: Instant,
+    grace: Duration,
+    hurry: Option<&tokio_util::sync::CancellationToken>,
+) {
+    let deadline = Instant::now() + grace;
+    loop {
+        let mut left = 0;
+        for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
+            pace(i).await;
+            if !st.gone && all_gone(m, st) {
+                st.gone = true;
+                if st.report.ended_by.is_empty() {
+                    st.report.ended_by = "sigterm".into();
+                }
+                push(
+                    st,
+                    started,
+                    "exited",
+                    serde_json::json!({"after": "SIGTERM"}),
+                );
+            }
+            left += usize::from(!st.gone);
+        }
+        if left == 0 || Instant::now() >= deadline || hurry.is_some_and(|h| h.is_cancelled()) {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// Looks again (twice, [`terminate::LATE_FORK_SETTLE`] apart) for the processes carrying a
 /// member's mark that were not there at the first look, records them as escaped, and sends
 /// them SIGTERM (+ SIGCONT) through verified pidfds. True when any was found.
@@ -307,53 +342,12 @@ pub async fn stop_all(
     })
     .await;
     // One grace period for all.
-    let deadline = Instant::now() + grace;
-    loop {
-        let mut left = 0;
-        for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
-            pace(i).await;
-            if !st.gone && all_gone(m, st) {
-                st.gone = true;
-                st.report.ended_by = "sigterm".into();
-                push(
-                    st,
-                    started,
-                    "exited",
-                    serde_json::json!({"after": "SIGTERM"}),
-                );
-            }
-            left += usize::from(!st.gone);
-        }
-        if left == 0 || Instant::now() >= deadline || hurry.is_some_and(|h| h.is_cancelled()) {
-            break;
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    wait_after_term(members, &mut states, started, grace, hurry).await;
     // Marked processes forked since the first look (a SIGTERM handler's double fork that
     // leaves the group and ignores SIGTERM) would outlive stallwatch: SIGTERM them now, and
-    // they share the wait below and the SIGKILL after it.
+    // they get a grace period of their own and the SIGKILL after it.
     if late_escapees(members, &mut states, started, stats).await {
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline && !hurry.is_some_and(|h| h.is_cancelled()) {
-            let mut left = 0;
-            for (i, (m, st)) in members.iter().zip(states.iter_mut()).enumerate() {
-                pace(i).await;
-                if !st.gone && all_gone(m, st) {
-                    st.gone = true;
-                    push(
-                        st,
-                        started,
-                        "exited",
-                        serde_json::json!({"after": "SIGTERM"}),
-                    );
-                }
-                left += usize::from(!st.gone);
-            }
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        wait_after_term(members, &mut states, started, grace, hurry).await;
     }
     // SIGKILL to the survivors.
     let survivors: Vec<usize> = (0..states.len()).filter(|i| !states[*i].gone).collect();

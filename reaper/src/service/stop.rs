@@ -142,7 +142,6 @@ impl ReaperHandle {
         let mut n = 0;
         let mut reap = Vec::new();
         for e in self.entries().into_iter().filter(|e| e.stop_at_shutdown) {
-            let own = e.spawned && self.owns(e.pid);
             let mut g = match e.proc.try_lock() {
                 Ok(g) => g,
                 Err(_) => match tokio::time::timeout(HURRIED_LOCK_WAIT, e.proc.lock()).await {
@@ -156,8 +155,8 @@ impl ReaperHandle {
                     }
                 },
             };
-            // The lock holder may have reaped the leader: only then is the pid no longer ours.
-            let own = own && self.owns(e.pid);
+            // Read under the lock: a holder that reaped the leader took the pid out of ours.
+            let own = e.spawned && self.owns(e.pid);
             let Some(fd) = g.pidfd.as_ref() else { continue };
             if g.finished || platform::pidfd_exited(platform::borrow(fd)) {
                 continue;
