@@ -17,7 +17,174 @@ use stallwatch_storage::model::{
 use stallwatch_storage::telemetry::TraceChunk;
 use stallwatch_storage::WriteError;
 
-use crate::decode::{DecodeError, SpanSink};
+use crate::decode::{self, DecodeError, Decoded, Limits, Refusals, SpanSink, WirePart};
+
+/// Why [`chunk_protobuf_traces`] failed.
+#[derive(Debug)]
+pub(crate) enum ChunkError {
+    /// The body is not a valid export (a 400).
+    Decode(DecodeError),
+    /// A chunk could not be encoded (a bug: a 500).
+    Write(WriteError),
+    /// A part's decode panicked on the pool (a bug: a 500).
+    Panicked,
+}
+
+/// The parts to decode a protobuf trace export in, side by side: one
+/// ([`WirePart::WHOLE`]) unless the body is worth cutting into up to `parts` parts of about
+/// equal span bytes ([`decode::wire_cuts`]).
+pub(crate) fn wire_parts(body: &[u8], parts: usize) -> Vec<WirePart> {
+    let Some(cuts) = decode::wire_cuts(body, parts) else {
+        return vec![WirePart::WHOLE];
+    };
+    std::iter::once(None)
+        .chain(cuts.iter().copied().map(Some))
+        .zip(cuts.iter().copied().map(Some).chain(std::iter::once(None)))
+        .map(|(from, to)| WirePart { from, to })
+        .collect()
+}
+
+/// Decodes a protobuf trace export, in up to `parts` parts side by side when it is worth
+/// cutting ([`wire_parts`]), and chunks it for storage.
+///
+/// One request then decodes on more than one core (issue 16: at one request in flight,
+/// decoding was a serial quarter of each request's time while the other core idled). The
+/// first part decodes on the calling thread, the others on `pool` (its threads are kept,
+/// so their allocator heaps stay warm: a new thread per part cost ~0.25 ms of CPU per
+/// 200 KB export), or one after another on the calling thread without one (the tests);
+/// each part gathers its spans, still borrowed from `body` ([`Gathered`]), and they are
+/// then handed to one [`TraceChunker`] in wire order, the resource and scope a part
+/// shares with the one before it opened once. So the chunks, the watchdog's view and what
+/// is refused are exactly those of one whole decode; only the decode ran in parts. A body
+/// that cannot be cut or `parts` ≤ 1 decodes on the calling thread, streaming into the
+/// chunker as spans arrive. What a part gathers is held whole until its turn, so callers cut only bodies
+/// they charged that memory for.
+///
+/// Errors: the first part's error in wire order, as one whole decode reports it:
+/// [`ChunkError::Decode`] for a bad body, [`ChunkError::Write`] when a chunk could not be
+/// encoded, [`ChunkError::Panicked`] when a part's decode panicked on `pool` (one on the calling
+/// thread unwinds as any decode does).
+pub(crate) fn chunk_protobuf_traces(
+    body: &[u8],
+    limits: &Limits,
+    parts: usize,
+    pool: Option<&rayon_core::ThreadPool>,
+) -> Result<Decoded<ChunkedTraces>, ChunkError> {
+    let parts = wire_parts(body, parts);
+    let mut chunker = TraceChunker::default();
+    let fail = |chunker: &mut TraceChunker<'_>, e: DecodeError| match chunker.take_failure() {
+        Some(w) => ChunkError::Write(w),
+        None => ChunkError::Decode(e),
+    };
+    if parts.len() == 1 {
+        let r = decode::decode_traces_part_into(body, limits, &mut chunker, WirePart::WHOLE);
+        return match r {
+            Ok(refusals) => {
+                let chunked = chunker.finish().map_err(ChunkError::Write)?;
+                Ok(refusals.into_decoded(chunked, "span"))
+            }
+            Err(e) => Err(fail(&mut chunker, e)),
+        };
+    }
+    let gather = |part: WirePart| {
+        let mut g = Gathered::default();
+        decode::decode_traces_part_into(body, limits, &mut g, part)
+            .map(|refusals| (g, refusals))
+            .map_err(ChunkError::Decode)
+    };
+    let results: Vec<Result<(Gathered<'_>, Refusals), ChunkError>> = match pool {
+        Some(pool) => {
+            let mut later: Vec<Option<Result<(Gathered<'_>, Refusals), ChunkError>>> =
+                parts[1..].iter().map(|_| None).collect();
+            let first = pool.in_place_scope(|scope| {
+                for (slot, &part) in later.iter_mut().zip(&parts[1..]) {
+                    scope.spawn(move |_| {
+                        let r =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gather(part)));
+                        *slot = Some(r.unwrap_or(Err(ChunkError::Panicked)));
+                    });
+                }
+                gather(parts[0])
+            });
+            std::iter::once(first)
+                .chain(
+                    later
+                        .into_iter()
+                        .map(|r| r.unwrap_or(Err(ChunkError::Panicked))),
+                )
+                .collect()
+        }
+        None => parts.iter().map(|&part| gather(part)).collect(),
+    };
+    let mut gathered = Vec::with_capacity(results.len());
+    for r in results {
+        gathered.push(r?);
+    }
+    let mut all = Refusals::default();
+    for (part, (g, refusals)) in parts.iter().zip(gathered) {
+        all.merge(refusals);
+        // A part cut inside a scope opens that resource and scope again; one cut at a
+        // scope's start, that resource. The part before it opened them already.
+        let reopened = match part.from {
+            Some((_, _, i)) if i > 0 => 2,
+            Some((_, s, _)) if s > 0 => 1,
+            _ => 0,
+        };
+        for item in g.items.into_iter().skip(reopened) {
+            let r = match item {
+                Item::Resource(r) => {
+                    chunker.resource(r);
+                    Ok(())
+                }
+                Item::Scope(s) => {
+                    chunker.scope(s);
+                    Ok(())
+                }
+                Item::Span(span, bytes) => chunker.span_ref(span, bytes),
+                Item::Owned(span, bytes) => chunker.span(span, bytes),
+            };
+            r.map_err(|e| fail(&mut chunker, e))?;
+        }
+    }
+    let chunked = chunker.finish().map_err(ChunkError::Write)?;
+    Ok(all.into_decoded(chunked, "span"))
+}
+
+/// One thing a part of a trace export decoded, in wire order.
+#[derive(Debug)]
+enum Item<'a> {
+    Resource(Resource),
+    Scope(Scope),
+    /// A span borrowed from the body, and its size there, bytes.
+    Span(SpanRef<'a>, usize),
+    /// An owned span (the protobuf decoder hands over borrowed ones; kept for any sink
+    /// caller that does not).
+    Owned(Span, usize),
+}
+
+/// The [`SpanSink`] of one part of [`chunk_protobuf_traces`]: what the part decoded, held
+/// until the parts before it are chunked.
+#[derive(Debug, Default)]
+struct Gathered<'a> {
+    items: Vec<Item<'a>>,
+}
+
+impl<'a> SpanSink<'a> for Gathered<'a> {
+    fn resource(&mut self, resource: Resource) {
+        self.items.push(Item::Resource(resource));
+    }
+    fn scope(&mut self, scope: Scope) {
+        self.items.push(Item::Scope(scope));
+    }
+    fn span(&mut self, span: Span, source_bytes: usize) -> Result<(), DecodeError> {
+        self.items.push(Item::Owned(span, source_bytes));
+        Ok(())
+    }
+    fn span_ref(&mut self, span: SpanRef<'a>, source_bytes: usize) -> Result<(), DecodeError> {
+        self.items.push(Item::Span(span, source_bytes));
+        Ok(())
+    }
+}
 
 /// Body bytes whose spans make one chunk, bytes (1 MiB): SQLite then copies about this
 /// much at a time, and a 20 MiB export is about 20 rows.
@@ -353,5 +520,168 @@ mod tests {
             .batch;
         assert_eq!(whole.span_count(), 3000);
         assert_eq!(whole.resource_spans[0].resource.service_name(), "json-svc");
+    }
+
+    /// `body` decoded in `parts` parts: the parts' chunk count and everything else. With
+    /// more than one part, the parts after the first run on a pool of 3 threads.
+    fn in_parts(body: &[u8], parts: usize) -> (usize, Decoded<ChunkedTraces>) {
+        let pool = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let d = chunk_protobuf_traces(body, &LIMITS, parts, Some(&pool)).unwrap();
+        let one_by_one = chunk_protobuf_traces(body, &LIMITS, parts, None).unwrap();
+        assert_eq!(d.batch.open, one_by_one.batch.open);
+        assert_eq!(d.batch.chunks.len(), one_by_one.batch.chunks.len());
+        (d.batch.chunks.len(), d)
+    }
+
+    /// The same request with one refused span (all-zero trace id) early and one late, and
+    /// a copy of its first span at its end, in a resource of its own.
+    fn request_with_refusals_and_a_copy(n: u64) -> Vec<u8> {
+        let mut req = ExportTraceServiceRequest::decode(request(n).as_slice()).unwrap();
+        req.resource_spans[0].scope_spans[0].spans[3].trace_id = vec![0; 16];
+        req.resource_spans[1].scope_spans[1].spans[5].trace_id = vec![0; 16];
+        let mut copy = req.resource_spans[0].clone();
+        copy.scope_spans.truncate(1);
+        copy.scope_spans[0].spans.truncate(1);
+        req.resource_spans.push(copy);
+        req.encode_to_vec()
+    }
+
+    #[test]
+    fn wire_cuts_fall_on_spans_at_about_equal_bytes_and_refuse_what_is_not_worth_cutting() {
+        // 4 scopes × 100 spans of the same size: halves and quarters fall on scope starts.
+        let body = request(100);
+        assert_eq!(decode::wire_cuts(&body, 2), Some(vec![(1, 0, 0)]));
+        assert_eq!(
+            decode::wire_cuts(&body, 4),
+            Some(vec![(0, 1, 0), (1, 0, 0), (1, 1, 0)])
+        );
+        // Three parts cut inside scopes.
+        let cuts = decode::wire_cuts(&body, 3).unwrap();
+        assert_eq!(cuts.len(), 2);
+        assert!(cuts.iter().all(|&(_, _, i)| i > 0), "{cuts:?}");
+        assert_eq!(decode::wire_cuts(&body, 1), None);
+        // One span per scope: 4 spans make at most 2 parts.
+        assert_eq!(decode::wire_cuts(&request(1), 4), Some(vec![(1, 0, 0)]));
+        // Not walkable: the whole decode reports it.
+        let mut broken = body.clone();
+        broken.truncate(body.len() - 10);
+        assert_eq!(decode::wire_cuts(&broken, 2), None);
+        assert_eq!(decode::wire_cuts(b"", 2), None);
+    }
+
+    #[test]
+    fn an_export_decoded_in_parts_gives_what_one_decode_gives() {
+        // One chunk (~0.7 MB), and several (~3 MB, one cut inside a scope).
+        for body in [request_with_refusals_and_a_copy(150), request(700)] {
+            let (one_chunks, whole) = in_parts(&body, 1);
+            let encoded = |d: &Decoded<ChunkedTraces>| {
+                d.batch
+                    .chunks
+                    .iter()
+                    .map(|c| format!("{c:?}"))
+                    .collect::<Vec<_>>()
+            };
+            for parts in 2..=4 {
+                assert!(wire_parts(&body, parts).len() > 1);
+                let (chunks, d) = in_parts(&body, parts);
+                assert_eq!(chunks, one_chunks);
+                assert!(encoded(&d) == encoded(&whole), "the same stored bytes");
+                assert_eq!(d.rejected, whole.rejected);
+                assert_eq!(d.rejected_end_before_start, whole.rejected_end_before_start);
+                assert_eq!(d.message, whole.message, "the first refusal in wire order");
+                assert_eq!(d.batch.spans, whole.batch.spans);
+                assert_eq!(d.batch.ended, whole.batch.ended);
+                assert_eq!(d.batch.open, whole.batch.open);
+            }
+        }
+        let (_, whole) = in_parts(&request_with_refusals_and_a_copy(150), 1);
+        assert_eq!(whole.rejected, 2);
+        assert!(
+            whole.message.starts_with("2 spans refused: ")
+                && whole
+                    .message
+                    .contains("first at resourceSpans[0].scopeSpans[0].spans[3]"),
+            "{}",
+            whole.message
+        );
+        assert_eq!(
+            whole.batch.spans, 599,
+            "the copy counts until storage cuts it"
+        );
+    }
+
+    #[test]
+    fn a_bad_span_fails_the_parts_with_the_whole_decodes_error() {
+        let bad_at = |places: &[(usize, usize, usize)]| {
+            let mut req = ExportTraceServiceRequest::decode(request(150).as_slice()).unwrap();
+            for &(r, s, i) in places {
+                req.resource_spans[r].scope_spans[s].spans[i].span_id = vec![1, 2, 3];
+            }
+            req.encode_to_vec()
+        };
+        let pool = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let err = |body: &[u8], parts| {
+            let on_pool = match chunk_protobuf_traces(body, &LIMITS, parts, Some(&pool)) {
+                Err(ChunkError::Decode(e)) => e.0,
+                other => panic!("{other:?}"),
+            };
+            match chunk_protobuf_traces(body, &LIMITS, parts, None) {
+                Err(ChunkError::Decode(e)) => assert_eq!(e.0, on_pool),
+                other => panic!("{other:?}"),
+            }
+            on_pool
+        };
+        // Only in the last part: its path counts the spans before the cut.
+        let body = bad_at(&[(1, 1, 140)]);
+        let whole = err(&body, 1);
+        assert!(
+            whole.contains("resourceSpans[1].scopeSpans[1].spans[140].spanId"),
+            "{whole}"
+        );
+        for parts in 2..=4 {
+            assert_eq!(err(&body, parts), whole);
+        }
+        // In the first and the last part: the first in wire order.
+        let body = bad_at(&[(0, 0, 7), (1, 1, 140)]);
+        let whole = err(&body, 1);
+        assert!(whole.contains("scopeSpans[0].spans[7]"), "{whole}");
+        for parts in 2..=4 {
+            assert_eq!(err(&body, parts), whole);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_export_decoded_in_parts_reads_back_as_one_decode() {
+        let body = request_with_refusals_and_a_copy(150);
+        let dir = tempfile::tempdir().unwrap();
+        let mut stored = Vec::new();
+        for (n, parts) in [(1, 1), (2, 4)] {
+            let storage = stallwatch_storage::Storage::open(
+                stallwatch_storage::StorageConfig::new(dir.path().join(format!("{n}.db"))),
+            )
+            .unwrap();
+            let d = chunk_protobuf_traces(&body, &LIMITS, parts, None).unwrap();
+            assert_eq!(d.batch.chunks.len(), 1);
+            storage.write_trace_chunks(d.batch.chunks).await.unwrap();
+            let mut spans = Vec::new();
+            for t in [[1u8; 16], [2u8; 16]] {
+                let trace = storage
+                    .trace(stallwatch_storage::model::TraceId(t))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                spans.extend(trace.spans.into_iter().map(|s| (s.span, s.state)));
+            }
+            stored.push(spans);
+        }
+        // 600 spans, 2 refused, the copy stored once whatever the parts.
+        assert_eq!(stored[0].len(), 598);
+        assert_eq!(stored[1], stored[0]);
     }
 }

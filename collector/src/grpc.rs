@@ -231,6 +231,8 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
     };
     let limit = state.inner.max_request_bytes;
     let mut charge = state.inner.budget.charge();
+    // Counted from here, body reading included: decoding in parts waits for free cores.
+    let _in_pipeline = state.inner.decode_threads.enter();
     let mut body = req.into_body();
     let mut buf = BytesMut::new();
     let mut declared: Option<(u8, usize)> = None;

@@ -233,6 +233,8 @@ async fn export(state: IngestState, signal: Signal, req: Request) -> Response {
         }
     }
     let mut charge = state.inner.budget.charge();
+    // Counted from here, body reading included: decoding in parts waits for free cores.
+    let _in_pipeline = state.inner.decode_threads.enter();
     let reserved = declared.unwrap_or(0) as usize;
     if let Err(r) = charge.grow(reserved) {
         return refuse(r);

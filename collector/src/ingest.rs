@@ -14,7 +14,7 @@ use stallwatch_storage::control::{Observation, ObservedData};
 use stallwatch_storage::{Storage, Transient, WriteError};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use crate::chunks::{ChunkedTraces, TraceChunker};
+use crate::chunks::{self, ChunkError, ChunkedTraces, TraceChunker};
 use crate::config::CollectorConfig;
 use crate::cors::CorsPolicy;
 use crate::decode::{self, Format, Limits};
@@ -34,6 +34,144 @@ pub(crate) const STOPPING_BODY_IDLE: std::time::Duration = std::time::Duration::
 pub(crate) const STORAGE_BUSY_RETRY_AFTER_S: u64 = 2;
 /// `Retry-After` when the disk (or `max_db_bytes`) is full, seconds.
 pub(crate) const STORAGE_FULL_RETRY_AFTER_S: u64 = 10;
+/// The smallest share of a protobuf trace export given a part of its own, bytes (64 KiB):
+/// decoding that much takes about 0.1 ms on this project's 2-core reference machine,
+/// several times what handing a part to the pool and gathering it back costs.
+const MIN_PART_BYTES: usize = 64 * 1024;
+/// The most parts one trace export is decoded in ([`chunks::chunk_protobuf_traces`]).
+const MAX_PARTS: usize = 4;
+/// The largest protobuf trace export decoded in parts, bytes (4 MiB): a part holds what
+/// it decoded until its turn to be chunked, so a larger export decodes streaming on one
+/// thread, holding one chunk's records at a time (issue 17 #14), where the fixed cost a
+/// request pays is small against its decode anyway.
+const MAX_PARTED_BYTES: usize = 4 * 1024 * 1024;
+/// Memory charged against `max_inflight_bytes` per byte of a protobuf trace export
+/// decoded in parts, on top of [`Charge::grow_for_decode`]'s: the spans the parts gather
+/// (borrowed records, their attribute lists) before they are chunked.
+const GATHER_CHARGE_PER_BYTE: usize = 2;
+/// How long exports decode whole after the pipeline was seen holding every core, ms.
+const SATURATED_HOLD_MS: u64 = 200;
+
+/// Whether cores are free for decoding one protobuf trace export in parts (issue 16).
+///
+/// Every export request in the pipeline (its body being read, decoding, or waiting for its
+/// commit, which keeps the writer thread busy) is taken to hold a core. An export is cut into parts only over
+/// the cores the others leave free: with one exporter sending one request at a time, its
+/// decode spreads over the idle core(s) (A/B at HTTP/protobuf c=1: +14%); with as many
+/// requests in flight as cores, every export decodes on one thread, as parts would only
+/// add their hand-offs. Once seen saturated, it stays so for [`SATURATED_HOLD_MS`]: a
+/// saturated runtime takes new requests up late, so a count taken at one moment misses
+/// them (measured at c=4 against the build before: cutting whenever no other decode ran
+/// cost 4–8%; counting the requests in the pipeline at that moment, 2–5%).
+#[derive(Debug)]
+pub(crate) struct DecodeThreads {
+    /// Cores the process may run on (`available_parallelism`).
+    cores: usize,
+    /// Export requests in the pipeline now ([`DecodeThreads::enter`]).
+    requests: std::sync::atomic::AtomicUsize,
+    /// When the pipeline was last seen holding every core, ms since `epoch` plus one
+    /// (0: never).
+    saturated_at_ms: std::sync::atomic::AtomicU64,
+    /// The clock's start.
+    epoch: Instant,
+    /// The threads that decode every part but the first (`cores − 1` of them, at most
+    /// [`MAX_PARTS`] − 1), started at the first export cut into parts; `None` inside when
+    /// they could not be started (exports then decode whole).
+    pool: std::sync::OnceLock<Option<rayon_core::ThreadPool>>,
+}
+
+/// One export request in the pipeline ([`DecodeThreads::enter`]); leaves on drop.
+pub(crate) struct InPipeline {
+    threads: Arc<DecodeThreads>,
+}
+
+impl DecodeThreads {
+    fn new() -> Self {
+        Self::with_cores(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    fn with_cores(cores: usize) -> Self {
+        Self {
+            cores,
+            requests: std::sync::atomic::AtomicUsize::new(0),
+            saturated_at_ms: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+            pool: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Counts one export request in the pipeline until the guard drops: the transports
+    /// take it when a request's body starts being read.
+    pub(crate) fn enter(self: &Arc<Self>) -> InPipeline {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InPipeline {
+            threads: Arc::clone(self),
+        }
+    }
+
+    /// The parts to decode a `body_bytes` protobuf trace export in, from within a request
+    /// counted by [`DecodeThreads::enter`]: one, and one more per [`MIN_PART_BYTES`] of it
+    /// (at most [`MAX_PARTS`], none over [`MAX_PARTED_BYTES`]) while the other requests in
+    /// the pipeline leave cores free.
+    fn parts(&self, body_bytes: usize) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let free = self.free_cores();
+        let saturated_at = self.saturated_at_ms.load(Relaxed);
+        if body_bytes > MAX_PARTED_BYTES
+            || (saturated_at > 0 && self.now_ms() + 1 < saturated_at + SATURATED_HOLD_MS)
+        {
+            return 1;
+        }
+        (body_bytes / MIN_PART_BYTES)
+            .clamp(1, MAX_PARTS)
+            .min(free.max(1))
+    }
+
+    /// Cores the other requests in the pipeline leave free to this one, noting when
+    /// there are none ([`DecodeThreads::parts`] then cuts nothing for
+    /// [`SATURATED_HOLD_MS`]). Called before a decode and again after it: requests that
+    /// arrived while it ran are counted only once a worker took them up, which a saturated
+    /// runtime does late.
+    fn free_cores(&self) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let others = self.requests.load(Relaxed).saturating_sub(1);
+        let free = self.cores.saturating_sub(others);
+        if free <= 1 && others > 0 {
+            self.saturated_at_ms.store(self.now_ms() + 1, Relaxed);
+        }
+        free
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The part decoders ([`DecodeThreads::pool`]), started on first use.
+    fn pool(&self) -> Option<&rayon_core::ThreadPool> {
+        self.pool
+            .get_or_init(|| {
+                rayon_core::ThreadPoolBuilder::new()
+                    .num_threads(self.cores.saturating_sub(1).clamp(1, MAX_PARTS - 1))
+                    .thread_name(|i| format!("otlp-decode-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "trace decode threads not started; exports decode whole")
+                    })
+                    .ok()
+            })
+            .as_ref()
+    }
+}
+
+impl Drop for InPipeline {
+    fn drop(&mut self) {
+        self.threads
+            .requests
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Bodies at most this large (wire and identity-coded) are decoded on the async worker;
 /// larger or compressed ones on the blocking pool, bytes.
 const INLINE_DECODE_BYTES: usize = 256 * 1024;
@@ -303,6 +441,8 @@ pub(crate) struct Inner {
     /// Cancelled when shutdown begins ([`crate::Server::run`]): body reads then wait at most
     /// [`STOPPING_BODY_IDLE`] per frame.
     pub(crate) stopping: tokio_util::sync::CancellationToken,
+    /// Export requests in the pipeline and the trace part decoders ([`DecodeThreads`]).
+    pub(crate) decode_threads: Arc<DecodeThreads>,
 }
 
 impl IngestState {
@@ -332,6 +472,7 @@ impl IngestState {
                 body_idle_timeout: config.body_idle_timeout,
                 allowed_hosts: config.allowed_hosts.clone(),
                 stopping: tokio_util::sync::CancellationToken::new(),
+                decode_threads: Arc::new(DecodeThreads::new()),
             }),
         })
     }
@@ -469,14 +610,41 @@ impl IngestState {
         let limit = self.inner.max_request_bytes;
         let limits = self.inner.limits;
         let inline = raw.len() <= INLINE_DECODE_BYTES && codings.is_empty();
+        let threads = Arc::clone(&self.inner.decode_threads);
         let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
             let body = decompress::decompress(raw, &codings, limit, charge)?;
             charge.grow_for_decode(body.len(), signal, format)?;
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
+                Signal::Traces if format == Format::Protobuf => {
+                    // In parts side by side while cores are free, when the budget holds
+                    // what the parts gather.
+                    let want = threads.parts(body.len());
+                    let pool = if want > 1 { threads.pool() } else { None };
+                    let parts = match pool {
+                        Some(_)
+                            if charge
+                                .grow(body.len().saturating_mul(GATHER_CHARGE_PER_BYTE))
+                                .is_ok() =>
+                        {
+                            want
+                        }
+                        _ => 1,
+                    };
+                    let d = chunks::chunk_protobuf_traces(&body, &limits, parts, pool);
+                    threads.free_cores();
+                    drop(body);
+                    Batch::Traces(d.map_err(|e| match e {
+                        ChunkError::Decode(e) => bad(e),
+                        ChunkError::Write(w) => refusal_for_write(w),
+                        ChunkError::Panicked => {
+                            Refusal::Internal("a trace decode part panicked".into())
+                        }
+                    })?)
+                }
                 Signal::Traces => {
-                    // Encoded chunk by chunk as it decodes: the records are never all held
-                    // (protobuf spans borrow their strings from `body` until encoded).
+                    // OTLP/JSON (protobuf: `protobuf_traces`), encoded chunk by chunk
+                    // as it decodes: the records are never all held.
                     let mut chunker = TraceChunker::default();
                     let d = decode::decode_traces_into(&body, format, &limits, &mut chunker);
                     let d = match d {
@@ -610,6 +778,34 @@ mod tests {
     use super::*;
     use crate::decode::Format;
     use prost::Message;
+
+    #[test]
+    fn an_export_is_cut_only_while_cores_are_free() {
+        const KIB: usize = 1024;
+        let t = Arc::new(DecodeThreads::with_cores(2));
+        let one = t.enter();
+        // Alone: one part per 64 KiB, up to the cores.
+        assert_eq!(t.parts(200 * KIB), 2);
+        assert_eq!(t.parts(100 * KIB), 1);
+        assert_eq!(t.parts(5 * 1024 * KIB), 1, "over 4 MiB: streaming, whole");
+        // A second request in the pipeline holds the other core; once it left, the
+        // pipeline still counts as saturated for a while.
+        let two = t.enter();
+        assert_eq!(t.parts(200 * KIB), 1);
+        drop(two);
+        assert_eq!(t.parts(200 * KIB), 1);
+        std::thread::sleep(std::time::Duration::from_millis(SATURATED_HOLD_MS + 50));
+        assert_eq!(t.parts(200 * KIB), 2);
+        drop(one);
+        // Eight cores: two requests leave room for parts, up to MAX_PARTS.
+        let t = Arc::new(DecodeThreads::with_cores(8));
+        let (_a, _b) = (t.enter(), t.enter());
+        assert_eq!(t.parts(1024 * KIB), MAX_PARTS);
+        // One core: never.
+        let t = Arc::new(DecodeThreads::with_cores(1));
+        let _a = t.enter();
+        assert_eq!(t.parts(1024 * KIB), 1);
+    }
 
     #[test]
     fn storage_write_errors_map_to_retryable_answers() {

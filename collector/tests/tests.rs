@@ -11,3 +11,4 @@ mod cases;
 mod cors;
 mod grpc;
 mod http;
+mod parts;

@@ -18,6 +18,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use prost::Message;
 use stallwatch_storage::model::{LogBatch, MetricBatch, TraceBatch};
 
+pub(crate) use convert::{wire_cuts, Refusals, WirePart};
 pub use convert::{Collect, SpanSink};
 pub use path::Path;
 
@@ -152,6 +153,20 @@ pub fn decode_traces_into<'a>(
         Format::Protobuf => convert::traces_wire(body, limits, sink),
         Format::Json => convert::traces_json(body, limits, sink),
     }
+}
+
+/// [`decode_traces_into`] for the spans of one part of a protobuf trace export
+/// ([`wire_cuts`] cuts it), so the parts of one large export can be decoded side by side,
+/// each into its own sink. The parts' [`Refusals`], merged in wire order
+/// ([`Refusals::merge`]), and their sinks in the same order give what one whole decode
+/// gives; on an error in several parts, the first part's is the whole decode's.
+pub(crate) fn decode_traces_part_into<'a>(
+    body: &'a [u8],
+    limits: &Limits,
+    sink: &mut dyn SpanSink<'a>,
+    part: WirePart,
+) -> Result<Refusals, DecodeError> {
+    convert::traces_wire_part(body, limits, sink, part)
 }
 
 /// Decodes a log export (`ExportLogsServiceRequest`). Same errors as [`decode_traces`].

@@ -29,12 +29,12 @@ pub(crate) use metrics::histogram_buckets_invalid;
 pub(crate) use metrics::metrics;
 #[cfg(test)]
 pub(crate) use traces::traces;
-pub(crate) use traces::{traces_json, traces_wire};
+pub(crate) use traces::{traces_json, traces_wire, traces_wire_part, wire_cuts, WirePart};
 pub use traces::{Collect, SpanSink};
 
 /// Counts records refused one by one (partial success) and remembers why.
 #[derive(Default)]
-struct Refusals {
+pub(crate) struct Refusals {
     count: u64,
     end_before_start: u64,
     first: Option<String>,
@@ -49,7 +49,19 @@ impl Refusals {
         }
     }
 
-    fn into_decoded<T>(self, batch: T, noun: &str) -> Decoded<T> {
+    /// Adds what a later part of the same request refused (a trace export decoded in
+    /// parts, [`traces_wire_part`]): the counts add up and the first reason stays the
+    /// first in wire order, as one whole decode gives.
+    pub(crate) fn merge(&mut self, later: Refusals) {
+        self.count += later.count;
+        self.end_before_start += later.end_before_start;
+        if self.first.is_none() {
+            self.first = later.first;
+        }
+        self.warnings.extend(later.warnings);
+    }
+
+    pub(crate) fn into_decoded<T>(self, batch: T, noun: &str) -> Decoded<T> {
         let mut message = String::new();
         if self.count > 0 {
             let plural = if self.count == 1 { "" } else { "s" };

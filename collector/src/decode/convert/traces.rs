@@ -177,6 +177,108 @@ pub(crate) fn traces_wire<'a>(
     limits: &Limits,
     sink: &mut dyn SpanSink<'a>,
 ) -> Result<Decoded<()>, DecodeError> {
+    Ok(traces_wire_part(body, limits, sink, WirePart::WHOLE)?.into_decoded((), "span"))
+}
+
+/// Where a span sits in a protobuf trace export: the indexes of its `ResourceSpans` in the
+/// request, of its `ScopeSpans` in that resource, and of the span in that scope (the
+/// indexes of the error paths). Ordered as the spans are on the wire.
+pub(crate) type SpanCursor = (usize, usize, usize);
+
+/// The spans of a protobuf trace export from `from` (inclusive; `None`: the first) up to
+/// `to` (exclusive; `None`: past the last), for decoding one export in parts side by side
+/// ([`wire_cuts`]). A part converts and hands to its sink only the resources and scopes
+/// that hold its spans.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WirePart {
+    /// The part's first span.
+    pub from: Option<SpanCursor>,
+    /// The next part's first span.
+    pub to: Option<SpanCursor>,
+}
+
+impl WirePart {
+    /// Every span.
+    pub const WHOLE: WirePart = WirePart {
+        from: None,
+        to: None,
+    };
+
+    /// Whether `at` lies before this part's first span.
+    fn before(&self, at: SpanCursor) -> bool {
+        self.from.is_some_and(|from| at < from)
+    }
+
+    /// Whether `at` is at or past the next part's first span.
+    fn past(&self, at: SpanCursor) -> bool {
+        self.to.is_some_and(|to| at >= to)
+    }
+}
+
+/// Cuts a protobuf trace export into at most `parts` parts of about equal span bytes, for
+/// [`traces_wire_part`]: the first span of every part after the first, in wire order.
+/// `None` when the body is not worth cutting (fewer than two spans in a part) or its
+/// `ResourceSpans`, `ScopeSpans` or span fields cannot be walked: the whole decode then
+/// reports what is wrong. Reads only field headers, never a span's contents.
+pub(crate) fn wire_cuts(body: &[u8], parts: usize) -> Option<Vec<SpanCursor>> {
+    use crate::decode::wire::{self, Fields};
+    if parts < 2 {
+        return None;
+    }
+    let mut spans: Vec<(SpanCursor, usize)> = Vec::new();
+    let mut r = 0;
+    for f in Fields::new(body) {
+        let (field, v) = f.ok()?;
+        if field != 1 {
+            continue;
+        }
+        let rs = wire::len(v).ok()?;
+        let mut s = 0;
+        for f in Fields::new(rs) {
+            let (field, v) = f.ok()?;
+            if field != 2 {
+                continue;
+            }
+            let ss = wire::len(v).ok()?;
+            let mut i = 0;
+            for f in Fields::new(ss) {
+                let (field, v) = f.ok()?;
+                if field != 2 {
+                    continue;
+                }
+                spans.push(((r, s, i), wire::len(v).ok()?.len()));
+                i += 1;
+            }
+            s += 1;
+        }
+        r += 1;
+    }
+    let parts = parts.min(spans.len() / 2);
+    if parts < 2 {
+        return None;
+    }
+    let total: usize = spans.iter().map(|(_, n)| n).sum();
+    let mut cuts = Vec::with_capacity(parts - 1);
+    let mut before = 0;
+    for (at, n) in spans {
+        // This span starts the next part once the parts so far hold their share.
+        let part = cuts.len() + 1;
+        if part < parts && before >= total / parts * part && before > 0 {
+            cuts.push(at);
+        }
+        before += n;
+    }
+    (!cuts.is_empty()).then_some(cuts)
+}
+
+/// [`traces_wire`] for the spans of one [`WirePart`], returning what it refused
+/// ([`Refusals::merge`] joins the parts' in wire order).
+pub(crate) fn traces_wire_part<'a>(
+    body: &'a [u8],
+    limits: &Limits,
+    sink: &mut dyn SpanSink<'a>,
+    part: WirePart,
+) -> Result<Refusals, DecodeError> {
     use crate::decode::wire::{self, Fields};
     use prost::Message;
     const WHAT: &str = "ExportTraceServiceRequest";
@@ -190,8 +292,15 @@ pub(crate) fn traces_wire<'a>(
         if field != 1 {
             continue;
         }
-        let pr = prs.index(n_resources);
+        let r = n_resources;
+        if part.past((r, 0, 0)) {
+            break;
+        }
         n_resources += 1;
+        if part.before((r, usize::MAX, 0)) {
+            continue;
+        }
+        let pr = prs.index(r);
         let rs = wire::len(v).map_err(|e| bad(&pr, e))?;
         // First pass: the resource and schema URL (they may follow the scopes on the wire).
         let mut res: Option<pr::Resource> = None;
@@ -217,8 +326,15 @@ pub(crate) fn traces_wire<'a>(
             if field != 2 {
                 continue;
             }
-            let ps = pss.index(n_scope);
+            let sc_at = n_scope;
+            if part.past((r, sc_at, 0)) {
+                return Ok(refusals);
+            }
             n_scope += 1;
+            if part.before((r, sc_at, usize::MAX)) {
+                continue;
+            }
+            let ps = pss.index(sc_at);
             let ss = wire::len(v).map_err(|e| bad(&ps, e))?;
             let mut sc: Option<pc::InstrumentationScope> = None;
             let mut schema_url = String::new();
@@ -245,8 +361,15 @@ pub(crate) fn traces_wire<'a>(
                 if field != 2 {
                     continue;
                 }
-                let p = pspans.index(i);
+                let at = i;
+                if part.past((r, sc_at, at)) {
+                    return Ok(refusals);
+                }
                 i += 1;
+                if part.before((r, sc_at, at)) {
+                    continue;
+                }
+                let p = pspans.index(at);
                 let b = wire::len(v).map_err(|e| bad(&p, e))?;
                 if let Some(span) = super::span_wire::span(b, &p, limits, &mut refusals)? {
                     sink.span_ref(span, b.len())?;
@@ -254,7 +377,7 @@ pub(crate) fn traces_wire<'a>(
             }
         }
     }
-    Ok(refusals.into_decoded((), "span"))
+    Ok(refusals)
 }
 
 fn span(
