@@ -684,4 +684,109 @@ mod tests {
         assert_eq!(stored[0].len(), 598);
         assert_eq!(stored[1], stored[0]);
     }
+
+    /// A pool of 3 part decoders shared by the generated cases.
+    fn test_pool() -> &'static rayon_core::ThreadPool {
+        static POOL: std::sync::OnceLock<rayon_core::ThreadPool> = std::sync::OnceLock::new();
+        POOL.get_or_init(|| {
+            rayon_core::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .unwrap()
+        })
+    }
+
+    /// One decode's whole outcome, comparable: the stored bytes, the watchdog's view, the
+    /// refusals, or the error.
+    fn outcome(body: &[u8], parts: usize, pool: Option<&rayon_core::ThreadPool>) -> String {
+        match chunk_protobuf_traces(body, &LIMITS, parts, pool) {
+            Ok(d) => format!(
+                "{:?} {:?} {:?} {} {} {} {}",
+                d.batch.chunks,
+                d.batch.open,
+                d.batch.ended,
+                d.batch.spans,
+                d.rejected,
+                d.rejected_end_before_start,
+                d.message
+            ),
+            Err(ChunkError::Decode(e)) => format!("decode error: {}", e.0),
+            Err(ChunkError::Write(e)) => format!("write error: {e}"),
+            Err(ChunkError::Panicked) => "panicked".into(),
+        }
+    }
+
+    /// A span of a generated request: its trace (1–3), and what is wrong with it.
+    fn gen_span() -> impl proptest::strategy::Strategy<Value = (u8, u8)> {
+        use proptest::prelude::*;
+        // 0–5: fine (3 open); 6: zero trace id (refused); 7: end before start (refused);
+        // 8: span id 3 bytes long (a 400).
+        (
+            1u8..4,
+            prop_oneof![8 => 0u8..6, 1 => 6u8..8, 1 => Just(8u8)],
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Generated exports, whole or damaged, decode in 2–4 parts exactly as whole:
+        /// the same stored bytes, view and refusals, or the same error.
+        #[test]
+        fn generated_exports_decode_in_parts_as_whole(
+            shape in proptest::collection::vec(
+                proptest::collection::vec(proptest::collection::vec(gen_span(), 0..7), 0..4),
+                1..4,
+            ),
+            damage in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u8>()), 0..3),
+        ) {
+            let mut k = 0u64;
+            let req = ExportTraceServiceRequest {
+                resource_spans: shape
+                    .iter()
+                    .enumerate()
+                    .map(|(r, scopes)| pt::ResourceSpans {
+                        resource: Some(PbResource {
+                            attributes: vec![kv("service.name", &format!("svc{r}"))],
+                            ..Default::default()
+                        }),
+                        scope_spans: scopes
+                            .iter()
+                            .map(|spans| pt::ScopeSpans {
+                                spans: spans
+                                    .iter()
+                                    .map(|&(trace, what)| {
+                                        k += 1;
+                                        pt::Span {
+                                            trace_id: if what == 6 { vec![0; 16] } else { vec![trace; 16] },
+                                            span_id: if what == 8 { vec![1, 2, 3] } else { (k % 5 + 1).to_be_bytes().to_vec() },
+                                            name: format!("op{k}"),
+                                            start_time_unix_nano: 100,
+                                            end_time_unix_nano: match what { 3 => 0, 7 => 50, _ => 200 + k },
+                                            attributes: vec![kv("n", &"x".repeat(k as usize % 40))],
+                                            ..Default::default()
+                                        }
+                                    })
+                                    .collect(),
+                                ..Default::default()
+                            })
+                            .collect(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            };
+            let mut body = req.encode_to_vec();
+            for (at, byte) in &damage {
+                if !body.is_empty() {
+                    let i = at.index(body.len());
+                    body[i] = *byte;
+                }
+            }
+            let whole = outcome(&body, 1, None);
+            for parts in 2..=4 {
+                proptest::prop_assert_eq!(&outcome(&body, parts, None), &whole);
+                proptest::prop_assert_eq!(&outcome(&body, parts, Some(test_pool())), &whole);
+            }
+        }
+    }
 }
