@@ -84,6 +84,16 @@ fn wine_command(wine: &Path, exe: &Path) -> Command {
 
 impl WinServer {
     fn start(bin: &Path, wine: &Path, root: &Path, config: Option<&str>) -> WinServer {
+        Self::start_with_env(bin, wine, root, config, &[])
+    }
+
+    fn start_with_env(
+        bin: &Path,
+        wine: &Path,
+        root: &Path,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> WinServer {
         let data_dir = root.join("data");
         let stderr_path = root.join("stallwatch.stderr.log");
         let mut cmd = wine_command(wine, &bin.join("stallwatch.exe"));
@@ -94,6 +104,7 @@ impl WinServer {
             .args(["--otlp-http-listen", "127.0.0.1:0"])
             .args(["--dashboard-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&stderr_path).unwrap()));
@@ -503,6 +514,70 @@ fn healthy_runner_answers_over_the_named_pipe_and_is_never_tripped() {
             "ended before the 2 s grace period: {del:#}"
         );
     }
+}
+
+/// A runner registered again under the id of one that had just exited, while that exit was
+/// still being recorded: the old exit's record (spans closed, row marked exited, the
+/// watchdog told the runner was gone) landed on the new registration, which was then never
+/// watched. The registration waits for the old record (as on Linux, `reaper_fixes.rs`).
+/// A failpoint holds the old exit's record back 1.5 s, so the new registration always
+/// arrives while it is pending.
+#[test]
+#[ignore = "Windows build under Wine: run scripts/test-windows"]
+fn a_registration_right_after_an_exit_is_not_taken_for_the_exited_one() {
+    let (bin, wine) = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let server = WinServer::start_with_env(
+        &bin,
+        &wine,
+        dir.path(),
+        Some(CONFIG),
+        &[("STALLWATCH_FAILPOINTS", "reaper.exit_record:1:delay1500")],
+    );
+    let markers = dir.path().join("again");
+    register_runner(&server, &bin, "win-again", "exit", &markers, None);
+    let spawn = serde_json::json!({
+        "argv": [win(&bin.join("windows-runner.exe")), "healthy", win(&markers)],
+    });
+    let body = serde_json::json!({"id": "win-again", "spawn": spawn});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let new = loop {
+        let (st, v) = server.send(
+            http_client()
+                .post(server.api("/api/v1/runners"))
+                .json(&body),
+        );
+        if st == 201 {
+            break v;
+        }
+        assert_eq!(st, 409, "{v}");
+        assert!(Instant::now() < deadline, "never registered again: {v}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let pid = new["pid"].as_u64().unwrap();
+    wait_heartbeat_ok(&server, "win-again");
+    let trace = "3e".repeat(16);
+    open_tool_span(&server, "win-again", &trace, &"3f".repeat(8));
+    // Well past the old exit's record: the new registration is the one on the board, and
+    // the watchdog still watches it.
+    std::thread::sleep(Duration::from_secs(3));
+    let r = server.runner("win-again");
+    assert_eq!(r["pid"].as_u64(), Some(pid), "{r:#}");
+    assert_eq!(r["lifecycle"], "running", "{r:#}");
+    assert_eq!(r["heartbeat"], "ok", "{r:#}");
+    let (_, page) = server.get_json("/api/v1/incidents?runner_id=win-again&limit=200");
+    let exits = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["event"] == "runner.exited")
+        .count();
+    assert_eq!(exits, 1, "{page:#}");
+    let span = span_end(&server, &trace);
+    assert_eq!(
+        span["state"], "open",
+        "the new runner's span was ended: {span:#}"
+    );
 }
 
 #[test]

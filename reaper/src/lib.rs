@@ -30,6 +30,7 @@ pub mod platform;
 pub mod runner;
 #[cfg(unix)]
 mod service;
+mod settle;
 #[cfg(unix)]
 mod shutdown;
 pub mod spans;

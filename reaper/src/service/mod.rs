@@ -39,6 +39,7 @@ use crate::config::ReaperConfig;
 use crate::error::ReaperError;
 use crate::platform::{self};
 use crate::runner::OutputTail;
+use crate::settle::Settled;
 use crate::stats::ReaperStats;
 use crate::terminate::TerminationReport;
 
@@ -94,41 +95,20 @@ struct Entry {
     alive: AtomicBool,
     /// Set once its exit or stop is wholly recorded (span ends, runner row, incident, the
     /// watchdog told), after `alive` went false: a registration of the same id waits for it
-    /// ([`Entry::wait_settled`]), or that record landed on the new registration (its spans
+    /// ([`crate::settle`]), or that record landed on the new registration (its spans
     /// closed, its row marked exited, the watchdog told it was gone).
-    settled: AtomicBool,
-    settled_notify: tokio::sync::Notify,
+    settled: Settled,
     /// Set when a trip, a DELETE or the shutdown begins stopping it (before its lock is
     /// taken), cleared when that stop sends nothing (no proof of identity): its checkpoints
     /// are then refused a commit, as they are rolled back.
     stop_begun: AtomicBool,
 }
 
-/// How long a registration waits for the previous registration of its id to be settled
-/// ([`Entry::wait_settled`]) before it is refused as in use: that takes the output readers'
-/// wait (500 ms) and a few writes.
-const SETTLE_WAIT: Duration = Duration::from_secs(10);
-
 impl Entry {
     /// Marks the exit or stop of this registration wholly recorded, waking a registration
     /// of the same id that waits for it.
     fn settle(&self) {
-        self.settled.store(true, Ordering::SeqCst);
-        self.settled_notify.notify_waiters();
-    }
-
-    /// Waits up to `limit` for [`Entry::settle`]; true once settled.
-    async fn wait_settled(&self, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.settled_notify.notified();
-            if self.settled.load(Ordering::SeqCst) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.settled.load(Ordering::SeqCst);
-            }
-        }
+        self.settled.settle();
     }
 
     /// The instance mark its descendants carry: spawned runners (of this run or re-adopted)

@@ -17,6 +17,7 @@ use stallwatch_storage::runners::{RunnerRow, RunnerRowState};
 use crate::checkpoint_edge;
 use crate::platform::{self};
 use crate::runner::{self, OutputTail};
+use crate::settle::{Settled, SETTLE_WAIT};
 use crate::terminate::Resume;
 
 use super::output::spawn_reader;
@@ -34,7 +35,7 @@ impl ReaperHandle {
         if let Some(old) = self.entry(&spec.id) {
             // Its process is gone, but its exit or stop may still be being recorded: that
             // record must not land on this registration.
-            if old.alive.load(Ordering::SeqCst) || !old.wait_settled(super::SETTLE_WAIT).await {
+            if old.alive.load(Ordering::SeqCst) || !old.settled.wait(SETTLE_WAIT).await {
                 return Err(RegisterError::IdInUse(spec.id.clone()));
             }
         }
@@ -191,8 +192,7 @@ impl ReaperHandle {
                 last_report: None,
             }),
             alive: AtomicBool::new(true),
-            settled: AtomicBool::new(false),
-            settled_notify: tokio::sync::Notify::new(),
+            settled: Settled::default(),
             stop_begun: AtomicBool::new(false),
         });
         let mut readers = Vec::new();
@@ -384,8 +384,7 @@ impl ReaperHandle {
                 last_report: None,
             }),
             alive: AtomicBool::new(true),
-            settled: AtomicBool::new(false),
-            settled_notify: tokio::sync::Notify::new(),
+            settled: Settled::default(),
             stop_begun: AtomicBool::new(false),
         });
         if let Ok(mut m) = self.inner.runners.lock() {

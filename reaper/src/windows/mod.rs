@@ -47,6 +47,7 @@ use crate::checkpoint::Checkpoints;
 use crate::checkpoint_edge;
 use crate::config::ReaperConfig;
 use crate::error::ReaperError;
+use crate::settle::{Settled, SETTLE_WAIT};
 use crate::spans::{self, EndEvent, ExitAttrs};
 use crate::stats::ReaperStats;
 
@@ -93,6 +94,10 @@ struct Entry {
     finished: AtomicBool,
     stop_lock: tokio::sync::Mutex<()>,
     tail: Arc<Mutex<VecDeque<String>>>,
+    /// Set once its exit or stop is wholly recorded (span ends, runner row, incident, the
+    /// watchdog told): a registration of the same id waits for it (as on Linux,
+    /// [`crate::settle`]).
+    settled: Settled,
 }
 
 impl Entry {

@@ -40,11 +40,12 @@ impl ReaperHandle {
                 cfg.max_runners
             )));
         }
-        if self
-            .entry(&spec.id)
-            .is_some_and(|e| e.exit_code().is_none())
-        {
-            return Err(RegisterError::IdInUse(spec.id.clone()));
+        if let Some(old) = self.entry(&spec.id) {
+            // Its process is gone, but its exit or stop may still be being recorded: that
+            // record must not land on this registration.
+            if old.exit_code().is_none() || !old.settled.wait(SETTLE_WAIT).await {
+                return Err(RegisterError::IdInUse(spec.id.clone()));
+            }
         }
         let id = spec.id.clone();
         let pipe = spec
@@ -108,6 +109,7 @@ impl ReaperHandle {
             finished: AtomicBool::new(false),
             stop_lock: tokio::sync::Mutex::new(()),
             tail,
+            settled: Settled::default(),
         });
         if let Ok(mut m) = self.inner.runners.lock() {
             m.insert(id.clone(), entry.clone());

@@ -10,6 +10,9 @@ impl ReaperHandle {
         if entry.stopping.load(Ordering::SeqCst) || entry.finished.swap(true, Ordering::SeqCst) {
             return;
         }
+        if let Some(d) = crate::failpoint::delay("reaper.exit_record") {
+            tokio::time::sleep(d).await;
+        }
         let at = now_unix_nano();
         let code = entry.exit_code();
         let leftovers = entry.job.pids().unwrap_or_default();
@@ -36,7 +39,7 @@ impl ReaperHandle {
             at_unix_nano: at,
         }];
         let closed = self
-            .close_spans(&id, cause, &why, code, at, &events, &[])
+            .close_spans(&id, entry.pid, cause, &why, code, at, &events, &[])
             .await;
         let evidence = serde_json::json!({
             "exit_code": code, "job_members_ended": leftovers, "spans_closed": closed,
@@ -58,17 +61,19 @@ impl ReaperHandle {
         self.notify(RunnerChange::Gone {
             id,
             removed: false,
-            pid: None,
+            pid: Some(entry.pid),
         })
         .await;
+        entry.settled.settle();
     }
 
-    /// Stores ends for the runner's open spans (the ledger's plus `known`); answers how
-    /// many were written.
+    /// Stores ends for the open spans of the runner's process `pid` (the ledger's, those of
+    /// no known process included, plus `known`); answers how many were written.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn close_spans(
         &self,
         runner_id: &str,
+        pid: u32,
         error_type: &str,
         reason: &str,
         code: Option<i32>,
@@ -80,7 +85,7 @@ impl ReaperHandle {
         match self
             .inner
             .storage
-            .ledger_runner_open(runner_id.to_string(), None)
+            .ledger_runner_open(runner_id.to_string(), Some(pid))
             .await
         {
             Ok(rows) => keys.extend(rows),
@@ -267,6 +272,7 @@ impl ReaperHandle {
         let closed = self
             .close_spans(
                 &id,
+                entry.pid,
                 error_type,
                 &why,
                 report.exit_code,
@@ -310,9 +316,10 @@ impl ReaperHandle {
         self.notify(RunnerChange::Gone {
             id,
             removed: cause == "delete",
-            pid: None,
+            pid: Some(entry.pid),
         })
         .await;
+        entry.settled.settle();
     }
 
     pub(super) async fn on_trip(&self, trip: Trip) {
@@ -360,9 +367,10 @@ impl ReaperHandle {
                 self.notify(RunnerChange::Gone {
                     id: id.to_string(),
                     removed: true,
-                    pid: None,
+                    pid: Some(entry.pid),
                 })
                 .await;
+                entry.settled.settle();
             }
         }
         if let Ok(mut m) = self.inner.runners.lock() {

@@ -71,6 +71,17 @@ pub fn main() {
     if mode == "escape" {
         spawn_child(&dir);
     }
+    if mode == "exit" {
+        // A runner that ends by itself, cleanly, soon after it started.
+        std::thread::sleep(Duration::from_millis(
+            std::env::var("EXIT_AFTER_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(800),
+        ));
+        eprintln!("windows-runner exit: exiting");
+        std::process::exit(0);
+    }
     let stall_after = match mode.as_str() {
         "healthy" => None,
         _ => Some(Duration::from_millis(
