@@ -359,10 +359,21 @@ pub(crate) struct Charge {
 
 impl Charge {
     /// Takes `n` more bytes, or refuses at once (503 / `UNAVAILABLE`) when the budget is
-    /// exhausted: waiting would let slow clients pin memory.
+    /// exhausted: waiting would let slow clients pin memory. A request that would hold more
+    /// than the whole budget by itself (a coded body with what it decompresses to) can never
+    /// be taken, however long its client waits: it is refused as too large (413 /
+    /// `RESOURCE_EXHAUSTED`, no retry), not as busy.
     pub(crate) fn grow(&mut self, n: usize) -> Result<(), Refusal> {
         if n == 0 {
             return Ok(());
+        }
+        let total = self.budget.total;
+        if self.bytes.saturating_add(n) > total {
+            return Err(Refusal::TooLarge(format!(
+                "request needs more than max_inflight_bytes ({total}) in flight by itself \
+                 (its body as sent, what it decompresses to, and its decoding): send it \
+                 uncompressed or in smaller exports"
+            )));
         }
         let n32 = u32::try_from(n).map_err(|_| Refusal::inflight_full())?;
         let p = Arc::clone(&self.budget.sem)
@@ -872,6 +883,13 @@ mod tests {
         // and a second request waits its turn (refused, retryable)
         let mut second = budget.charge();
         assert!(matches!(second.grow(1), Err(Refusal::Busy { .. })));
+        // but one that alone needs more than the whole budget can never be taken
+        let mut alone = budget.charge();
+        assert!(
+            matches!(alone.grow(1001), Err(Refusal::TooLarge(ref m)) if m.contains("max_inflight_bytes (1000)")),
+            "not refused as too large"
+        );
+        assert_eq!(alone.bytes, 0);
         drop(big);
         second.grow(100).unwrap();
         second

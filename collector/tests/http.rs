@@ -635,3 +635,92 @@ async fn a_bad_span_in_the_last_chunk_of_a_large_export_stores_nothing() {
     assert_eq!(r.status(), 200);
     assert_eq!(h.stored_span_total().await, n);
 }
+
+/// A coded export that by itself needs more than `max_inflight_bytes` (its gzip body plus
+/// what that decompresses to) can never be taken, even by an idle collector: it is refused
+/// as too large (413 / `RESOURCE_EXHAUSTED`, no retry), not as busy (503 with a retry that
+/// fails forever), over both transports. The same body sent plain fits and is accepted.
+#[tokio::test]
+async fn a_coded_export_that_alone_outgrows_the_budget_is_too_large_not_busy() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    use opentelemetry_proto::tonic::trace::v1 as pt;
+    const BUDGET: usize = 3_000_000;
+    let h = start_with(|c| {
+        c.max_request_bytes = BUDGET;
+        c.max_inflight_bytes = BUDGET;
+    })
+    .await;
+    // ~2.3 MB of hex digits of a pseudo-random stream in one attribute: gzip keeps about
+    // half, so body + decompressed ≈ 3.5 MB.
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let noise: String = (0..2_300_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from_digit((x & 15) as u32, 16).unwrap()
+        })
+        .collect();
+    let body = ExportTraceServiceRequest {
+        resource_spans: vec![pt::ResourceSpans {
+            scope_spans: vec![pt::ScopeSpans {
+                spans: vec![pt::Span {
+                    trace_id: vec![7; 16],
+                    span_id: vec![8; 8],
+                    name: "big".into(),
+                    start_time_unix_nano: 1,
+                    end_time_unix_nano: 2,
+                    attributes: vec![KeyValue {
+                        key: "noise".into(),
+                        value: Some(AnyValue {
+                            value: Some(any_value::Value::StringValue(noise)),
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec();
+    let gz = gzip(&body);
+    assert!(
+        body.len() < BUDGET && gz.len() + body.len() > BUDGET,
+        "{} / {}",
+        gz.len(),
+        body.len()
+    );
+    let r = h
+        .post(
+            "/v1/traces",
+            "application/x-protobuf",
+            Some("gzip"),
+            gz.clone(),
+        )
+        .await;
+    assert_eq!(r.status(), 413);
+    assert!(r.headers().get("retry-after").is_none());
+    let text = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
+    assert!(text.contains("max_inflight_bytes (3000000)"), "{text}");
+    let r = grpc_call(
+        h.grpc,
+        "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        &[("grpc-encoding", "gzip")],
+        grpc_frame(true, &gz),
+    )
+    .await;
+    assert_eq!(r.grpc_status, Some(8), "RESOURCE_EXHAUSTED: {r:?}");
+    assert!(r.grpc_message.contains("max_inflight_bytes"), "{r:?}");
+    assert!(r.details.is_none(), "no RetryInfo: {r:?}");
+    assert_eq!(h.stats.requests_refused(RefuseReason::TooLarge), 2);
+    assert_eq!(h.stats.requests_refused(RefuseReason::InflightFull), 0);
+    // Plain, it fits.
+    let r = h
+        .post("/v1/traces", "application/x-protobuf", None, body)
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.stored_span_total().await, 1);
+}
