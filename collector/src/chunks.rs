@@ -146,7 +146,8 @@ pub(crate) fn chunk_protobuf_traces(
             r.map_err(|e| fail(&mut chunker, e))?;
         }
     }
-    let chunked = chunker.finish().map_err(ChunkError::Write)?;
+    let mut chunked = chunker.finish().map_err(ChunkError::Write)?;
+    chunked.parts = parts.len();
     Ok(all.into_decoded(chunked, "span"))
 }
 
@@ -224,6 +225,8 @@ pub(crate) struct ChunkedTraces {
     pub ended: Vec<(TraceId, SpanId)>,
     /// Spans accepted (before deduplication).
     pub spans: usize,
+    /// The parts the export was decoded in side by side (1: whole).
+    pub parts: usize,
 }
 
 impl TraceChunker<'_> {
@@ -292,6 +295,7 @@ impl TraceChunker<'_> {
             open: self.open,
             ended: self.ended,
             spans: self.spans,
+            parts: 1,
         })
     }
 
@@ -587,6 +591,7 @@ mod tests {
             for parts in 2..=4 {
                 assert!(wire_parts(&body, parts).len() > 1);
                 let (chunks, d) = in_parts(&body, parts);
+                assert_eq!(d.batch.parts, parts);
                 assert_eq!(chunks, one_chunks);
                 assert!(encoded(&d) == encoded(&whole), "the same stored bytes");
                 assert_eq!(d.rejected, whole.rejected);

@@ -622,6 +622,7 @@ impl IngestState {
         let limits = self.inner.limits;
         let inline = raw.len() <= INLINE_DECODE_BYTES && codings.is_empty();
         let threads = Arc::clone(&self.inner.decode_threads);
+        let counters = Arc::clone(&self.inner.stats);
         let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
             let body = decompress::decompress(raw, &codings, limit, charge)?;
             charge.grow_for_decode(body.len(), signal, format)?;
@@ -644,6 +645,9 @@ impl IngestState {
                     };
                     let d = chunks::chunk_protobuf_traces(&body, &limits, parts, pool);
                     threads.free_cores();
+                    if d.as_ref().is_ok_and(|d| d.batch.parts > 1) {
+                        counters.decoded_in_parts();
+                    }
                     drop(body);
                     Batch::Traces(d.map_err(|e| match e {
                         ChunkError::Decode(e) => bad(e),
@@ -707,6 +711,7 @@ impl IngestState {
                     open,
                     ended,
                     spans: n,
+                    parts: _,
                 } = d.batch;
                 stats.refuse_records(
                     RefuseReason::InvalidId,

@@ -120,6 +120,7 @@ pub struct IngestStats {
     refused_requests: [AtomicU64; REASONS],
     refused_records: [AtomicU64; REASONS],
     inflight_bytes: AtomicU64,
+    decoded_in_parts: AtomicU64,
 }
 
 impl IngestStats {
@@ -144,6 +145,9 @@ impl IngestStats {
     pub(crate) fn refuse_records(&self, reason: RefuseReason, n: u64) {
         self.refused_records[reason.index()].fetch_add(n, Ordering::Relaxed);
     }
+    pub(crate) fn decoded_in_parts(&self) {
+        self.decoded_in_parts.fetch_add(1, Ordering::Relaxed);
+    }
     pub(crate) fn inflight_add(&self, n: usize) {
         self.inflight_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
@@ -151,6 +155,11 @@ impl IngestStats {
         self.inflight_bytes.fetch_sub(n as u64, Ordering::Relaxed);
     }
 
+    /// Protobuf trace exports decoded in parts side by side (issue 16; a lone export of
+    /// 64 KiB–4 MiB while cores are free).
+    pub fn trace_exports_decoded_in_parts(&self) -> u64 {
+        self.decoded_in_parts.load(Ordering::Relaxed)
+    }
     /// Spans committed to storage.
     pub fn spans_received(&self) -> u64 {
         self.spans.load(Ordering::Relaxed)
@@ -211,6 +220,11 @@ impl MetricsSource for IngestStats {
                 "stallwatch_otlp_metric_points_received_total",
                 "Metric data points committed to storage.",
                 &self.metric_points,
+            ),
+            (
+                "stallwatch_otlp_trace_exports_decoded_in_parts_total",
+                "Protobuf trace exports decoded in parts on more than one core (a lone export of 64 KiB to 4 MiB while cores are free).",
+                &self.decoded_in_parts,
             ),
         ] {
             counter(out, name, help, l(v));
