@@ -16,7 +16,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("stallwatch_otlp_spans_received", "counter", ""),
     ("stallwatch_otlp_log_records_received", "counter", ""),
     ("stallwatch_otlp_metric_points_received", "counter", ""),
-    ("stallwatch_otlp_trace_exports_decoded_in_parts", "counter", ""),
+    (
+        "stallwatch_otlp_trace_exports_decoded_in_parts",
+        "counter",
+        "",
+    ),
     ("stallwatch_otlp_requests_refused", "counter", "reason"),
     ("stallwatch_otlp_records_refused", "counter", "reason"),
     ("stallwatch_otlp_inflight_bytes", "gauge", ""),
