@@ -30,11 +30,35 @@ use crate::support::*;
 const LONG: Duration = Duration::from_secs(60);
 
 /// A free loopback port now (bound then released).
+/// A free loopback address below the kernel's ephemeral port range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), for a server that is stopped and started
+/// again on the same ports: a port the kernel hands out for `127.0.0.1:0` could be taken by
+/// a test running beside this one between the stop and the start (seen: "Address already
+/// in use" at a restart); the kernel never hands out one below the range.
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let from = low.saturating_sub(12_000).max(1024);
+    assert!(low > from, "ephemeral ports start at {low}: no room below them");
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64;
+    for _ in 0..1000 {
+        let draw = DRAWS.fetch_add(1, Ordering::Relaxed);
+        let mixed =
+            (seed ^ draw.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let port = from + (mixed >> 33) as u16 % (low - from);
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap();
+        }
+    }
+    panic!("no free port in {from}..{low}")
 }
 
 /// Starts `stallwatch serve` with the OTLP listeners on fixed addresses (support::Server
