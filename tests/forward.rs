@@ -43,7 +43,10 @@ fn free_addr() -> SocketAddr {
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap_or(32768);
     let from = low.saturating_sub(12_000).max(1024);
-    assert!(low > from, "ephemeral ports start at {low}: no room below them");
+    assert!(
+        low > from,
+        "ephemeral ports start at {low}: no room below them"
+    );
     let seed = std::process::id() as u64
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
