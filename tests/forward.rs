@@ -763,4 +763,108 @@ fn redirects_are_followed_within_the_endpoints_origin_only() {
     );
     assert_eq!(cross.paths(), ["/v1/traces"]);
     assert!(elsewhere.paths().is_empty(), "followed across origins");
+
+    // A 302 within the origin is not followed either: a client follows it with a GET
+    // without the body, and the upstream answered that GET 200 while the export was lost.
+    let found = TinyUpstream::start(move |path| {
+        if path == "/v1/traces" {
+            "HTTP/1.1 302 Found\r\nlocation: /moved/v1/traces\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+        } else {
+            ok.to_string()
+        }
+    });
+    let c = start_on(
+        &dir.path().join("c"),
+        &forward_config(found.addr, "http/protobuf", ""),
+        free_addr(),
+        free_addr(),
+    );
+    post(&c, "/v1/traces", traces(3, 4, "found").encode_to_vec());
+    wait_until!(LONG, "the 302 refused", {
+        sum(
+            &samples(&c),
+            "stallwatch_forward_dropped_items_total{signal=\"traces\",reason=\"refused\"}",
+        ) == 4
+    });
+    let stderr = c.stderr();
+    assert!(
+        stderr.contains("HTTP 302 redirect to /moved/v1/traces not followed")
+            && stderr.contains("without its body"),
+        "{stderr}"
+    );
+    assert_eq!(found.paths(), ["/v1/traces"], "the 302 was followed");
+}
+
+/// Each signal backs off alone: traces sent to an upstream that keeps answering 503 wait,
+/// while logs and metrics sent to one that is up arrive (they used to wait behind the
+/// traces' retries for as long as the outage lasted).
+#[test]
+fn a_signal_whose_upstream_is_down_does_not_hold_the_others() {
+    let busy = TinyUpstream::start(|_| {
+        "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    let b = start_on(&dir.path().join("b"), "", b_grpc, b_http);
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(
+            b_http,
+            "http/protobuf",
+            &format!("traces_endpoint = \"http://{}/v1/traces\"\n", busy.addr),
+        ),
+        free_addr(),
+        free_addr(),
+    );
+    let (spans, logs_sent, points) = send_mix(&a, 1, 5, 3);
+    wait_until!(LONG, "logs and metrics at the live upstream", {
+        let (_, l, m) = received(&b);
+        l == logs_sent && m == points
+    });
+    assert_eq!(received(&b).0, 0, "traces went to the live upstream");
+    assert!(
+        !busy.paths().is_empty(),
+        "the traces' upstream was never tried"
+    );
+    wait_until!(LONG, "the traces' backlog kept", {
+        sum(
+            &samples(&a),
+            "stallwatch_forward_backlog_items{signal=\"traces\"}",
+        ) == spans
+    });
+    assert_eq!(
+        sum(&samples(&a), "stallwatch_forward_dropped_items_total"),
+        0
+    );
+}
+
+/// A gRPC export that fails in the connection (here: a port that speaks HTTP/1.1 only, so
+/// tonic reports an HTTP/2 protocol error as INTERNAL or UNKNOWN) is not an answer from the
+/// upstream: it is retried and the backlog kept. It used to be dropped for good.
+#[test]
+fn a_grpc_connection_failure_is_retried_not_dropped() {
+    let http1 = TinyUpstream::start(|_| {
+        "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(http1.addr, "grpc", ""),
+        free_addr(),
+        free_addr(),
+    );
+    post(&a, "/v1/traces", traces(1, 6, "grpc-h1").encode_to_vec());
+    wait_until!(LONG, "retries against the HTTP/1.1 port", {
+        sum(&samples(&a), "stallwatch_forward_retries_total") >= 3
+    });
+    wait_until!(LONG, "the backlog kept", {
+        sum(
+            &samples(&a),
+            "stallwatch_forward_backlog_items{signal=\"traces\"}",
+        ) == 6
+    });
+    assert_eq!(
+        sum(&samples(&a), "stallwatch_forward_dropped_items_total"),
+        0
+    );
 }

@@ -117,10 +117,11 @@ pub struct RawAlertsConfig {
     pub webhook: Vec<RawWebhookConfig>,
 }
 
-/// One validated webhook.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One validated webhook. Its `Debug` shows the URL through [`redact_url`] and no secret.
+#[derive(Clone, PartialEq, Eq)]
 pub struct WebhookConfig {
-    /// Receiver URL (also the webhook's identity in the outbox).
+    /// Receiver URL (also the webhook's identity in the outbox), as configured: deliveries
+    /// go to it, credentials included; shown anywhere only through [`redact_url`].
     pub url: String,
     /// HMAC-SHA256 key of the body signature.
     pub secret: String,
@@ -141,6 +142,58 @@ impl WebhookConfig {
     pub fn wants(&self, kind: EventKind) -> bool {
         self.events.is_empty() || self.events.contains(&kind)
     }
+
+    /// The URL as logs and API answers show it: [`redact_url`].
+    pub fn shown_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &self.shown_url())
+            .field("secret", &"***")
+            .field("events", &self.events)
+            .field("retry_initial", &self.retry_initial)
+            .field("retry_max", &self.retry_max)
+            .field("max_attempts", &self.max_attempts)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// `url` as it may be shown (logs, API answers, error messages): a password in its
+/// user-info replaced by `***` (the user name kept: `http://user:***@host/hook`), tabs and
+/// line breaks dropped (the URL standard drops them too, so they are not part of the
+/// address). Anything else is kept as written, also when `url` does not parse: the
+/// user-info is what precedes the last `@` of the authority, the password what follows its
+/// first `:`, as the URL standard reads them.
+pub fn redact_url(url: &str) -> String {
+    let cleaned: String = url
+        .trim()
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .collect();
+    // The authority follows `scheme://`; without it (a malformed value) the whole string
+    // is read as one, so `user:pass@host` is still hidden.
+    let start = match cleaned.split_once(':') {
+        Some((scheme, rest)) if rest.starts_with("//") => scheme.len() + 3,
+        _ => 0,
+    };
+    let rest = &cleaned[start..];
+    let authority = &rest[..rest.find(['/', '\\', '?', '#']).unwrap_or(rest.len())];
+    let Some(at) = authority.rfind('@') else {
+        return cleaned;
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return cleaned;
+    };
+    format!(
+        "{}***{}",
+        &cleaned[..start + colon + 1],
+        &cleaned[start + at..]
+    )
 }
 
 impl TryFrom<RawWebhookConfig> for WebhookConfig {
@@ -148,18 +201,17 @@ impl TryFrom<RawWebhookConfig> for WebhookConfig {
 
     fn try_from(raw: RawWebhookConfig) -> Result<Self, Self::Error> {
         check_url("alerts.webhook url", &raw.url)?;
+        let shown = redact_url(&raw.url);
         if raw.secret.is_empty() {
             return Err(DashboardError::Config(format!(
-                "alerts.webhook {:?}: secret must not be empty",
-                raw.url
+                "alerts.webhook {shown:?}: secret must not be empty"
             )));
         }
         let mut events = Vec::new();
         for name in &raw.events {
             let kind = EventKind::parse(name).ok_or_else(|| {
                 DashboardError::Config(format!(
-                    "alerts.webhook {:?}: unknown event {name:?} (known: {})",
-                    raw.url,
+                    "alerts.webhook {shown:?}: unknown event {name:?} (known: {})",
                     EventKind::ALL.map(|k| k.as_str()).join(", ")
                 ))
             })?;
@@ -171,18 +223,21 @@ impl TryFrom<RawWebhookConfig> for WebhookConfig {
         let retry_max_ms = raw.retry_max_ms.unwrap_or(DEFAULT_RETRY_MAX_MS);
         if retry_initial_ms == 0 || retry_max_ms < retry_initial_ms {
             return Err(DashboardError::Config(format!(
-                "alerts.webhook {:?}: need 0 < retry_initial_ms <= retry_max_ms",
-                raw.url
+                "alerts.webhook {shown:?}: need 0 < retry_initial_ms <= retry_max_ms"
             )));
         }
         let max_attempts = raw.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
         if max_attempts == 0 {
             return Err(DashboardError::Config(format!(
-                "alerts.webhook {:?}: max_attempts must be at least 1",
-                raw.url
+                "alerts.webhook {shown:?}: max_attempts must be at least 1"
             )));
         }
-        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_WEBHOOK_TIMEOUT_MS).max(1);
+        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_WEBHOOK_TIMEOUT_MS);
+        if timeout_ms == 0 {
+            return Err(DashboardError::Config(format!(
+                "alerts.webhook {shown:?}: timeout_ms must be at least 1"
+            )));
+        }
         Ok(Self {
             url: raw.url,
             secret: raw.secret,
@@ -274,6 +329,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
             .into_iter()
             .map(WebhookConfig::try_from)
             .collect::<Result<Vec<_>, _>>()?;
+        refuse_repeated_urls(&webhooks)?;
         Ok(Self {
             listen,
             allowed_hosts,
@@ -285,6 +341,31 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
     }
 }
 
+/// Refuses two webhooks with the same URL as `url` reads it (host case, default port and
+/// empty path do not make another receiver): the outbox keys deliveries by URL, so the
+/// second entry's secret and events would be mixed with the first's.
+///
+/// Errors: [`DashboardError::Config`] naming both entries by position (1-based).
+fn refuse_repeated_urls(webhooks: &[WebhookConfig]) -> Result<(), DashboardError> {
+    let mut seen: Vec<reqwest::Url> = Vec::with_capacity(webhooks.len());
+    for (i, w) in webhooks.iter().enumerate() {
+        let url = reqwest::Url::parse(&w.url).map_err(|e| {
+            DashboardError::Config(format!("alerts.webhook url {:?}: {e}", w.shown_url()))
+        })?;
+        if let Some(first) = seen.iter().position(|u| *u == url) {
+            return Err(DashboardError::Config(format!(
+                "[[alerts.webhook]] #{} repeats the url of #{} ({:?}); list the events of \
+                 both in one entry",
+                i + 1,
+                first + 1,
+                w.shown_url()
+            )));
+        }
+        seen.push(url);
+    }
+    Ok(())
+}
+
 /// Checks that `raw` is an `http` or `https` URL, for the config key `key`.
 ///
 /// International host names are not taken: the binary carries no IDNA tables
@@ -294,7 +375,9 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
 ///
 /// Errors: [`DashboardError::Config`] naming the key, the value and what is wrong.
 fn check_url(key: &str, raw: &str) -> Result<(), DashboardError> {
-    let bad = |why: &dyn std::fmt::Display| DashboardError::Config(format!("{key} {raw:?}: {why}"));
+    let bad = |why: &dyn std::fmt::Display| {
+        DashboardError::Config(format!("{key} {:?}: {why}", redact_url(raw)))
+    };
     // the URL standard drops tabs and newlines anywhere and reads `\` as `/` in http(s)
     // URLs; it also takes `https:host` without the slashes: refused here, so the host is
     // always what follows `://`
@@ -415,6 +498,123 @@ mod tests {
         assert_eq!(cfg.allowed_hosts, vec!["stall.local".to_string()]);
         let bad = serde_json::from_str::<RawDashboardConfig>(r#"{"listen_addr":"x"}"#);
         assert!(bad.unwrap_err().to_string().contains("listen_addr"));
+    }
+
+    fn hook(url: &str, events: &[&str]) -> RawWebhookConfig {
+        RawWebhookConfig {
+            url: url.into(),
+            secret: "s".into(),
+            events: events.iter().map(|e| e.to_string()).collect(),
+            retry_initial_ms: None,
+            retry_max_ms: None,
+            max_attempts: None,
+            timeout_ms: None,
+        }
+    }
+
+    fn with_hooks(hooks: Vec<RawWebhookConfig>) -> Result<DashboardConfig, DashboardError> {
+        DashboardConfig::try_from((
+            RawDashboardConfig::default(),
+            RawAlertsConfig { webhook: hooks },
+        ))
+    }
+
+    #[test]
+    fn a_webhook_url_given_twice_is_refused_naming_both_entries() {
+        let err = with_hooks(vec![
+            hook("http://127.0.0.1:9/dup", &["runner.started"]),
+            hook("http://127.0.0.1:9/other", &[]),
+            hook(
+                "http://127.0.0.1:9/dup",
+                &["runner.started", "runner.terminated"],
+            ),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("[[alerts.webhook]] #3 repeats the url of #1")
+                && err.contains("list the events of both in one entry"),
+            "{err}"
+        );
+        // the same URL as `url` reads it: host case, default port, empty path
+        let err = with_hooks(vec![
+            hook("http://Hooks.Example:80", &[]),
+            hook("http://hooks.example/", &[]),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("#2 repeats the url of #1"), "{err}");
+        // different paths, ports or schemes are different receivers
+        let ok = with_hooks(vec![
+            hook("http://hooks.example/a", &[]),
+            hook("http://hooks.example/b", &[]),
+            hook("http://hooks.example:8080/a", &[]),
+            hook("https://hooks.example/a", &[]),
+        ])
+        .unwrap();
+        assert_eq!(ok.webhooks.len(), 4);
+    }
+
+    #[test]
+    fn timeout_ms_zero_is_refused_naming_the_key() {
+        let mut raw = hook("http://127.0.0.1:9/hook", &[]);
+        raw.timeout_ms = Some(0);
+        let err = WebhookConfig::try_from(raw).unwrap_err().to_string();
+        assert!(err.contains("timeout_ms"), "{err}");
+        let mut raw = hook("http://127.0.0.1:9/hook", &[]);
+        raw.timeout_ms = Some(1);
+        assert_eq!(
+            WebhookConfig::try_from(raw).unwrap().timeout,
+            Duration::from_millis(1)
+        );
+    }
+
+    #[test]
+    fn config_errors_show_a_webhook_url_without_its_password() {
+        let mut raw = hook("http://hookuser:hookpass@127.0.0.1:9/hook", &[]);
+        raw.secret = String::new();
+        let err = WebhookConfig::try_from(raw).unwrap_err().to_string();
+        assert!(err.contains("hookuser:***@127.0.0.1:9"), "{err}");
+        assert!(!err.contains("hookpass"), "{err}");
+        let err = with_hooks(vec![
+            hook("http://u:hookpass@hooks.example/a", &[]),
+            hook("http://u:hookpass@hooks.example/a", &[]),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("hookpass"), "{err}");
+        let err = WebhookConfig::try_from(hook("ftp://u:hookpass@hooks.example/a", &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hookpass"), "{err}");
+    }
+
+    #[test]
+    fn redact_url_hides_the_password_and_keeps_the_rest() {
+        for (url, shown) in [
+            ("http://user:pass@host/hook", "http://user:***@host/hook"),
+            (
+                "https://u:p@w@h.example:8443/x?q=a:b@c#f",
+                "https://u:***@h.example:8443/x?q=a:b@c#f",
+            ),
+            ("http://:pass@host/", "http://:***@host/"),
+            ("http://user@host/hook", "http://user@host/hook"),
+            ("http://host:8080/a@b:c", "http://host:8080/a@b:c"),
+            ("http://host/?u=a:b@c", "http://host/?u=a:b@c"),
+            (" http://us\ter:pa\nss@host/ ", "http://user:***@host/"),
+            ("user:pass@host", "user:***@host"),
+            ("/relative/path", "/relative/path"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url:?}");
+        }
+        let hook = WebhookConfig::try_from(hook("http://user:pass@host/hook", &[])).unwrap();
+        assert_eq!(
+            hook.url, "http://user:pass@host/hook",
+            "sent to the real URL"
+        );
+        assert_eq!(hook.shown_url(), "http://user:***@host/hook");
+        let debug = format!("{hook:?}");
+        assert!(!debug.contains("pass@"), "{debug}");
     }
 
     fn toml_like(json: &str) -> RawDashboardConfig {

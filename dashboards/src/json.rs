@@ -191,11 +191,12 @@ pub fn open_span(o: &OpenSpanRow, now_unix_nano: u64) -> Value {
     })
 }
 
-/// One webhook delivery with its attempts.
+/// One webhook delivery with its attempts; its webhook URL without a password
+/// ([`crate::config::redact_url`]).
 pub fn delivery(d: &Delivery, attempts: &[&DeliveryAttempt]) -> Value {
     json!({
         "id": d.id,
-        "webhook": d.webhook,
+        "webhook": crate::config::redact_url(&d.webhook),
         "incident_id": d.incident_id,
         "event": d.event,
         "idempotency_key": d.idempotency_key,

@@ -20,7 +20,8 @@ mod wire;
 
 pub use app::{app, host_allowed, origin_matches, serve, serve_with, SHUTDOWN_DEADLINE};
 pub use config::{
-    DashboardConfig, RawAlertsConfig, RawDashboardConfig, RawWebhookConfig, WebhookConfig,
+    redact_url, DashboardConfig, RawAlertsConfig, RawDashboardConfig, RawWebhookConfig,
+    WebhookConfig,
 };
 pub use error::DashboardError;
 pub use routes::{OtlpImport, MAX_CONTROL_BODY_BYTES, ROUTES};

@@ -244,3 +244,234 @@ async fn unreachable_receiver_records_transport_errors_and_backs_off() {
     worker.await.unwrap();
     h.stop().await;
 }
+
+/// The text of every tracing event on this thread while installed (`level message fields`).
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+struct Line<'a>(&'a mut String);
+
+impl tracing::field::Visit for Line<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0.push_str(&format!(" {value:?}"));
+        } else {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
+        }
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = event.metadata().level().to_string();
+        event.record(&mut Line(&mut line));
+        self.0.lock().unwrap().push(line);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+impl Capture {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A port that was just free: connections to it are refused.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn webhooks_given_up(h: &Harness) -> u64 {
+    let text = h.get("/metrics").await.text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("stallwatch_webhook_attempts_total{outcome=\"given_up\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+// Runs on the test's thread (current-thread runtime), so `Capture` sees the worker's events.
+#[tokio::test]
+async fn pending_deliveries_of_a_webhook_no_longer_configured_are_settled_failed_at_start() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    // First life: a typo'd receiver with a password in its URL; the delivery stays pending.
+    let mut typo = config(format!(
+        "http://hookuser:hookpass@127.0.0.1:{}/typo",
+        free_port()
+    ));
+    typo.webhooks[0].retry_initial = Duration::from_secs(60);
+    typo.webhooks[0].retry_max = Duration::from_secs(60);
+    let h = Harness::start(typo.clone()).await;
+    let stop1 = CancellationToken::new();
+    let worker = start_webhooks(
+        Arc::new(typo.clone()),
+        h.storage.clone(),
+        h.events.clone(),
+        stop1.clone(),
+    );
+    for key in ["t1", "t2"] {
+        h.events
+            .publish(incident(EventKind::RunnerTerminated, key))
+            .await
+            .unwrap();
+    }
+    let pending = eventually(Duration::from_secs(20), || async {
+        let (_, v) = h
+            .get_json("/api/v1/webhooks/deliveries?state=pending")
+            .await;
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        (items.len() == 2 && items.iter().all(|d| d["attempts"].as_u64() >= Some(1))).then_some(v)
+    })
+    .await
+    .expect("two pending deliveries with an attempt each");
+    // The API shows the URL without its password.
+    let shown = pending["items"][0]["webhook"].as_str().unwrap();
+    assert!(
+        shown.starts_with("http://hookuser:***@127.0.0.1:"),
+        "{shown}"
+    );
+    stop1.cancel();
+    worker.await.unwrap();
+    let dir = h.stop().await;
+    let before = capture.lines().len();
+
+    // Second life: the URL was corrected.
+    let fixed = config(format!("http://127.0.0.1:{}/fixed", free_port()));
+    let h = Harness::start_in(dir, fixed.clone()).await;
+    let given_up_before = webhooks_given_up(&h).await;
+    let stop2 = CancellationToken::new();
+    let worker = start_webhooks(
+        Arc::new(fixed),
+        h.storage.clone(),
+        h.events.clone(),
+        stop2.clone(),
+    );
+    let failed = eventually(Duration::from_secs(10), || async {
+        let (_, v) = h.get_json("/api/v1/webhooks/deliveries?state=failed").await;
+        (v["items"].as_array().map(Vec::len) == Some(2)).then_some(v)
+    })
+    .await
+    .expect("the deliveries of the removed webhook were never settled");
+    for d in failed["items"].as_array().unwrap() {
+        assert_eq!(d["last_error"], "webhook is no longer configured", "{d}");
+    }
+    assert!(webhooks_given_up(&h).await >= given_up_before + 2);
+    stop2.cancel();
+    worker.await.unwrap();
+    let lines = capture.lines()[before..].to_vec();
+    let warned: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("no longer configured"))
+        .collect();
+    assert_eq!(warned.len(), 1, "one WARN for the URL: {lines:#?}");
+    let w = warned[0];
+    assert!(w.starts_with("WARN"), "{w}");
+    assert!(w.contains("2 pending"), "{w}");
+    assert!(w.contains("http://hookuser:***@127.0.0.1:"), "{w}");
+    assert!(
+        lines.iter().all(|l| !l.contains("hookpass")),
+        "password logged: {lines:#?}"
+    );
+    h.stop().await;
+}
+
+async fn redirect(
+    State(seen): State<Arc<Mutex<Vec<HeaderMap>>>>,
+    headers: HeaderMap,
+) -> (StatusCode, HeaderMap) {
+    seen.lock().unwrap().push(headers);
+    let mut h = HeaderMap::new();
+    h.insert(
+        "location",
+        "http://mover:moverpass@elsewhere.example/hook"
+            .parse()
+            .unwrap(),
+    );
+    (StatusCode::FOUND, h)
+}
+
+#[tokio::test]
+async fn a_redirect_is_final_named_and_the_password_never_shown() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://hookuser:hookpass@{}/hook",
+        listener.local_addr().unwrap()
+    );
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(redirect))
+        .with_state(seen.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let cfg = config(url);
+    let h = Harness::start(cfg.clone()).await;
+    let stop = CancellationToken::new();
+    let worker = start_webhooks(
+        Arc::new(cfg),
+        h.storage.clone(),
+        h.events.clone(),
+        stop.clone(),
+    );
+    h.events
+        .publish(incident(EventKind::RunnerTerminated, "r1"))
+        .await
+        .unwrap();
+    let v = eventually(Duration::from_secs(20), || async {
+        let (_, v) = h.get_json("/api/v1/webhooks/deliveries?state=failed").await;
+        (v["items"].as_array().map(Vec::len) == Some(1)).then_some(v)
+    })
+    .await
+    .expect("a 302 was not final");
+    // Give a wrong retry (300 ms back-off) every chance to show up.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.cancel();
+    worker.await.unwrap();
+    let d = &v["items"][0];
+    assert_eq!(d["attempts"], 1, "{d}");
+    assert_eq!(d["last_status"], 302, "{d}");
+    let reason = d["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("http://mover:***@elsewhere.example/hook")
+            && reason.contains("redirects are not followed"),
+        "{reason}"
+    );
+    assert!(!reason.contains("moverpass"), "{reason}");
+    assert!(
+        d["webhook"].as_str().unwrap().contains("hookuser:***@"),
+        "{d}"
+    );
+    // Sent once, to the real URL (its credentials as basic auth).
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    use base64::Engine as _;
+    let basic = base64::engine::general_purpose::STANDARD.encode("hookuser:hookpass");
+    assert_eq!(
+        seen[0].get("authorization").unwrap(),
+        format!("Basic {basic}").as_str()
+    );
+    let lines = capture.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("WARN") && l.contains("redirects are not followed")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains("hookpass") && !l.contains("moverpass")),
+        "password logged: {lines:#?}"
+    );
+    h.stop().await;
+}

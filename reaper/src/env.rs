@@ -51,6 +51,35 @@ pub fn merge_resource_attributes(theirs: &str, id: &str, instance_id: &str) -> S
     out.join(",")
 }
 
+/// The inherited variables to remove from a spawned runner's environment: those of
+/// [`SCRUBBED_OTEL_VARIABLES`], and every other `OTEL_EXPORTER_OTLP_*` variable set around
+/// stallwatch (`_TIMEOUT`, `_CERTIFICATE`, `_COMPRESSION`, the client key and certificate,
+/// and their per-signal forms), which were set for stallwatch's own `[forward]` or for
+/// the user's apps: a runner exports to stallwatch with the endpoint, protocol and headers
+/// stallwatch gives it, and nothing else of stallwatch's exporter settings (README,
+/// "Forwarding": "runners stallwatch spawns never inherit them"). A name `env` (what the
+/// runner is given: stallwatch's values and its spec's own) sets is kept. `inherited` is
+/// the names of stallwatch's environment (`std::env::vars_os`).
+pub fn scrubbed_names(
+    inherited: impl Iterator<Item = String>,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out: Vec<String> = SCRUBBED_OTEL_VARIABLES
+        .iter()
+        .map(|k| (*k).to_string())
+        .chain(inherited.filter(|k| k.starts_with("OTEL_EXPORTER_OTLP_")))
+        .filter(|k| !env.contains_key(k))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The names of stallwatch's own environment (those that are valid UTF-8).
+pub fn inherited_names() -> impl Iterator<Item = String> {
+    std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())
+}
+
 /// Inherited variables that would override the injected OTLP endpoint (the OpenTelemetry
 /// SDK environment specification: a signal-specific `OTEL_EXPORTER_OTLP_{TRACES,LOGS,
 /// METRICS}_*` beats the generic one), send the sidecar's own headers, or keep the runner's
@@ -85,3 +114,47 @@ pub const SCRUBBED_OTEL_VARIABLES: [&str; 22] = [
     "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
     "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Every inherited OTLP exporter variable goes, not only the listed ones; what the
+    /// runner is given stays.
+    #[test]
+    fn every_inherited_otlp_exporter_variable_is_scrubbed() {
+        let inherited = [
+            "PATH",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_SERVICE_NAME",
+        ]
+        .map(String::from);
+        let mut env = BTreeMap::new();
+        env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".to_string(), "x".to_string());
+        env.insert("OTEL_TRACES_SAMPLER".to_string(), "always_on".to_string());
+        let out = scrubbed_names(inherited.into_iter(), &env);
+        for k in [
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_SDK_DISABLED",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ] {
+            assert!(out.iter().any(|o| o == k), "{k} kept: {out:?}");
+        }
+        for k in [
+            "PATH",
+            "OTEL_SERVICE_NAME",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_TRACES_SAMPLER",
+        ] {
+            assert!(!out.iter().any(|o| o == k), "{k} scrubbed: {out:?}");
+        }
+    }
+}

@@ -280,10 +280,8 @@ pub fn spawn_process(
     env: &BTreeMap<String, String>,
 ) -> std::io::Result<SpawnedProcess> {
     let mut cmd = Command::new(&spawn.argv[0]);
-    for k in SCRUBBED_OTEL_VARIABLES {
-        if !env.contains_key(k) {
-            cmd.env_remove(k);
-        }
+    for k in crate::env::scrubbed_names(crate::env::inherited_names(), env) {
+        cmd.env_remove(k);
     }
     cmd.args(&spawn.argv[1..])
         .envs(env)

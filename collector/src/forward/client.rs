@@ -95,6 +95,8 @@ pub struct Exporter {
     protocol: Protocol,
     /// Where each signal goes (traces, logs, metrics): the URL (HTTP) or the origin (gRPC).
     urls: [String; 3],
+    /// The same URLs as errors name them (a password replaced by `***`, `config::shown`).
+    shown: [String; 3],
     headers: Vec<(String, String)>,
     compression: Compression,
     timeout: Duration,
@@ -174,9 +176,11 @@ impl Exporter {
             }
             Protocol::HttpProtobuf => None,
         };
+        let shown = urls.clone().map(|u| super::config::shown(&u));
         Ok(Self {
             protocol: config.protocol,
             urls,
+            shown,
             headers: config.headers.clone(),
             compression: config.compression,
             timeout: config.timeout,
@@ -199,6 +203,7 @@ impl Exporter {
     async fn export_http(&self, req: &Request) -> Outcome {
         let signal = req.signal();
         let url = &self.urls[signal_index(signal)];
+        let shown = &self.shown[signal_index(signal)];
         let mut body = req.encode();
         let mut builder = self
             .http
@@ -222,7 +227,7 @@ impl Exporter {
         let resp = match builder.body(body).send().await {
             Ok(r) => r,
             Err(e) => {
-                let error = format!("POST {url}: {}", error_chain(&e));
+                let error = format!("POST {shown}: {}", error_chain(&e));
                 let lower = error.to_ascii_lowercase();
                 return Outcome::Retry {
                     cut_off: lower.contains("reset")
@@ -249,8 +254,8 @@ impl Exporter {
             300..=399 => Outcome::Refused {
                 too_large: false,
                 error: format!(
-                    "POST {url}: HTTP {status} redirect to {} not followed: only redirects within the endpoint's own scheme, host and port are; set [forward] endpoint to where the upstream is",
-                    location.as_deref().unwrap_or("(no Location)")
+                    "POST {shown}: HTTP {status} redirect to {} not followed: only 307 and 308 redirects within the endpoint's own scheme, host and port are (a 301, 302 or 303 would resend the export as a GET without its body); set [forward] endpoint to where the upstream is",
+                    location.as_deref().map(escape).unwrap_or_else(|| "(no Location)".into())
                 ),
             },
             200..=299 => {
@@ -260,20 +265,20 @@ impl Exporter {
             429 | 502 | 503 | 504 => Outcome::Retry {
                 cut_off: false,
                 hint,
-                error: format!("POST {url}: HTTP {status}"),
+                error: format!("POST {shown}: HTTP {status}"),
             },
             _ => Outcome::Refused {
                 too_large: status == 413,
                 error: format!(
-                    "POST {url}: HTTP {status}: {}",
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+                    "POST {shown}: HTTP {status}: {}",
+                    escape(&String::from_utf8_lossy(&bytes[..bytes.len().min(300)]))
                 ),
             },
         }
     }
 
     async fn export_grpc(&self, ch: Channel, req: Request) -> Outcome {
-        let endpoint = self.urls[signal_index(req.signal())].clone();
+        let endpoint = self.shown[signal_index(req.signal())].clone();
         let gzip = self.compression == Compression::Gzip;
         macro_rules! call {
             ($client:ident, $msg:expr, $rej:ident) => {{
@@ -312,14 +317,15 @@ impl Exporter {
 /// A lazily connecting gRPC channel to `url` (only its origin counts); `https://` uses
 /// rustls with the web PKI roots plus `ca` (PEM).
 fn grpc_channel(url: &str, timeout: Duration, ca: Option<&[u8]>) -> Result<Channel, ForwardError> {
+    let named = super::config::shown(url);
     let bad = |message: String| ForwardError::Config {
         key: "endpoint",
         message,
     };
-    let uri = http::Uri::try_from(url).map_err(|e| bad(format!("{url:?}: {e}")))?;
+    let uri = http::Uri::try_from(url).map_err(|e| bad(format!("{named:?}: {e}")))?;
     let origin = match (uri.scheme_str(), uri.authority()) {
         (Some(scheme), Some(auth)) => format!("{scheme}://{auth}"),
-        _ => return Err(bad(format!("{url:?} has no scheme or host"))),
+        _ => return Err(bad(format!("{named:?} has no scheme or host"))),
     };
     let mut ep = Channel::from_shared(origin)
         .map_err(|e| bad(e.to_string()))?
@@ -335,7 +341,7 @@ fn grpc_channel(url: &str, timeout: Duration, ca: Option<&[u8]>) -> Result<Chann
         }
         ep = ep.tls_config(tls).map_err(|e| ForwardError::Config {
             key: "ca_file",
-            message: format!("TLS setup for {url:?}: {}", error_chain(&e)),
+            message: format!("TLS setup for {named:?}: {}", error_chain(&e)),
         })?;
     }
     Ok(ep.connect_lazy())
@@ -369,22 +375,43 @@ const MAX_REDIRECTS: usize = 5;
 /// port), at most [`MAX_REDIRECTS`] times. Why: `[forward.headers]` often carry the
 /// upstream's credentials (`x-api-key`, a vendor token) that reqwest does not strip on a
 /// cross-origin redirect, so following one sent them, and the telemetry, to whatever host
-/// a `Location` named. A redirect not followed is answered as the 3xx it is: refused, with
-/// the target named.
+/// a `Location` named. Only 307 and 308 are followed: a client follows 301, 302 and 303
+/// with a GET without the body (RFC 9110 §15.4), so the export would be lost while the
+/// upstream answered 200 to an empty GET. A redirect not followed is answered as the 3xx it
+/// is: refused, with the target named.
 fn same_origin_redirects() -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(|attempt| {
         let same = attempt
             .previous()
             .first()
             .is_some_and(|first| first.origin() == attempt.url().origin());
+        let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
         if attempt.previous().len() > MAX_REDIRECTS {
             attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
-        } else if same {
+        } else if same && keeps_body {
             attempt.follow()
         } else {
             attempt.stop()
         }
     })
+}
+
+/// Text from the upstream (an error body, a status message, a `Location`) as it may be
+/// logged: control characters (a newline would start a forged log line) escaped as Rust
+/// escapes them (`\n`, `\u{1b}`), everything else as is.
+fn escape(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// The full error chain of a reqwest error (its `Display` hides "connection refused").
@@ -435,9 +462,35 @@ pub fn retry_info(details: &[u8]) -> Option<Duration> {
 
 /// OTLP/gRPC retryable codes: CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE,
 /// UNAVAILABLE, DATA_LOSS; RESOURCE_EXHAUSTED only with RetryInfo. Others are permanent.
+///
+/// Those rules are for a status the upstream sent. A status tonic made from a failure of
+/// the connection (it carries the transport error as its `source`: a reset, a closed
+/// connection, an HTTP/2 protocol error from a port that does not speak it) is not an
+/// answer: the upstream may never have seen the request, so it is retried like an HTTP
+/// request that failed to send, whatever code tonic gave it (often UNKNOWN or INTERNAL).
 fn classify_grpc(status: &tonic::Status, endpoint: &str) -> Outcome {
+    if let Some(source) = std::error::Error::source(status) {
+        let error = escape(&format!(
+            "gRPC {endpoint}: {:?}: {}: {}",
+            status.code(),
+            status.message(),
+            error_chain(source)
+        ));
+        let lower = error.to_ascii_lowercase();
+        return Outcome::Retry {
+            cut_off: lower.contains("reset")
+                || lower.contains("broken pipe")
+                || lower.contains("closed before"),
+            hint: None,
+            error,
+        };
+    }
     let hint = retry_info(status.details());
-    let error = format!("gRPC {endpoint}: {:?}: {}", status.code(), status.message());
+    let error = format!(
+        "gRPC {endpoint}: {:?}: {}",
+        status.code(),
+        escape(status.message())
+    );
     match status.code() {
         Code::Cancelled
         | Code::DeadlineExceeded
@@ -535,6 +588,58 @@ mod tests {
                 ..
             }
         ));
+        // UNKNOWN or INTERNAL sent by the upstream is an answer: refused.
+        for code in [Code::Unknown, Code::Internal] {
+            assert!(matches!(
+                classify_grpc(&tonic::Status::new(code, "x"), "e"),
+                Outcome::Refused { .. }
+            ));
+        }
+        // The same codes made by tonic from a failed connection are retried.
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let st = tonic::Status::from_error(Box::new(reset));
+        assert_eq!(st.code(), Code::Unknown);
+        assert!(matches!(
+            classify_grpc(&st, "e"),
+            Outcome::Retry { cut_off: true, .. }
+        ));
+    }
+
+    /// A real gRPC call to a port that answers HTTP/1.1 (tonic: an HTTP/2 protocol error)
+    /// is classified as retryable: the upstream never answered it.
+    #[tokio::test]
+    async fn a_grpc_call_to_a_port_that_is_not_grpc_is_retryable() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            }
+        });
+        let url = format!("http://{addr}");
+        let ch = grpc_channel(&url, Duration::from_secs(5), None).unwrap();
+        let status = TraceServiceClient::new(ch)
+            .export(ExportTraceServiceRequest::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(classify_grpc(&status, &url), Outcome::Retry { .. }),
+            "{status:?}"
+        );
+    }
+
+    #[test]
+    fn text_from_the_upstream_cannot_start_a_log_line() {
+        assert_eq!(
+            escape("bad\n2026-12-06T00:00:00Z INFO forged\u{1b}[0m"),
+            "bad\\n2026-12-06T00:00:00Z INFO forged\\u{1b}[0m"
+        );
+        assert_eq!(escape("plain text"), "plain text");
     }
 }
 

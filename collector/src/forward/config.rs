@@ -82,6 +82,10 @@ pub struct RawForwardConfig {
     pub logs_endpoint: Option<String>,
     /// Full URL for metrics (default `endpoint` + `/v1/metrics`).
     pub metrics_endpoint: Option<String>,
+    /// Keys [`RawForwardConfig::with_env`] filled, with the variable each came from, so an
+    /// error in one names the variable the user set rather than a key they never wrote.
+    #[serde(skip)]
+    pub from_env: Vec<(&'static str, &'static str)>,
 }
 
 impl RawForwardConfig {
@@ -93,7 +97,10 @@ impl RawForwardConfig {
     /// `headers`, `OTEL_EXPORTER_OTLP_TIMEOUT` (ms) → `timeout_ms`,
     /// `OTEL_EXPORTER_OTLP_CERTIFICATE` → `ca_file`. Forwarding itself is still turned on
     /// only by a `[forward]` section: stallwatch is often started with these variables
-    /// pointing at itself.
+    /// pointing at itself. For the same reason an `endpoint` written in the section wins
+    /// over the per-signal variables too: those are read only when `endpoint` is not in the
+    /// file (a `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` meant for the user's own apps would
+    /// otherwise send stallwatch's traces away from the upstream its config names).
     ///
     /// Errors: [`ForwardError::Config`] naming the variable when `OTEL_EXPORTER_OTLP_TIMEOUT`
     /// is not a number or `OTEL_EXPORTER_OTLP_HEADERS` has an entry without `=`.
@@ -103,23 +110,51 @@ impl RawForwardConfig {
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty())
         };
-        fill(&mut self.endpoint, get("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        let endpoint_in_file = self.endpoint.is_some();
+        let mut from_env = std::mem::take(&mut self.from_env);
+        let mut fill = |slot: &mut Option<String>, key: &'static str, name: &'static str| {
+            if slot.is_none() {
+                if let Some(v) = get(name) {
+                    *slot = Some(v);
+                    from_env.push((key, name));
+                }
+            }
+        };
         fill(
-            &mut self.traces_endpoint,
-            get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            &mut self.endpoint,
+            "endpoint",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        );
+        if !endpoint_in_file {
+            fill(
+                &mut self.traces_endpoint,
+                "traces_endpoint",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            );
+            fill(
+                &mut self.logs_endpoint,
+                "logs_endpoint",
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            );
+            fill(
+                &mut self.metrics_endpoint,
+                "metrics_endpoint",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            );
+        }
+        fill(
+            &mut self.protocol,
+            "protocol",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
         );
         fill(
-            &mut self.logs_endpoint,
-            get("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"),
+            &mut self.ca_file,
+            "ca_file",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
         );
-        fill(
-            &mut self.metrics_endpoint,
-            get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
-        );
-        fill(&mut self.protocol, get("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        fill(&mut self.ca_file, get("OTEL_EXPORTER_OTLP_CERTIFICATE"));
         if self.timeout_ms.is_none() {
             if let Some(t) = get("OTEL_EXPORTER_OTLP_TIMEOUT") {
+                from_env.push(("timeout_ms", "OTEL_EXPORTER_OTLP_TIMEOUT"));
                 self.timeout_ms = Some(t.parse().map_err(|_| {
                     bad(
                         "timeout_ms",
@@ -141,17 +176,52 @@ impl RawForwardConfig {
                     map.insert(percent_decode(k.trim()), percent_decode(v.trim()));
                 }
                 self.headers = Some(map);
+                from_env.push(("headers", "OTEL_EXPORTER_OTLP_HEADERS"));
             }
         }
+        self.from_env = from_env;
         Ok(self)
     }
 }
 
-fn fill(slot: &mut Option<String>, value: Option<String>) {
-    if slot.is_none() {
-        *slot = value;
+/// `url` as it may be shown (logs, `/metrics` labels, errors): a password in it replaced
+/// by `***`, the user name kept. The request itself goes to the real URL.
+pub fn shown(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            if u.set_password(Some("***")).is_err() {
+                return "(a URL with a password)".into();
+            }
+            let mut out = u.to_string();
+            // `Url` adds a `/` path to a bare origin; the configured form had none.
+            if !url.ends_with('/') && out.ends_with('/') && u.path() == "/" {
+                out.pop();
+            }
+            out
+        }
+        _ => url.to_owned(),
     }
 }
+
+/// Headers `[forward.headers]` may not set, because the forwarder sets them for each
+/// request (the body's framing, type and coding, the connection's own headers, the host)
+/// and a second value corrupts every export: a `content-length = "3"` cut each body to 3
+/// bytes while the upstream still answered 200. Also refused: `grpc-*` and `*-bin`
+/// (gRPC's own and binary metadata).
+const RESERVED_HEADERS: [&str; 12] = [
+    "accept-encoding",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "expect",
+    "host",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
 
 /// `%XX` escapes decoded (W3C Baggage value encoding, as the OTLP exporter spec asks for
 /// `OTEL_EXPORTER_OTLP_HEADERS`); a malformed escape is kept as written.
@@ -224,15 +294,21 @@ impl ForwardConfig {
 /// Checks one upstream URL: `http://` or `https://` with a host.
 fn check_url(key: &'static str, url: &str) -> Result<String, ForwardError> {
     let url = url.trim().trim_end_matches('/').to_string();
+    let named = shown(&url);
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
-        .ok_or_else(|| bad(key, format!("{url:?} must start with http:// or https://")))?;
+        .ok_or_else(|| {
+            bad(
+                key,
+                format!("{named:?} must start with http:// or https://"),
+            )
+        })?;
     if rest.is_empty() || rest.starts_with('/') {
-        return Err(bad(key, format!("{url:?} has no host")));
+        return Err(bad(key, format!("{named:?} has no host")));
     }
     if http::Uri::try_from(url.as_str()).is_err() {
-        return Err(bad(key, format!("{url:?} is not a valid URL")));
+        return Err(bad(key, format!("{named:?} is not a valid URL")));
     }
     Ok(url)
 }
@@ -260,105 +336,128 @@ impl TryFrom<RawForwardConfig> for ForwardConfig {
     /// `compression`, a header that is not a valid HTTP header / gRPC metadata entry, a zero
     /// size or duration, `retry_max_ms` below `retry_initial_ms`.
     fn try_from(raw: RawForwardConfig) -> Result<Self, Self::Error> {
-        let endpoint = raw
-            .endpoint
-            .ok_or_else(|| bad("endpoint", "required (e.g. \"http://127.0.0.1:4318\")"))?;
-        let endpoint = check_url("endpoint", &endpoint)?;
-        let signal_endpoints = [
-            ("traces_endpoint", raw.traces_endpoint),
-            ("logs_endpoint", raw.logs_endpoint),
-            ("metrics_endpoint", raw.metrics_endpoint),
-        ]
-        .map(|(key, v)| v.map(|u| check_url(key, &u)).transpose());
-        let [t, l, m] = signal_endpoints;
-        let signal_endpoints = [t?, l?, m?];
-        let ca_file = match raw.ca_file {
-            None => None,
-            Some(f) => {
-                let path = std::path::PathBuf::from(f.trim());
-                if !path.is_file() {
-                    return Err(bad(
-                        "ca_file",
-                        format!("{} is not a readable file", path.display()),
-                    ));
+        let from_env = raw.from_env.clone();
+        checked(raw).map_err(|e| match e {
+            ForwardError::Config { key, message } => {
+                match from_env.iter().find(|(k, _)| *k == key) {
+                    Some((_, var)) => ForwardError::Config {
+                        key,
+                        message: format!("{message} (from the variable {var}, not the file)"),
+                    },
+                    None => ForwardError::Config { key, message },
                 }
-                Some(path)
             }
-        };
-        let protocol = match raw.protocol.as_deref().map(str::trim) {
-            None => DEFAULT_PROTOCOL,
-            Some("grpc") => Protocol::Grpc,
-            Some("http/protobuf") => Protocol::HttpProtobuf,
-            Some(other) => {
-                return Err(bad(
-                    "protocol",
-                    format!("{other:?}: expected \"grpc\" or \"http/protobuf\""),
-                ))
-            }
-        };
-        let compression = match raw.compression.as_deref().map(str::trim) {
-            None | Some("none") => Compression::None,
-            Some("gzip") => Compression::Gzip,
-            Some(other) => {
-                return Err(bad(
-                    "compression",
-                    format!("{other:?}: expected \"gzip\" or \"none\""),
-                ))
-            }
-        };
-        let mut headers = Vec::new();
-        for (k, v) in raw.headers.unwrap_or_default() {
-            let k = k.trim().to_ascii_lowercase();
-            if http::HeaderName::try_from(k.as_str()).is_err()
-                || k.ends_with("-bin")
-                || k.starts_with("grpc-")
-            {
-                return Err(bad("headers", format!("{k:?} is not a usable header name")));
-            }
-            if http::HeaderValue::try_from(v.as_str()).is_err() {
-                return Err(bad(
-                    "headers",
-                    format!("the value of {k:?} is not a valid header value"),
-                ));
-            }
-            headers.push((k, v));
-        }
-        let batch_max_spans = raw.batch_max_spans.unwrap_or(DEFAULT_BATCH_MAX_SPANS);
-        if batch_max_spans == 0 {
-            return Err(bad("batch_max_spans", "must be at least 1"));
-        }
-        let max_queue_bytes = raw.max_queue_bytes.unwrap_or(DEFAULT_MAX_QUEUE_BYTES);
-        if max_queue_bytes == 0 {
-            return Err(bad("max_queue_bytes", "must be at least 1"));
-        }
-        let retry_initial = ms(
-            "retry_initial_ms",
-            raw.retry_initial_ms,
-            DEFAULT_RETRY_INITIAL_MS,
-        )?;
-        let retry_max = ms("retry_max_ms", raw.retry_max_ms, DEFAULT_RETRY_MAX_MS)?;
-        if retry_max < retry_initial {
-            return Err(bad("retry_max_ms", "must be at least retry_initial_ms"));
-        }
-        Ok(ForwardConfig {
-            endpoint,
-            protocol,
-            headers,
-            compression,
-            batch_max_spans,
-            max_queue_bytes,
-            retry_initial,
-            retry_max,
-            timeout: ms("timeout_ms", raw.timeout_ms, DEFAULT_TIMEOUT_MS)?,
-            poll_interval: ms(
-                "poll_interval_ms",
-                raw.poll_interval_ms,
-                DEFAULT_POLL_INTERVAL_MS,
-            )?,
-            ca_file,
-            signal_endpoints,
+            e => e,
         })
     }
+}
+
+/// [`ForwardConfig::try_from`] without naming the variables.
+fn checked(raw: RawForwardConfig) -> Result<ForwardConfig, ForwardError> {
+    let endpoint = raw
+        .endpoint
+        .ok_or_else(|| bad("endpoint", "required (e.g. \"http://127.0.0.1:4318\")"))?;
+    let endpoint = check_url("endpoint", &endpoint)?;
+    let signal_endpoints = [
+        ("traces_endpoint", raw.traces_endpoint),
+        ("logs_endpoint", raw.logs_endpoint),
+        ("metrics_endpoint", raw.metrics_endpoint),
+    ]
+    .map(|(key, v)| v.map(|u| check_url(key, &u)).transpose());
+    let [t, l, m] = signal_endpoints;
+    let signal_endpoints = [t?, l?, m?];
+    let ca_file = match raw.ca_file {
+        None => None,
+        Some(f) => {
+            let path = std::path::PathBuf::from(f.trim());
+            if !path.is_file() {
+                return Err(bad(
+                    "ca_file",
+                    format!("{} is not a readable file", path.display()),
+                ));
+            }
+            Some(path)
+        }
+    };
+    let protocol = match raw.protocol.as_deref().map(str::trim) {
+        None => DEFAULT_PROTOCOL,
+        Some("grpc") => Protocol::Grpc,
+        Some("http/protobuf") => Protocol::HttpProtobuf,
+        Some(other) => {
+            return Err(bad(
+                "protocol",
+                format!("{other:?}: expected \"grpc\" or \"http/protobuf\""),
+            ))
+        }
+    };
+    let compression = match raw.compression.as_deref().map(str::trim) {
+        None | Some("none") => Compression::None,
+        Some("gzip") => Compression::Gzip,
+        Some(other) => {
+            return Err(bad(
+                "compression",
+                format!("{other:?}: expected \"gzip\" or \"none\""),
+            ))
+        }
+    };
+    let mut headers = Vec::new();
+    for (k, v) in raw.headers.unwrap_or_default() {
+        let k = k.trim().to_ascii_lowercase();
+        if http::HeaderName::try_from(k.as_str()).is_err()
+            || k.ends_with("-bin")
+            || k.starts_with("grpc-")
+        {
+            return Err(bad("headers", format!("{k:?} is not a usable header name")));
+        }
+        if RESERVED_HEADERS.contains(&k.as_str()) {
+            return Err(bad(
+                "headers",
+                format!("{k:?} is set by the forwarder for each request and cannot be configured"),
+            ));
+        }
+        if http::HeaderValue::try_from(v.as_str()).is_err() {
+            return Err(bad(
+                "headers",
+                format!("the value of {k:?} is not a valid header value"),
+            ));
+        }
+        headers.push((k, v));
+    }
+    let batch_max_spans = raw.batch_max_spans.unwrap_or(DEFAULT_BATCH_MAX_SPANS);
+    if batch_max_spans == 0 {
+        return Err(bad("batch_max_spans", "must be at least 1"));
+    }
+    let max_queue_bytes = raw.max_queue_bytes.unwrap_or(DEFAULT_MAX_QUEUE_BYTES);
+    if max_queue_bytes == 0 {
+        return Err(bad("max_queue_bytes", "must be at least 1"));
+    }
+    let retry_initial = ms(
+        "retry_initial_ms",
+        raw.retry_initial_ms,
+        DEFAULT_RETRY_INITIAL_MS,
+    )?;
+    let retry_max = ms("retry_max_ms", raw.retry_max_ms, DEFAULT_RETRY_MAX_MS)?;
+    if retry_max < retry_initial {
+        return Err(bad("retry_max_ms", "must be at least retry_initial_ms"));
+    }
+    Ok(ForwardConfig {
+        endpoint,
+        protocol,
+        headers,
+        compression,
+        batch_max_spans,
+        max_queue_bytes,
+        retry_initial,
+        retry_max,
+        timeout: ms("timeout_ms", raw.timeout_ms, DEFAULT_TIMEOUT_MS)?,
+        poll_interval: ms(
+            "poll_interval_ms",
+            raw.poll_interval_ms,
+            DEFAULT_POLL_INTERVAL_MS,
+        )?,
+        ca_file,
+        signal_endpoints,
+    })
 }
 
 #[cfg(test)]
@@ -458,11 +557,92 @@ mod tests {
         assert_eq!(c.endpoint, "http://mine:4318");
         assert_eq!(c.timeout, Duration::from_millis(7));
         assert_eq!(c.url(Signal::Metrics), "http://mine:4318");
+        // ... and so does its `endpoint` over a per-signal variable, which is often set for
+        // the user's own apps (and may point at stallwatch itself).
+        assert_eq!(
+            c.url(Signal::Traces),
+            "http://mine:4318",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT won over the file's endpoint"
+        );
         let bad_timeout = |k: &str| (k == "OTEL_EXPORTER_OTLP_TIMEOUT").then(|| "10s".to_string());
         let e = RawForwardConfig::default()
             .with_env(bad_timeout)
             .unwrap_err()
             .to_string();
         assert!(e.contains("OTEL_EXPORTER_OTLP_TIMEOUT"), "{e}");
+    }
+
+    /// A bad value from a variable is reported with the variable's name: the user never
+    /// wrote the key the error would otherwise name.
+    #[test]
+    fn an_error_in_a_variable_names_the_variable() {
+        let env = |k: &str| {
+            Some(
+                match k {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT" => "http://up:4318",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL" => "http/json",
+                    _ => return None,
+                }
+                .to_string(),
+            )
+        };
+        let e = ForwardConfig::try_from(RawForwardConfig::default().with_env(env).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[forward] protocol:")
+                && e.contains("from the variable OTEL_EXPORTER_OTLP_PROTOCOL"),
+            "{e}"
+        );
+        let raw: RawForwardConfig = toml::from_str("protocol = \"thrift\"").unwrap();
+        let e = ForwardConfig::try_from(raw.with_env(env).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains("variable"),
+            "the file's own key blamed on a variable: {e}"
+        );
+    }
+
+    /// Headers that frame or route each request are refused: a `content-length` cut every
+    /// body short while the upstream still answered 200.
+    #[test]
+    fn headers_the_forwarder_sets_itself_are_refused() {
+        for name in [
+            "content-length",
+            "Content-Type",
+            "content-encoding",
+            "host",
+            "transfer-encoding",
+            "te",
+            "connection",
+        ] {
+            let e = parse(&format!(
+                "endpoint = \"http://h\"\n[headers]\n\"{name}\" = \"3\""
+            ))
+            .unwrap_err();
+            assert!(
+                e.contains("[forward] headers:") && e.contains("set by the forwarder"),
+                "{name} → {e}"
+            );
+        }
+        assert!(parse("endpoint = \"http://h\"\n[headers]\nauthorization = \"Bearer k\"").is_ok());
+    }
+
+    /// A password in a URL is never shown; the user name and the rest are.
+    #[test]
+    fn a_password_in_a_url_is_shown_as_stars() {
+        assert_eq!(
+            shown("http://fwduser:fwdpass@up.example:4318"),
+            "http://fwduser:***@up.example:4318"
+        );
+        assert_eq!(
+            shown("https://u:p@h/v1/traces"),
+            "https://u:***@h/v1/traces"
+        );
+        assert_eq!(shown("http://h:4318"), "http://h:4318");
+        assert_eq!(shown("http://user@h:4318"), "http://user@h:4318");
+        let e = parse("endpoint = \"ftp://u:secret@h\"").unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
     }
 }

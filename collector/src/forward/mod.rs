@@ -5,9 +5,12 @@
 //! One task reads rows after the per-signal cursor (`stallwatch_storage::forward`) through
 //! the read-only pool, converts them back to OTLP (`convert`), sends them (`client`), and
 //! moves the cursor in a `synchronous=FULL` transaction once the upstream acknowledged
-//! them, so a restart resumes there and an acknowledged row is never sent again. A
-//! retryable failure keeps the request and waits (`backoff`, honouring `Retry-After` and
-//! RetryInfo); a permanent refusal drops the request, counted. The backlog is measured
+//! them, so a restart resumes there. Delivery is at least once: a request the upstream
+//! acknowledged just before a crash, before its cursor moved, is sent again after the
+//! restart. A retryable failure keeps the request and waits (`backoff`, honouring
+//! `Retry-After` and RetryInfo) while the other signals go on: each signal has its own
+//! back-off, so traces sent to an upstream that is down do not hold logs sent to one that
+//! is up; a permanent refusal drops the request, counted. The backlog is measured
 //! every second; past `max_queue_bytes` the oldest rows are skipped, counted as dropped and
 //! logged. Rows deleted by retention before they were forwarded show up as holes in the
 //! row ids and are counted too. The task never takes the telemetry writer and never blocks
@@ -52,7 +55,8 @@ impl Forwarder {
         let stats = Arc::new(ForwardStats::default());
         let token = CancellationToken::new();
         let worker = Worker {
-            backoff: Backoff::new(config.retry_initial, config.retry_max),
+            backoff: std::array::from_fn(|_| Backoff::new(config.retry_initial, config.retry_max)),
+            retry_at: [None; 3],
             max_items: [config.batch_max_spans; 3],
             acked_since_shrink: [0; 3],
             config,
@@ -117,7 +121,10 @@ struct Worker {
     exporter: Exporter,
     stats: Arc<ForwardStats>,
     token: CancellationToken,
-    backoff: Backoff,
+    /// Per signal (traces, logs, metrics): its consecutive failures and next delay.
+    backoff: [Backoff; 3],
+    /// Per signal: not before this instant (a retry is waiting).
+    retry_at: [Option<Instant>; 3],
     cursors: [ForwardCursor; 3],
     pending: [Option<Pending>; 3],
     /// Items per request, per signal: `batch_max_spans`, halved after a too-large refusal.
@@ -164,7 +171,10 @@ impl Worker {
             }
         }
         tracing::info!(
-            endpoint = %self.config.endpoint,
+            endpoint = %config::shown(&self.config.endpoint),
+            traces_url = %config::shown(&self.config.url(Signal::Traces)),
+            logs_url = %config::shown(&self.config.url(Signal::Logs)),
+            metrics_url = %config::shown(&self.config.url(Signal::Metrics)),
             protocol = ?self.config.protocol,
             traces_after = self.cursors[0].last_id,
             logs_after = self.cursors[1].last_id,
@@ -183,7 +193,7 @@ impl Worker {
             match self.round().await {
                 Ok(true) => {}
                 Ok(false) => {
-                    if !self.sleep(self.config.poll_interval).await {
+                    if !self.sleep(self.idle_wait()).await {
                         break;
                     }
                 }
@@ -198,18 +208,33 @@ impl Worker {
         tracing::info!("forwarder stopped");
     }
 
-    /// One request per signal with rows. Answers true when something was acknowledged or
-    /// a retry wait happened (no idle sleep needed).
+    /// The wait when a round made no progress: the poll interval, or less when a signal's
+    /// retry is due sooner.
+    fn idle_wait(&self) -> Duration {
+        let now = Instant::now();
+        self.retry_at
+            .iter()
+            .flatten()
+            .map(|t| t.saturating_duration_since(now))
+            .fold(self.config.poll_interval, Duration::min)
+    }
+
+    /// One request per signal with rows, skipping a signal whose retry is not due yet.
+    /// Answers true when something was acknowledged (no idle sleep needed).
     async fn round(&mut self) -> Result<bool, ForwardError> {
         let mut progressed = false;
         for (i, signal) in Signal::ALL.into_iter().enumerate() {
+            if self.retry_at[i].is_some_and(|t| t > Instant::now()) {
+                continue;
+            }
+            self.retry_at[i] = None;
             if self.pending[i].is_none() {
                 self.pending[i] = self.read(signal, self.cursors[i].last_id).await?;
             }
             let Some(p) = &self.pending[i] else { continue };
             // While the upstream works on this request, read and convert the next one
             // (not during an outage: it would only be thrown away).
-            let prefetch = self.backoff.failures() == 0;
+            let prefetch = self.backoff[i].failures() == 0;
             let (outcome, next) = tokio::select! {
                 _ = self.token.cancelled() => return Ok(true),
                 r = async {
@@ -228,13 +253,14 @@ impl Worker {
             });
             match outcome {
                 Outcome::Accepted { rejected, message } => {
-                    if self.backoff.failures() > 0 {
+                    if self.backoff[i].failures() > 0 {
                         tracing::info!(
-                            failures = self.backoff.failures(),
+                            signal = signal.as_str(),
+                            failures = self.backoff[i].failures(),
                             "forward: upstream reachable again"
                         );
                     }
-                    self.backoff.reset();
+                    self.backoff[i].reset();
                     let rejected = rejected.min(p.items);
                     if rejected > 0 {
                         tracing::warn!(
@@ -273,9 +299,9 @@ impl Worker {
                     if let Some(p) = self.pending[i].as_mut() {
                         p.attempts += 1;
                     }
-                    let delay = self.backoff.next_delay(hint);
+                    let delay = self.backoff[i].next_delay(hint);
                     self.stats.retry(&error, now_unix_s());
-                    if self.backoff.failures() == 1 {
+                    if self.backoff[i].failures() == 1 {
                         tracing::warn!(
                             signal = signal.as_str(),
                             retry_in_ms = delay.as_millis() as u64,
@@ -283,13 +309,13 @@ impl Worker {
                         );
                     } else {
                         tracing::debug!(
+                            signal = signal.as_str(),
                             retry_in_ms = delay.as_millis() as u64,
-                            failures = self.backoff.failures(),
+                            failures = self.backoff[i].failures(),
                             "forward: still unavailable: {error}"
                         );
                     }
-                    self.sleep(delay).await;
-                    return Ok(true);
+                    self.retry_at[i] = Some(Instant::now() + delay);
                 }
                 Outcome::Refused {
                     too_large: true,

@@ -1,7 +1,9 @@
 //! One webhook delivery, as pure functions: the Standard Webhooks signature
 //! (standardwebhooks.com, "Signature scheme") and the compatibility HMAC header, the
-//! idempotency key, the JSON body, and the retry policy (which answers deliver, retry or
-//! give up, and when). The worker in the parent module only moves deliveries through them.
+//! idempotency key, the JSON body, the retry policy (which answers deliver, retry or give
+//! up, and when), and the text an answer leaves in the log and the attempt log (receiver
+//! text escaped, URLs without their password). The worker in the parent module only moves
+//! deliveries through them.
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use sha2::{Digest, Sha256};
 use stallwatch_storage::model::Incident;
 use stallwatch_storage::outbox::AttemptOutcome;
 
-use crate::config::WebhookConfig;
+use crate::config::{redact_url, WebhookConfig};
 
 /// Signature header name.
 pub const SIGNATURE_HEADER: &str = "X-Stallwatch-Signature";
@@ -94,8 +96,9 @@ pub fn backoff(attempts_made: u32, initial: Duration, max: Duration) -> Duration
 /// What follows an attempt that answered `status` (or failed in transport when `None`),
 /// given the attempts made including this one; pure, `now` in ns since the Unix epoch.
 ///
-/// 2xx → delivered; a 4xx other than 408, 409, 425, 429 → given up (the receiver refuses
-/// the message itself); else retry after the receiver's `retry_after` when it sent one
+/// 2xx → delivered; a 3xx → given up (redirects are not followed: the configured URL is
+/// wrong, and a retry would get the same answer); a 4xx other than 408, 409, 425, 429 →
+/// given up (the receiver refuses the message itself); else retry after the receiver's `retry_after` when it sent one
 /// (kept between `retry_initial` and `retry_max`: a date already past, or 0, spent every
 /// attempt within milliseconds and lost the event), otherwise after [`backoff`] scaled by
 /// `jitter` in `[0, 1)` to 80–120 % (so receivers that failed together are not retried
@@ -111,6 +114,9 @@ pub fn outcome(
     if matches!(status, Some(200..=299)) {
         return AttemptOutcome::Delivered;
     }
+    if matches!(status, Some(300..=399)) {
+        return AttemptOutcome::GiveUp;
+    }
     if matches!(status, Some(400..=499)) && !matches!(status, Some(408 | 409 | 425 | 429)) {
         return AttemptOutcome::GiveUp;
     }
@@ -123,6 +129,60 @@ pub fn outcome(
             .mul_f64(0.8 + 0.4 * jitter.clamp(0.0, 1.0)),
     };
     AttemptOutcome::RetryAt(now_unix_nano.saturating_add(wait.as_nanos() as u64))
+}
+
+/// Longest receiver text (a `Location`, a transport error's detail) kept, in characters.
+const MAX_RECEIVER_TEXT: usize = 300;
+
+/// Text from a receiver made safe for one log line: every character that is not printable
+/// (line breaks, other control characters, bidirectional overrides) written as its Rust
+/// escape (`\n`, `\u{202e}`), at most [`MAX_RECEIVER_TEXT`] characters of it kept (then
+/// `…`). Quotes and backslashes are kept as they are.
+pub(crate) fn escape_receiver_text(text: &str) -> String {
+    cap(&escape_controls(text))
+}
+
+/// Every character of `text` that is not printable as its Rust escape; quotes and
+/// backslashes kept.
+fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '"' | '\'' | '\\') {
+            out.push(c);
+        } else {
+            out.extend(c.escape_debug());
+        }
+    }
+    out
+}
+
+/// `text` cut after [`MAX_RECEIVER_TEXT`] characters, marked with `…`.
+fn cap(text: &str) -> String {
+    match text.char_indices().nth(MAX_RECEIVER_TEXT) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+/// The error recorded (and logged) for an answer that did not deliver, `status` not 2xx: a
+/// 3xx names its `Location` (the raw header bytes; escaped, its password hidden) and says
+/// that redirects are not followed; any other says the status.
+pub(crate) fn answer_error(status: http::StatusCode, location: Option<&[u8]>) -> String {
+    if !status.is_redirection() {
+        return format!("receiver answered {status}");
+    }
+    match location {
+        Some(l) => format!(
+            "receiver answered {status}, a redirect to \"{}\"; redirects are not followed: \
+             configure the webhook url as the receiver's final address",
+            // escaped first, so the line breaks show; cut last, so no password part shows
+            cap(&redact_url(&escape_controls(&String::from_utf8_lossy(l))))
+        ),
+        None => format!(
+            "receiver answered {status} without a Location; redirects are not followed: \
+             configure the webhook url as the receiver's final address"
+        ),
+    }
 }
 
 /// A number in `[0, 1)` that differs per delivery and attempt (randomly seeded per process).
@@ -227,6 +287,10 @@ mod tests {
         );
         assert_eq!(o(None, 3, 0, None), AttemptOutcome::RetryAt(4_000_000_000));
         assert_eq!(o(Some(302), 5, 0, None), AttemptOutcome::GiveUp);
+        // Redirects are not followed: a 3xx is final, from the first attempt.
+        for redirect in [300, 301, 302, 303, 304, 307, 308] {
+            assert_eq!(o(Some(redirect), 1, 0, None), AttemptOutcome::GiveUp);
+        }
         // A 4xx is final, except the four that mean "later".
         for final_status in [400, 401, 403, 404, 410, 413, 422] {
             assert_eq!(o(Some(final_status), 1, 0, None), AttemptOutcome::GiveUp);
@@ -262,6 +326,49 @@ mod tests {
             outcome(Some(500), 2, &h, 0, None, 1.0),
             AttemptOutcome::RetryAt(2_400_000_000)
         );
+    }
+
+    #[test]
+    fn a_redirect_answer_names_its_location_escaped_and_without_password() {
+        let e = answer_error(
+            http::StatusCode::FOUND,
+            Some(b"http://mover:moverpass@elsewhere.example/hook"),
+        );
+        assert!(
+            e.starts_with("receiver answered 302 Found, a redirect to \"http://mover:***@elsewhere.example/hook\"")
+                && e.contains("redirects are not followed"),
+            "{e}"
+        );
+        assert!(!e.contains("moverpass"), "{e}");
+        let e = answer_error(http::StatusCode::PERMANENT_REDIRECT, None);
+        assert!(
+            e.contains("308 Permanent Redirect without a Location"),
+            "{e}"
+        );
+        assert!(e.contains("redirects are not followed"), "{e}");
+        // raw header bytes that would start a forged log line
+        let e = answer_error(
+            http::StatusCode::MOVED_PERMANENTLY,
+            Some(b"/x\r\n2026-01-01T00:00:00Z  INFO forged\x1b[0m\xff"),
+        );
+        assert!(!e.contains(['\n', '\r', '\x1b']), "{e}");
+        assert!(e.contains("/x\\r\\n2026"), "{e}");
+        assert_eq!(
+            answer_error(http::StatusCode::SERVICE_UNAVAILABLE, None),
+            "receiver answered 503 Service Unavailable"
+        );
+    }
+
+    #[test]
+    fn receiver_text_cannot_break_a_log_line() {
+        assert_eq!(
+            escape_receiver_text("bad\nINFO forged\ttab\u{202e}\u{2028}é\"q\""),
+            "bad\\nINFO forged\\ttab\\u{202e}\\u{2028}é\"q\""
+        );
+        let long = "a".repeat(1000);
+        let cut = escape_receiver_text(&long);
+        assert_eq!(cut.chars().count(), MAX_RECEIVER_TEXT + 1);
+        assert!(cut.ends_with('…'));
     }
 
     #[test]

@@ -12,11 +12,18 @@
 //! the configured secret has that prefix (the spec's secret format), else the secret's raw
 //! bytes. `X-Stallwatch-Signature: sha256=<hex HMAC of the body>` stays for compatibility,
 //! with `Idempotency-Key` and `Content-Type: application/json`. Every attempt is recorded;
-//! a 2xx delivers; a 4xx other than 408/409/425/429 is final; anything else retries after
+//! a 2xx delivers; a 3xx is final (redirects are not followed; the error names the
+//! `Location`); a 4xx other than 408/409/425/429 is final; anything else retries after
 //! 1 s doubling to a 300 s cap with ±20 % jitter, or after the receiver's `Retry-After`
 //! (seconds or HTTP-date, capped at `retry_max`), across restarts, until `max_attempts`
 //! (docs/design.md, One event vocabulary). Each receiver has its own worker, so a hanging
 //! one never delays a healthy one.
+//!
+//! At start, pending deliveries whose URL no configured webhook has (the URL was corrected
+//! or removed, then stallwatch restarted) are settled as failed, "webhook is no longer
+//! configured", with one WARN per URL and counted as `given_up`. A webhook URL is shown
+//! (logs, the deliveries API) only through [`redact_url`], and text from a receiver is
+//! logged escaped, so it cannot forge log lines.
 //!
 //! [`EventBus`]: stallwatch_storage::EventBus
 
@@ -26,18 +33,20 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use stallwatch_storage::model::now_unix_nano;
-use stallwatch_storage::outbox::{AttemptOutcome, Delivery, DeliveryAttempt, NewDelivery};
+use stallwatch_storage::outbox::{
+    AttemptOutcome, Delivery, DeliveryAttempt, DeliveryQuery, DeliveryState, NewDelivery,
+};
 use stallwatch_storage::prometheus::{counter, family, Kind};
 use stallwatch_storage::{EventBus, Storage};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DashboardConfig, WebhookConfig};
+use crate::config::{redact_url, DashboardConfig, WebhookConfig};
 use crate::error::DashboardError;
 
 mod delivery;
 
-use delivery::jitter_for;
+use delivery::{answer_error, escape_receiver_text, jitter_for};
 pub use delivery::{
     backoff, body, idempotency_key, outcome, parse_retry_after, sign, sign_standard, signing_key,
     IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WEBHOOK_ID_HEADER, WEBHOOK_SIGNATURE_HEADER,
@@ -50,6 +59,10 @@ const CONCURRENCY: usize = 8;
 const PAGE: usize = 500;
 /// Longest idle sleep between checks of the outbox.
 const MAX_IDLE: Duration = Duration::from_secs(30);
+/// Pending deliveries read per page when looking for those of removed webhooks.
+const SETTLE_PAGE: usize = 1000;
+/// The error of a delivery whose webhook URL is no longer configured.
+const NO_LONGER_CONFIGURED: &str = "webhook is no longer configured";
 
 /// Webhook counters of this process, rendered at `GET /metrics` as
 /// `stallwatch_webhook_deliveries_enqueued_total` and
@@ -134,7 +147,18 @@ pub fn start_webhooks(
             }));
         }
         let mut rx = events.subscribe();
+        let mut settled = false;
         loop {
+            if !settled {
+                match worker.settle_removed().await {
+                    Ok(()) => settled = true,
+                    Err(e) => {
+                        tracing::warn!(
+                            "webhook outbox: deliveries of removed webhooks not settled yet: {e}"
+                        )
+                    }
+                }
+            }
             let wait = match worker.catch_up().await {
                 Ok(()) => MAX_IDLE,
                 Err(e) => {
@@ -176,7 +200,7 @@ impl Worker {
             let wait = match self.receiver_round(&hook, &shutdown).await {
                 Ok(w) => w,
                 Err(e) => {
-                    tracing::warn!(url = %hook.url, "webhook round failed: {e}");
+                    tracing::warn!(url = %hook.shown_url(), "webhook round failed: {e}");
                     Duration::from_secs(1)
                 }
             };
@@ -221,6 +245,56 @@ impl Worker {
             }
             .max(Duration::from_millis(5)),
         )
+    }
+
+    /// Settles as failed every pending delivery whose URL no configured webhook has (no
+    /// receiver worker would ever send it), with one WARN per URL saying how many, counted
+    /// as `given_up`.
+    async fn settle_removed(&self) -> Result<(), DashboardError> {
+        let mut removed: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+        let mut before_id = None;
+        loop {
+            let page = self
+                .storage
+                .deliveries(DeliveryQuery {
+                    state: Some(DeliveryState::Pending),
+                    incident_id: None,
+                    before_id,
+                    limit: SETTLE_PAGE,
+                })
+                .await?;
+            for d in &page {
+                if !self.is_configured(&d.webhook) {
+                    removed.entry(d.webhook.clone()).or_default().push(d.id);
+                }
+            }
+            before_id = match page.last() {
+                Some(d) if page.len() == SETTLE_PAGE => Some(d.id),
+                _ => break,
+            };
+        }
+        for (url, ids) in removed {
+            let n = ids.len();
+            let what = if n == 1 { "delivery" } else { "deliveries" };
+            for id in ids {
+                self.storage
+                    .abandon_delivery(id, NO_LONGER_CONFIGURED.into(), now_unix_nano())
+                    .await?;
+                STATS.given_up.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::warn!(
+                url = %redact_url(&url),
+                deliveries = n,
+                "{NO_LONGER_CONFIGURED}: {n} pending {what} for {} settled as failed",
+                redact_url(&url)
+            );
+        }
+        Ok(())
+    }
+
+    /// True when a configured webhook has exactly this URL (the outbox's key).
+    fn is_configured(&self, url: &str) -> bool {
+        self.config.webhooks.iter().any(|w| w.url == url)
     }
 
     /// Enqueues deliveries for every incident after the cursor.
@@ -273,12 +347,15 @@ impl Worker {
     async fn deliver(&self, d: Delivery) -> Result<(), DashboardError> {
         let Some(hook) = self.config.webhooks.iter().find(|w| w.url == d.webhook) else {
             self.storage
-                .abandon_delivery(
-                    d.id,
-                    "webhook is no longer configured".into(),
-                    now_unix_nano(),
-                )
+                .abandon_delivery(d.id, NO_LONGER_CONFIGURED.into(), now_unix_nano())
                 .await?;
+            STATS.given_up.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                delivery = d.id,
+                url = %redact_url(&d.webhook),
+                "{NO_LONGER_CONFIGURED}: 1 pending delivery for {} settled as failed",
+                redact_url(&d.webhook)
+            );
             return Ok(());
         };
         let at = now_unix_nano();
@@ -316,7 +393,11 @@ impl Worker {
                     .get(http::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
-                (Some(s.as_u16()), Some(format!("receiver answered {s}")))
+                let location = resp
+                    .headers()
+                    .get(http::header::LOCATION)
+                    .map(|v| v.as_bytes());
+                (Some(s.as_u16()), Some(answer_error(s, location)))
             }
             Err(e) => (None, Some(transport_error(&e))),
         };
@@ -336,15 +417,16 @@ impl Worker {
             AttemptOutcome::GiveUp => &STATS.given_up,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        let url = hook.shown_url();
         match (&next, &error) {
             (AttemptOutcome::Delivered, _) => {
-                tracing::info!(delivery = d.id, event = %d.event, url = %hook.url, "webhook delivered")
+                tracing::info!(delivery = d.id, event = %d.event, url = %url, "webhook delivered")
             }
             (AttemptOutcome::GiveUp, Some(e)) => {
-                tracing::warn!(delivery = d.id, url = %hook.url, attempts = attempts_made, "webhook given up: {e}")
+                tracing::warn!(delivery = d.id, url = %url, attempts = attempts_made, "webhook given up: {e}")
             }
             (_, Some(e)) => {
-                tracing::info!(delivery = d.id, url = %hook.url, attempts = attempts_made, "webhook attempt failed, will retry: {e}")
+                tracing::info!(delivery = d.id, url = %url, attempts = attempts_made, "webhook attempt failed, will retry: {e}")
             }
             _ => {}
         }
@@ -364,7 +446,8 @@ impl Worker {
     }
 }
 
-/// A short description of a transport failure (no URL, which is already recorded).
+/// A short description of a transport failure (no URL, which is already recorded), its
+/// detail escaped: it may carry the receiver's own text (a TLS name, a malformed answer).
 fn transport_error(e: &reqwest::Error) -> String {
     let what = if e.is_timeout() {
         "timed out"
@@ -384,6 +467,6 @@ fn transport_error(e: &reqwest::Error) -> String {
     if detail.is_empty() {
         what.to_string()
     } else {
-        format!("{what}: {detail}")
+        format!("{what}: {}", escape_receiver_text(&detail))
     }
 }

@@ -264,10 +264,8 @@ pub(super) fn spawn_in_job(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .creation_flags(CREATE_NEW_PROCESS_GROUP | CREATE_SUSPENDED);
-    for k in crate::env::SCRUBBED_OTEL_VARIABLES {
-        if !spawn.env.contains_key(k) {
-            cmd.env_remove(k);
-        }
+    for k in crate::env::scrubbed_names(crate::env::inherited_names(), &spawn.env) {
+        cmd.env_remove(k);
     }
     cmd.envs(env);
     if let Some(cwd) = &spawn.cwd {
