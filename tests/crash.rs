@@ -94,6 +94,71 @@ fn acknowledged_spans_survive_repeated_kill_9() {
     assert_eq!(check, "ok");
 }
 
+/// An outside connection to the live database (a user's `sqlite3`, a backup tool) breaks
+/// nothing. stallwatch used to open and close its own descriptors of the database, `-wal`
+/// and `-shm` after SQLite's connections were open (to set their mode), which on Unix drops
+/// every POSIX lock the process holds on them: the next outside connection believed it was
+/// alone, truncated the shared memory (stallwatch died of SIGBUS) or checkpointed and
+/// deleted the WAL under the writer (acknowledged exports gone after a kill -9). Found by
+/// an outside-style round with `sqlite3` on the live file.
+#[test]
+fn an_outside_connection_to_the_live_database_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data);
+    let client = http_client();
+    let url = server.otlp_http("/v1/traces");
+    let mut acked = Vec::new();
+    for round in 0..6u64 {
+        for i in 0..15u64 {
+            let mut tid = [0u8; 16];
+            tid[..8].copy_from_slice(&(round * 1000 + i + 1).to_be_bytes());
+            tid[15] = 7;
+            let r = client
+                .post(&url)
+                .header("content-type", "application/x-protobuf")
+                .body(rich_request(tid, "outside").encode_to_vec())
+                .send()
+                .unwrap_or_else(|e| panic!("round {round}: stallwatch gone: {e}"));
+            assert_eq!(r.status(), 200, "round {round}");
+            acked.push(tid);
+        }
+        // The outside connection: read-write (as `sqlite3` opens by default), a query, closed.
+        let conn = rusqlite::Connection::open(data.join("stallwatch.db")).unwrap();
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .unwrap();
+        assert!(tables > 0);
+        drop(conn);
+        for suffix in ["-wal", "-shm"] {
+            let p = data.join(format!("stallwatch.db{suffix}"));
+            assert!(
+                p.exists(),
+                "round {round}: {} deleted under stallwatch",
+                p.display()
+            );
+        }
+    }
+    server.crash();
+    let server = Server::start(&data);
+    let lost: Vec<String> = acked
+        .iter()
+        .map(hex::encode)
+        .filter(|hex| {
+            let (st, trace) = server.get_json(&format!("/api/v1/traces/{hex}"));
+            st != 200 || trace["spans"].as_array().map(|a| a.len()) != Some(2)
+        })
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged traces lost: {:?}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert_eq!(server.stop(), Some(0));
+}
+
 /// Regression (found by the crash harness): after a kill -9, a `[[runner]]` config runner
 /// and the orphan sweep raced over the same id: start-up failed with `runner_exists`, or
 /// the previous run's process was left running untracked.

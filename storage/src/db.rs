@@ -75,6 +75,15 @@ pub const DB_FILE_MODE: u32 = 0o600;
 /// under the usual umask, and gives `-wal` and `-shm` the database's mode), and sets 0600
 /// on the database, `-wal` and `-shm` when they exist with a wider mode. A symlink is never
 /// followed or chmodded here (the data folder is 0700 and ours).
+///
+/// It never opens a file that exists: the mode is read with `lstat` and set with `chmod`
+/// by path, and the database is created with `O_CREAT | O_EXCL`. Why: this runs again after
+/// SQLite's connections are open, and on Unix closing *any* descriptor of a file drops every
+/// POSIX lock the process holds on it (SQLite, "How To Corrupt An SQLite Database File",
+/// 2.2). Opening and closing the files here did that: the next outside connection (a
+/// user's `sqlite3`, a backup tool) believed it was alone, truncated the shared memory
+/// (stallwatch died of SIGBUS) or checkpointed and deleted the WAL under the writer
+/// (acknowledged exports lost after a crash).
 #[cfg(unix)]
 fn restrict_file_modes(db: &Path) -> Result<(), StorageError> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -90,25 +99,26 @@ fn restrict_file_modes(db: &Path) -> Result<(), StorageError> {
         let mut name = db.as_os_str().to_owned();
         name.push(suffix);
         let path = std::path::PathBuf::from(name);
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
-            continue;
-        }
-        let mut opts = std::fs::OpenOptions::new();
-        opts.read(true).mode(DB_FILE_MODE);
-        if suffix.is_empty() {
-            // Created here when missing, so it never exists with a wider mode.
-            opts.write(true).create(true).truncate(false);
-        }
-        let f = match opts.open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            // A symlink (ELOOP) or something else: SQLite's own open reports it.
-            Err(_) => continue,
-        };
-        let meta = f.metadata().map_err(|e| open_err(&path, e))?;
-        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
-            f.set_permissions(std::fs::Permissions::from_mode(DB_FILE_MODE))
-                .map_err(|e| open_err(&path, e))?;
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_file() => {
+                if meta.permissions().mode() & 0o077 != 0 {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(DB_FILE_MODE))
+                        .map_err(|e| open_err(&path, e))?;
+                }
+            }
+            // A symlink or something else: SQLite's own open reports it.
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && suffix.is_empty() => {
+                // Created here, so it never exists with a wider mode. An error is left to
+                // SQLite's own open to report (a read-only folder), and a file that appeared
+                // meanwhile (`AlreadyExists`) is chmodded at the second call.
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(DB_FILE_MODE)
+                    .open(&path);
+            }
+            Err(_) => {}
         }
     }
     Ok(())
