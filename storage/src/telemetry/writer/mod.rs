@@ -437,14 +437,20 @@ impl Writer {
                 }
                 match self.rx.recv_timeout(wait) {
                     Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) if degraded => {
-                        self.probe();
-                        return true;
-                    }
                     Err(RecvTimeoutError::Timeout) => {
-                        self.next_retention = Instant::now() + self.retention_interval;
-                        if let Err(e) = self.retention_pass() {
-                            tracing::warn!(error = %e, "telemetry retention pass failed");
+                        // A due pass runs while degraded too (a full episode ends through
+                        // a commit or through retention), and always moves the next one
+                        // forward: a degraded writer whose pass had come due used to wait
+                        // 0 ms and probe in a loop, one core at 100% (~125,000 `stat`
+                        // calls a second) until the episode ended.
+                        if Instant::now() >= self.next_retention {
+                            self.next_retention = Instant::now() + self.retention_interval;
+                            if let Err(e) = self.retention_pass() {
+                                tracing::warn!(error = %e, "telemetry retention pass failed");
+                            }
+                        }
+                        if degraded {
+                            self.probe();
                         }
                         return true;
                     }
