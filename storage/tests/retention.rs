@@ -329,3 +329,130 @@ async fn below_the_high_watermark_nothing_is_deleted() {
     );
     storage.shutdown().await;
 }
+
+/// A log export of `n` records of ~1 KiB of varied text each (the FTS index grows with it).
+fn log_flood(seq: u32, n: u32) -> Arc<LogBatch> {
+    let mut x = u64::from(seq).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut word = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        format!("{:x}", x % 0xFF_FFFF)
+    };
+    let records = (0..n)
+        .map(|i| LogRecord {
+            time_unix_nano: 1_700_000_000_000_000_000 + u64::from(seq) * 1000 + u64::from(i),
+            severity_number: 9,
+            body: AnyValue::String((0..150).map(|_| word()).collect::<Vec<_>>().join(" ")),
+            ..Default::default()
+        })
+        .collect();
+    Arc::new(LogBatch {
+        resource_logs: vec![ResourceLogs {
+            resource: Resource::default(),
+            scope_logs: vec![ScopeLogs {
+                scope: Scope::default(),
+                log_records: records,
+            }],
+        }],
+    })
+}
+
+/// A 1-span trace, id `k`.
+fn trickle(k: u32) -> (TraceId, Arc<TraceBatch>) {
+    let mut t = [0xAB; 16];
+    t[..4].copy_from_slice(&k.to_be_bytes());
+    let batch = Arc::new(TraceBatch {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans: vec![Span {
+                    trace_id: TraceId(t),
+                    span_id: SpanId([1; 8]),
+                    name: "trickle".into(),
+                    start_time_unix_nano: 1_000,
+                    end_time_unix_nano: 2_000,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    });
+    (TraceId(t), batch)
+}
+
+/// At the cap, the oldest data goes whatever its signal: a trickle of 1-span traces beside a
+/// flood of logs keeps every trace received after the oldest log still kept. Size retention
+/// used to take trace batches up to ~8 MiB of *their* bytes (every tiny batch, the newest
+/// included) and then every log received up to the newest of them: all traces and nearly
+/// all logs went, newest first (found by an outside-style round: 89 of 89 traces and all but
+/// 600 of 166,000 logs deleted at a 64 MiB cap).
+#[tokio::test]
+async fn at_the_cap_the_oldest_data_goes_whatever_its_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 32 * MIB;
+    let storage = Storage::open(config(&dir, cap)).unwrap();
+    let budget = telemetry_budget_bytes(cap);
+    let stats = storage.telemetry_stats();
+    let mut traces: Vec<(TraceId, u64)> = Vec::new();
+    let mut written = 0u64;
+    let mut seq = 0u32;
+    let mut prev_used = 0;
+    // The bytes in use each time they went down (size retention ran).
+    let mut after_retention = Vec::new();
+    while written < budget * 2 {
+        storage.write_logs(log_flood(seq, 100)).await.unwrap();
+        written += 100 * 1100;
+        if seq.is_multiple_of(3) {
+            let (tid, batch) = trickle(seq);
+            let before = stallwatch_storage::model::now_unix_nano();
+            storage.write_traces(batch).await.unwrap();
+            traces.push((tid, before));
+        }
+        let used = stats.db_used_bytes();
+        if used < prev_used {
+            after_retention.push(used);
+        }
+        prev_used = used;
+        seq += 1;
+    }
+    assert!(!after_retention.is_empty(), "no retention at the cap");
+    // Retention deletes down to the low watermark (75% of the budget), not everything.
+    let least = after_retention.iter().copied().min().unwrap_or(0);
+    assert!(
+        least > budget / 2,
+        "size retention left {least} of {budget} bytes in use (expected ~75%)"
+    );
+    let db = rusqlite::Connection::open_with_flags(
+        dir.path().join("stallwatch.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let (oldest_log, kept_logs): (i64, i64) = db
+        .query_row(
+            "SELECT min(received_unix_nano), count(*) FROM logs",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(
+        (kept_logs as u64) < u64::from(seq) * 100,
+        "no log was deleted"
+    );
+    assert!(kept_logs > 1000, "only {kept_logs} logs kept");
+    let mut newer = 0;
+    for (tid, before) in &traces {
+        if *before as i64 > oldest_log {
+            newer += 1;
+            assert!(
+                storage.trace(*tid).await.unwrap().is_some(),
+                "a trace received after the oldest kept log was deleted"
+            );
+        }
+    }
+    assert!(
+        newer >= 3,
+        "only {newer} traces newer than the oldest kept log"
+    );
+    storage.shutdown().await;
+}

@@ -5,9 +5,14 @@
 //! minus the WAL's share and [`crate::config::CONTROL_RESERVE_BYTES`]). Once a commit
 //! leaves more than the high watermark (85%) of it in use, the writer deletes the oldest
 //! telemetry at once, before it takes the next group, down to the low watermark (75%):
-//! the oldest span batches by id range (about [`CHUNK_BYTES`] per transaction, the
-//! queued groups served between chunks), with the trace index runs they wholly cover and
-//! their term postings (merged or still pending), and the logs and metric points received up to the newest batch deleted. The
+//! oldest first across signals, by the time each item was received: each step takes, of
+//! each signal, the oldest items whose stored bytes make up what is still to be freed (at
+//! most [`CHUNK_BYTES`]; span batches, and at most [`ROW_CHUNK`] logs or metric points), and
+//! deletes everything received no later than the earliest of the three sets' newest items: the batches by id range
+//! (with the trace index runs they wholly cover and their term postings, merged or still
+//! pending), the logs and the points, the queued groups served between steps. So a signal
+//! with few, small items (a trickle of 1-span traces beside a flood of logs) keeps its newer
+//! items while older items of another go, and no signal is thinned by count. The
 //! pages freed stay in the file's freelist and the next commits reuse them, so the file
 //! neither shrinks nor grows and nothing waits for `incremental_vacuum`. A group that
 //! would pass the budget runs the same step first; only what still does not fit is
@@ -40,8 +45,19 @@ pub(super) const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 const CHUNK_MAX_BATCHES: i64 = 1024;
 /// Log records / metric points deleted per transaction.
 const ROW_CHUNK: i64 = 5000;
+/// A log record's or metric point's bytes besides its payload, counted by the size step:
+/// its other columns and its entries in the table's indexes (an estimate; the step
+/// measures the bytes in use again after each transaction).
+const ROW_OVERHEAD_BYTES: u64 = 64;
 /// Pages returned to the file system per `incremental_vacuum` step.
 const VACUUM_STEP_PAGES: i64 = 2048;
+
+/// The tables whose rows size retention deletes one by one.
+#[derive(Clone, Copy)]
+enum RowTable {
+    Logs,
+    MetricPoints,
+}
 
 impl Writer {
     /// One full retention pass: by age, by size, then `incremental_vacuum`.
@@ -162,25 +178,37 @@ impl Writer {
         while self.refresh_used()? > floor {
             let want = (self.used_bytes - floor).min(CHUNK_BYTES);
             let batches = self.oldest_batches_by_size(want)?;
-            if let Some(&(_, received)) = batches.last() {
-                let ids: Vec<i64> = batches.iter().map(|b| b.0).collect();
+            // Everything received up to the earliest candidate goes: at least that
+            // candidate's signal's oldest item, so every step makes progress.
+            let cutoff = [
+                batches.last().map(|b| b.1),
+                self.oldest_rows_received(RowTable::Logs, want)?,
+                self.oldest_rows_received(RowTable::MetricPoints, want)?,
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let Some(cutoff) = cutoff else { break };
+            let ids: Vec<i64> = batches
+                .iter()
+                .take_while(|b| b.1 <= cutoff)
+                .map(|b| b.0)
+                .collect();
+            let mut deleted = ids.len() as u64;
+            if !ids.is_empty() {
                 self.delete_batches(&ids, report, count_traces)?;
-                // logs and points received no later than the newest batch deleted
-                loop {
-                    let (logs, points) = self.delete_rows_before(received.saturating_add(1))?;
-                    report.logs_deleted += logs;
-                    report.points_deleted += points;
-                    if logs < ROW_CHUNK as u64 && points < ROW_CHUNK as u64 {
-                        break;
-                    }
-                }
-            } else {
-                let (logs, points) = self.delete_oldest_rows()?;
+            }
+            loop {
+                let (logs, points) = self.delete_rows_before(cutoff.saturating_add(1))?;
                 report.logs_deleted += logs;
                 report.points_deleted += points;
-                if logs + points == 0 {
+                deleted += logs + points;
+                if logs < ROW_CHUNK as u64 && points < ROW_CHUNK as u64 {
                     break;
                 }
+            }
+            if deleted == 0 {
+                break;
             }
             self.serve_pending();
         }
@@ -406,22 +434,35 @@ impl Writer {
         self.finish(out)
     }
 
-    /// Deletes the [`ROW_CHUNK`] oldest logs and points (size retention with no batches).
-    fn delete_oldest_rows(&mut self) -> Result<(u64, u64), rusqlite::Error> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        let out = (|| {
-            let logs = self.conn.execute(
-                "DELETE FROM logs WHERE id IN (SELECT id FROM logs ORDER BY id LIMIT ?1)",
-                [ROW_CHUNK],
-            )?;
-            let points = self.conn.execute(
-                "DELETE FROM metric_points WHERE id IN
-                    (SELECT id FROM metric_points ORDER BY id LIMIT ?1)",
-                [ROW_CHUNK],
-            )?;
-            Ok((logs as u64, points as u64))
-        })();
-        self.finish(out)
+    /// The newest receive time among the oldest rows of `table` whose stored bytes (payload
+    /// plus [`ROW_OVERHEAD_BYTES`] each) add up to at least `want` (at least one row, at most
+    /// [`ROW_CHUNK`]), ns; `None` when the table is empty. Rows are read in id (commit)
+    /// order from the table's own B-tree, and blob lengths from the record headers.
+    fn oldest_rows_received(
+        &mut self,
+        table: RowTable,
+        want: u64,
+    ) -> Result<Option<i64>, rusqlite::Error> {
+        let sql = match table {
+            RowTable::Logs => {
+                "SELECT received_unix_nano, length(payload) FROM logs ORDER BY id LIMIT ?1"
+            }
+            RowTable::MetricPoints => {
+                "SELECT received_unix_nano, length(payload) FROM metric_points ORDER BY id LIMIT ?1"
+            }
+        };
+        let mut st = self.conn.prepare_cached(sql)?;
+        let mut rows = st.query([ROW_CHUNK])?;
+        let (mut newest, mut sum) = (None, 0u64);
+        while let Some(r) = rows.next()? {
+            let received: i64 = r.get(0)?;
+            newest = Some(newest.map_or(received, |n: i64| n.max(received)));
+            sum += r.get::<_, i64>(1)?.max(0) as u64 + ROW_OVERHEAD_BYTES;
+            if sum >= want {
+                break;
+            }
+        }
+        Ok(newest)
     }
 
     fn finish<T>(&mut self, out: Result<T, rusqlite::Error>) -> Result<T, rusqlite::Error> {
