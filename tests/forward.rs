@@ -645,6 +645,37 @@ fn headers_reach_the_upstream_and_a_permanent_refusal_is_counted_as_dropped() {
     );
 }
 
+/// One accepted export is one stored row, and may hold more spans than `batch_max_spans`:
+/// it is sent in pieces of at most that many (each with its resource and scope), cut again
+/// when the upstream still finds a piece too large, and the cursor moves once the last
+/// piece is answered. It used to go whole, and the upstream's 413 dropped every span of it.
+#[test]
+fn one_large_export_is_sent_in_pieces_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b_grpc, b_http) = (free_addr(), free_addr());
+    let b = start_on(
+        &dir.path().join("b"),
+        "[otlp]\nmax_request_bytes = 2048\n",
+        b_grpc,
+        b_http,
+    );
+    let a = start_on(
+        &dir.path().join("a"),
+        &forward_config(b_http, "http/protobuf", "batch_max_spans = 20\n"),
+        free_addr(),
+        free_addr(),
+    );
+    post(&a, "/v1/traces", traces(1, 120, "big").encode_to_vec());
+    expect_exactly(&b, (120, 0, 0), "one export in pieces");
+    assert_eq!(span_count(&b, 1), 120);
+    let s = samples(&a);
+    assert_eq!(sum(&s, "stallwatch_forward_dropped_items_total"), 0);
+    assert!(
+        sum(&s, "stallwatch_forward_requests_total{signal=\"traces\"}") >= 6,
+        "120 spans at most 20 a request"
+    );
+}
+
 /// A tiny HTTP/1.1 upstream on a thread: each request is answered by `answer(path)` with
 /// `Connection: close`; the paths it was asked for are kept in order.
 struct TinyUpstream {

@@ -21,6 +21,7 @@ pub mod client;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod pieces;
 pub mod stats;
 
 use std::sync::Arc;
@@ -103,12 +104,20 @@ fn split<T: Send + 'static>(c: Chunk<T>, f: fn(&T) -> Request) -> (Chunk<()>, Ma
     (meta, Box::new(move || f(&data)))
 }
 
-/// A request read from the queue and not yet acknowledged.
+/// Rows read from the queue and not yet wholly acknowledged: sent as requests of at most
+/// `max_items` items (`pieces`), one at a time; the cursor moves past the rows once the
+/// last piece is answered.
 struct Pending {
+    /// The piece being sent.
     request: Request,
-    last_id: i64,
-    rows: u64,
+    /// Its items.
     items: u64,
+    /// The pieces after it.
+    rest: std::collections::VecDeque<(Request, u64)>,
+    /// Items of the pieces already answered: acknowledged, and refused (dropped).
+    done_sent: u64,
+    done_dropped: u64,
+    last_id: i64,
     missing_rows: u64,
     undecodable: u64,
     /// Retryable failures of this request so far.
@@ -234,7 +243,7 @@ impl Worker {
             let Some(p) = &self.pending[i] else { continue };
             // While the upstream works on this request, read and convert the next one
             // (not during an outage: it would only be thrown away).
-            let prefetch = self.backoff[i].failures() == 0;
+            let prefetch = self.backoff[i].failures() == 0 && p.rest.is_empty();
             let (outcome, next) = tokio::select! {
                 _ = self.token.cancelled() => return Ok(true),
                 r = async {
@@ -271,18 +280,22 @@ impl Worker {
                         self.stats.dropped(signal, DropReason::Refused, rejected);
                     }
                     let sent = p.items - rejected;
-                    self.ack(i, signal, sent, rejected).await?;
                     self.stats.sent(signal, sent);
                     self.regrow(i);
-                    // The read-ahead starts after the row just acknowledged: it is next.
-                    self.pending[i] = next;
                     progressed = true;
+                    if self.next_piece(i, sent, rejected) {
+                        continue;
+                    }
+                    let (sent, dropped) = self.answered(i);
+                    self.ack(i, signal, sent, dropped).await?;
+                    // The read-ahead starts after the rows just acknowledged: they are next.
+                    self.pending[i] = next;
                 }
                 Outcome::Retry {
                     cut_off: true,
                     error,
                     ..
-                } if p.rows > 1 && p.attempts >= CUT_OFF_ATTEMPTS => {
+                } if p.items > 1 && p.attempts >= CUT_OFF_ATTEMPTS => {
                     let max = (p.items / 2).max(1) as usize;
                     tracing::warn!(
                         signal = signal.as_str(),
@@ -291,9 +304,7 @@ impl Worker {
                         "forward: the upstream keeps cutting this request off; sending smaller ones: {error}"
                     );
                     self.stats.retry(&error, now_unix_s());
-                    self.max_items[i] = max;
-                    self.acked_since_shrink[i] = 0;
-                    self.pending[i] = None;
+                    self.shrink(i, max);
                 }
                 Outcome::Retry { hint, error, .. } => {
                     if let Some(p) = self.pending[i].as_mut() {
@@ -320,8 +331,8 @@ impl Worker {
                 Outcome::Refused {
                     too_large: true,
                     error,
-                } if p.rows > 1 => {
-                    // Fewer rows next time; the cursor stays, nothing is dropped.
+                } if p.items > 1 => {
+                    // The same items in smaller requests; the cursor stays, nothing is dropped.
                     let max = (p.items / 2).max(1) as usize;
                     tracing::warn!(
                         signal = signal.as_str(),
@@ -329,9 +340,7 @@ impl Worker {
                         next_max_items = max,
                         "forward: upstream refused a request as too large; sending smaller ones: {error}"
                     );
-                    self.max_items[i] = max;
-                    self.acked_since_shrink[i] = 0;
-                    self.pending[i] = None;
+                    self.shrink(i, max);
                 }
                 Outcome::Refused { error, .. } => {
                     tracing::error!(
@@ -342,12 +351,62 @@ impl Worker {
                     self.stats.error(&error, now_unix_s());
                     let items = p.items;
                     self.stats.dropped(signal, DropReason::Refused, items);
-                    self.ack(i, signal, 0, items).await?;
                     progressed = true;
+                    if self.next_piece(i, 0, items) {
+                        continue;
+                    }
+                    let (sent, dropped) = self.answered(i);
+                    self.ack(i, signal, sent, dropped).await?;
                 }
             }
         }
         Ok(progressed)
+    }
+
+    /// The piece being sent was answered (`sent` items acknowledged, `dropped` refused):
+    /// moves to the next piece and answers true, or answers false when it was the last.
+    fn next_piece(&mut self, i: usize, sent: u64, dropped: u64) -> bool {
+        let Some(p) = self.pending[i].as_mut() else {
+            return false;
+        };
+        p.done_sent += sent;
+        p.done_dropped += dropped;
+        match p.rest.pop_front() {
+            Some((request, items)) => {
+                p.request = request;
+                p.items = items;
+                p.attempts = 0;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Items of the pending rows acknowledged and dropped, over all their pieces.
+    fn answered(&self, i: usize) -> (u64, u64) {
+        self.pending[i]
+            .as_ref()
+            .map_or((0, 0), |p| (p.done_sent, p.done_dropped))
+    }
+
+    /// The upstream wants smaller requests: from now on at most `max` items each, and the
+    /// piece being sent is cut again (the pieces already answered are not sent again).
+    fn shrink(&mut self, i: usize, max: usize) {
+        self.max_items[i] = max;
+        self.acked_since_shrink[i] = 0;
+        let Some(p) = self.pending[i].as_mut() else {
+            return;
+        };
+        let current = std::mem::replace(&mut p.request, Request::Traces(Default::default()));
+        let mut again = pieces::cut(current, max);
+        while let Some(piece) = again.pop_back() {
+            p.rest.push_front(piece);
+        }
+        if let Some((request, items)) = p.rest.pop_front() {
+            p.request = request;
+            p.items = items;
+        }
+        p.attempts = 0;
     }
 
     /// After a success: a batch size halved by a too-large refusal doubles back (up to
@@ -433,20 +492,28 @@ impl Worker {
         };
         let Chunk {
             last_id,
-            rows,
             items,
             missing_rows,
             undecodable,
             ..
         } = meta;
-        let request = tokio::task::spawn_blocking(make)
+        // One stored row is one export as accepted, which may hold more than `max` items.
+        let mut rest = tokio::task::spawn_blocking(move || pieces::cut(make(), max))
             .await
             .map_err(|e| ForwardError::Storage(StorageError::Task(e.to_string())))?;
+        let (request, first) = rest
+            .pop_front()
+            .unwrap_or((Request::Traces(Default::default()), 0));
+        // Items the conversion did not count into a piece (none today) are sent with the
+        // first piece's answer, as before.
+        let counted: u64 = first + rest.iter().map(|(_, n)| n).sum::<u64>();
         Ok(Some(Pending {
             request,
+            items: first + items.saturating_sub(counted),
+            rest,
+            done_sent: 0,
+            done_dropped: 0,
             last_id,
-            rows,
-            items,
             missing_rows,
             undecodable,
             attempts: 0,
