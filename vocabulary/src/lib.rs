@@ -10,6 +10,8 @@
 //! - [`labels`]: closed sets of label values (heartbeat labels) as enums whose `as_str()`
 //!   is the wire string.
 //! - [`MetricsSource`]: how a stage exposes its counters to `GET /metrics`.
+//! - [`redact`]: text made safe to show ([`redact::redact_url`]: a URL without its
+//!   password).
 //!
 //! `storage/` (the only crate that knows SQL) re-exports these modules under their old
 //! paths (`stallwatch_storage::model`, `::control`), so the crate graph is
@@ -22,6 +24,7 @@ pub mod keys;
 pub mod labels;
 pub mod model;
 pub mod prometheus;
+pub mod redact;
 
 /// Something that renders its counters in the Prometheus text format for `GET /metrics`.
 /// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).

@@ -20,6 +20,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use prost::Message;
 use stallwatch_storage::forward::Signal;
+use stallwatch_vocabulary::redact::redact_url;
 use tonic::codec::CompressionEncoding;
 use tonic::metadata::{MetadataKey, MetadataValue};
 use tonic::transport::Channel;
@@ -95,7 +96,7 @@ pub struct Exporter {
     protocol: Protocol,
     /// Where each signal goes (traces, logs, metrics): the URL (HTTP) or the origin (gRPC).
     urls: [String; 3],
-    /// The same URLs as errors name them (a password replaced by `***`, `config::shown`).
+    /// The same URLs as errors name them (a password replaced by `***`, `redact_url`).
     shown: [String; 3],
     headers: Vec<(String, String)>,
     compression: Compression,
@@ -176,7 +177,7 @@ impl Exporter {
             }
             Protocol::HttpProtobuf => None,
         };
-        let shown = urls.clone().map(|u| super::config::shown(&u));
+        let shown = urls.clone().map(|u| redact_url(&u));
         Ok(Self {
             protocol: config.protocol,
             urls,
@@ -228,11 +229,8 @@ impl Exporter {
             Ok(r) => r,
             Err(e) => {
                 let error = format!("POST {shown}: {}", error_chain(&e));
-                let lower = error.to_ascii_lowercase();
                 return Outcome::Retry {
-                    cut_off: lower.contains("reset")
-                        || lower.contains("broken pipe")
-                        || lower.contains("closed before"),
+                    cut_off: cut_off(&error),
                     hint: None,
                     error,
                 };
@@ -317,7 +315,7 @@ impl Exporter {
 /// A lazily connecting gRPC channel to `url` (only its origin counts); `https://` uses
 /// rustls with the web PKI roots plus `ca` (PEM).
 fn grpc_channel(url: &str, timeout: Duration, ca: Option<&[u8]>) -> Result<Channel, ForwardError> {
-    let named = super::config::shown(url);
+    let named = redact_url(url);
     let bad = |message: String| ForwardError::Config {
         key: "endpoint",
         message,
@@ -414,6 +412,14 @@ fn escape(text: &str) -> String {
         .collect()
 }
 
+/// Whether a failed send reads as the connection cut off mid-request (reset, broken pipe,
+/// closed before the answer): some servers refuse an over-size body that way, so a
+/// smaller request may pass ([`Outcome::Retry`]'s `cut_off`).
+fn cut_off(error: &str) -> bool {
+    let lower = error.to_ascii_lowercase();
+    lower.contains("reset") || lower.contains("broken pipe") || lower.contains("closed before")
+}
+
 /// The full error chain of a reqwest error (its `Display` hides "connection refused").
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -476,11 +482,8 @@ fn classify_grpc(status: &tonic::Status, endpoint: &str) -> Outcome {
             status.message(),
             error_chain(source)
         ));
-        let lower = error.to_ascii_lowercase();
         return Outcome::Retry {
-            cut_off: lower.contains("reset")
-                || lower.contains("broken pipe")
-                || lower.contains("closed before"),
+            cut_off: cut_off(&error),
             hint: None,
             error,
         };

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+use stallwatch_vocabulary::redact::redact_url;
 
 use super::error::ForwardError;
 
@@ -184,25 +185,6 @@ impl RawForwardConfig {
     }
 }
 
-/// `url` as it may be shown (logs, `/metrics` labels, errors): a password in it replaced
-/// by `***`, the user name kept. The request itself goes to the real URL.
-pub fn shown(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            if u.set_password(Some("***")).is_err() {
-                return "(a URL with a password)".into();
-            }
-            let mut out = u.to_string();
-            // `Url` adds a `/` path to a bare origin; the configured form had none.
-            if !url.ends_with('/') && out.ends_with('/') && u.path() == "/" {
-                out.pop();
-            }
-            out
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// Headers `[forward.headers]` may not set, because the forwarder sets them for each
 /// request (the body's framing, type and coding, the connection's own headers, the host)
 /// and a second value corrupts every export: a `content-length = "3"` cut each body to 3
@@ -294,7 +276,7 @@ impl ForwardConfig {
 /// Checks one upstream URL: `http://` or `https://` with a host.
 fn check_url(key: &'static str, url: &str) -> Result<String, ForwardError> {
     let url = url.trim().trim_end_matches('/').to_string();
-    let named = shown(&url);
+    let named = redact_url(&url);
     let rest = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
@@ -629,19 +611,9 @@ mod tests {
         assert!(parse("endpoint = \"http://h\"\n[headers]\nauthorization = \"Bearer k\"").is_ok());
     }
 
-    /// A password in a URL is never shown; the user name and the rest are.
+    /// A password in an endpoint is never shown in a config error.
     #[test]
     fn a_password_in_a_url_is_shown_as_stars() {
-        assert_eq!(
-            shown("http://fwduser:fwdpass@up.example:4318"),
-            "http://fwduser:***@up.example:4318"
-        );
-        assert_eq!(
-            shown("https://u:p@h/v1/traces"),
-            "https://u:***@h/v1/traces"
-        );
-        assert_eq!(shown("http://h:4318"), "http://h:4318");
-        assert_eq!(shown("http://user@h:4318"), "http://user@h:4318");
         let e = parse("endpoint = \"ftp://u:secret@h\"").unwrap_err();
         assert!(!e.contains("secret"), "{e}");
     }

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use stallwatch_storage::forward::{Chunk, ForwardCursor, Signal};
 use stallwatch_storage::{Storage, StorageError};
+use stallwatch_vocabulary::redact::redact_url;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -180,10 +181,10 @@ impl Worker {
             }
         }
         tracing::info!(
-            endpoint = %config::shown(&self.config.endpoint),
-            traces_url = %config::shown(&self.config.url(Signal::Traces)),
-            logs_url = %config::shown(&self.config.url(Signal::Logs)),
-            metrics_url = %config::shown(&self.config.url(Signal::Metrics)),
+            endpoint = %redact_url(&self.config.endpoint),
+            traces_url = %redact_url(&self.config.url(Signal::Traces)),
+            logs_url = %redact_url(&self.config.url(Signal::Logs)),
+            metrics_url = %redact_url(&self.config.url(Signal::Metrics)),
             protocol = ?self.config.protocol,
             traces_after = self.cursors[0].last_id,
             logs_after = self.cursors[1].last_id,
