@@ -381,10 +381,15 @@ mod tests {
             }
         };
         cp.shared.panic_next.store(true, Ordering::SeqCst);
-        commit();
-        wait_for("the panic", &|| {
-            cp.shared.panics.load(Ordering::Relaxed) == 1
-        });
+        // Commits until the loop takes one: a commit noted before the thread first waits
+        // is not a wake-up (1 run in 3 waited the whole 10 s for a wake that never came).
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while cp.shared.panics.load(Ordering::Relaxed) == 0 {
+            assert!(std::time::Instant::now() < until, "the panic");
+            commit();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(cp.shared.panics.load(Ordering::Relaxed), 1);
         assert_eq!(cp.shared.checkpoints.load(Ordering::Relaxed), 0);
         // after the pause the loop runs again and checkpoints the next commit
         std::thread::sleep(PANIC_PAUSE + Duration::from_millis(100));
