@@ -29,11 +29,12 @@ macro_rules! cut {
         let mut out: Vec<($Req, u64)> = Vec::new();
         let mut cur = $Req::default();
         let mut n = 0u64;
+        // The (resource, scope) the current piece's last item came from.
+        let mut last: Option<(usize, usize)> = None;
         for (ri, mut shell_r) in $req.$res.into_iter().enumerate() {
             let scopes: Vec<$Scope> = std::mem::take(&mut shell_r.$scopes);
             for (si, mut shell_s) in scopes.into_iter().enumerate() {
                 let items = std::mem::take(&mut shell_s.$items);
-                let mut last: Option<(usize, usize)> = None;
                 for item in items {
                     let w: u64 = ($weight)(&item);
                     if n > 0 && n + w > max {
@@ -57,7 +58,7 @@ macro_rules! cut {
                 }
             }
         }
-        if n > 0 {
+        if !cur.$res.is_empty() || out.is_empty() {
             out.push((cur, n));
         }
         out
@@ -76,10 +77,40 @@ pub fn metric_points(m: &Metric) -> u64 {
     }
 }
 
+/// Items in a request: spans, log records or metric points.
+fn weight(req: &Request) -> u64 {
+    match req {
+        Request::Traces(t) => t
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len() as u64)
+            .sum(),
+        Request::Logs(l) => l
+            .resource_logs
+            .iter()
+            .flat_map(|r| &r.scope_logs)
+            .map(|s| s.log_records.len() as u64)
+            .sum(),
+        Request::Metrics(m) => m
+            .resource_metrics
+            .iter()
+            .flat_map(|r| &r.scope_metrics)
+            .flat_map(|s| &s.metrics)
+            .map(metric_points)
+            .sum(),
+    }
+}
+
 /// `req` as requests of at most `max` items each (`max` ≥ 1; a metric with more points is
-/// one piece), in the order the items came, each with its item count. A request with no
-/// items is one piece of 0.
+/// one piece), in the order the items came, each with its item count. A request that fits
+/// (the usual case) is returned as it is, not rebuilt; one with no items is one piece of 0
+/// of its own signal.
 pub fn cut(req: Request, max: usize) -> VecDeque<(Request, u64)> {
+    let total = weight(&req);
+    if total <= max.max(1) as u64 {
+        return VecDeque::from([(req, total)]);
+    }
     let pieces: Vec<(Request, u64)> = match req {
         Request::Traces(t) => cut!(
             t,
@@ -213,6 +244,26 @@ mod tests {
             assert_eq!(seen, (0..10).collect::<Vec<u8>>(), "max {max}");
             assert_eq!(pieces.len(), 10usize.div_ceil(max), "max {max}");
         }
+    }
+
+    /// A scope change within one resource opens a scope, not a second copy of the resource;
+    /// a request that fits comes back whole; an empty one stays a request of its signal.
+    #[test]
+    fn a_resource_is_not_repeated_within_a_piece_and_small_requests_stay_whole() {
+        let pieces = cut(Request::Traces(traces()), 9);
+        let Some((Request::Traces(first), 9)) = pieces.front() else {
+            panic!("first piece: {pieces:?}")
+        };
+        assert_eq!(first.resource_spans.len(), 2, "{first:?}");
+        assert_eq!(first.resource_spans[0].scope_spans.len(), 2);
+        let whole = cut(Request::Traces(traces()), 10);
+        assert_eq!(whole.len(), 1);
+        assert!(matches!(&whole[0], (Request::Traces(t), 10) if *t == traces()));
+        let empty = cut(Request::Logs(ExportLogsServiceRequest::default()), 5);
+        assert!(
+            matches!(empty.front(), Some((Request::Logs(_), 0))) && empty.len() == 1,
+            "{empty:?}"
+        );
     }
 
     /// Metrics are cut between metrics; one larger than `max` goes alone.
