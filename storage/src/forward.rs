@@ -8,10 +8,11 @@
 //! acknowledged row and an acknowledged row is never read for forwarding again. Reads go
 //! through the read-only pool and never touch the telemetry writer.
 //!
-//! Row ids of `span_batches`, `logs` and `metric_points` only grow while the tables hold
-//! rows (retention deletes the oldest rows), so a hole between the cursor and the first
-//! row found is rows deleted by retention before they were forwarded: reported as
-//! `missing_rows` so the forwarder can count them as dropped.
+//! Row ids of `span_batches`, `logs` and `metric_points` only grow, even across a table
+//! emptied by retention and a restart (`telemetry/writer/ids.rs`; before, ids restarted at
+//! 1 in an emptied table), so a hole between the cursor and the first row found is rows
+//! deleted by retention before they were forwarded: reported as `missing_rows` so the
+//! forwarder can count them as dropped.
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -22,6 +23,7 @@ use crate::model::{
     ResourceSpans, Scope, ScopeLogs, ScopeMetrics, ScopeSpans, Span, TraceBatch,
 };
 use crate::telemetry::encode::{decode_header, decode_index, decode_span, payload_bytes};
+use crate::telemetry::{last_used_id, IdTable};
 
 /// DDL of the cursor table (part of migration 1; also run with `IF NOT EXISTS` before the
 /// first cursor read so a database created before this table gains it).
@@ -469,19 +471,20 @@ impl Storage {
             .await
     }
 
-    /// The largest row id of a signal's table (0 when empty). A value below the cursor
-    /// means the table was emptied and ids restarted: the cursor must go back to 0.
+    /// The largest row id a signal's table has used (0 when it never held a row): its
+    /// largest stored id, or the next id retention recorded when it deleted the newest rows
+    /// (ids only grow, `telemetry/writer/ids.rs`). A value below the cursor means the table
+    /// was emptied by an earlier version, which restarted ids at 1: the cursor must go
+    /// back to 0.
     ///
     /// Errors: SQLite failures.
     pub async fn forward_max_id(&self, signal: Signal) -> Result<i64, StorageError> {
-        self.read(move |c| {
-            Ok(c.query_row(
-                &format!("SELECT COALESCE(MAX(id), 0) FROM {}", signal.table()),
-                [],
-                |r| r.get(0),
-            )?)
-        })
-        .await
+        let table = match signal {
+            Signal::Traces => IdTable::SpanBatches,
+            Signal::Logs => IdTable::Logs,
+            Signal::Metrics => IdTable::MetricPoints,
+        };
+        self.read(move |c| Ok(last_used_id(c, table)?)).await
     }
 
     /// The backlog of a signal after row `after_id`.

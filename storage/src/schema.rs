@@ -49,6 +49,9 @@ const MIGRATIONS: &[&[Step]] = &[
     &[Sql(crate::telemetry::POSTINGS_SCHEMA)],
     // 7: trace-index runs stored in blocks of traces (issue 16, ingest speed)
     &[Sql(crate::telemetry::TRACE_BLOCKS_SCHEMA)],
+    // 8: the log body index in generations, dropped whole instead of deleted row by row
+    // (issue 16, the size cap under a log flood)
+    &[Sql(crate::telemetry::LOG_BODY_GENERATIONS_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

@@ -1,7 +1,8 @@
-//! The log body substring index (issue 13, migration 3) on real SQLite files: substring
-//! search in the middle of a word with the documented case rule, paging through the index
-//! path, the fall-back for short and common texts, retention leaving no index row behind,
-//! and the migration back-filling rows stored before it.
+//! The log body substring index (issue 13, migration 3; in generations since migration 8)
+//! on real SQLite files: substring search in the middle of a word with the documented case
+//! rule, paging through the index path, the fall-back for short and common texts, retention
+//! dropping generations whose rows are gone and never answering a deleted row, and the
+//! migrations back-filling rows stored before the index and keeping them after migration 8.
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -71,15 +72,33 @@ async fn found(st: &Storage, text: &str, service: Option<&str>) -> Vec<String> {
     }
 }
 
-/// Index rows whose body holds `trigram`, read straight from the file.
+/// The generations of the body index, oldest first: `(gen, first_id)`.
+fn generations(path: &std::path::Path) -> Vec<(i64, i64)> {
+    let c = Connection::open(path).unwrap();
+    let mut st = c
+        .prepare("SELECT gen, first_id FROM log_body_generations ORDER BY gen")
+        .unwrap();
+    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Index rows whose body holds `trigram` in every generation, read straight from the file
+/// (orphans of deleted rows included).
 fn index_rows(path: &std::path::Path, trigram: &str) -> i64 {
     let c = Connection::open(path).unwrap();
-    c.query_row(
-        "SELECT count(*) FROM logs_body WHERE logs_body MATCH ?1",
-        [format!("\"{trigram}\"")],
-        |r| r.get(0),
-    )
-    .unwrap()
+    generations(path)
+        .iter()
+        .map(|(g, _)| {
+            c.query_row(
+                &format!("SELECT count(*) FROM logs_body_{g} WHERE logs_body_{g} MATCH ?1"),
+                [format!("\"{trigram}\"")],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+        })
+        .sum()
 }
 
 #[tokio::test]
@@ -187,35 +206,64 @@ async fn a_common_body_text_falls_back_to_the_time_walk_with_the_same_answer() {
     st.shutdown().await;
 }
 
+/// Bodies of ~1 KiB, `n` of them: enough records fill a generation (1 MiB at a 32 MiB
+/// cap).
+fn filler(word: &str, n: u64) -> Vec<(u64, String)> {
+    (0..n)
+        .map(|i| (i + 1, format!("{word} {i} {}", "x".repeat(1000))))
+        .collect()
+}
+
 #[tokio::test]
-async fn retention_deletes_the_body_index_rows_with_their_logs() {
+async fn retention_drops_generations_whose_rows_are_gone_and_never_answers_a_deleted_row() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&dir);
     cfg.retention = Duration::from_millis(300);
+    cfg.max_db_bytes = 32 << 20;
     let path = cfg.path.clone();
     let st = Storage::open(cfg).unwrap();
-    st.write_logs(batch("old", &[(1, "ancient zebra"), (2, "ancient yak")]))
-        .await
-        .unwrap();
+    // ~1.1 MiB of old records fill generation 1; the next write opens generation 2
+    let old = filler("ancient zebra", 1100);
+    let old_ref: Vec<(u64, &str)> = old.iter().map(|(t, b)| (*t, b.as_str())).collect();
+    st.write_logs(batch("old", &old_ref)).await.unwrap();
+    assert_eq!(generations(&path), [(1, 1)]);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    st.write_logs(batch("new", &[(3, "fresh zebra")]))
+    st.write_logs(batch("new", &[(3, "fresh zebra"), (4, "stale yak")]))
         .await
         .unwrap();
-    assert_eq!(index_rows(&path, "zeb"), 2);
+    assert_eq!(generations(&path), [(1, 1), (2, 1101)]);
+    assert_eq!(index_rows(&path, "zeb"), 1101);
     let report = st.run_retention().await.unwrap();
-    assert_eq!(report.logs_deleted, 2, "{report:?}");
-    assert_eq!(index_rows(&path, "anc"), 0, "no orphan index rows");
-    assert_eq!(index_rows(&path, "zeb"), 1);
-    assert_eq!(found(&st, "zebra", None).await, ["fresh zebra"]);
+    assert_eq!(report.logs_deleted, 1100, "{report:?}");
+    // generation 1 held only deleted rows: dropped whole, with its FTS5 table
+    assert_eq!(generations(&path), [(2, 1101)]);
+    assert_eq!(index_rows(&path, "anc"), 0);
     let c = Connection::open(&path).unwrap();
-    let (logs, indexed): (i64, i64) = c
+    let gone: i64 = c
         .query_row(
-            "SELECT (SELECT count(*) FROM logs), (SELECT count(*) FROM logs_body)",
+            "SELECT count(*) FROM sqlite_schema WHERE name GLOB 'logs_body_1*'",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.get(0),
         )
         .unwrap();
-    assert_eq!((logs, indexed), (1, 1));
+    assert_eq!(gone, 0, "generation 1's tables are dropped");
+    assert_eq!(found(&st, "zebra", None).await, ["fresh zebra"]);
+    // a deleted row of the newest generation keeps its index entry (an orphan) until the
+    // generation goes, and is never a result
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    st.write_logs(batch("new", &[(5, "fresh yak")]))
+        .await
+        .unwrap();
+    let report = st.run_retention().await.unwrap();
+    assert_eq!(report.logs_deleted, 2, "{report:?}");
+    assert_eq!(
+        index_rows(&path, "yak"),
+        2,
+        "the orphan stays in generation 2"
+    );
+    assert_eq!(found(&st, "yak", None).await, ["fresh yak"]);
+    assert_eq!(found(&st, "zebra", None).await, Vec::<String>::new());
+    assert_eq!(st.integrity_check().await.unwrap(), vec!["ok".to_string()]);
     st.shutdown().await;
 }
 
@@ -237,8 +285,8 @@ async fn migration_3_back_fills_the_body_index_from_stored_rows() {
     {
         let c = Connection::open(&path).unwrap();
         c.execute_batch(
-            "DROP TRIGGER logs_body_delete;
-             DROP TABLE logs_body;
+            "DROP TABLE log_body_generations;
+             DROP TABLE logs_body_1;
              DROP INDEX metric_points_series;
              CREATE INDEX metric_points_name_time ON metric_points(name, time_unix_nano);
              CREATE TABLE v4 (trace_id BLOB PRIMARY KEY, batches BLOB NOT NULL) WITHOUT ROWID;
@@ -257,6 +305,66 @@ async fn migration_3_back_fills_the_body_index_from_stored_rows() {
         ["stored before the index"]
     );
     let c = Connection::open(&path).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, stallwatch_storage::SCHEMA_VERSION);
+    st.shutdown().await;
+}
+
+/// Migration 8 keeps the index of migration 3 as generation 1: rows stored before it are
+/// still found, its delete trigger is gone, and retention drops it once its rows are gone.
+#[tokio::test]
+async fn migration_8_keeps_the_index_as_generation_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir);
+    cfg.retention = Duration::from_millis(300);
+    let path = cfg.path.clone();
+    let st = Storage::open(cfg.clone()).unwrap();
+    st.write_logs(batch("api", &[(1, "indexed by version 7")]))
+        .await
+        .unwrap();
+    st.shutdown().await;
+    drop(st);
+    // take the file back to schema 7: one index, rows deleted through the trigger
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "DROP TABLE log_body_generations;
+             ALTER TABLE logs_body_1 RENAME TO logs_body;
+             CREATE TRIGGER logs_body_delete AFTER DELETE ON logs BEGIN
+                 DELETE FROM logs_body WHERE rowid = old.id;
+             END;
+             PRAGMA user_version = 7;",
+        )
+        .unwrap();
+    }
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(generations(&path), [(1, 1)]);
+    let c = Connection::open(&path).unwrap();
+    let triggers: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'logs_body_delete'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(triggers, 0);
+    assert_eq!(
+        found(&st, "VERSION 7", None).await,
+        ["indexed by version 7"]
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    st.write_logs(batch("api", &[(2, "after version 7")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        found(&st, "version 7", None).await,
+        ["after version 7", "indexed by version 7"]
+    );
+    let report = st.run_retention().await.unwrap();
+    assert_eq!(report.logs_deleted, 1, "{report:?}");
+    assert_eq!(found(&st, "version 7", None).await, ["after version 7"]);
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();

@@ -549,6 +549,11 @@ async fn migration_4_moves_the_point_index_to_series_then_time() {
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
              DROP TABLE pending_terms;
+             DROP TABLE log_body_generations;
+             ALTER TABLE logs_body_1 RENAME TO logs_body;
+             CREATE TRIGGER logs_body_delete AFTER DELETE ON logs BEGIN
+                 DELETE FROM logs_body WHERE rowid = old.id;
+             END;
              PRAGMA user_version = 3;",
         )
         .unwrap();

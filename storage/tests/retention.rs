@@ -456,3 +456,203 @@ async fn at_the_cap_the_oldest_data_goes_whatever_its_signal() {
     );
     storage.shutdown().await;
 }
+
+/// A log flood at the cap keeps the database, its WAL and shm within the cap (plus 10%),
+/// and the log body index drops its oldest generations whole as their rows go
+/// (`log_body.rs`). Before the index came in generations, each deleted record was deleted
+/// from one FTS5 index, and the merges that started rewrote most of the index inside the
+/// deleting transaction: 16-28 MiB of WAL against a 4 MiB WAL share (an outside-style round
+/// saw the data folder at 74 MiB against a 64 MiB cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_flood_at_the_cap_stays_within_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 32 * MIB;
+    let cfg = config(&dir, cap);
+    let db = cfg.path.clone();
+    let storage = Storage::open(cfg).unwrap();
+    let budget = telemetry_budget_bytes(cap);
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak, db) = (stop.clone(), peak.clone(), db.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(file_set_bytes(&db), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    // ~1.1 KB records, 200 per export, three times the budget from two writers
+    let per_writer = (3 * budget / (200 * 1100) / 2) as u32;
+    let writers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let storage = storage.clone();
+            tokio::spawn(async move {
+                let mut refused = Vec::new();
+                for seq in 0..per_writer {
+                    if let Err(e) = storage
+                        .write_logs(log_flood(w * 1_000_000 + seq, 200))
+                        .await
+                    {
+                        refused.push((seq, e.to_string()));
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for w in writers {
+        refused.extend(w.await.unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let peak = peak.load(Ordering::Relaxed);
+    let raw =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let (kept, oldest_id): (i64, i64) = raw
+        .query_row("SELECT count(*), min(id) FROM logs", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    let gens: Vec<(i64, i64)> = raw
+        .prepare("SELECT gen, first_id FROM log_body_generations ORDER BY gen")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    eprintln!(
+        "log flood at a {cap}-byte cap: file set peak {peak} bytes, {kept} logs kept, generations {gens:?}, {} of {} writes refused, first: {:?}",
+        refused.len(),
+        2 * per_writer,
+        refused.first()
+    );
+    assert!(
+        refused.is_empty(),
+        "{} of {} writes refused at the cap, first: {:?}",
+        refused.len(),
+        2 * per_writer,
+        refused.first()
+    );
+    assert!(
+        (kept as u64) < 2 * u64::from(per_writer) * 200,
+        "no log was deleted: the cap was never reached"
+    );
+    assert!(
+        peak <= cap + cap / 10,
+        "database + WAL + shm peaked at {peak} bytes against the {cap}-byte cap"
+    );
+    // generations were opened as the flood went on, and the oldest ones dropped whole: only
+    // the oldest one left may start before the oldest log kept
+    assert!(gens[0].0 > 1, "generation 1 was never dropped: {gens:?}");
+    assert!(
+        gens.len() >= 2 && gens[1].1 > oldest_id,
+        "a generation whose rows are all gone was kept: {gens:?}, oldest log {oldest_id}"
+    );
+    let tables: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema
+             WHERE name GLOB 'logs_body_*' AND sql LIKE 'CREATE VIRTUAL TABLE%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, gens.len() as i64, "one FTS5 table per generation");
+    assert_eq!(
+        storage.integrity_check().await.unwrap(),
+        vec!["ok".to_string()]
+    );
+    storage.shutdown().await;
+}
+
+/// Row ids only grow, even after retention emptied a table and stallwatch restarted
+/// (`writer/ids.rs`): SQLite gives the largest id plus one, so the first rows after an
+/// emptied table took id 1 again, behind the live tail's last id and inside the log body
+/// index's older generations.
+#[tokio::test]
+async fn row_ids_only_grow_after_retention_emptied_the_tables_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir, 64 * MIB);
+    cfg.retention = Duration::from_millis(300);
+    let db = cfg.path.clone();
+    let point = |t: u64| MetricPoint {
+        name: "queue.depth".into(),
+        description: String::new(),
+        unit: "1".into(),
+        kind: MetricKind::Gauge,
+        start_time_unix_nano: 0,
+        time_unix_nano: t,
+        value: Some(1.0),
+        count: None,
+        sum: None,
+        attributes: Vec::new(),
+        detail: "{}".into(),
+    };
+    let metrics = |t: u64| {
+        Arc::new(MetricBatch {
+            resource_metrics: vec![ResourceMetrics {
+                resource: Resource::default(),
+                scope_metrics: vec![ScopeMetrics {
+                    scope: Scope::default(),
+                    points: vec![point(t), point(t + 1)],
+                }],
+            }],
+        })
+    };
+    let max_ids = || {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        let q = |t: &str| -> i64 {
+            c.query_row(&format!("SELECT coalesce(max(id), 0) FROM {t}"), [], |r| {
+                r.get(0)
+            })
+            .unwrap()
+        };
+        [q("span_batches"), q("logs"), q("metric_points")]
+    };
+    let st = Storage::open(cfg.clone()).unwrap();
+    for k in 0..3 {
+        st.write_traces(trickle(k).1).await.unwrap();
+        st.write_logs(log_flood(k, 4)).await.unwrap();
+        st.write_metrics(metrics(u64::from(k) * 10)).await.unwrap();
+    }
+    let before = max_ids();
+    assert_eq!(before, [3, 12, 6]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let report = st.run_retention().await.unwrap();
+    assert_eq!(
+        (
+            report.batches_deleted,
+            report.logs_deleted,
+            report.points_deleted
+        ),
+        (3, 12, 6),
+        "{report:?}"
+    );
+    assert_eq!(max_ids(), [0, 0, 0], "every table emptied");
+    // the forwarder sees the ids used, not an emptied table to restart from 0 (it would
+    // count the ids before the first new row as rows lost)
+    for (signal, used) in [
+        (stallwatch_storage::forward::Signal::Traces, 3),
+        (stallwatch_storage::forward::Signal::Logs, 12),
+        (stallwatch_storage::forward::Signal::Metrics, 6),
+    ] {
+        assert_eq!(st.forward_max_id(signal).await.unwrap(), used);
+    }
+    st.shutdown().await;
+    drop(st);
+    let st = Storage::open(cfg).unwrap();
+    st.write_traces(trickle(9).1).await.unwrap();
+    st.write_logs(log_flood(9, 1)).await.unwrap();
+    st.write_metrics(metrics(90)).await.unwrap();
+    let after = max_ids();
+    assert_eq!(after, [4, 13, 8], "ids go on from where they were");
+    // the live tail after its last id sees the new record
+    let (tail, _) = st
+        .logs_after(Default::default(), before[1], 10)
+        .await
+        .unwrap();
+    assert_eq!(tail.len(), 1);
+    st.shutdown().await;
+}

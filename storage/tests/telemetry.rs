@@ -1616,6 +1616,11 @@ async fn a_schema_4_trace_index_becomes_run_1() {
              DROP TABLE trace_runs;
              ALTER TABLE v4 RENAME TO trace_index;
              DROP TABLE pending_terms;
+             DROP TABLE log_body_generations;
+             ALTER TABLE logs_body_1 RENAME TO logs_body;
+             CREATE TRIGGER logs_body_delete AFTER DELETE ON logs BEGIN
+                 DELETE FROM logs_body WHERE rowid = old.id;
+             END;
              PRAGMA user_version = 4;",
     )
     .unwrap();

@@ -1,6 +1,21 @@
-//! The log body substring index (`logs_body`, FTS5 `trigram`, migration 3; see
-//! `schema.rs`): what is indexed, the back-fill, and the candidate look-up the log search
-//! uses for a body filter.
+//! The log body substring index (FTS5 `trigram`, migration 3; in generations since
+//! migration 8; see `schema.rs`): what is indexed, the back-fill, the generations, and the
+//! candidate look-up the log search uses for a body filter.
+//!
+//! Generations (migration 8, issue 16: the cap bounds the data folder under a log flood):
+//! the index is a series of FTS5 tables `logs_body_<gen>`, listed in `log_body_generations`
+//! with the first `logs.id` each one indexes. The writer indexes every new record in the
+//! newest generation and opens the next one once the records indexed in it hold
+//! [`generation_bytes`] of payload; log ids only grow (`writer::RowIds`), so generation
+//! `g` indexes exactly the ids from its `first_id` up to the next generation's. Deleting a
+//! log row leaves its index entry (an orphan: a search joins every candidate to its `logs`
+//! row, so an orphan is never a result); the transaction that deletes log rows drops every
+//! generation whose rows are all gone ([`drop_dead_generations`]), so orphans hold at most
+//! about one generation's index. Before, each deleted row was deleted from one FTS5 index
+//! (`contentless_delete`): every delete counted as a page of merge work, and the merges it
+//! started rewrote most of the index in the deleting transaction (16-28 MiB of WAL to delete
+//! 5,000 records of ~1 KiB, against a 4 MiB WAL share at the smallest cap; 4.4 MiB now),
+//! and the insert merges of one large index reached 9 MiB (2.7 MiB in generations).
 //!
 //! Case rule (the same as the search's check on each decoded row): the body's searchable
 //! text ([`super::logs_read::body_text`]) and the query are both lowercased with Rust's
@@ -77,10 +92,171 @@ pub(crate) fn indexable(lower: &str) -> bool {
     lower.chars().count() >= MIN_INDEXED_QUERY_CHARS && !trigram_terms(lower).is_empty()
 }
 
+/// Payload bytes of log records after which the writer opens the next generation: a
+/// sixteenth of the telemetry budget, from 1 MiB to 128 MiB. A generation is dropped whole
+/// once its rows are gone, so this bounds the orphaned index entries, and the largest merge
+/// FTS5 runs inside one generation (at the smallest cap, 2.75 MiB of records; at the
+/// default 2 GiB cap, ~120 MiB, with a 64 MiB WAL share).
+pub(crate) fn generation_bytes(telemetry_budget_bytes: u64) -> u64 {
+    (telemetry_budget_bytes / 16).clamp(1 << 20, 128 << 20)
+}
+
+/// DDL of migration 8: the index of migration 3 becomes generation 1 (it keeps its
+/// `contentless_delete` option, unused from now on), and its delete trigger goes.
+pub(crate) const GENERATIONS_SCHEMA: &str = "
+DROP TRIGGER logs_body_delete;
+ALTER TABLE logs_body RENAME TO logs_body_1;
+CREATE TABLE log_body_generations (
+    gen      INTEGER PRIMARY KEY,
+    first_id INTEGER NOT NULL
+);
+INSERT INTO log_body_generations(gen, first_id) VALUES (1, 1);
+";
+
+/// The FTS5 table of generation `gen`.
+pub(crate) fn generation_table(gen: i64) -> String {
+    format!("logs_body_{gen}")
+}
+
+/// DDL of a new generation: contentless (the text lives only in the payload), no
+/// positions (`detail=none`: a candidate filter) and no per-row sizes (`columnsize=0`:
+/// nothing ranks), so inserting a row writes its trigrams' postings only.
+fn create_generation_sql(gen: i64) -> String {
+    format!(
+        "CREATE VIRTUAL TABLE {} USING fts5(
+            body, content='', tokenize='trigram case_sensitive 1', detail=none, columnsize=0
+        )",
+        generation_table(gen)
+    )
+}
+
+/// The writer's side of the generations: the newest one, and how much was indexed in it.
+#[derive(Clone, Debug)]
+pub(crate) struct BodyIndexWriter {
+    gen: i64,
+    table: String,
+    first_id: i64,
+    /// Payload bytes of the rows indexed in `gen` (rows deleted since included).
+    bytes: u64,
+    /// [`generation_bytes`] of the budget.
+    roll_bytes: u64,
+}
+
+impl BodyIndexWriter {
+    /// Reads the newest generation and the payload bytes of the rows stored in it.
+    pub(crate) fn load(conn: &Connection, roll_bytes: u64) -> Result<Self, rusqlite::Error> {
+        let (gen, first_id): (i64, i64) = conn.query_row(
+            "SELECT gen, first_id FROM log_body_generations ORDER BY gen DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let bytes: i64 = conn.query_row(
+            "SELECT coalesce(sum(length(payload)), 0) FROM logs WHERE id >= ?1",
+            [first_id],
+            |r| r.get(0),
+        )?;
+        Ok(Self {
+            gen,
+            table: generation_table(gen),
+            first_id,
+            bytes: bytes.max(0) as u64,
+            roll_bytes,
+        })
+    }
+
+    /// Before records are indexed from log id `next_id` on, in the writer's transaction:
+    /// opens the next generation when the newest one is full (and holds a row).
+    pub(crate) fn before_insert(
+        &mut self,
+        conn: &Connection,
+        next_id: i64,
+    ) -> Result<(), rusqlite::Error> {
+        if self.bytes < self.roll_bytes || next_id <= self.first_id {
+            return Ok(());
+        }
+        let gen = self.gen + 1;
+        conn.execute_batch(&create_generation_sql(gen))?;
+        conn.execute(
+            "INSERT INTO log_body_generations(gen, first_id) VALUES (?1, ?2)",
+            params![gen, next_id],
+        )?;
+        *self = Self {
+            gen,
+            table: generation_table(gen),
+            first_id: next_id,
+            bytes: 0,
+            roll_bytes: self.roll_bytes,
+        };
+        Ok(())
+    }
+
+    /// The statement that indexes one record in the newest generation.
+    pub(crate) fn insert_sql(&self) -> String {
+        format!("INSERT INTO {}(rowid, body) VALUES (?1, ?2)", self.table)
+    }
+
+    /// Counts a record of `payload_bytes` indexed.
+    pub(crate) fn added(&mut self, payload_bytes: usize) {
+        self.bytes = self.bytes.saturating_add(payload_bytes as u64);
+    }
+}
+
+/// Drops every generation but the newest whose rows are all deleted (the next
+/// generation's first id is at most the smallest log id left, or no log is left), in the
+/// transaction that deleted log rows. Answers the generations dropped.
+pub(crate) fn drop_dead_generations(conn: &Connection) -> Result<u64, rusqlite::Error> {
+    let oldest: Option<i64> = conn.query_row("SELECT min(id) FROM logs", [], |r| r.get(0))?;
+    let gens: Vec<(i64, i64)> = {
+        let mut st =
+            conn.prepare_cached("SELECT gen, first_id FROM log_body_generations ORDER BY gen")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    let mut dropped = 0;
+    for w in gens.windows(2) {
+        let ((gen, _), (_, next_first)) = (w[0], w[1]);
+        if oldest.is_some_and(|o| next_first > o) {
+            break;
+        }
+        conn.execute_batch(&format!("DROP TABLE {}", generation_table(gen)))?;
+        conn.execute("DELETE FROM log_body_generations WHERE gen = ?1", [gen])?;
+        dropped += 1;
+    }
+    Ok(dropped)
+}
+
+/// The generations' tables, newest first: read as the first statement of a read
+/// transaction, so every table named exists in its snapshot.
+pub(crate) fn generation_tables(conn: &Connection) -> Result<Vec<String>, rusqlite::Error> {
+    let mut st = conn.prepare_cached("SELECT gen FROM log_body_generations ORDER BY gen DESC")?;
+    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
+    rows.map(|g| g.map(generation_table)).collect()
+}
+
+/// The rowids of every generation whose body matches `?1`, as one `UNION ALL` (a
+/// subquery with one column, `cid`); `tables` from [`generation_tables`].
+fn matching_rowids(tables: &[String]) -> String {
+    let parts: Vec<String> = tables
+        .iter()
+        .map(|t| format!("SELECT rowid AS cid FROM {t} WHERE {t} MATCH ?1"))
+        .collect();
+    if parts.is_empty() {
+        // no generation (cannot happen after migration 8): no candidate
+        return "SELECT NULL AS cid WHERE 0".to_string();
+    }
+    parts.join(" UNION ALL ")
+}
+
 /// The `FROM` clause of a search driven by the index: each candidate's `logs` row by rowid
-/// (`CROSS JOIN` keeps the index as the outer loop); binds the [`candidate_query`] first.
-pub(crate) const FROM_CANDIDATES: &str =
-    "logs_body CROSS JOIN logs ON logs.id = logs_body.rowid WHERE logs_body MATCH ?";
+/// (`CROSS JOIN` keeps the index as the outer loop; a candidate whose row is deleted is
+/// no result); binds the [`candidate_query`] as `?1`, so the caller's next `?` is `?2`. Ends
+/// in a `WHERE` clause the caller extends with `AND ...`.
+pub(crate) fn from_candidates(tables: &[String]) -> String {
+    format!(
+        "({}) AS c CROSS JOIN logs ON logs.id = c.cid WHERE 1",
+        matching_rowids(tables)
+    )
+}
 
 /// The FTS5 query a body search drives from when at most [`MAX_INDEX_CANDIDATES`] rows may
 /// hold `lower`; `None` when more may (the caller walks the time-ordered indexes).
@@ -93,15 +269,20 @@ pub(crate) const FROM_CANDIDATES: &str =
 /// bound: any subset of the trigrams still selects every matching row (each candidate is
 /// checked against its decoded body). When no single trigram is rare, all of them are
 /// ANDed and counted as a whole. Reads at most one rowid past the bound per count.
+///
+/// Counts include orphaned entries (rows deleted, their generation not yet dropped): they
+/// can only make the index look less selective than it is.
 pub(crate) fn candidate_query(
     conn: &Connection,
+    tables: &[String],
     lower: &str,
 ) -> Result<Option<String>, StorageError> {
     let terms = trigram_terms(lower);
     let cap = MAX_INDEX_CANDIDATES as i64 + 1;
-    let mut count = conn.prepare_cached(
-        "SELECT count(*) FROM (SELECT rowid FROM logs_body WHERE logs_body MATCH ?1 LIMIT ?2)",
-    )?;
+    let mut count = conn.prepare_cached(&format!(
+        "SELECT count(*) FROM ({} LIMIT ?2)",
+        matching_rowids(tables)
+    ))?;
     let mut rare = Vec::new();
     if terms.len() > 1 {
         for t in &terms {
@@ -124,7 +305,7 @@ pub(crate) fn candidate_query(
 }
 
 /// Migration 3's back-fill: indexes the body of every stored log row, in the migration's
-/// transaction.
+/// transaction (into `logs_body`, generation 1 from migration 8 on).
 pub(crate) fn backfill_log_bodies(tx: &Transaction<'_>) -> Result<(), StorageError> {
     let mut read = tx.prepare("SELECT id, payload FROM logs ORDER BY id")?;
     let mut write = tx.prepare("INSERT INTO logs_body(rowid, body) VALUES (?1, ?2)")?;
@@ -164,6 +345,11 @@ mod tests {
         assert!(indexable("äöü"), "characters, not bytes");
     }
 
+    /// The index of migration 3 alone, as a generation list.
+    fn one() -> Vec<String> {
+        vec!["logs_body".to_string()]
+    }
+
     fn candidates(conn: &Connection, lower: &str) -> Vec<i64> {
         let mut st = conn
             .prepare("SELECT rowid FROM logs_body WHERE logs_body MATCH ?1 ORDER BY rowid DESC")
@@ -201,7 +387,7 @@ mod tests {
         assert_eq!(candidates(&conn, "refus"), vec![3, 1]);
         assert_eq!(candidates(&conn, "nothing"), Vec::<i64>::new());
         assert_eq!(
-            candidate_query(&conn, "refus").unwrap().as_deref(),
+            candidate_query(&conn, &one(), "refus").unwrap().as_deref(),
             Some(r#""efu" "fus" "ref""#),
             "every trigram is rare here"
         );
@@ -225,15 +411,19 @@ mod tests {
                 .unwrap();
         }
         ins.execute(params![0, "cell zebra ok"]).unwrap();
-        let q = candidate_query(&conn, "cell zeb").unwrap();
+        let q = candidate_query(&conn, &one(), "cell zeb").unwrap();
         assert_eq!(q.as_deref(), Some(r#"" ze" "l z" "zeb""#));
         assert_eq!(
             candidates(&conn, "cell zeb"),
             vec![0],
             "the full query agrees"
         );
-        assert_eq!(candidate_query(&conn, "cell").unwrap(), None, "common");
-        let none = candidate_query(&conn, "cell qq").unwrap().unwrap();
+        assert_eq!(
+            candidate_query(&conn, &one(), "cell").unwrap(),
+            None,
+            "common"
+        );
+        let none = candidate_query(&conn, &one(), "cell qq").unwrap().unwrap();
         let n: i64 = conn
             .query_row(
                 "SELECT count(*) FROM logs_body WHERE logs_body MATCH ?1",

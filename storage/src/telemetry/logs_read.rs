@@ -25,7 +25,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params_from_iter, Connection};
 
 use super::encode::value_text;
-use super::log_body::{candidate_query, indexable, FROM_CANDIDATES};
+use super::log_body::{candidate_query, from_candidates, generation_tables, indexable};
 use super::read::snapshot;
 use super::{StoredLog, DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
 use crate::error::StorageError;
@@ -349,12 +349,14 @@ fn search_by_body(
     (ct, ci): (i64, i64),
     min_sev: i32,
 ) -> Result<Option<LogPage>, LogQueryError> {
-    let Some(fts) = candidate_query(conn, lower)? else {
+    let tables = generation_tables(conn)?;
+    let Some(fts) = candidate_query(conn, &tables, lower)? else {
         return Ok(None);
     };
     let mut sql = format!(
-        "SELECT id, time_unix_nano FROM {FROM_CANDIDATES}
-         AND time_unix_nano <= ? AND (time_unix_nano, id) < (?, ?)"
+        "SELECT id, time_unix_nano FROM {}
+         AND time_unix_nano <= ? AND (time_unix_nano, id) < (?, ?)",
+        from_candidates(&tables)
     );
     let mut args = vec![
         SqlValue::Text(fts),

@@ -17,7 +17,8 @@
 //! - `read`: trace view, span, services, span names, metric points;
 //! - `trace_search`: trace search over the term postings;
 //! - `logs_read`: log search and the live tail's reads;
-//! - `log_body`: the log body substring index (FTS5 trigram) and its back-fill;
+//! - `log_body`: the log body substring index (FTS5 trigram, in generations dropped whole)
+//!   and its back-fill;
 //! - `metrics_read`: the instrument list and points per series per step;
 //! - `metrics_hist`: histogram points as distributions, and their quantile estimates;
 //! - `stats`: counters for `/metrics`.
@@ -52,7 +53,7 @@ use crate::model::{
     SpanState, TraceBatch, TraceId,
 };
 
-pub(crate) use log_body::backfill_log_bodies;
+pub(crate) use log_body::{backfill_log_bodies, GENERATIONS_SCHEMA as LOG_BODY_GENERATIONS_SCHEMA};
 pub use log_body::{MAX_INDEX_CANDIDATES, MIN_INDEXED_QUERY_CHARS};
 pub use logs_read::{
     body_text, LogEntry, LogPage, LogQuery, LogQueryError, MAX_SCANNED_ROWS, MAX_SEVERITY,
@@ -64,6 +65,7 @@ pub(crate) use schema::{
     SERIES_INDEX_SCHEMA, TRACE_BLOCKS_SCHEMA, TRACE_RUNS_SCHEMA,
 };
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
+pub(crate) use writer::ids::{last_used_id, IdTable};
 pub use writer::Degraded;
 pub(crate) use writer::TelemetryWriter;
 

@@ -29,7 +29,9 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::params;
 
+use super::log_body::drop_dead_generations;
 use super::traceidx::{count_unlisted_after, unmerged_postings};
+use super::writer::ids::{record_next_id, IdTable};
 use super::writer::Writer;
 use super::RetentionReport;
 use crate::error::StorageError;
@@ -341,6 +343,7 @@ impl Writer {
         self.conn
             .prepare_cached("DELETE FROM span_batches WHERE id BETWEEN ?1 AND ?2")?
             .execute(params![lo, hi])?;
+        record_next_id(&self.conn, IdTable::SpanBatches, self.next_batch_id)?;
         // Runs whose every batch is gone are deleted whole (one key range each); a run
         // partly deleted keeps stale ids (`schema::TRACE_RUNS_SCHEMA`).
         let dead_runs: Vec<i64> = {
@@ -429,6 +432,14 @@ impl Writer {
                     (SELECT id FROM metric_points WHERE received_unix_nano < ?1 LIMIT ?2)",
                 params![cutoff, ROW_CHUNK],
             )?;
+            if logs > 0 {
+                record_next_id(&self.conn, IdTable::Logs, self.next_log_id)?;
+                // the body index generations whose rows are all gone (log_body.rs)
+                drop_dead_generations(&self.conn)?;
+            }
+            if points > 0 {
+                record_next_id(&self.conn, IdTable::MetricPoints, self.next_point_id)?;
+            }
             Ok((logs as u64, points as u64))
         })();
         self.finish(out)

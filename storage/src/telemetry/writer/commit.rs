@@ -98,6 +98,11 @@ impl Writer {
         }
         let started = Instant::now();
         let saved_next = self.next_batch_id;
+        let saved_ids = (
+            self.next_log_id,
+            self.next_point_id,
+            self.body_index.clone(),
+        );
         let mut replies = Vec::with_capacity(reqs.len());
         let mut preps = Vec::with_capacity(reqs.len());
         for r in reqs {
@@ -183,6 +188,7 @@ impl Writer {
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.next_batch_id = saved_next;
+                (self.next_log_id, self.next_point_id, self.body_index) = saved_ids;
                 self.pending_terms.clear();
                 if let Err(e) = self.reload_l0() {
                     tracing::error!(error = %e, "cannot reload the unmerged trace map");
@@ -304,18 +310,19 @@ impl Writer {
                     }
                 }
                 Prepared::Logs(rows) => {
+                    // the body index's newest generation, in the same transaction
+                    // (log_body.rs)
+                    self.body_index
+                        .before_insert(&self.conn, self.next_log_id)?;
                     let mut st = self.conn.prepare_cached(
-                        "INSERT INTO logs(received_unix_nano, time_unix_nano, trace_id, span_id,
-                                          payload, service, severity, runner_id)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        "INSERT INTO logs(id, received_unix_nano, time_unix_nano, trace_id,
+                                          span_id, payload, service, severity, runner_id)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     )?;
                     let mut same = self
                         .conn
                         .prepare_cached("SELECT payload = ?2 FROM logs WHERE id = ?1")?;
-                    // the body index, in the same transaction (migration 3)
-                    let mut body = self
-                        .conn
-                        .prepare_cached("INSERT INTO logs_body(rowid, body) VALUES (?1, ?2)")?;
+                    let mut body = self.conn.prepare_cached(&self.body_index.insert_sql())?;
                     for r in &rows {
                         let hash = RecentLogs::hash(&r.payload);
                         if let Some(&row) = self.recent_logs.by_hash.get(&hash) {
@@ -327,7 +334,9 @@ impl Writer {
                                 continue;
                             }
                         }
+                        let id = self.next_log_id;
                         st.execute(params![
+                            id,
                             received,
                             r.time as i64,
                             r.trace_id.as_ref().map(|t| &t[..]),
@@ -337,20 +346,22 @@ impl Writer {
                             r.severity,
                             r.runner_id,
                         ])?;
-                        let id = self.conn.last_insert_rowid();
+                        self.next_log_id += 1;
                         body.execute(params![id, r.body])?;
+                        self.body_index.added(r.payload.len());
                         self.recent_logs.remember(hash, id);
                         c.logs += 1;
                     }
                 }
                 Prepared::Metrics(rows) => {
                     let mut st = self.conn.prepare_cached(
-                        "INSERT INTO metric_points(received_unix_nano, name, time_unix_nano, payload,
-                                                   service, series, value, count, sum)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        "INSERT INTO metric_points(id, received_unix_nano, name, time_unix_nano,
+                                                   payload, service, series, value, count, sum)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                     )?;
                     for r in &rows {
                         st.execute(params![
+                            self.next_point_id,
                             received,
                             r.name,
                             r.time as i64,
@@ -361,6 +372,7 @@ impl Writer {
                             r.count.map(|c| c as i64),
                             r.sum,
                         ])?;
+                        self.next_point_id += 1;
                     }
                     crate::telemetry::metrics_read::upsert_instruments(&self.conn, &rows)?;
                     c.points += rows.len() as u64;

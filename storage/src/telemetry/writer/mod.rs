@@ -29,14 +29,17 @@ use tokio::sync::{oneshot, watch};
 use super::bloom::{IdBuild, TraceBloom};
 use super::checkpoint::{self, Checkpointer};
 use super::encode::{BatchIndex, LogRow, PointRow, PreparedTraces};
+use super::log_body::{generation_bytes, BodyIndexWriter};
 use super::stats::{RefusedReason, TelemetryStats};
 use super::RetentionReport;
 use crate::config::{telemetry_budget_bytes, wal_budget_bytes, StorageConfig};
 use crate::db::open_connection;
 use crate::error::{StorageError, Transient, WriteError};
+use ids::{first_free_id, IdTable};
 
 mod commit;
 mod health;
+pub(crate) mod ids;
 mod traces;
 
 use commit::RecentLogs;
@@ -147,7 +150,10 @@ impl TelemetryWriter {
             "max_page_count",
             (budget_bytes / page_size).max(1) as i64,
         )?;
-        let next_batch_id = first_free_batch_id(&conn)?;
+        let next_batch_id = first_free_id(&conn, IdTable::SpanBatches)?;
+        let next_log_id = first_free_id(&conn, IdTable::Logs)?;
+        let next_point_id = first_free_id(&conn, IdTable::MetricPoints)?;
+        let body_index = BodyIndexWriter::load(&conn, generation_bytes(budget_bytes))?;
         let capacity = config.queue_capacity.max(1);
         let (tx, rx) = mpsc::sync_channel(capacity);
         let stats = Arc::new(TelemetryStats::default());
@@ -176,6 +182,9 @@ impl TelemetryWriter {
             page_size,
             used_bytes: 0,
             next_batch_id,
+            next_log_id,
+            next_point_id,
+            body_index,
             term_cache: HashMap::new(),
             recent_logs: RecentLogs::default(),
             pending_terms: Vec::new(),
@@ -301,15 +310,6 @@ impl TelemetryWriter {
     }
 }
 
-/// The id after the highest stored `span_batches` row (1 when there is none).
-fn first_free_batch_id(conn: &Connection) -> Result<i64, rusqlite::Error> {
-    conn.query_row(
-        "SELECT coalesce(max(id), 0) + 1 FROM span_batches",
-        [],
-        |r| r.get(0),
-    )
-}
-
 /// A panic's payload as the error its requests are answered with: an internal error (a
 /// bug), answered 500 like any other failed commit that is not transient.
 pub(super) fn panic_error(payload: &(dyn std::any::Any + Send)) -> rusqlite::Error {
@@ -367,7 +367,13 @@ pub(super) struct Writer {
     wal_path: std::path::PathBuf,
     pub(super) page_size: u64,
     pub(super) used_bytes: u64,
-    next_batch_id: i64,
+    pub(super) next_batch_id: i64,
+    /// The id the next log record gets (`ids.rs`).
+    pub(super) next_log_id: i64,
+    /// The id the next metric point gets (`ids.rs`).
+    pub(super) next_point_id: i64,
+    /// The newest generation of the log body index (`log_body.rs`).
+    pub(super) body_index: BodyIndexWriter,
     pub(super) term_cache: HashMap<(String, String), i64>,
     pending_terms: Vec<((String, String), i64)>,
     pub(super) retention: Duration,
@@ -404,6 +410,9 @@ pub(super) struct Writer {
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(super) wal_wait_again_at: Instant,
 }
+
+/// Groups served between two transactions of a retention step, at most.
+const SERVE_BETWEEN_STEPS: usize = 4;
 
 impl Writer {
     fn run(mut self) {
@@ -487,13 +496,30 @@ impl Writer {
         self.pending_terms.clear();
         self.term_cache.clear();
         self.retaining = false;
-        let reread = first_free_batch_id(&self.conn)
-            .map(|next| self.next_batch_id = self.next_batch_id.max(next))
+        let reread = self
+            .reread_ids()
             .and_then(|()| self.reload_l0())
             .and_then(|()| self.refresh_used().map(drop));
         if let Err(e) = reread {
             tracing::error!(error = %e, "cannot re-read the writer's state after a panic");
         }
+    }
+
+    /// Re-reads what the ids and the body index generation depend on after a transaction
+    /// was rolled back: the counters never go down (`ids.rs`), the generation is the
+    /// newest one stored.
+    pub(super) fn reread_ids(&mut self) -> Result<(), rusqlite::Error> {
+        self.next_batch_id = self
+            .next_batch_id
+            .max(first_free_id(&self.conn, IdTable::SpanBatches)?);
+        self.next_log_id = self
+            .next_log_id
+            .max(first_free_id(&self.conn, IdTable::Logs)?);
+        self.next_point_id = self
+            .next_point_id
+            .max(first_free_id(&self.conn, IdTable::MetricPoints)?);
+        self.body_index = BodyIndexWriter::load(&self.conn, generation_bytes(self.budget_bytes))?;
+        Ok(())
     }
 
     fn drain_for_shutdown(&mut self) {
@@ -540,9 +566,14 @@ impl Writer {
         self.commit_group(reqs);
     }
 
-    /// Serves queued writes (used between retention chunks so ingest keeps flowing).
+    /// Serves queued writes (used between retention chunks so ingest keeps flowing): at
+    /// most [`SERVE_BETWEEN_STEPS`] groups, then the step goes on. Serving until the queue
+    /// was empty never ended while exporters that do not back off resent at once what was
+    /// refused as full: the step that would have made room never ran again (a log flood
+    /// from two such writers at a 32 MiB cap: 140 of 170 exports refused, the database at
+    /// its page limit, `a_log_flood_at_the_cap_stays_within_the_cap`).
     pub(super) fn serve_pending(&mut self) {
-        loop {
+        for _ in 0..SERVE_BETWEEN_STEPS {
             match self.rx.try_recv() {
                 Ok(Msg::Write(r)) => self.group(r),
                 Ok(other) => self.deferred.push_back(other),
