@@ -51,8 +51,16 @@ const ROW_CHUNK: i64 = 5000;
 /// its other columns and its entries in the table's indexes (an estimate; the step
 /// measures the bytes in use again after each transaction).
 const ROW_OVERHEAD_BYTES: u64 = 64;
-/// Pages returned to the file system per `incremental_vacuum` step.
-const VACUUM_STEP_PAGES: i64 = 2048;
+/// Pages one `incremental_vacuum` transaction returns to the file system: a quarter of
+/// the WAL's share of the cap (each page freed at the end of the file moves an in-use one
+/// into a free slot, so the WAL takes a few pages per page freed), from 16 to 2048.
+const VACUUM_STEP_WAL_SHARE: u64 = 4;
+/// Fewest pages per `incremental_vacuum` transaction.
+const MIN_VACUUM_STEP_PAGES: u64 = 16;
+/// Longest a truncating checkpoint after a retention pass waits for readers.
+const TRUNCATE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// Most pages per `incremental_vacuum` transaction.
+const MAX_VACUUM_STEP_PAGES: u64 = 2048;
 
 /// The tables whose rows size retention deletes one by one.
 #[derive(Clone, Copy)]
@@ -109,6 +117,9 @@ impl Writer {
         } else {
             0
         };
+        let mut vacuumed = false;
+        let step_pages = (self.wal_budget / self.page_size / VACUUM_STEP_WAL_SHARE)
+            .clamp(MIN_VACUUM_STEP_PAGES, MAX_VACUUM_STEP_PAGES) as i64;
         loop {
             let free: i64 = self
                 .conn
@@ -117,11 +128,22 @@ impl Writer {
             if extra <= 0 {
                 break;
             }
-            self.conn.execute_batch(&format!(
+            // One statement, one transaction, stepped until done: each step of
+            // `incremental_vacuum` frees one page (`execute_batch` steps once).
+            let mut st = self.conn.prepare(&format!(
                 "PRAGMA incremental_vacuum({})",
-                extra.min(VACUUM_STEP_PAGES)
+                extra.min(step_pages)
             ))?;
+            let mut rows = st.query([])?;
+            while rows.next()?.is_some() {}
+            drop(rows);
+            drop(st);
+            vacuumed = true;
+            self.after_retention_commit();
             self.serve_pending();
+        }
+        if vacuumed || self.wal_file_bytes() > self.wal_budget {
+            self.checkpoint_truncate();
         }
         report.bytes_after = self.refresh_used()?;
         if self.used_bytes < self.budget_bytes {
@@ -285,6 +307,7 @@ impl Writer {
         let out = self.delete_batches_tx(lo, hi, &mut r, count_traces);
         match out.and_then(|()| Ok(self.conn.execute_batch("COMMIT")?)) {
             Ok(()) => {
+                self.after_retention_commit();
                 self.term_cache.clear();
                 // the deleted batches' cached indexes too, so deduplication never sees
                 // spans that are no longer stored (retention by age and by size alike)
@@ -442,7 +465,11 @@ impl Writer {
             }
             Ok((logs as u64, points as u64))
         })();
-        self.finish(out)
+        let out = self.finish(out);
+        if matches!(out, Ok((logs, points)) if logs + points > 0) {
+            self.after_retention_commit();
+        }
+        out
     }
 
     /// The newest receive time among the oldest rows of `table` whose stored bytes (payload
@@ -486,6 +513,41 @@ impl Writer {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 Err(e)
             }
+        }
+    }
+
+    /// After each retention transaction: wakes the checkpointer (no group commit does it
+    /// while a pass runs between groups), and once the `-wal` file is past its bound copies
+    /// its tail (`commit::checkpoint_tail`) so the next transaction rewinds it. Without it
+    /// the WAL took every transaction of a pass: deleting a full store by age at a 64 MiB
+    /// cap left a 62 MiB WAL.
+    pub(super) fn after_retention_commit(&mut self) {
+        self.ckpt.note_commit(0);
+        if self.wal_file_bytes() > self.wal_budget {
+            self.checkpoint_tail();
+        }
+    }
+
+    /// At the end of a pass that gave pages back or left the WAL past its bound (the pass
+    /// runs while idle): checkpoints the whole WAL and truncates it (`PRAGMA
+    /// wal_checkpoint(TRUNCATE)`), so the database file shrinks to the pages
+    /// `incremental_vacuum` kept now (in WAL mode the file shrinks only when a checkpoint
+    /// copies the commit that shrank it) and an idle sidecar is not left with a WAL that
+    /// only its next write would rewind. Waits for readers at most 100 ms (then the
+    /// checkpointer and the next write do it as usual).
+    fn checkpoint_truncate(&mut self) {
+        let busy = self.busy_timeout;
+        let _ = self.conn.busy_timeout(TRUNCATE_WAIT);
+        let out = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            });
+        let _ = self.conn.busy_timeout(busy);
+        match out {
+            Ok(0) => {}
+            Ok(_) => tracing::debug!("readers held the WAL; it is rewound by the next write"),
+            Err(e) => tracing::debug!(error = %e, "WAL truncation after retention failed"),
         }
     }
 }

@@ -248,7 +248,7 @@ impl Writer {
     /// (issue 16: at the cap, at ~280k spans/s, the WAL reached 66 MiB against a 4 MiB
     /// bound). After a wait that timed out it does not wait again for [`WAL_WAIT`], so a
     /// long read slows ingest for moments only.
-    fn checkpoint_tail(&mut self) {
+    pub(in crate::telemetry) fn checkpoint_tail(&mut self) {
         let now = Instant::now();
         let insist = now >= self.wal_wait_again_at;
         let deadline = now + WAL_WAIT;

@@ -174,6 +174,7 @@ impl TelemetryWriter {
             budget_bytes,
             max_db_bytes: config.max_db_bytes,
             wal_budget: wal_budget_bytes(config.max_db_bytes),
+            busy_timeout: config.busy_timeout,
             wal_path: {
                 let mut p = config.path.clone().into_os_string();
                 p.push("-wal");
@@ -349,7 +350,7 @@ pub(crate) mod inject {
 
 pub(super) struct Writer {
     pub(super) conn: Connection,
-    ckpt: Arc<checkpoint::Shared>,
+    pub(super) ckpt: Arc<checkpoint::Shared>,
     rx: Receiver<Msg>,
     deferred: VecDeque<Msg>,
     pub(super) stats: Arc<TelemetryStats>,
@@ -362,7 +363,9 @@ pub(super) struct Writer {
     /// `[storage] max_db_bytes`.
     max_db_bytes: u64,
     /// The WAL's share of `max_db_bytes`, bytes ([`wal_budget_bytes`]).
-    wal_budget: u64,
+    pub(super) wal_budget: u64,
+    /// `[storage] busy_timeout_ms`, as set on the connection.
+    pub(super) busy_timeout: Duration,
     /// `<database>-wal`.
     wal_path: std::path::PathBuf,
     pub(super) page_size: u64,
