@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use super::encode::PointRow;
@@ -39,6 +39,22 @@ use super::metrics_hist::Hist;
 use super::read::snapshot;
 use crate::error::StorageError;
 use crate::model::{KeyValue, MetricKind, MetricPoint, Resource, Scope};
+
+/// The common table `s(x)` of [`SERIES_SQL`]: the distinct series of `(?1, ?2)`, then NULL.
+macro_rules! series_cte {
+    () => {
+        "
+WITH RECURSIVE s(x) AS (
+    SELECT (SELECT series FROM metric_points INDEXED BY metric_points_series
+            WHERE name = ?1 AND service = ?2 ORDER BY series LIMIT 1)
+    UNION ALL
+    SELECT (SELECT series FROM metric_points INDEXED BY metric_points_series
+            WHERE name = ?1 AND service = ?2 AND series > s.x ORDER BY series LIMIT 1)
+    FROM s WHERE s.x IS NOT NULL
+)
+"
+    };
+}
 
 /// Most steps one points query may ask for (as Prometheus' 11,000 points per series).
 pub const MAX_STEPS: u64 = 11_000;
@@ -167,20 +183,77 @@ pub(super) fn upsert_instruments(
     Ok(())
 }
 
-/// Recounts `metric_instruments` after retention deleted points; drops emptied rows.
-pub(super) fn recompute_instruments(conn: &Connection) -> Result<(), rusqlite::Error> {
-    conn.execute_batch(
-        "BEGIN IMMEDIATE;
-         UPDATE metric_instruments SET (point_count, first_time, last_time) =
-            (SELECT count(*), coalesce(min(time_unix_nano), 0), coalesce(max(time_unix_nano), 0)
-             FROM metric_points p INDEXED BY metric_points_series
-             WHERE p.name = metric_instruments.name AND p.service = metric_instruments.service);
-         DELETE FROM metric_instruments WHERE point_count = 0;
-         COMMIT;",
-    )
-    .inspect_err(|_| {
-        let _ = conn.execute_batch("ROLLBACK");
-    })
+/// What one retention transaction deleted of one instrument: `(name, service)` →
+/// (points, oldest point time, newest point time), ns.
+pub(super) type PointsGone = HashMap<(String, String), (i64, i64, i64)>;
+
+/// Keeps `metric_instruments` exact in the transaction that deleted points `gone`: each
+/// instrument's count goes down by what it lost, an instrument left without points goes,
+/// and its first (last) time is read again when a deleted point may have been its oldest
+/// (newest): one seek per series (the skip-scan of `SERIES_SQL`). Counting every
+/// instrument's points again after a whole size step (`recompute_instruments`) left the
+/// list wrong while the step ran on at the cap (an outside-style round saw counts 2-11x
+/// the points stored), and it reads every stored point: at a 2 GiB cap, millions per step.
+pub(super) fn forget_points(conn: &Connection, gone: &PointsGone) -> Result<(), rusqlite::Error> {
+    for ((name, service), &(n, oldest, newest)) in gone {
+        let left: Option<(i64, i64, i64)> = conn
+            .prepare_cached(
+                "UPDATE metric_instruments SET point_count = point_count - ?3
+                 WHERE name = ?1 AND service = ?2
+                 RETURNING point_count, first_time, last_time",
+            )?
+            .query_row(params![name, service, n], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()?;
+        let Some((count, first, last)) = left else {
+            continue;
+        };
+        if count <= 0 {
+            conn.prepare_cached("DELETE FROM metric_instruments WHERE name = ?1 AND service = ?2")?
+                .execute(params![name, service])?;
+            continue;
+        }
+        if oldest <= first {
+            conn.prepare_cached(&format!(
+                "{} SELECT min((SELECT time_unix_nano FROM metric_points
+                     INDEXED BY metric_points_series
+                     WHERE name = ?1 AND service = ?2 AND series = s.x
+                     ORDER BY time_unix_nano LIMIT 1))
+                 FROM s WHERE x IS NOT NULL",
+                series_cte!()
+            ))?
+            .query_row(params![name, service], |r| r.get::<_, Option<i64>>(0))?
+            .map(|t| {
+                conn.prepare_cached(
+                    "UPDATE metric_instruments SET first_time = ?3
+                     WHERE name = ?1 AND service = ?2",
+                )?
+                .execute(params![name, service, t])
+            })
+            .transpose()?;
+        }
+        if newest >= last {
+            conn.prepare_cached(&format!(
+                "{} SELECT max((SELECT time_unix_nano FROM metric_points
+                     INDEXED BY metric_points_series
+                     WHERE name = ?1 AND service = ?2 AND series = s.x
+                     ORDER BY time_unix_nano DESC LIMIT 1))
+                 FROM s WHERE x IS NOT NULL",
+                series_cte!()
+            ))?
+            .query_row(params![name, service], |r| r.get::<_, Option<i64>>(0))?
+            .map(|t| {
+                conn.prepare_cached(
+                    "UPDATE metric_instruments SET last_time = ?3
+                     WHERE name = ?1 AND service = ?2",
+                )?
+                .execute(params![name, service, t])
+            })
+            .transpose()?;
+        }
+    }
+    Ok(())
 }
 
 /// The stored instruments, by name then service; optionally of one service.
@@ -382,16 +455,7 @@ fn services(conn: &Connection, q: &PointsQuery) -> Result<Vec<String>, rusqlite:
 
 /// The distinct series of one (name, service): a skip-scan of `metric_points_series`, one
 /// index seek per series.
-const SERIES_SQL: &str = "
-WITH RECURSIVE s(x) AS (
-    SELECT (SELECT series FROM metric_points INDEXED BY metric_points_series
-            WHERE name = ?1 AND service = ?2 ORDER BY series LIMIT 1)
-    UNION ALL
-    SELECT (SELECT series FROM metric_points INDEXED BY metric_points_series
-            WHERE name = ?1 AND service = ?2 AND series > s.x ORDER BY series LIMIT 1)
-    FROM s WHERE s.x IS NOT NULL
-)
-SELECT x FROM s WHERE x IS NOT NULL";
+const SERIES_SQL: &str = concat!(series_cte!(), "SELECT x FROM s WHERE x IS NOT NULL");
 
 /// One series' points in the window, in index order (time), from the covering index.
 const SERIES_POINTS_SQL: &str = "

@@ -30,6 +30,7 @@ use std::sync::atomic::Ordering;
 use rusqlite::params;
 
 use super::log_body::drop_dead_generations;
+use super::metrics_read::{forget_points, PointsGone};
 use super::traceidx::{count_unlisted_after, unmerged_postings};
 use super::writer::ids::{record_next_id, IdTable};
 use super::writer::Writer;
@@ -105,8 +106,6 @@ impl Writer {
             let out = self.size_retention(&mut report);
             self.retaining = false;
             out?;
-        } else if report.points_deleted > 0 {
-            super::metrics_read::recompute_instruments(&self.conn)?;
         }
 
         // give free pages back, keeping those below the high watermark while telemetry is
@@ -198,7 +197,6 @@ impl Writer {
         report: &mut RetentionReport,
         count_traces: bool,
     ) -> Result<(), StorageError> {
-        let points_before = report.points_deleted;
         while self.refresh_used()? > floor {
             let want = (self.used_bytes - floor).min(CHUNK_BYTES);
             let batches = self.oldest_batches_by_size(want)?;
@@ -235,9 +233,6 @@ impl Writer {
                 break;
             }
             self.serve_pending();
-        }
-        if report.points_deleted > points_before {
-            super::metrics_read::recompute_instruments(&self.conn)?;
         }
         Ok(())
     }
@@ -450,11 +445,41 @@ impl Writer {
                     (SELECT id FROM logs WHERE received_unix_nano < ?1 LIMIT ?2)",
                 params![cutoff, ROW_CHUNK],
             )?;
-            let points = self.conn.execute(
-                "DELETE FROM metric_points WHERE id IN
-                    (SELECT id FROM metric_points WHERE received_unix_nano < ?1 LIMIT ?2)",
-                params![cutoff, ROW_CHUNK],
-            )?;
+            // The oldest points received before `cutoff`, in (received, id) order, and what
+            // each instrument loses: `metric_instruments` stays exact in this transaction.
+            let mut gone: PointsGone = PointsGone::new();
+            let mut last: Option<(i64, i64)> = None;
+            let mut points = 0usize;
+            {
+                let mut st = self.conn.prepare_cached(
+                    "SELECT received_unix_nano, id, name, service, time_unix_nano
+                     FROM metric_points INDEXED BY metric_points_received
+                     WHERE received_unix_nano < ?1
+                     ORDER BY received_unix_nano, id LIMIT ?2",
+                )?;
+                let mut rows = st.query(params![cutoff, ROW_CHUNK])?;
+                while let Some(r) = rows.next()? {
+                    last = Some((r.get(0)?, r.get(1)?));
+                    let t: i64 = r.get(4)?;
+                    let e = gone
+                        .entry((r.get(2)?, r.get(3)?))
+                        .or_insert((0, i64::MAX, i64::MIN));
+                    e.0 += 1;
+                    e.1 = e.1.min(t);
+                    e.2 = e.2.max(t);
+                    points += 1;
+                }
+            }
+            if let Some((received, id)) = last {
+                // exactly the rows read: every row before the last one in that order
+                self.conn
+                    .prepare_cached(
+                        "DELETE FROM metric_points WHERE received_unix_nano <= ?1
+                             AND (received_unix_nano < ?1 OR id <= ?2)",
+                    )?
+                    .execute(params![received, id])?;
+                forget_points(&self.conn, &gone)?;
+            }
             if logs > 0 {
                 record_next_id(&self.conn, IdTable::Logs, self.next_log_id)?;
                 // the body index generations whose rows are all gone (log_body.rs)
