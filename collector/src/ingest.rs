@@ -297,6 +297,11 @@ pub(crate) fn refusal_for_write(e: WriteError) -> Refusal {
             message: format!("{e}, retry later"),
             reason: RefuseReason::StorageFull,
         },
+        WriteError::AtCap(_) => Refusal::Busy {
+            retry_after_s: BUSY_RETRY_AFTER_S,
+            message: format!("{e}, retry later"),
+            reason: RefuseReason::StorageFull,
+        },
         WriteError::Closed => Refusal::Busy {
             retry_after_s: BUSY_RETRY_AFTER_S,
             message: format!("{e}, retry later"),
@@ -828,6 +833,7 @@ mod tests {
         let cases = [
             (WriteError::QueueFull { capacity: 8 }, 503, Some("1"), 14),
             (WriteError::Full("disk".into()), 503, Some("10"), 14),
+            (WriteError::AtCap("a moment".into()), 503, Some("1"), 14),
             (WriteError::Closed, 503, Some("1"), 14),
             (WriteError::Failed("boom".into()), 500, None, 13),
             (

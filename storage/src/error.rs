@@ -154,6 +154,12 @@ pub enum WriteError {
     /// The disk is full, or telemetry reached its share of `max_db_bytes`: retryable.
     #[error("storage full: {0}")]
     Full(String),
+    /// The commit needed more pages than telemetry's share of `max_db_bytes` had free at
+    /// that moment, and retention has already deleted the oldest to make room: retryable
+    /// at once (gRPC `UNAVAILABLE` + RetryInfo 1 s, HTTP 503 + `Retry-After: 1`), unlike
+    /// [`WriteError::Full`], which lasts until retention or the disk catches up.
+    #[error("storage at its size cap for a moment: {0}")]
+    AtCap(String),
     /// Storage is shutting down: retryable against the next instance.
     #[error("storage is shutting down")]
     Closed,

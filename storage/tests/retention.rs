@@ -13,7 +13,7 @@ use std::time::Duration;
 use stallwatch_storage::config::telemetry_budget_bytes;
 use stallwatch_storage::model::*;
 use stallwatch_storage::telemetry::{RefusedReason, TraceQuery};
-use stallwatch_storage::{Storage, StorageConfig};
+use stallwatch_storage::{Storage, StorageConfig, WriteError};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -840,5 +840,86 @@ async fn at_the_cap_the_instrument_list_stays_exact() {
         "no point was deleted: the cap was never reached"
     );
     assert!(checked > 100, "only {checked} instruments compared");
+    storage.shutdown().await;
+}
+
+/// Log records of ~1 KiB of random hex text: their body index costs about as much as the
+/// records, on top of the writer's estimate.
+fn hex_logs(seq: u32, n: u32) -> Arc<LogBatch> {
+    let mut x = u64::from(seq).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    Arc::new(LogBatch {
+        resource_logs: vec![ResourceLogs {
+            resource: Resource::default(),
+            scope_logs: vec![ScopeLogs {
+                scope: Scope::default(),
+                log_records: (0..n)
+                    .map(|i| LogRecord {
+                        time_unix_nano: u64::from(i) + 1,
+                        severity_number: 9,
+                        body: AnyValue::String(
+                            (0..64).map(|_| format!("{:016x}", next())).collect(),
+                        ),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }],
+        }],
+    })
+}
+
+/// A group that fits the budget by its estimate but needs more pages than are free (a
+/// log export whose body index costs as much again) is refused as a moment at the cap
+/// (`WriteError::AtCap`, retry in 1 s), the oldest are deleted to make room, no
+/// `storage.full` episode starts, and the retries go through. It was refused as a full
+/// disk ("retry in 10 s") and, with the bytes in use under the high watermark, nothing
+/// was deleted: the same export failed on every retry.
+#[tokio::test]
+async fn a_group_larger_than_its_estimate_at_the_cap_is_a_moment_not_a_full_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 32 * MIB;
+    let storage = Storage::open(config(&dir, cap)).unwrap();
+    let budget = telemetry_budget_bytes(cap);
+    let stats = storage.telemetry_stats();
+    // above the low watermark (75%), under the high one (85%)
+    let mut seq = 0;
+    while stats.db_used_bytes() < budget / 100 * 79 {
+        storage.write_traces(request(0, seq)).await.unwrap();
+        seq += 1;
+    }
+    assert!(stats.db_used_bytes() < budget / 100 * 85);
+    let batch = hex_logs(1, 1500);
+    let mut at_cap = 0;
+    let mut stored = false;
+    for _ in 0..8 {
+        match storage.write_logs(batch.clone()).await {
+            Ok(()) => {
+                stored = true;
+                break;
+            }
+            Err(WriteError::AtCap(why)) => {
+                at_cap += 1;
+                assert!(why.contains("max_db_bytes"), "{why}");
+                assert!(
+                    storage.storage_full().borrow().is_none(),
+                    "a moment at the cap started a storage.full episode"
+                );
+                assert!(storage.degraded().borrow().is_none());
+            }
+            Err(e) => panic!("refused as {e:?}"),
+        }
+    }
+    eprintln!("{at_cap} refusals at the cap before the export was stored");
+    assert!(stored, "the export was never stored");
+    assert!(
+        at_cap >= 1,
+        "the export fit at once: the test no longer reaches the page limit"
+    );
+    assert_eq!(stats.refused(RefusedReason::StorageFull), at_cap);
     storage.shutdown().await;
 }

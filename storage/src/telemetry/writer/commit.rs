@@ -196,16 +196,40 @@ impl Writer {
                 self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
                 let err = match transient_kind(&e) {
                     Some(Transient::Full) => {
-                        let reason = format!("disk full or size cap reached: {e}");
-                        self.set_full(Some(reason.clone()));
-                        let _ = self.refresh_used();
-                        if self.used_bytes > self.size_high() {
-                            self.retain_size(0);
-                        }
-                        self.schedule_retention();
                         self.stats
                             .count_refused(RefusedReason::StorageFull, replies.len() as u64);
-                        WriteError::Full(reason)
+                        let _ = self.refresh_used();
+                        // The file's page limit (telemetry's share of `max_db_bytes`), not
+                        // the disk: the group needed more pages than its estimate (`need`
+                        // counts payloads; indexes, the log body index's merges and page
+                        // splits come on top) and more than were free. The oldest go now,
+                        // room for twice the estimate, and the group is answered as a
+                        // moment's refusal (retry in 1 s, no `storage.full` episode): a
+                        // 20 ms condition answered "retry in 10 s" stalled exporters that
+                        // honour it, and with `used` under the high watermark nothing was
+                        // deleted, so the same group failed again on every retry.
+                        if self.used_bytes.saturating_add(need) <= self.budget_bytes
+                            && self.near_page_limit()
+                        {
+                            // at least `need` more than is in use now, so a group whose
+                            // true cost is several times its estimate fits after a few
+                            // retries
+                            let room = need
+                                .saturating_mul(2)
+                                .max(self.budget_bytes.saturating_sub(self.used_bytes) + need);
+                            self.retain_size(room);
+                            WriteError::AtCap(format!(
+                                "telemetry reached its share of max_db_bytes during the commit ({e}); the oldest telemetry was deleted to make room"
+                            ))
+                        } else {
+                            let reason = format!("disk full or size cap reached: {e}");
+                            self.set_full(Some(reason.clone()));
+                            if self.used_bytes > self.size_high() {
+                                self.retain_size(0);
+                            }
+                            self.schedule_retention();
+                            WriteError::Full(reason)
+                        }
                     }
                     Some(kind) => {
                         let degraded = Degraded {
@@ -228,6 +252,7 @@ impl Writer {
                 for r in replies {
                     let _ = r.send(Err(match &err {
                         WriteError::Full(s) => WriteError::Full(s.clone()),
+                        WriteError::AtCap(s) => WriteError::AtCap(s.clone()),
                         WriteError::Unavailable { kind, detail } => WriteError::Unavailable {
                             kind: *kind,
                             detail: detail.clone(),
@@ -287,6 +312,19 @@ impl Writer {
             }
             std::thread::sleep(WAL_RETRY);
         }
+    }
+
+    /// Whether a commit that failed with `SQLITE_FULL` more likely met the file's page
+    /// limit (`max_page_count`, telemetry's share of the cap) than a full disk: the file
+    /// (free pages included) holds at least the low watermark. Taken for the cap on a disk
+    /// that is full too, the answer is the same: the oldest are deleted, and once the file
+    /// is below the low watermark a failure is a full disk.
+    fn near_page_limit(&self) -> bool {
+        let pages: Result<i64, _> = self
+            .conn
+            .prepare_cached("PRAGMA page_count")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)));
+        pages.is_ok_and(|p| p.max(0) as u64 * self.page_size >= self.size_low())
     }
 
     pub(super) fn write_all(&mut self, preps: Vec<Prepared>) -> Result<Committed, rusqlite::Error> {
