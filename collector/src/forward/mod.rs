@@ -68,6 +68,7 @@ impl Forwarder {
             token: token.clone(),
             cursors: [ForwardCursor::default(); 3],
             pending: [None, None, None],
+            lost_unwarned: [(0, None); 3],
         };
         let task = tokio::spawn(worker.run());
         Ok(Self { stats, token, task })
@@ -141,7 +142,16 @@ struct Worker {
     max_items: [usize; 3],
     /// Requests acknowledged since `max_items` last changed, per signal.
     acked_since_shrink: [u32; 3],
+    /// Per signal: rows found deleted by retention before they were forwarded since the
+    /// last warning, and when that warning was logged ([`LOST_WARN_EVERY`]).
+    lost_unwarned: [(u64, Option<Instant>); 3],
 }
+
+/// Rows deleted by retention before they were forwarded are logged (WARN) at most this
+/// often per signal, with their count since the last line; at the size cap under a flood
+/// they are found with nearly every request (an outside-style round: 129 WARN lines in
+/// 30 s). `/metrics` counts every one at once.
+const LOST_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Cut-off attempts of one request before it is sent in smaller pieces.
 const CUT_OFF_ATTEMPTS: u32 = 2;
@@ -445,12 +455,7 @@ impl Worker {
             .forward_advance(signal, from, p.last_id, delta)
             .await?;
         if p.missing_rows > 0 {
-            tracing::warn!(
-                signal = signal.as_str(),
-                rows = p.missing_rows,
-                "forward: rows were deleted by retention before they were forwarded"
-            );
-            self.stats.lost_rows(signal, p.missing_rows);
+            self.note_lost(i, signal, p.missing_rows);
         }
         if p.undecodable > 0 {
             tracing::error!(
@@ -529,6 +534,24 @@ impl Worker {
         }
     }
 
+    /// Counts rows deleted by retention before they were forwarded, and logs them (WARN)
+    /// at most every [`LOST_WARN_EVERY`] per signal, with the count since the last line.
+    fn note_lost(&mut self, i: usize, signal: Signal, rows: u64) {
+        self.stats.lost_rows(signal, rows);
+        let (unwarned, last) = &mut self.lost_unwarned[i];
+        *unwarned += rows;
+        let now = Instant::now();
+        if last.is_none_or(|t| now.duration_since(t) >= LOST_WARN_EVERY) {
+            tracing::warn!(
+                signal = signal.as_str(),
+                rows = *unwarned,
+                "forward: rows were deleted by retention before they were forwarded (logged at most once a minute; /metrics counts each)"
+            );
+            *unwarned = 0;
+            *last = Some(now);
+        }
+    }
+
     /// Measures the backlog (gauges), restarts a cursor whose table was emptied, and
     /// enforces `max_queue_bytes` by skipping the oldest rows of the largest backlogs.
     async fn check_backlog(&mut self) -> Result<(), ForwardError> {
@@ -549,6 +572,27 @@ impl Worker {
                         .await?;
                     self.cursors[i].last_id = 0;
                     self.pending[i] = None;
+                } else if max > after
+                    && self.pending[i].is_none()
+                    // read again after `max`: ids only grow, so a row committed after the
+                    // first look has an id above `max`, and none up to it can appear
+                    && self.storage.forward_backlog(signal, after).await?.rows == 0
+                {
+                    // Every row after the cursor, up to the largest id used, was deleted
+                    // by retention before it was read: counted now, not when the next row
+                    // arrives.
+                    let delta = ForwardCursor {
+                        last_id: max,
+                        lost_rows: (max - after) as u64,
+                        ..ForwardCursor::default()
+                    };
+                    self.storage
+                        .forward_advance(signal, after, max, delta)
+                        .await?;
+                    let c = &mut self.cursors[i];
+                    c.last_id = max;
+                    c.lost_rows += (max - after) as u64;
+                    self.note_lost(i, signal, (max - after) as u64);
                 }
             }
             self.stats.backlog(signal, b.rows, b.items, b.bytes);
