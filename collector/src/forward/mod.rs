@@ -13,7 +13,8 @@
 //! is up; a permanent refusal drops the request, counted. The backlog is measured
 //! every second; past `max_queue_bytes` the oldest rows are skipped, counted as dropped and
 //! logged. Rows deleted by retention before they were forwarded show up as holes in the
-//! row ids and are counted too. The task never takes the telemetry writer and never blocks
+//! row ids, or, with nothing left to read, as ids used past the cursor (ids only grow), and
+//! are counted too (logged at most once a minute per signal). The task never takes the telemetry writer and never blocks
 //! ingest or the watchdog: it only reads, and its conversions run on the blocking pool.
 
 pub mod backoff;
