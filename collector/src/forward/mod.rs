@@ -560,7 +560,7 @@ impl Worker {
         for (i, signal) in Signal::ALL.into_iter().enumerate() {
             let after = self.cursors[i].last_id;
             let b = self.storage.forward_backlog(signal, after).await?;
-            if b.rows == 0 && after > 0 {
+            if b.rows == 0 {
                 let max = self.storage.forward_max_id(signal).await?;
                 if max < after {
                     // Emptied table: row ids restarted below the cursor.
@@ -650,5 +650,80 @@ impl Worker {
             excess = excess.saturating_sub(trim.bytes);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stallwatch_storage::model::{AnyValue, LogBatch, LogRecord, ResourceLogs, ScopeLogs};
+    use stallwatch_storage::StorageConfig;
+
+    /// Every row after the cursor deleted by retention before it was read, and nothing
+    /// newer: the rows are counted lost as soon as the backlog is measured, not when the
+    /// next row arrives; a table with rows after the cursor is left to the reads.
+    #[tokio::test]
+    async fn rows_deleted_before_they_were_read_are_counted_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StorageConfig::new(dir.path().join("stallwatch.db"));
+        cfg.retention = Duration::from_millis(300);
+        cfg.retention_interval = Duration::from_secs(3600);
+        let storage = Storage::open(cfg).unwrap();
+        let logs = |n: u64| {
+            std::sync::Arc::new(LogBatch {
+                resource_logs: vec![ResourceLogs {
+                    scope_logs: vec![ScopeLogs {
+                        log_records: (0..n)
+                            .map(|i| LogRecord {
+                                time_unix_nano: i + 1,
+                                body: AnyValue::String(format!("record {i}")),
+                                ..Default::default()
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+            })
+        };
+        storage.write_logs(logs(5)).await.unwrap();
+        let raw = RawForwardConfig {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let config = ForwardConfig::try_from(raw).unwrap();
+        let stats = Arc::new(ForwardStats::default());
+        let mut worker = Worker {
+            backoff: std::array::from_fn(|_| Backoff::new(config.retry_initial, config.retry_max)),
+            retry_at: [None; 3],
+            max_items: [config.batch_max_spans; 3],
+            acked_since_shrink: [0; 3],
+            exporter: Exporter::new(&config).unwrap(),
+            config,
+            storage: storage.clone(),
+            stats: stats.clone(),
+            token: CancellationToken::new(),
+            cursors: storage.forward_cursors().await.unwrap(),
+            pending: [None, None, None],
+            lost_unwarned: [(0, None); 3],
+        };
+        // rows after the cursor: nothing is counted, the reads will take them
+        worker.check_backlog().await.unwrap();
+        let li = Worker::index(Signal::Logs);
+        assert_eq!(worker.cursors[li].last_id, 0);
+        assert_eq!(stats.lost_rows_of(Signal::Logs), 0);
+        // every one deleted by age before it was read
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(storage.run_retention().await.unwrap().logs_deleted, 5);
+        worker.check_backlog().await.unwrap();
+        assert_eq!(worker.cursors[li].last_id, 5);
+        assert_eq!(worker.cursors[li].lost_rows, 5);
+        assert_eq!(stats.lost_rows_of(Signal::Logs), 5);
+        let stored = storage.forward_cursors().await.unwrap();
+        assert_eq!((stored[li].last_id, stored[li].lost_rows), (5, 5));
+        // measured again: nothing more
+        worker.check_backlog().await.unwrap();
+        assert_eq!(stats.lost_rows_of(Signal::Logs), 5);
+        storage.shutdown().await;
     }
 }

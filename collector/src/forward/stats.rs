@@ -86,6 +86,12 @@ impl ForwardStats {
         self.lost_rows[si(s)].fetch_add(rows, Ordering::Relaxed);
     }
 
+    /// Rows of `s` counted lost so far.
+    #[cfg(test)]
+    pub(crate) fn lost_rows_of(&self, s: Signal) -> u64 {
+        self.lost_rows[si(s)].load(Ordering::Relaxed)
+    }
+
     /// The measured backlog of one signal (gauges).
     pub fn backlog(&self, s: Signal, rows: u64, items: u64, bytes: u64) {
         self.backlog_rows[si(s)].store(rows, Ordering::Relaxed);
