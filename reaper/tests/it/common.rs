@@ -100,6 +100,19 @@ pub fn spawn_spec(id: &str, argv: &[&str]) -> RunnerSpec {
 }
 
 impl Harness {
+    /// Ends the reaper as the sidecar's ordered shutdown does: every spawned runner still
+    /// registered is stopped, a restarted instance included. A test that trips a spawned
+    /// runner and does not delete it must end with this: the restart policy starts it
+    /// again, and without it that instance outlived the test (one GUI-blocked Python per
+    /// run of the suite, found re-parented to init).
+    pub async fn close(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the reaper stopped within 60 s")
+            .expect("the reaper task ended without a panic");
+    }
+
     /// Registers `spec`; a success is answered as its JSON body.
     pub async fn register(&self, spec: RunnerSpec) -> Result<serde_json::Value, RegisterError> {
         let (reply, rx) = oneshot::channel();

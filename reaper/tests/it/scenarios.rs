@@ -118,6 +118,11 @@ async fn c23_zombies_of_a_killed_runner_are_reaped() {
     })
     .await;
     // Only this process could reap them: they had been re-parented to it (child subreaper).
+    let again = h.handle.runner_pid("c23");
+    h.close().await;
+    if let Some(p) = again.filter(|p| *p != pid) {
+        assert!(!running(p), "the restarted c23 outlived the reaper");
+    }
 }
 
 /// C26: a tool blocked in a GUI event loop is stopped on a trip; spawned runners get
@@ -159,6 +164,16 @@ async fn c26_gui_block_is_stopped_and_mplbackend_defaults_to_agg() {
         .starts_with("sig"));
     assert!(!running(pid));
     h.delete("c26-user").await.unwrap();
+    // the restart policy starts c26 again: the ordered shutdown stops that instance too
+    wait_for("c26 started again", || {
+        h.handle
+            .runner_pid("c26")
+            .is_some_and(|p| p != pid && running(p))
+    })
+    .await;
+    let again = h.handle.runner_pid("c26").unwrap();
+    h.close().await;
+    assert!(!running(again), "the restarted c26 outlived the reaper");
 }
 
 /// C29: a heartbeat socket path over 107 bytes falls back to a short path and says why;
