@@ -112,6 +112,37 @@ fn file_set_bytes(db: &Path) -> u64 {
         .sum()
 }
 
+/// The peak of [`file_set_bytes`] sampled on a thread every `every`, until [`PeakSampler::stop`].
+struct PeakSampler {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl PeakSampler {
+    fn start(db: &Path, every: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, peak, db) = (stop.clone(), peak.clone(), db.to_path_buf());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    peak.fetch_max(file_set_bytes(&db), Ordering::Relaxed);
+                    std::thread::sleep(every);
+                }
+            })
+        };
+        Self { stop, peak, thread }
+    }
+
+    /// Stops sampling; answers the peak, bytes.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() {
     let dir = tempfile::tempdir().unwrap();
@@ -122,17 +153,7 @@ async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() 
     let budget = telemetry_budget_bytes(cap);
 
     // sample the file set while two writers keep the writer busy
-    let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (stop, peak, db) = (stop.clone(), peak.clone(), db.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(file_set_bytes(&db), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    let sampler = PeakSampler::start(&db, Duration::from_millis(2));
     // enough to fill the cap several times over with payloads stored compressed (~2.5x)
     const PER_WRITER: u32 = 250;
     let writers: Vec<_> = (0..2u8)
@@ -153,8 +174,7 @@ async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() 
     for w in writers {
         refused.extend(w.await.unwrap());
     }
-    stop.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
+    let peak = sampler.stop();
 
     let stats = storage.telemetry_stats();
     assert!(
@@ -177,7 +197,6 @@ async fn sustained_writes_at_the_cap_are_accepted_oldest_first_within_the_cap() 
         "{} bytes in use over the telemetry budget {budget}",
         stats.db_used_bytes()
     );
-    let peak = peak.load(Ordering::Relaxed);
     eprintln!(
         "cap {cap}: file set peak {peak} bytes, {deleted} batches deleted, {} bytes in use of {budget}",
         stats.db_used_bytes()
@@ -471,17 +490,7 @@ async fn a_log_flood_at_the_cap_stays_within_the_cap() {
     let db = cfg.path.clone();
     let storage = Storage::open(cfg).unwrap();
     let budget = telemetry_budget_bytes(cap);
-    let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (stop, peak, db) = (stop.clone(), peak.clone(), db.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(file_set_bytes(&db), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    let sampler = PeakSampler::start(&db, Duration::from_millis(2));
     // ~1.1 KB records, 200 per export, three times the budget from two writers
     let per_writer = (3 * budget / (200 * 1100) / 2) as u32;
     let writers: Vec<_> = (0..2u32)
@@ -505,9 +514,7 @@ async fn a_log_flood_at_the_cap_stays_within_the_cap() {
     for w in writers {
         refused.extend(w.await.unwrap());
     }
-    stop.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
-    let peak = peak.load(Ordering::Relaxed);
+    let peak = sampler.stop();
     let raw =
         rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .unwrap();
@@ -678,21 +685,9 @@ async fn age_retention_of_a_full_store_stays_within_the_cap() {
         seq += 1;
     }
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (stop, peak, db) = (stop.clone(), peak.clone(), db.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(file_set_bytes(&db), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        })
-    };
+    let sampler = PeakSampler::start(&db, Duration::from_millis(1));
     let report = storage.run_retention().await.unwrap();
-    stop.store(true, Ordering::Relaxed);
-    sampler.join().unwrap();
-    let peak = peak.load(Ordering::Relaxed).max(file_set_bytes(&db));
+    let peak = sampler.stop().max(file_set_bytes(&db));
     let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
     let wal = std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0);
@@ -843,36 +838,6 @@ async fn at_the_cap_the_instrument_list_stays_exact() {
     storage.shutdown().await;
 }
 
-/// Log records of ~1 KiB of random hex text: their body index costs about as much as the
-/// records, on top of the writer's estimate.
-fn hex_logs(seq: u32, n: u32) -> Arc<LogBatch> {
-    let mut x = u64::from(seq).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    Arc::new(LogBatch {
-        resource_logs: vec![ResourceLogs {
-            resource: Resource::default(),
-            scope_logs: vec![ScopeLogs {
-                scope: Scope::default(),
-                log_records: (0..n)
-                    .map(|i| LogRecord {
-                        time_unix_nano: u64::from(i) + 1,
-                        severity_number: 9,
-                        body: AnyValue::String(
-                            (0..64).map(|_| format!("{:016x}", next())).collect(),
-                        ),
-                        ..Default::default()
-                    })
-                    .collect(),
-            }],
-        }],
-    })
-}
-
 /// A group that fits the budget by its estimate but needs more pages than are free (a
 /// log export whose body index costs as much again) is refused as a moment at the cap
 /// (`WriteError::AtCap`, retry in 1 s), the oldest are deleted to make room, no
@@ -893,7 +858,7 @@ async fn a_group_larger_than_its_estimate_at_the_cap_is_a_moment_not_a_full_disk
         seq += 1;
     }
     assert!(stats.db_used_bytes() < budget / 100 * 85);
-    let batch = hex_logs(1, 1500);
+    let batch = log_flood(1, 1500);
     let mut at_cap = 0;
     let mut stored = false;
     for _ in 0..8 {

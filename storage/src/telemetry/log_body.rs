@@ -118,6 +118,15 @@ pub(crate) fn generation_table(gen: i64) -> String {
     format!("logs_body_{gen}")
 }
 
+/// The statement that indexes one record in generation `gen`: `?1` the log id, `?2` the
+/// body's lowercased text.
+fn insert_sql(gen: i64) -> String {
+    format!(
+        "INSERT INTO {}(rowid, body) VALUES (?1, ?2)",
+        generation_table(gen)
+    )
+}
+
 /// DDL of a new generation: contentless (the text lives only in the payload), no
 /// positions (`detail=none`: a candidate filter) and no per-row sizes (`columnsize=0`:
 /// nothing ranks), so inserting a row writes its trigrams' postings only.
@@ -134,7 +143,8 @@ fn create_generation_sql(gen: i64) -> String {
 #[derive(Clone, Debug)]
 pub(crate) struct BodyIndexWriter {
     gen: i64,
-    table: String,
+    /// The statement that indexes one record in `gen` ([`BodyIndexWriter::insert_sql`]).
+    insert_sql: String,
     first_id: i64,
     /// Payload bytes of the rows indexed in `gen` (rows deleted since included).
     bytes: u64,
@@ -157,7 +167,7 @@ impl BodyIndexWriter {
         )?;
         Ok(Self {
             gen,
-            table: generation_table(gen),
+            insert_sql: insert_sql(gen),
             first_id,
             bytes: bytes.max(0) as u64,
             roll_bytes,
@@ -182,7 +192,7 @@ impl BodyIndexWriter {
         )?;
         *self = Self {
             gen,
-            table: generation_table(gen),
+            insert_sql: insert_sql(gen),
             first_id: next_id,
             bytes: 0,
             roll_bytes: self.roll_bytes,
@@ -191,8 +201,8 @@ impl BodyIndexWriter {
     }
 
     /// The statement that indexes one record in the newest generation.
-    pub(crate) fn insert_sql(&self) -> String {
-        format!("INSERT INTO {}(rowid, body) VALUES (?1, ?2)", self.table)
+    pub(crate) fn insert_sql(&self) -> &str {
+        &self.insert_sql
     }
 
     /// Counts a record of `payload_bytes` indexed.

@@ -215,43 +215,52 @@ pub(super) fn forget_points(conn: &Connection, gone: &PointsGone) -> Result<(), 
             continue;
         }
         if oldest <= first {
-            conn.prepare_cached(&format!(
-                "{} SELECT min((SELECT time_unix_nano FROM metric_points
-                     INDEXED BY metric_points_series
-                     WHERE name = ?1 AND service = ?2 AND series = s.x
-                     ORDER BY time_unix_nano LIMIT 1))
-                 FROM s WHERE x IS NOT NULL",
-                series_cte!()
-            ))?
-            .query_row(params![name, service], |r| r.get::<_, Option<i64>>(0))?
-            .map(|t| {
-                conn.prepare_cached(
-                    "UPDATE metric_instruments SET first_time = ?3
-                     WHERE name = ?1 AND service = ?2",
-                )?
-                .execute(params![name, service, t])
-            })
-            .transpose()?;
+            reread_edge(conn, name, service, Edge::First)?;
         }
         if newest >= last {
-            conn.prepare_cached(&format!(
-                "{} SELECT max((SELECT time_unix_nano FROM metric_points
-                     INDEXED BY metric_points_series
-                     WHERE name = ?1 AND service = ?2 AND series = s.x
-                     ORDER BY time_unix_nano DESC LIMIT 1))
-                 FROM s WHERE x IS NOT NULL",
-                series_cte!()
-            ))?
-            .query_row(params![name, service], |r| r.get::<_, Option<i64>>(0))?
-            .map(|t| {
-                conn.prepare_cached(
-                    "UPDATE metric_instruments SET last_time = ?3
-                     WHERE name = ?1 AND service = ?2",
-                )?
-                .execute(params![name, service, t])
-            })
-            .transpose()?;
+            reread_edge(conn, name, service, Edge::Last)?;
         }
+    }
+    Ok(())
+}
+
+/// Which end of an instrument's time range [`reread_edge`] reads again.
+#[derive(Clone, Copy)]
+enum Edge {
+    /// `first_time`: the oldest point's time.
+    First,
+    /// `last_time`: the newest point's time.
+    Last,
+}
+
+/// Reads one end of an instrument's time range again from its stored points (one seek
+/// per series, the skip-scan of `SERIES_SQL`) and stores it; left as it is when no point
+/// is stored.
+fn reread_edge(
+    conn: &Connection,
+    name: &str,
+    service: &str,
+    edge: Edge,
+) -> Result<(), rusqlite::Error> {
+    let (agg, order, column) = match edge {
+        Edge::First => ("min", "ASC", "first_time"),
+        Edge::Last => ("max", "DESC", "last_time"),
+    };
+    let t: Option<i64> = conn
+        .prepare_cached(&format!(
+            "{} SELECT {agg}((SELECT time_unix_nano FROM metric_points
+                 INDEXED BY metric_points_series
+                 WHERE name = ?1 AND service = ?2 AND series = s.x
+                 ORDER BY time_unix_nano {order} LIMIT 1))
+             FROM s WHERE x IS NOT NULL",
+            series_cte!()
+        ))?
+        .query_row(params![name, service], |r| r.get(0))?;
+    if let Some(t) = t {
+        conn.prepare_cached(&format!(
+            "UPDATE metric_instruments SET {column} = ?3 WHERE name = ?1 AND service = ?2"
+        ))?
+        .execute(params![name, service, t])?;
     }
     Ok(())
 }

@@ -545,7 +545,7 @@ impl Writer {
     /// while a pass runs between groups), and once the `-wal` file is past its bound copies
     /// its tail (`commit::checkpoint_tail`) so the next transaction rewinds it. Without it
     /// the WAL took every transaction of a pass: deleting a full store by age at a 64 MiB
-    /// cap left a 62 MiB WAL.
+    /// cap left a 60 MiB WAL.
     pub(super) fn after_retention_commit(&mut self) {
         self.ckpt.note_commit(0);
         if self.wal_file_bytes() > self.wal_budget {

@@ -360,7 +360,7 @@ impl Writer {
                     let mut same = self
                         .conn
                         .prepare_cached("SELECT payload = ?2 FROM logs WHERE id = ?1")?;
-                    let mut body = self.conn.prepare_cached(&self.body_index.insert_sql())?;
+                    let mut body = self.conn.prepare_cached(self.body_index.insert_sql())?;
                     for r in &rows {
                         let hash = RecentLogs::hash(&r.payload);
                         if let Some(&row) = self.recent_logs.by_hash.get(&hash) {
