@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use stallwatch_collector::{RawForwardConfig, RawOtlpConfig};
+use stallwatch_collector::RawOtlpConfig;
 use stallwatch_dashboards::{RawAlertsConfig, RawDashboardConfig};
+use stallwatch_forward::RawForwardConfig;
 use stallwatch_reaper::RawReaperConfig;
 use stallwatch_storage::control::RunnerSpec;
 use stallwatch_storage::RawStorageConfig;

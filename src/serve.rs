@@ -169,7 +169,7 @@ fn check_config(settings: &Settings) -> Result<()> {
         let raw = raw
             .with_env(|k| std::env::var(k).ok())
             .context("invalid [forward] section")?;
-        stallwatch_collector::ForwardConfig::try_from(raw).context("invalid [forward] section")?;
+        stallwatch_forward::ForwardConfig::try_from(raw).context("invalid [forward] section")?;
     }
     Ok(())
 }
@@ -262,9 +262,9 @@ async fn serve(
             let raw = raw
                 .with_env(|k| std::env::var(k).ok())
                 .context("invalid [forward] section")?;
-            let fc = stallwatch_collector::ForwardConfig::try_from(raw)
+            let fc = stallwatch_forward::ForwardConfig::try_from(raw)
                 .context("invalid [forward] section")?;
-            Some(stallwatch_collector::Forwarder::start(fc, storage.clone())?)
+            Some(stallwatch_forward::Forwarder::start(fc, storage.clone())?)
         }
     };
 

@@ -1,6 +1,11 @@
 //! Response bodies: OTLP export responses (with `partial_success`) and `google.rpc.Status`
 //! errors, in protobuf or hand-written OTLP/JSON (64-bit counts are strings there, which
 //! `with-serde` gets wrong). Also the `google.rpc.RetryInfo` detail for retryable answers.
+//!
+//! The message types (`google.rpc.Status`, `google.rpc.RetryInfo`, `google.protobuf.Any` and
+//! `Duration`, from googleapis `google/rpc/status.proto` and `error_details.proto`) are
+//! public: the forwarder (`stallwatch-forward`) reads them from an upstream's answers, as the
+//! OTLP spec's "Throttling" section asks of a client.
 
 use opentelemetry_proto::tonic::collector::logs::v1::{
     ExportLogsPartialSuccess, ExportLogsServiceResponse,
@@ -19,7 +24,7 @@ use crate::ingest::Signal;
 
 /// `google.protobuf.Any`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct ProtoAny {
+pub struct ProtoAny {
     /// Type URL.
     #[prost(string, tag = "1")]
     pub type_url: String,
@@ -30,7 +35,7 @@ pub(crate) struct ProtoAny {
 
 /// `google.protobuf.Duration`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct ProtoDuration {
+pub struct ProtoDuration {
     /// Whole seconds.
     #[prost(int64, tag = "1")]
     pub seconds: i64,
@@ -41,7 +46,7 @@ pub(crate) struct ProtoDuration {
 
 /// `google.rpc.RetryInfo`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RetryInfo {
+pub struct RetryInfo {
     /// How long the client should wait.
     #[prost(message, optional, tag = "1")]
     pub retry_delay: Option<ProtoDuration>,
@@ -49,7 +54,7 @@ pub(crate) struct RetryInfo {
 
 /// `google.rpc.Status`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct RpcStatus {
+pub struct RpcStatus {
     /// gRPC code.
     #[prost(int32, tag = "1")]
     pub code: i32,
@@ -62,10 +67,10 @@ pub(crate) struct RpcStatus {
 }
 
 /// Type URL of `google.rpc.RetryInfo`.
-pub(crate) const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
+pub const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
 /// A `google.rpc.Status`, with a RetryInfo detail when `retry_after_s` is set.
-pub(crate) fn status(code: i32, message: &str, retry_after_s: Option<u64>) -> RpcStatus {
+pub fn status(code: i32, message: &str, retry_after_s: Option<u64>) -> RpcStatus {
     let details = retry_after_s
         .map(|s| ProtoAny {
             type_url: RETRY_INFO_TYPE.into(),

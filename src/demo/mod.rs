@@ -206,7 +206,7 @@ struct Demo {
     sidecar: Child,
     dashboard: String,
     token: String,
-    http: reqwest::blocking::Client,
+    http: Api,
     /// Wall clock at the start, ns since the Unix epoch: timeline zero.
     t0_unix_nano: u64,
     before: BTreeMap<String, String>,
@@ -215,6 +215,65 @@ struct Demo {
     /// The staging folder of py-csv's checkpoint, from its registration.
     staging: Option<PathBuf>,
     stopped: bool,
+}
+
+/// The demo's few calls to its own sidecar, made one at a time and waited for: async
+/// `reqwest` on a current-thread runtime (`reqwest::blocking` would add a client thread and
+/// 0.06 MB of code to the shipping binary, issue 16).
+struct Api {
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+}
+
+/// A whole answer: its status, `Retry-After` (as sent) and its JSON body (`None` when the
+/// body is not JSON).
+struct Answer {
+    status: reqwest::StatusCode,
+    retry_after: Option<String>,
+    body: Option<Value>,
+}
+
+impl Api {
+    fn new() -> Result<Api> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the demo's HTTP runtime")?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Api { rt, client })
+    }
+
+    fn get(&self, url: String) -> reqwest::RequestBuilder {
+        self.client.get(url)
+    }
+
+    fn post(&self, url: String) -> reqwest::RequestBuilder {
+        self.client.post(url)
+    }
+
+    /// Sends `req` and reads the whole answer. Errors: the request could not be sent or the
+    /// answer not read (connection, timeout).
+    fn call(&self, req: reqwest::RequestBuilder) -> reqwest::Result<Answer> {
+        self.rt.block_on(async {
+            let resp = req.send().await?;
+            let status = resp.status();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let bytes = resp.bytes().await?;
+            Ok(Answer {
+                status,
+                retry_after,
+                body: serde_json::from_slice(&bytes).ok(),
+            })
+        })
+    }
 }
 
 /// What the incident stream told about one runner.
@@ -280,11 +339,7 @@ impl Demo {
                 return Err(e.context(format!("sidecar log:\n{tail}")));
             }
         };
-        let http = reqwest::blocking::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .context("cannot build the HTTP client")?;
+        let http = Api::new()?;
         let mut demo = Demo {
             root,
             workspace,
@@ -350,13 +405,15 @@ impl Demo {
             }
             let resp = self
                 .http
-                .post(self.api("/api/v1/runners"))
-                .bearer_auth(&self.token)
-                .json(&json!({ "id": id, "spawn": spawn }))
-                .send()
+                .call(
+                    self.http
+                        .post(self.api("/api/v1/runners"))
+                        .bearer_auth(&self.token)
+                        .json(&json!({ "id": id, "spawn": spawn })),
+                )
                 .with_context(|| format!("cannot register {id}"))?;
-            let status = resp.status();
-            let body: Value = resp.json().unwrap_or(Value::Null);
+            let status = resp.status;
+            let body = resp.body.unwrap_or(Value::Null);
             if !status.is_success() {
                 bail!("registering {id} answered {status}: {body}");
             }
@@ -464,11 +521,11 @@ impl Demo {
         }
         self.stopped = true;
         if matches!(self.sidecar.try_wait(), Ok(None)) {
-            let _ = self
-                .http
-                .post(self.api("/api/v1/shutdown"))
-                .bearer_auth(&self.token)
-                .send();
+            let _ = self.http.call(
+                self.http
+                    .post(self.api("/api/v1/shutdown"))
+                    .bearer_auth(&self.token),
+            );
             let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
             while matches!(self.sidecar.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));

@@ -217,23 +217,17 @@ impl Demo {
 
     /// What `GET /api/v1/runners/{id}/admit` answers now, as one phrase.
     pub(super) fn admission(&self, id: &str) -> String {
-        match self
-            .http
-            .get(self.api(&format!("/api/v1/runners/{id}/admit")))
-            .send()
-        {
+        match self.http.call(
+            self.http
+                .get(self.api(&format!("/api/v1/runners/{id}/admit"))),
+        ) {
             Ok(r) => {
-                let status = r.status().as_u16();
+                let status = r.status.as_u16();
                 let retry = r
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
+                    .retry_after
                     .map(|v| format!(", Retry-After {v} s"))
                     .unwrap_or_default();
-                let state = r
-                    .json::<Value>()
-                    .ok()
-                    .and_then(|v| v["state"].as_str().map(str::to_string));
+                let state = r.body.and_then(|v| v["state"].as_str().map(str::to_string));
                 format!(
                     "admission now: {status} ({}){retry}",
                     state.as_deref().unwrap_or("?")
@@ -245,15 +239,11 @@ impl Demo {
 
     /// "N tool spans stored" for the healthy runner (`GET /api/v1/traces?attr=...`).
     pub(super) fn healthy_spans(&self) -> String {
-        let got = self
-            .http
-            .get(self.api(&format!(
-                "/api/v1/traces?attr=stallwatch.runner.id={HEALTHY}&limit=1000"
-            )))
-            .send()
-            .and_then(|r| r.json::<Value>());
-        match got {
-            Ok(v) => {
+        let got = self.http.call(self.http.get(self.api(&format!(
+            "/api/v1/traces?attr=stallwatch.runner.id={HEALTHY}&limit=1000"
+        ))));
+        match got.map(|r| r.body) {
+            Ok(Some(v)) => {
                 let n = v["items"].as_array().map_or(0, Vec::len);
                 let more = if v["next_cursor"].is_string() {
                     "+"
@@ -262,19 +252,16 @@ impl Demo {
                 };
                 format!("{n}{more} tool calls traced")
             }
+            Ok(None) => "traces unavailable: the answer is not JSON".to_string(),
             Err(e) => format!("traces unavailable: {e}"),
         }
     }
 
     /// Breaker state per runner id from `GET /api/v1/runners`.
     pub(super) fn board(&self) -> BTreeMap<String, String> {
-        let got = self
-            .http
-            .get(self.api("/api/v1/runners"))
-            .send()
-            .and_then(|r| r.json::<Value>());
+        let got = self.http.call(self.http.get(self.api("/api/v1/runners")));
         let mut out = BTreeMap::new();
-        if let Ok(v) = got {
+        if let Some(v) = got.ok().and_then(|r| r.body) {
             for r in v["items"].as_array().into_iter().flatten() {
                 if let (Some(id), Some(b)) = (r["id"].as_str(), r["breaker"].as_str()) {
                     out.insert(id.to_string(), b.to_string());

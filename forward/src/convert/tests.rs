@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::decode::{decode_logs, decode_metrics, decode_traces, Format, Limits};
 use prost::Message;
+use stallwatch_collector::decode::{decode_logs, decode_metrics, decode_traces, Format, Limits};
 
 const LIMITS: Limits = Limits {
     max_nesting_depth: 32,

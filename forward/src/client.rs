@@ -28,7 +28,7 @@ use tonic::Code;
 
 use super::config::{Compression, ForwardConfig, Protocol};
 use super::error::ForwardError;
-use crate::rpc::{RetryInfo, RpcStatus, RETRY_INFO_TYPE};
+use stallwatch_collector::rpc::{RetryInfo, RpcStatus, RETRY_INFO_TYPE};
 
 /// One export request, ready to send (and to re-send on retry).
 #[derive(Clone, Debug)]
@@ -525,7 +525,7 @@ fn classify_grpc(status: &tonic::Status, endpoint: &str) -> Outcome {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::rpc;
+    use stallwatch_collector::rpc;
 
     /// An upstream's answer is read up to the cap and no further: the server sees the
     /// connection dropped long before its announced 1 GiB is sent.

@@ -12,7 +12,7 @@
 //!    the forwarder off, then on with B healthy: the slowest and mean local write, and the
 //!    forwarding lag at the end (does forwarding slow local ingest?).
 //!
-//! Run: `cargo bench -p stallwatch-collector --bench forward`.
+//! Run: `cargo bench -p stallwatch-forward --bench forward`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -26,8 +26,8 @@ use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
 use prost::Message;
 use stallwatch_collector::decode::{decode_traces, Format, Limits};
-use stallwatch_collector::forward::{ForwardConfig, Forwarder, RawForwardConfig};
 use stallwatch_collector::{Collector, CollectorConfig};
+use stallwatch_forward::{ForwardConfig, Forwarder, RawForwardConfig};
 use stallwatch_storage::forward::Signal;
 use stallwatch_storage::model::TraceBatch;
 use stallwatch_storage::{Storage, StorageConfig};
