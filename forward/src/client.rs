@@ -19,6 +19,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use prost::Message;
+use stallwatch_collector::rpc::{RetryInfo, RpcStatus, RETRY_INFO_TYPE};
 use stallwatch_storage::forward::Signal;
 use stallwatch_vocabulary::redact::redact_url;
 use tonic::codec::CompressionEncoding;
@@ -28,7 +29,6 @@ use tonic::Code;
 
 use super::config::{Compression, ForwardConfig, Protocol};
 use super::error::ForwardError;
-use stallwatch_collector::rpc::{RetryInfo, RpcStatus, RETRY_INFO_TYPE};
 
 /// One export request, ready to send (and to re-send on retry).
 #[derive(Clone, Debug)]
@@ -104,14 +104,6 @@ pub struct Exporter {
     http: reqwest::Client,
     /// One channel per signal (clones share one connection when the origins are equal).
     grpc: Option<[Channel; 3]>,
-}
-
-fn signal_index(signal: Signal) -> usize {
-    match signal {
-        Signal::Traces => 0,
-        Signal::Logs => 1,
-        Signal::Metrics => 2,
-    }
 }
 
 /// The extra CA certificates of `ca_file`, as PEM bytes.
@@ -194,7 +186,7 @@ impl Exporter {
     pub async fn export(&self, req: &Request) -> Outcome {
         match (&self.grpc, self.protocol) {
             (Some(ch), Protocol::Grpc) => {
-                let ch = ch[signal_index(req.signal())].clone();
+                let ch = ch[req.signal().index()].clone();
                 self.export_grpc(ch, req.clone()).await
             }
             _ => self.export_http(req).await,
@@ -203,8 +195,8 @@ impl Exporter {
 
     async fn export_http(&self, req: &Request) -> Outcome {
         let signal = req.signal();
-        let url = &self.urls[signal_index(signal)];
-        let shown = &self.shown[signal_index(signal)];
+        let url = &self.urls[signal.index()];
+        let shown = &self.shown[signal.index()];
         let mut body = req.encode();
         let mut builder = self
             .http
@@ -276,7 +268,7 @@ impl Exporter {
     }
 
     async fn export_grpc(&self, ch: Channel, req: Request) -> Outcome {
-        let endpoint = self.shown[signal_index(req.signal())].clone();
+        let endpoint = self.shown[req.signal().index()].clone();
         let gzip = self.compression == Compression::Gzip;
         macro_rules! call {
             ($client:ident, $msg:expr, $rej:ident) => {{

@@ -55,22 +55,8 @@ impl Forwarder {
     /// cannot be built.
     pub fn start(config: ForwardConfig, storage: Storage) -> Result<Self, ForwardError> {
         let exporter = Exporter::new(&config)?;
-        let stats = Arc::new(ForwardStats::default());
-        let token = CancellationToken::new();
-        let worker = Worker {
-            backoff: std::array::from_fn(|_| Backoff::new(config.retry_initial, config.retry_max)),
-            retry_at: [None; 3],
-            max_items: [config.batch_max_spans; 3],
-            acked_since_shrink: [0; 3],
-            config,
-            storage,
-            exporter,
-            stats: stats.clone(),
-            token: token.clone(),
-            cursors: [ForwardCursor::default(); 3],
-            pending: [None, None, None],
-            lost_unwarned: [(0, None); 3],
-        };
+        let worker = Worker::new(config, storage, exporter);
+        let (stats, token) = (worker.stats.clone(), worker.token.clone());
         let task = tokio::spawn(worker.run());
         Ok(Self { stats, token, task })
     }
@@ -167,6 +153,39 @@ fn now_unix_s() -> u64 {
 }
 
 impl Worker {
+    /// A worker with fresh counters and back-offs; its cursors are read when it runs.
+    fn new(config: ForwardConfig, storage: Storage, exporter: Exporter) -> Self {
+        Worker {
+            backoff: std::array::from_fn(|_| Backoff::new(config.retry_initial, config.retry_max)),
+            retry_at: [None; 3],
+            max_items: [config.batch_max_spans; 3],
+            acked_since_shrink: [0; 3],
+            config,
+            storage,
+            exporter,
+            stats: Arc::new(ForwardStats::default()),
+            token: CancellationToken::new(),
+            cursors: [ForwardCursor::default(); 3],
+            pending: [None, None, None],
+            lost_unwarned: [(0, None); 3],
+        }
+    }
+
+    /// Moves `signal`'s cursor to `delta.last_id` and adds `delta`'s counters: stored first
+    /// (`Storage::forward_advance`, one `synchronous=FULL` transaction), then kept here.
+    async fn advance(&mut self, signal: Signal, delta: ForwardCursor) -> Result<(), ForwardError> {
+        let from = self.cursors[signal.index()].last_id;
+        self.storage
+            .forward_advance(signal, from, delta.last_id, delta)
+            .await?;
+        let c = &mut self.cursors[signal.index()];
+        c.last_id = delta.last_id;
+        c.sent += delta.sent;
+        c.dropped += delta.dropped;
+        c.lost_rows += delta.lost_rows;
+        Ok(())
+    }
+
     /// Sleeps `d` unless cancelled; answers false when cancelled.
     async fn sleep(&self, d: Duration) -> bool {
         tokio::select! {
@@ -451,10 +470,7 @@ impl Worker {
             dropped: dropped + p.undecodable,
             lost_rows: p.missing_rows,
         };
-        let from = self.cursors[i].last_id;
-        self.storage
-            .forward_advance(signal, from, p.last_id, delta)
-            .await?;
+        self.advance(signal, delta).await?;
         if p.missing_rows > 0 {
             self.note_lost(i, signal, p.missing_rows);
         }
@@ -467,18 +483,13 @@ impl Worker {
             self.stats
                 .dropped(signal, DropReason::Undecodable, p.undecodable);
         }
-        let c = &mut self.cursors[i];
-        c.last_id = p.last_id;
-        c.sent += delta.sent;
-        c.dropped += delta.dropped;
-        c.lost_rows += delta.lost_rows;
         Ok(())
     }
 
     /// Reads the next request of `signal` after its cursor and converts it on the blocking
     /// pool.
     async fn read(&self, signal: Signal, after: i64) -> Result<Option<Pending>, ForwardError> {
-        let max = self.max_items[Self::index(signal)];
+        let max = self.max_items[signal.index()];
         let s = &self.storage;
         let split = match signal {
             Signal::Traces => s
@@ -527,14 +538,6 @@ impl Worker {
         }))
     }
 
-    fn index(signal: Signal) -> usize {
-        match signal {
-            Signal::Traces => 0,
-            Signal::Logs => 1,
-            Signal::Metrics => 2,
-        }
-    }
-
     /// Counts rows deleted by retention before they were forwarded, and logs them (WARN)
     /// at most every [`LOST_WARN_EVERY`] per signal, with the count since the last line.
     fn note_lost(&mut self, i: usize, signal: Signal, rows: u64) {
@@ -568,10 +571,7 @@ impl Worker {
                         signal = signal.as_str(),
                         "forward: table emptied; cursor restarts at 0"
                     );
-                    self.storage
-                        .forward_advance(signal, after, 0, ForwardCursor::default())
-                        .await?;
-                    self.cursors[i].last_id = 0;
+                    self.advance(signal, ForwardCursor::default()).await?;
                     self.pending[i] = None;
                 } else if max > after
                     && self.pending[i].is_none()
@@ -587,13 +587,8 @@ impl Worker {
                         lost_rows: (max - after) as u64,
                         ..ForwardCursor::default()
                     };
-                    self.storage
-                        .forward_advance(signal, after, max, delta)
-                        .await?;
-                    let c = &mut self.cursors[i];
-                    c.last_id = max;
-                    c.lost_rows += (max - after) as u64;
-                    self.note_lost(i, signal, (max - after) as u64);
+                    self.advance(signal, delta).await?;
+                    self.note_lost(i, signal, delta.lost_rows);
                 }
             }
             self.stats.backlog(signal, b.rows, b.items, b.bytes);
@@ -621,13 +616,7 @@ impl Worker {
                 dropped: trim.items,
                 lost_rows: missing,
             };
-            self.storage
-                .forward_advance(signal, after, trim.last_id, delta)
-                .await?;
-            let c = &mut self.cursors[i];
-            c.last_id = trim.last_id;
-            c.dropped += trim.items;
-            c.lost_rows += missing;
+            self.advance(signal, delta).await?;
             self.pending[i] = None;
             self.stats
                 .dropped(signal, DropReason::QueueFull, trim.items);
@@ -692,24 +681,13 @@ mod tests {
             ..Default::default()
         };
         let config = ForwardConfig::try_from(raw).unwrap();
-        let stats = Arc::new(ForwardStats::default());
-        let mut worker = Worker {
-            backoff: std::array::from_fn(|_| Backoff::new(config.retry_initial, config.retry_max)),
-            retry_at: [None; 3],
-            max_items: [config.batch_max_spans; 3],
-            acked_since_shrink: [0; 3],
-            exporter: Exporter::new(&config).unwrap(),
-            config,
-            storage: storage.clone(),
-            stats: stats.clone(),
-            token: CancellationToken::new(),
-            cursors: storage.forward_cursors().await.unwrap(),
-            pending: [None, None, None],
-            lost_unwarned: [(0, None); 3],
-        };
+        let exporter = Exporter::new(&config).unwrap();
+        let mut worker = Worker::new(config, storage.clone(), exporter);
+        worker.cursors = storage.forward_cursors().await.unwrap();
+        let stats = worker.stats.clone();
         // rows after the cursor: nothing is counted, the reads will take them
         worker.check_backlog().await.unwrap();
-        let li = Worker::index(Signal::Logs);
+        let li = Signal::Logs.index();
         assert_eq!(worker.cursors[li].last_id, 0);
         assert_eq!(stats.lost_rows_of(Signal::Logs), 0);
         // every one deleted by age before it was read

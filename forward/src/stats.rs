@@ -38,14 +38,6 @@ impl DropReason {
     }
 }
 
-fn si(s: Signal) -> usize {
-    match s {
-        Signal::Traces => 0,
-        Signal::Logs => 1,
-        Signal::Metrics => 2,
-    }
-}
-
 fn ri(r: DropReason) -> usize {
     match r {
         DropReason::QueueFull => 0,
@@ -72,31 +64,31 @@ pub struct ForwardStats {
 impl ForwardStats {
     /// Items (spans, log records, metric points) the upstream acknowledged, and one request.
     pub fn sent(&self, s: Signal, items: u64) {
-        self.sent[si(s)].fetch_add(items, Ordering::Relaxed);
-        self.requests[si(s)].fetch_add(1, Ordering::Relaxed);
+        self.sent[s.index()].fetch_add(items, Ordering::Relaxed);
+        self.requests[s.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Items given up on.
     pub fn dropped(&self, s: Signal, r: DropReason, items: u64) {
-        self.dropped[si(s)][ri(r)].fetch_add(items, Ordering::Relaxed);
+        self.dropped[s.index()][ri(r)].fetch_add(items, Ordering::Relaxed);
     }
 
     /// Rows deleted by retention before they were forwarded.
     pub fn lost_rows(&self, s: Signal, rows: u64) {
-        self.lost_rows[si(s)].fetch_add(rows, Ordering::Relaxed);
+        self.lost_rows[s.index()].fetch_add(rows, Ordering::Relaxed);
     }
 
     /// Rows of `s` counted lost so far.
     #[cfg(test)]
     pub(crate) fn lost_rows_of(&self, s: Signal) -> u64 {
-        self.lost_rows[si(s)].load(Ordering::Relaxed)
+        self.lost_rows[s.index()].load(Ordering::Relaxed)
     }
 
     /// The measured backlog of one signal (gauges).
     pub fn backlog(&self, s: Signal, rows: u64, items: u64, bytes: u64) {
-        self.backlog_rows[si(s)].store(rows, Ordering::Relaxed);
-        self.backlog_items[si(s)].store(items, Ordering::Relaxed);
-        self.backlog_bytes[si(s)].store(bytes, Ordering::Relaxed);
+        self.backlog_rows[s.index()].store(rows, Ordering::Relaxed);
+        self.backlog_items[s.index()].store(items, Ordering::Relaxed);
+        self.backlog_bytes[s.index()].store(bytes, Ordering::Relaxed);
     }
 
     /// A retryable failure: one more retry, and the error text at `now_unix_s`.
@@ -115,12 +107,12 @@ impl ForwardStats {
 
     /// Items acknowledged for a signal (since start).
     pub fn sent_items(&self, s: Signal) -> u64 {
-        self.sent[si(s)].load(Ordering::Relaxed)
+        self.sent[s.index()].load(Ordering::Relaxed)
     }
 
     /// Items dropped for a signal, every reason (since start).
     pub fn dropped_items(&self, s: Signal) -> u64 {
-        self.dropped[si(s)]
+        self.dropped[s.index()]
             .iter()
             .map(|a| a.load(Ordering::Relaxed))
             .sum()
@@ -138,7 +130,10 @@ impl MetricsSource for ForwardStats {
             |out: &mut String, name: &str, kind: Kind, help: &str, v: &[AtomicU64; 3]| {
                 let mut f = family(out, name, kind, help);
                 for s in Signal::ALL {
-                    f.sample(&[("signal", s.as_str())], v[si(s)].load(Ordering::Relaxed));
+                    f.sample(
+                        &[("signal", s.as_str())],
+                        v[s.index()].load(Ordering::Relaxed),
+                    );
                 }
             };
         per_signal(
@@ -193,7 +188,7 @@ impl MetricsSource for ForwardStats {
             for r in DropReason::ALL {
                 f.sample(
                     &[("signal", s.as_str()), ("reason", r.as_str())],
-                    self.dropped[si(s)][ri(r)].load(Ordering::Relaxed),
+                    self.dropped[s.index()][ri(r)].load(Ordering::Relaxed),
                 );
             }
         }

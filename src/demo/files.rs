@@ -153,10 +153,17 @@ async fn follow_sse(url: &str, tx: &mpsc::Sender<std::result::Result<Value, Stri
             return;
         }
     };
-    let mut sse = SseLines::default();
+    // the incidents; `board` snapshots and frames the parser refuses are skipped
+    let mut sse = stallwatch_client::SseParser::new();
     while let Ok(Some(chunk)) = resp.chunk().await {
-        for data in sse.push(&chunk) {
-            if let Ok(v) = serde_json::from_str::<Value>(&data) {
+        for frame in sse.push(&chunk) {
+            let Ok(stallwatch_client::Frame::Event(e)) = frame else {
+                continue;
+            };
+            if e.event == "board" {
+                continue;
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(&e.data) {
                 if tx.send(Ok(v)).is_err() {
                     return;
                 }
@@ -165,68 +172,9 @@ async fn follow_sse(url: &str, tx: &mpsc::Sender<std::result::Result<Value, Stri
     }
 }
 
-/// Server-sent events read line by line (the WHATWG HTML "Server-sent events" stream
-/// format, `event:` and `data:` fields only): gives the data of each event but `board`.
-#[derive(Default)]
-struct SseLines {
-    /// Bytes after the last line end.
-    partial: Vec<u8>,
-    event: String,
-    data: String,
-}
-
-impl SseLines {
-    /// Takes the next bytes of the stream; returns the data of the events they complete.
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.partial.extend_from_slice(bytes);
-        let mut done = Vec::new();
-        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
-            let mut line: Vec<u8> = self.partial.drain(..=end).collect();
-            line.pop();
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            let line = String::from_utf8_lossy(&line);
-            if line.is_empty() {
-                if self.event != "board" && !self.data.is_empty() {
-                    done.push(std::mem::take(&mut self.data));
-                }
-                self.event.clear();
-                self.data.clear();
-            } else if let Some(v) = line.strip_prefix("event:") {
-                self.event = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                if !self.data.is_empty() {
-                    self.data.push('\n');
-                }
-                self.data.push_str(v.strip_prefix(' ').unwrap_or(v));
-            }
-        }
-        done
-    }
-}
-
 /// The last `n` lines of a file.
 pub(super) fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::SseLines;
-
-    #[test]
-    fn sse_events_are_given_whole_across_chunks_without_board_events() {
-        let mut sse = SseLines::default();
-        assert!(sse.push(b"event: incident\r\ndata: {\"a\":").is_empty());
-        assert!(sse.push(b"1}\r\n").is_empty());
-        assert_eq!(sse.push(b"\r\n"), vec!["{\"a\":1}".to_string()]);
-        // A board snapshot is skipped; two data lines join with a newline.
-        let got = sse.push(b"event: board\ndata: {}\n\ndata: [1,\ndata:2]\n\n");
-        assert_eq!(got, vec!["[1,\n2]".to_string()]);
-        // A comment (keep-alive) line and an event with no data give nothing.
-        assert!(sse.push(b": ping\n\nevent: incident\n\n").is_empty());
-    }
 }

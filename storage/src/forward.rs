@@ -60,6 +60,16 @@ impl Signal {
     /// Every signal, in forwarding order.
     pub const ALL: [Signal; 3] = [Signal::Traces, Signal::Logs, Signal::Metrics];
 
+    /// Its position in [`Signal::ALL`], and so in the cursors [`Storage::forward_cursors`]
+    /// answers: 0, 1, 2.
+    pub fn index(self) -> usize {
+        match self {
+            Signal::Traces => 0,
+            Signal::Logs => 1,
+            Signal::Metrics => 2,
+        }
+    }
+
     /// The label value and `forward_cursor.signal`: `traces`, `logs`, `metrics`.
     pub fn as_str(&self) -> &'static str {
         match self {

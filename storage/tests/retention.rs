@@ -781,42 +781,30 @@ async fn at_the_cap_the_instrument_list_stays_exact() {
         // one snapshot: the list the API answers from (`metric_instruments`), and what is
         // stored
         raw.execute_batch("BEGIN").unwrap();
-        let listed: Vec<(String, String, u64, u64, u64)> = raw
-            .prepare(
-                "SELECT name, service, point_count, first_time, last_time
-                 FROM metric_instruments ORDER BY name, service",
-            )
-            .unwrap()
-            .query_map([], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get::<_, i64>(2)? as u64,
-                    r.get::<_, i64>(3)? as u64,
-                    r.get::<_, i64>(4)? as u64,
-                ))
-            })
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let stored: Vec<(String, String, u64, u64, u64)> = raw
-            .prepare(
-                "SELECT name, service, count(*), min(time_unix_nano), max(time_unix_nano)
-                 FROM metric_points GROUP BY name, service ORDER BY name, service",
-            )
-            .unwrap()
-            .query_map([], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get::<_, i64>(2)? as u64,
-                    r.get::<_, i64>(3)? as u64,
-                    r.get::<_, i64>(4)? as u64,
-                ))
-            })
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let instruments = |sql: &str| -> Vec<(String, String, u64, u64, u64)> {
+            raw.prepare(sql)
+                .unwrap()
+                .query_map([], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get::<_, i64>(2)? as u64,
+                        r.get::<_, i64>(3)? as u64,
+                        r.get::<_, i64>(4)? as u64,
+                    ))
+                })
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        let listed = instruments(
+            "SELECT name, service, point_count, first_time, last_time
+             FROM metric_instruments ORDER BY name, service",
+        );
+        let stored = instruments(
+            "SELECT name, service, count(*), min(time_unix_nano), max(time_unix_nano)
+             FROM metric_points GROUP BY name, service ORDER BY name, service",
+        );
         raw.execute_batch("COMMIT").unwrap();
         assert_eq!(
             listed, stored,

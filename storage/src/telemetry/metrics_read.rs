@@ -224,6 +224,23 @@ pub(super) fn forget_points(conn: &Connection, gone: &PointsGone) -> Result<(), 
     Ok(())
 }
 
+/// The read of one end of an instrument's time range: `$agg` of each series' first point
+/// in `$order`, one seek per series (the skip-scan of `SERIES_SQL`).
+macro_rules! edge_sql {
+    ($agg:literal, $order:literal) => {
+        concat!(
+            series_cte!(),
+            "SELECT ",
+            $agg,
+            "((SELECT time_unix_nano FROM metric_points INDEXED BY metric_points_series
+                 WHERE name = ?1 AND service = ?2 AND series = s.x
+                 ORDER BY time_unix_nano ",
+            $order,
+            " LIMIT 1)) FROM s WHERE x IS NOT NULL"
+        )
+    };
+}
+
 /// Which end of an instrument's time range [`reread_edge`] reads again.
 #[derive(Clone, Copy)]
 enum Edge {
@@ -231,6 +248,22 @@ enum Edge {
     First,
     /// `last_time`: the newest point's time.
     Last,
+}
+
+impl Edge {
+    /// The read of this end (`?1` name, `?2` service) and the update that stores it (`?3`).
+    fn sql(self) -> (&'static str, &'static str) {
+        match self {
+            Edge::First => (
+                edge_sql!("min", "ASC"),
+                "UPDATE metric_instruments SET first_time = ?3 WHERE name = ?1 AND service = ?2",
+            ),
+            Edge::Last => (
+                edge_sql!("max", "DESC"),
+                "UPDATE metric_instruments SET last_time = ?3 WHERE name = ?1 AND service = ?2",
+            ),
+        }
+    }
 }
 
 /// Reads one end of an instrument's time range again from its stored points (one seek
@@ -242,25 +275,13 @@ fn reread_edge(
     service: &str,
     edge: Edge,
 ) -> Result<(), rusqlite::Error> {
-    let (agg, order, column) = match edge {
-        Edge::First => ("min", "ASC", "first_time"),
-        Edge::Last => ("max", "DESC", "last_time"),
-    };
+    let (read, update) = edge.sql();
     let t: Option<i64> = conn
-        .prepare_cached(&format!(
-            "{} SELECT {agg}((SELECT time_unix_nano FROM metric_points
-                 INDEXED BY metric_points_series
-                 WHERE name = ?1 AND service = ?2 AND series = s.x
-                 ORDER BY time_unix_nano {order} LIMIT 1))
-             FROM s WHERE x IS NOT NULL",
-            series_cte!()
-        ))?
+        .prepare_cached(read)?
         .query_row(params![name, service], |r| r.get(0))?;
     if let Some(t) = t {
-        conn.prepare_cached(&format!(
-            "UPDATE metric_instruments SET {column} = ?3 WHERE name = ?1 AND service = ?2"
-        ))?
-        .execute(params![name, service, t])?;
+        conn.prepare_cached(update)?
+            .execute(params![name, service, t])?;
     }
     Ok(())
 }

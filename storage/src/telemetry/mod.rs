@@ -321,7 +321,9 @@ impl Storage {
     /// `queue_capacity` requests, [`WriteError::Full`] when the request does not fit in
     /// telemetry's share of `max_db_bytes` ([`crate::config::telemetry_budget_bytes`]) even
     /// after the oldest telemetry was deleted for it, or the disk is full,
-    /// [`WriteError::Closed`] after [`Storage::shutdown`] (all retryable);
+    /// [`WriteError::AtCap`] when its commit met that share's page limit for a moment (the
+    /// oldest were deleted to make room), [`WriteError::Closed`] after [`Storage::shutdown`]
+    /// (all retryable);
     /// [`WriteError::Failed`] for other commit failures.
     pub async fn write_traces(&self, batch: Arc<TraceBatch>) -> Result<(), WriteError> {
         let w = &self.inner.telemetry;
