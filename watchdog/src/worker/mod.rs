@@ -25,7 +25,7 @@ use stallwatch_storage::control::{
     RunnerStatus, Trip, WorstSpan,
 };
 use stallwatch_storage::ledger::LedgerWrite;
-use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident};
+use stallwatch_storage::model::{now_unix_nano, EventKind, NewIncident, SpanId, TraceId};
 use stallwatch_storage::{EventBus, Storage};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -246,22 +246,22 @@ impl Worker {
         self.stats.observations.fetch_add(1, Ordering::Relaxed);
         let mut records = std::mem::take(&mut self.records);
         records.clear();
+        // The ids of a trace export's ended spans are applied after its open records, as
+        // `Record::Ended` would be, without building a record for each (issue 16: every
+        // span of every export passes here).
+        let mut ended: &[(TraceId, SpanId)] = &[];
         match &obs.data {
             ObservedData::Spans(b) => shapes::from_traces(b, &mut records),
-            ObservedData::Traces { open, ended } => {
+            ObservedData::Traces { open, ended: ids } => {
                 shapes::from_traces(open, &mut records);
-                records.extend(
-                    ended
-                        .iter()
-                        .map(|&(trace_id, span_id)| Record::Ended(SpanKey { trace_id, span_id })),
-                );
+                ended = ids.as_slice();
             }
             ObservedData::Logs(b) => {
                 let stats = &self.stats;
                 shapes::from_logs(b, &mut records, &mut |r| stats.skipped(r))
             }
         }
-        if !records.is_empty() {
+        if !records.is_empty() || !ended.is_empty() {
             let age = Instant::now().saturating_duration_since(obs.received);
             let unix = now_unix_nano().saturating_sub(age.as_nanos() as u64);
             let pids = &self.pids;
@@ -270,17 +270,17 @@ impl Worker {
             let mut opened = Vec::new();
             let mut touched: BTreeSet<String> = BTreeSet::new();
             let now = Instant::now();
+            let bound = |l: &Ledger, key: &SpanKey| l.get(key).and_then(|e| e.runner.clone());
             for r in &records {
                 let key = match r {
                     Record::Open(rec) => rec.key,
                     Record::Ended(k) => *k,
                 };
-                let bound = |l: &Ledger| l.get(&key).and_then(|e| e.runner.clone());
-                if let Some(id) = bound(&self.ledger) {
+                if let Some(id) = bound(&self.ledger, &key) {
                     touched.insert(id);
                 }
                 let applied = self.ledger.apply(r, obs.received, unix, &self.cfg, &lookup);
-                if let Some(id) = bound(&self.ledger) {
+                if let Some(id) = bound(&self.ledger, &key) {
                     touched.insert(id);
                 }
                 match applied {
@@ -292,6 +292,18 @@ impl Worker {
                         }
                     }
                     _ => changed += 1,
+                }
+            }
+            for &(trace_id, span_id) in ended {
+                let key = SpanKey { trace_id, span_id };
+                // An end only removes an entry, so its runner (if any) is read before.
+                if !self.ledger.is_empty() {
+                    if let Some(id) = bound(&self.ledger, &key) {
+                        touched.insert(id);
+                    }
+                }
+                if self.ledger.close(key) {
+                    changed += 1;
                 }
             }
             for (key, pid) in opened {
