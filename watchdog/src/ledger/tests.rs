@@ -227,11 +227,9 @@ fn an_ended_key_is_remembered_for_at_least_the_capacity_and_then_forgotten() {
     assert_eq!(l.apply(&fresh, t0, 3, &cfg, &|_| None), Applied::Opened);
 }
 
-/// A span loaded from the previous run is not judged until a record of it arrives: its end
-
 /// Ends wait in a log until a lookup moves them into the sets: ends and lookups
 /// interleaved, across a generation swap that leaves ends of the older generation still
-/// in its log, refuse exactly the late opens of ended spans and open the others.
+/// in its log, find exactly the keys that ended.
 #[test]
 fn ends_logged_between_lookups_are_found_in_both_generations() {
     let mut ended = RecentlyEnded::default();
@@ -260,6 +258,8 @@ fn ends_logged_between_lookups_are_found_in_both_generations() {
     assert!(ended.previous.log.is_empty() && ended.current.log.is_empty());
     assert!(ended.len() <= 2 * RECENTLY_ENDED_CAPACITY);
 }
+
+/// A span loaded from the previous run is not judged until a record of it arrives: its end
 /// may have been sent, and lost, while stallwatch was down. After a crash and a restart,
 /// spans that had ended meanwhile were judged over their SLA (downtime included) and tripped
 /// healthy runners. A refresh confirms it: it is then judged from its first arrival,
