@@ -259,6 +259,44 @@ fn ends_logged_between_lookups_are_found_in_both_generations() {
     assert!(ended.len() <= 2 * RECENTLY_ENDED_CAPACITY);
 }
 
+/// A repeated end counts again while it waits in the log (a retried export of ended
+/// spans): the key is still remembered for the capacity's worth of later ends, repeats
+/// merge once looked up, and the memory stays within two generations whatever repeats.
+#[test]
+fn repeated_ends_count_again_and_the_memory_stays_bounded() {
+    let cap = RECENTLY_ENDED_CAPACITY as u64;
+    // every end sent twice with no lookup between: still at least `cap` later ends
+    let mut ended = RecentlyEnded::default();
+    ended.insert(numbered_key(1));
+    ended.insert(numbered_key(1));
+    for i in 0..cap / 2 {
+        ended.insert(numbered_key(20_000 + i));
+        ended.insert(numbered_key(20_000 + i));
+    }
+    assert!(ended.contains(&numbered_key(1)), "within {cap} later ends");
+    for i in 0..cap {
+        ended.insert(numbered_key(500_000 + i));
+    }
+    assert!(
+        !ended.contains(&numbered_key(1)),
+        "forgotten after 2 × {cap} ends"
+    );
+    assert!(ended.len() <= 2 * RECENTLY_ENDED_CAPACITY);
+    // looked up between repeats: a repeat merges into the set and uses no room
+    let mut looked = RecentlyEnded::default();
+    for _ in 0..1_000 {
+        looked.insert(numbered_key(7));
+        assert!(looked.contains(&numbered_key(7)));
+    }
+    assert_eq!(looked.len(), 1);
+    // ends only, many generations: never more than two generations held
+    let mut flood = RecentlyEnded::default();
+    for i in 0..5 * cap {
+        flood.insert(numbered_key(i % (cap / 3)));
+        assert!(flood.len() <= 2 * RECENTLY_ENDED_CAPACITY);
+    }
+}
+
 /// A span loaded from the previous run is not judged until a record of it arrives: its end
 /// may have been sent, and lost, while stallwatch was down. After a crash and a restart,
 /// spans that had ended meanwhile were judged over their SLA (downtime included) and tripped

@@ -200,10 +200,9 @@ fn key_value_pushed<'a>(
 ) -> Result<(), DecodeError> {
     let pv = p.field("value");
     check_depth(&pv, depth, limits)?;
+    let at = to.len();
     to.push(KeyValueRef::default());
-    let Some(kv) = to.last_mut() else {
-        return Ok(());
-    };
+    let kv = &mut to[at];
     for f in Fields::new(b) {
         let (field, v) = f.map_err(|e| bad(p, e))?;
         match field {
