@@ -15,7 +15,7 @@ use super::encode::{
 use super::read::{corrupt, snapshot};
 use super::schema::{INDEXED_ATTRIBUTE_KEYS, TERM_SERVICE, TERM_SPAN_NAME, TERM_STATUS, TERM_TOOL};
 use super::traceidx::{
-    fold, indexed_batches, merged_upto, summarize, unmerged_map, unmerged_postings,
+    fold, indexed_batches, merged_upto, summarize, unmerged_map, unmerged_postings, L0Map,
 };
 use super::{
     OperationStats, QueryError, StatusFilter, TracePage, TraceQuery, TraceSummary,
@@ -56,7 +56,7 @@ struct Search<'q> {
     /// Durations of the ended winning spans of the traces shown, per (service, name).
     ops: HashMap<(String, String), Vec<u64>>,
     cache: HashMap<i64, Rc<SearchBatch>>,
-    l0: Option<HashMap<[u8; 16], Vec<i64>>>,
+    l0: Option<L0Map>,
 }
 
 impl Search<'_> {

@@ -31,6 +31,7 @@ use super::checkpoint::{self, Checkpointer};
 use super::encode::{BatchIndex, LogRow, PointRow, PreparedTraces};
 use super::log_body::{generation_bytes, BodyIndexWriter};
 use super::stats::{RefusedReason, TelemetryStats};
+use super::traceidx::L0Map;
 use super::RetentionReport;
 use crate::config::{telemetry_budget_bytes, wal_budget_bytes, StorageConfig};
 use crate::db::open_connection;
@@ -190,11 +191,11 @@ impl TelemetryWriter {
             recent_logs: RecentLogs::default(),
             pending_terms: Vec::new(),
             retention: config.retention,
-            l0: HashMap::new(),
+            l0: L0Map::default(),
             l0_batches: 0,
             merged_upto: 0,
             idx_cache: HashMap::new(),
-            known_spans: HashMap::new(),
+            known_spans: Default::default(),
             known_spans_len: 0,
             bloom: TraceBloom::with_capacity(0),
             l0_new: HashSet::default(),
@@ -380,7 +381,7 @@ pub(super) struct Writer {
     pub(super) term_cache: HashMap<(String, String), i64>,
     pending_terms: Vec<((String, String), i64)>,
     pub(super) retention: Duration,
-    pub(super) l0: HashMap<[u8; 16], Vec<i64>>,
+    pub(super) l0: L0Map,
     pub(super) l0_batches: usize,
     pub(super) merged_upto: i64,
     idx_cache: HashMap<i64, Arc<BatchIndex>>,
@@ -392,7 +393,7 @@ pub(super) struct Writer {
     /// -- --continued 24000 --over 512`).
     /// At most [`KNOWN_SPANS_MAX`] span ids in all; emptied by every rollback and every
     /// retention delete.
-    known_spans: HashMap<[u8; 16], HashMap<[u8; 8], bool>>,
+    known_spans: foldhash::HashMap<[u8; 16], HashMap<[u8; 8], bool>>,
     /// Span ids in `known_spans`.
     known_spans_len: usize,
     /// Every trace id in `trace_index` or `l0` (and stale ones): a miss is a new trace.
