@@ -421,8 +421,11 @@ impl Writer {
         Ok(c)
     }
 
-    pub(super) fn term_id(&mut self, key: &str, value: &str) -> Result<i64, rusqlite::Error> {
-        let k = (key.to_string(), value.to_string());
+    /// The id of term `k` (key, value) in `terms`, inserted when new: from the cache, the
+    /// group's pending terms, or SQL. Takes the batch's own strings, so a cached term costs
+    /// a foldhash lookup and no copy (issue 16: two `String`s and SipHash per term of every
+    /// export, on the writer thread).
+    pub(super) fn term_id(&mut self, k: (String, String)) -> Result<i64, rusqlite::Error> {
         if let Some(id) = self.term_cache.get(&k) {
             return Ok(*id);
         }
@@ -431,11 +434,11 @@ impl Writer {
         }
         self.conn
             .prepare_cached("INSERT INTO terms(key, value) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?
-            .execute(params![key, value])?;
+            .execute(params![k.0, k.1])?;
         let id: i64 = self
             .conn
             .prepare_cached("SELECT id FROM terms WHERE key = ?1 AND value = ?2")?
-            .query_row(params![key, value], |r| r.get(0))?;
+            .query_row(params![k.0, k.1], |r| r.get(0))?;
         self.pending_terms.push((k, id));
         Ok(id)
     }

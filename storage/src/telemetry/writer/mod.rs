@@ -187,7 +187,7 @@ impl TelemetryWriter {
             next_log_id,
             next_point_id,
             body_index,
-            term_cache: HashMap::new(),
+            term_cache: Default::default(),
             recent_logs: RecentLogs::default(),
             pending_terms: Vec::new(),
             retention: config.retention,
@@ -378,7 +378,7 @@ pub(super) struct Writer {
     pub(super) next_point_id: i64,
     /// The newest generation of the log body index (`log_body.rs`).
     pub(super) body_index: BodyIndexWriter,
-    pub(super) term_cache: HashMap<(String, String), i64>,
+    pub(super) term_cache: foldhash::HashMap<(String, String), i64>,
     pending_terms: Vec<((String, String), i64)>,
     pub(super) retention: Duration,
     pub(super) l0: L0Map,

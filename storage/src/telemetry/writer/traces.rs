@@ -174,8 +174,8 @@ impl Writer {
         // The batch's postings go to batch_terms at the next merge (migration 6).
         let terms = std::mem::take(&mut p.index.terms);
         let mut term_ids = Vec::with_capacity(terms.len());
-        for (k, v) in &terms {
-            term_ids.push(self.term_id(k, v)?);
+        for term in terms {
+            term_ids.push(self.term_id(term)?);
         }
         term_ids.sort_unstable();
         term_ids.dedup();
