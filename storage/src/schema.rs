@@ -52,6 +52,9 @@ const MIGRATIONS: &[&[Step]] = &[
     // 8: the log body index in generations, dropped whole instead of deleted row by row
     // (issue 16, the size cap under a log flood)
     &[Sql(crate::telemetry::LOG_BODY_GENERATIONS_SCHEMA)],
+    // 9: trace payloads of several zstd frames (issue 16, one export encoded in parts):
+    // no DDL, the version only keeps earlier binaries, which read one frame, from the file
+    &[Sql(crate::telemetry::PAYLOAD_FRAMES_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

@@ -163,6 +163,9 @@ impl PreparedTraces {
 pub(crate) struct TermTable {
     by_key: foldhash::HashMap<&'static str, foldhash::HashMap<String, u32>>,
     terms: Vec<(String, String)>,
+    /// The key of each of `terms`, as the constant it was looked up with (for
+    /// [`TermTable::id`] when tables of parts are joined).
+    keys: Vec<&'static str>,
 }
 
 impl TermTable {
@@ -174,6 +177,7 @@ impl TermTable {
         let id = self.terms.len() as u32;
         m.insert(value.to_string(), id);
         self.terms.push((key.to_string(), value.to_string()));
+        self.keys.push(key);
         id
     }
 }
@@ -363,7 +367,14 @@ pub(crate) fn prepare_traces(batch: &TraceBatch) -> Result<PreparedTraces, Strin
 ///
 /// Errors: as [`prepare_spans`].
 pub(crate) fn prepare_borrowed(parts: &[ResourceSpansRef<'_>]) -> Result<PreparedTraces, String> {
-    let groups: Vec<Group<'_, SpanRef<'_>>> = parts
+    prepare_spans(&borrowed_groups(parts))
+}
+
+/// The encoder's view of borrowed spans.
+pub(crate) fn borrowed_groups<'b, 'a>(
+    parts: &'b [ResourceSpansRef<'a>],
+) -> Vec<Group<'b, SpanRef<'a>>> {
+    parts
         .iter()
         .map(|rs| Group {
             resource: &rs.resource,
@@ -373,8 +384,7 @@ pub(crate) fn prepare_borrowed(parts: &[ResourceSpansRef<'_>]) -> Result<Prepare
                 .map(|ss| (&ss.scope, ss.spans.as_slice()))
                 .collect(),
         })
-        .collect();
-    prepare_spans(&groups)
+        .collect()
 }
 
 /// Encodes a trace export. Duplicates inside the request are resolved here with the same
@@ -435,26 +445,58 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
     drop(head);
     let mut table = TermTable::default();
     let mut spans: Vec<IdxSpan> = Vec::with_capacity(total);
+    encode_groups(groups, Some(&keep), &mut table, &mut bodies, &mut spans)?;
+    let payload = compress_payload(&bodies)?;
+    drop(bodies);
+    let index = BatchIndex {
+        terms: table.terms,
+        spans,
+    };
+    // 3. the stored index, and the spans grouped by trace (the encoder numbers the traces)
+    let (index_blob, traces) = encode_index_by_trace(&index);
+    Ok(PreparedTraces {
+        index,
+        index_blob,
+        payload,
+        header_len,
+        traces,
+        duplicates,
+    })
+}
+
+/// Appends the bodies of the spans of `groups` that `keep` keeps (all without it, in the
+/// flat span order) to `bodies` and their index entries to `spans`: `off` is the body's
+/// offset in `bodies`, `scope` the scope's number in `groups` (from 0), term ids are
+/// `table`'s.
+///
+/// Errors: a postcard failure (a bug), as text.
+fn encode_groups<S: StoredSpan>(
+    groups: &[Group<'_, S>],
+    keep: Option<&[bool]>,
+    table: &mut TermTable,
+    bodies: &mut Vec<u8>,
+    spans: &mut Vec<IdxSpan>,
+) -> Result<(), String> {
     let mut flat_i = 0usize;
     let mut si = 0u32;
     for g in groups {
         let service = g.resource.service_name();
         let service_term = table.id(TERM_SERVICE, service);
         let mut res_terms = vec![service_term];
-        attr_terms(&mut table, &g.resource.attributes, &mut res_terms);
+        attr_terms(table, &g.resource.attributes, &mut res_terms);
         let mut pair = String::with_capacity(service.len() + 32);
         // The resource's few span names, each with its name and (service, name) terms: one
         // lookup per span instead of two, and no pair text built per span.
         let mut name_terms: foldhash::HashMap<&str, (u32, u32)> = Default::default();
         for (_, scope_spans) in &g.scopes {
             for s in scope_spans.iter() {
-                let kept = keep[flat_i];
+                let kept = keep.is_none_or(|k| k[flat_i]);
                 flat_i += 1;
                 if !kept {
                     continue;
                 }
                 let off = bodies.len();
-                s.write_body(&mut bodies)?;
+                s.write_body(bodies)?;
                 let span_name = s.span_name();
                 let (name, pair_id) = match name_terms.get(span_name) {
                     Some(&ids) => ids,
@@ -473,7 +515,7 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
                 terms.extend_from_slice(&res_terms);
                 terms.push(name);
                 terms.push(pair_id);
-                s.attr_terms(&mut table, &mut terms);
+                s.attr_terms(table, &mut terms);
                 let h = s.head();
                 if h.status == STATUS_ERROR {
                     terms.push(table.id(TERM_STATUS, "error"));
@@ -496,22 +538,176 @@ pub(crate) fn prepare_spans<S: StoredSpan>(
             si += 1;
         }
     }
-    let payload = compress_payload(&bodies)?;
-    drop(bodies);
+    Ok(())
+}
+
+/// One part of a trace export (a run of its spans in wire order) encoded on its own, on
+/// the thread that decoded it, for [`join_parts`]: with one export in flight, encoding and
+/// compressing its payload were a third of the request's serial time while the other
+/// core idled (issue 16).
+#[derive(Debug)]
+pub(crate) struct EncodedPart {
+    /// The part's span bodies, back to back, as one zstd frame ([`compress_payload`]).
+    frame: Vec<u8>,
+    /// Bytes of the bodies before compression.
+    raw_len: usize,
+    /// Index entries: `off` from the part's first body, `scope` the part's own scope
+    /// number (from 0), term ids `table`'s.
+    spans: Vec<IdxSpan>,
+    /// The part's terms.
+    table: TermTable,
+    /// Scopes the part holds (with the first one if it continues the part before).
+    scopes: u32,
+    /// True when its first scope is the last scope of the part before (the export was cut
+    /// inside that scope).
+    continues_scope: bool,
+    /// (trace id, span id) of the part's spans, for the duplicate check across parts.
+    keys: std::collections::HashSet<([u8; 16], [u8; 8]), IdBuild>,
+    /// True when two of the part's spans share (trace id, span id).
+    duplicate: bool,
+}
+
+impl std::fmt::Debug for TermTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.terms).finish()
+    }
+}
+
+/// Encodes one part of an export ([`EncodedPart`]); `continues_scope` as its field.
+///
+/// Errors: a postcard failure (a bug), as text.
+pub(crate) fn encode_part<S: StoredSpan>(
+    groups: &[Group<'_, S>],
+    continues_scope: bool,
+) -> Result<EncodedPart, String> {
+    let total: usize = groups
+        .iter()
+        .flat_map(|g| g.scopes.iter().map(|(_, s)| s.len()))
+        .sum();
+    let mut keys: std::collections::HashSet<([u8; 16], [u8; 8]), IdBuild> =
+        std::collections::HashSet::with_capacity_and_hasher(total, IdBuild::default());
+    let mut duplicate = false;
+    for g in groups {
+        for (_, spans) in &g.scopes {
+            for s in spans.iter() {
+                let h = s.head();
+                duplicate |= !keys.insert((h.trace_id, h.span_id));
+            }
+        }
+    }
+    let mut table = TermTable::default();
+    let mut bodies: Vec<u8> = Vec::with_capacity(total * 400);
+    let mut spans: Vec<IdxSpan> = Vec::with_capacity(total);
+    encode_groups(groups, None, &mut table, &mut bodies, &mut spans)?;
+    let frame = compress_payload(&bodies)?;
+    Ok(EncodedPart {
+        frame,
+        raw_len: bodies.len(),
+        spans,
+        table,
+        scopes: groups.iter().map(|g| g.scopes.len() as u32).sum(),
+        continues_scope,
+        keys,
+        duplicate,
+    })
+}
+
+/// Joins the parts of one export, in wire order, into what [`prepare_spans`] makes of the
+/// whole of it: the same index (terms numbered in order of first appearance over the
+/// whole export) and the same raw payload, stored as several zstd frames (the header's,
+/// then each part's; they decompress to the concatenation, RFC 8878 section 3.1).
+/// `resources` and `scopes` are the whole export's header (a scope's resource by
+/// position); a part's first scope that `continues_scope` is the part before's last.
+///
+/// Answers `None` when two spans of the export share (trace id, span id): the caller
+/// encodes the export whole, which resolves them ([`prepare_spans`]).
+///
+/// Errors: the parts' scopes do not add up to `scopes` (a bug), a postcard failure, as
+/// text.
+pub(crate) fn join_parts(
+    resources: &[&Resource],
+    scopes: &[(u32, &Scope)],
+    parts: Vec<EncodedPart>,
+) -> Result<Option<PreparedTraces>, String> {
+    if parts.iter().any(|p| p.duplicate) {
+        return Ok(None);
+    }
+    for (k, p) in parts.iter().enumerate().skip(1) {
+        let before = &parts[..k];
+        if p.spans.iter().any(|s| {
+            before
+                .iter()
+                .any(|b| b.keys.contains(&(s.trace_id, s.span_id)))
+        }) {
+            return Ok(None);
+        }
+    }
+    let head = postcard::to_allocvec(&HeaderRef {
+        resources: resources.to_vec(),
+        scopes: scopes.to_vec(),
+    })
+    .map_err(|e| e.to_string())?;
+    let header_len = 4 + head.len();
+    let mut header = Vec::with_capacity(header_len);
+    header.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    header.extend_from_slice(&head);
+    drop(head);
+    let mut payload = compress_payload(&header)?;
+    payload.reserve(parts.iter().map(|p| p.frame.len()).sum());
+    let mut table = TermTable::default();
+    let mut spans = Vec::with_capacity(parts.iter().map(|p| p.spans.len()).sum());
+    let (mut off, mut scope_start) = (header_len, 0u32);
+    for (k, p) in parts.into_iter().enumerate() {
+        if k > 0 && p.continues_scope {
+            scope_start = scope_start
+                .checked_sub(1)
+                .ok_or("a part continues a scope but none came before it")?;
+        }
+        let ids: Vec<u32> = p
+            .table
+            .keys
+            .iter()
+            .zip(&p.table.terms)
+            .map(|(key, (_, value))| table.id(key, value))
+            .collect();
+        let id = |t: u32| {
+            ids.get(t as usize)
+                .copied()
+                .ok_or("a part's term out of range")
+        };
+        for mut s in p.spans {
+            s.off = u32::try_from(off + s.off as usize).map_err(|_| "payload over 4 GiB")?;
+            s.scope += scope_start;
+            s.name = id(s.name)?;
+            s.service = id(s.service)?;
+            for t in &mut s.terms {
+                *t = id(*t)?;
+            }
+            spans.push(s);
+        }
+        payload.extend_from_slice(&p.frame);
+        off += p.raw_len;
+        scope_start += p.scopes;
+    }
+    if scope_start as usize != scopes.len() {
+        return Err(format!(
+            "the parts hold {scope_start} scopes, the header {}",
+            scopes.len()
+        ));
+    }
     let index = BatchIndex {
         terms: table.terms,
         spans,
     };
-    // 3. the stored index, and the spans grouped by trace (the encoder numbers the traces)
     let (index_blob, traces) = encode_index_by_trace(&index);
-    Ok(PreparedTraces {
+    Ok(Some(PreparedTraces {
         index,
         index_blob,
         payload,
         header_len,
         traces,
-        duplicates,
-    })
+        duplicates: 0,
+    }))
 }
 
 /// zstd level of the stored trace payloads: a "fast" (negative) level. On otlp-blast's
@@ -558,29 +754,65 @@ pub(crate) fn compress_payload(raw: &[u8]) -> Result<Vec<u8>, String> {
     })
 }
 
-/// The raw payload of a stored one: a zstd frame decompressed (at most
-/// [`MAX_PAYLOAD_BYTES`], the size its frame header records), an older uncompressed one
-/// borrowed as it is.
+/// The most zstd frames a stored payload may hold: [`join_parts`] writes the header's
+/// and one per part (a lone export is decoded in at most as many parts as there are
+/// cores, `collector`'s `DecodeThreads`, so far fewer).
+const MAX_PAYLOAD_FRAMES: usize = 64;
+
+/// The raw payload of a stored one: its zstd frames (one from [`compress_payload`], or
+/// several from [`join_parts`]) decompressed (at most [`MAX_PAYLOAD_BYTES`] in all, the
+/// sizes their frame headers record), an older uncompressed one borrowed as it is.
 ///
-/// Errors: a frame without a content size, larger than the bound, or that fails to
-/// decompress to exactly its recorded size (a damaged row), as text.
+/// Errors: a frame without a content size, sizes larger than the bound, more than
+/// [`MAX_PAYLOAD_FRAMES`] frames, or frames that fail to decompress to exactly their
+/// recorded sizes (a damaged row), as text.
 pub(crate) fn payload_bytes(stored: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, String> {
     if !stored.starts_with(&ZSTD_MAGIC) {
         return Ok(std::borrow::Cow::Borrowed(stored));
     }
-    let size = match zstd::zstd_safe::get_frame_content_size(stored) {
-        Ok(Some(n)) if n <= MAX_PAYLOAD_BYTES => n as usize,
-        Ok(Some(n)) => return Err(format!("payload frame claims {n} bytes")),
-        Ok(None) | Err(_) => return Err("payload frame without a content size".into()),
-    };
+    let mut size: u64 = 0;
+    let mut rest = stored;
+    let mut frames = 0;
+    while !rest.is_empty() {
+        frames += 1;
+        if frames > MAX_PAYLOAD_FRAMES {
+            return Err(format!("payload of more than {MAX_PAYLOAD_FRAMES} frames"));
+        }
+        match zstd::zstd_safe::get_frame_content_size(rest) {
+            Ok(Some(n)) => size = size.saturating_add(n),
+            Ok(None) | Err(_) => return Err("payload frame without a content size".into()),
+        }
+        if size > MAX_PAYLOAD_BYTES {
+            return Err(format!("payload frames claim {size} bytes"));
+        }
+        let len = zstd::zstd_safe::find_frame_compressed_size(rest)
+            .map_err(|_| "payload frame cut short".to_string())?;
+        rest = rest.get(len..).ok_or("payload frame cut short")?;
+    }
+    let size = size as usize;
     let raw = zstd::bulk::decompress(stored, size).map_err(|e| format!("payload frame: {e}"))?;
     if raw.len() != size {
         return Err(format!(
-            "payload frame gave {} bytes, its header says {size}",
+            "payload frames gave {} bytes, their headers say {size}",
             raw.len()
         ));
     }
     Ok(std::borrow::Cow::Owned(raw))
+}
+
+/// Zstd frames in a stored payload (0 for one stored uncompressed), as far as their
+/// headers can be walked.
+pub(crate) fn payload_frames(stored: &[u8]) -> usize {
+    let mut rest = stored;
+    let mut frames = 0;
+    while rest.starts_with(&ZSTD_MAGIC) {
+        frames += 1;
+        match zstd::zstd_safe::find_frame_compressed_size(rest) {
+            Ok(len) if len > 0 => rest = rest.get(len..).unwrap_or_default(),
+            _ => break,
+        }
+    }
+    frames
 }
 
 /// [`payload_bytes`] for a payload read into its own buffer: an uncompressed one is given
@@ -1232,6 +1464,210 @@ mod tests {
         huge.extend_from_slice(&[0xE0]);
         huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
         let e = payload_bytes(&huge).unwrap_err();
-        assert!(e.contains("claims"), "{e}");
+        assert!(e.contains("claim"), "{e}");
+    }
+
+    /// Payloads of several frames (joined parts) read back as their concatenation; a
+    /// damaged later frame, or more frames than any writer makes, is an error.
+    #[test]
+    fn a_payload_of_several_frames_reads_back_whole() {
+        let raw: Vec<u8> = (0..60_000u32)
+            .flat_map(|i| (i % 509).to_le_bytes())
+            .collect();
+        let (a, b) = raw.split_at(100_000);
+        let mut two = compress_payload(a).unwrap();
+        two.extend_from_slice(&compress_payload(b).unwrap());
+        assert_eq!(payload_frames(&two), 2);
+        assert_eq!(payload_bytes(&two).unwrap().as_ref(), raw.as_slice());
+        assert_eq!(payload_owned(two.clone()).unwrap(), raw);
+        assert!(
+            payload_bytes(&two[..two.len() - 5]).is_err(),
+            "second frame cut"
+        );
+        let first_len = zstd::zstd_safe::find_frame_compressed_size(&two).unwrap();
+        assert!(
+            payload_bytes(&two[..first_len + 4]).is_err(),
+            "second frame's magic only"
+        );
+        let many: Vec<u8> = std::iter::repeat_n(compress_payload(b"x").unwrap(), 65)
+            .flatten()
+            .collect();
+        let e = payload_bytes(&many).unwrap_err();
+        assert!(e.contains("frames"), "{e}");
+    }
+
+    /// An export encoded in parts (cut inside a scope, and at a scope's start) and
+    /// joined stores exactly what one whole encoding stores: the raw payload and the index
+    /// byte for byte (terms numbered over the whole export); a span id repeated across
+    /// the parts or inside one answers `None`.
+    #[test]
+    fn parts_joined_store_what_the_whole_stores() {
+        let kv = |k: &str, v: &str| KeyValue {
+            key: k.into(),
+            value: AnyValue::String(v.into()),
+        };
+        let res = |svc: &str, pid: &str| Resource {
+            attributes: vec![kv("service.name", svc), kv("process.pid", pid)],
+            ..Default::default()
+        };
+        let mut n = 0u8;
+        let mut spans = |count: usize, tool: &str| -> Vec<Span> {
+            (0..count)
+                .map(|i| {
+                    n += 1;
+                    let mut s = span(n, if i % 3 == 0 { 0 } else { 9 }, &format!("op{}", i % 4));
+                    s.trace_id = TraceId([n % 3 + 1; 16]);
+                    s.attributes = vec![kv("gen_ai.tool.name", &format!("{tool}{}", i % 2))];
+                    if i % 5 == 0 {
+                        s.status.code = STATUS_ERROR;
+                    }
+                    s
+                })
+                .collect()
+        };
+        let scope = |name: &str| Scope {
+            name: name.into(),
+            ..Default::default()
+        };
+        let whole = TraceBatch {
+            resource_spans: vec![
+                ResourceSpans {
+                    resource: res("a", "1"),
+                    scope_spans: vec![ScopeSpans {
+                        scope: scope("s0"),
+                        spans: spans(7, "t"),
+                    }],
+                },
+                ResourceSpans {
+                    resource: res("b", "2"),
+                    scope_spans: vec![
+                        ScopeSpans {
+                            scope: scope("s1"),
+                            spans: spans(9, "u"),
+                        },
+                        ScopeSpans {
+                            scope: scope("s2"),
+                            spans: Vec::new(),
+                        },
+                        ScopeSpans {
+                            scope: scope("s3"),
+                            spans: spans(6, "v"),
+                        },
+                    ],
+                },
+            ],
+        };
+        let expect = prepare_traces(&whole).unwrap();
+        let (rs0, rs1) = (&whole.resource_spans[0], &whole.resource_spans[1]);
+        fn g(
+            rs: &ResourceSpans,
+            scopes: Vec<(usize, std::ops::Range<usize>)>,
+        ) -> Vec<(&Scope, &[Span])> {
+            scopes
+                .into_iter()
+                .map(|(si, range)| (&rs.scope_spans[si].scope, &rs.scope_spans[si].spans[range]))
+                .collect()
+        }
+        let resources: Vec<&Resource> = vec![&rs0.resource, &rs1.resource];
+        let scopes: Vec<(u32, &Scope)> = vec![
+            (0, &rs0.scope_spans[0].scope),
+            (1, &rs1.scope_spans[0].scope),
+            (1, &rs1.scope_spans[1].scope),
+            (1, &rs1.scope_spans[2].scope),
+        ];
+        // Cut inside scope s1 (the second part continues it), then at scope s3's start.
+        let cuts = [vec![
+            vec![
+                Group {
+                    resource: &rs0.resource,
+                    scopes: g(rs0, vec![(0, 0..7)]),
+                },
+                Group {
+                    resource: &rs1.resource,
+                    scopes: g(rs1, vec![(0, 0..4)]),
+                },
+            ],
+            vec![Group {
+                resource: &rs1.resource,
+                scopes: g(rs1, vec![(0, 4..9), (1, 0..0)]),
+            }],
+            vec![Group {
+                resource: &rs1.resource,
+                scopes: g(rs1, vec![(2, 0..6)]),
+            }],
+        ]];
+        for parts in &cuts {
+            let encoded: Vec<EncodedPart> = parts
+                .iter()
+                .enumerate()
+                .map(|(k, p)| encode_part(p, k == 1).unwrap())
+                .collect();
+            let joined = join_parts(&resources, &scopes, encoded).unwrap().unwrap();
+            assert_eq!(payload_frames(&joined.payload), 1 + parts.len());
+            assert_eq!(
+                payload_bytes(&joined.payload).unwrap(),
+                payload_bytes(&expect.payload).unwrap(),
+                "the same raw payload"
+            );
+            assert_eq!(joined.index_blob, expect.index_blob, "the same index");
+            assert_eq!(joined.header_len, expect.header_len);
+            assert_eq!(joined.traces, expect.traces);
+            assert!(joined.index.terms.len() > 10, "{:?}", joined.index.terms);
+        }
+        // A span id of the first part again in the last: the caller encodes it whole.
+        let mut copy = rs1.scope_spans[2].spans.clone();
+        copy[0].span_id = rs0.scope_spans[0].spans[0].span_id;
+        copy[0].trace_id = rs0.scope_spans[0].spans[0].trace_id;
+        let twice = vec![
+            encode_part(
+                &[Group {
+                    resource: &rs0.resource,
+                    scopes: g(rs0, vec![(0, 0..7)]),
+                }],
+                false,
+            )
+            .unwrap(),
+            encode_part(
+                &[Group {
+                    resource: &rs1.resource,
+                    scopes: vec![(&rs1.scope_spans[2].scope, &copy[..])],
+                }],
+                false,
+            )
+            .unwrap(),
+        ];
+        let two_scopes = [
+            (0, &rs0.scope_spans[0].scope),
+            (1, &rs1.scope_spans[2].scope),
+        ];
+        assert!(join_parts(&resources, &two_scopes, twice)
+            .unwrap()
+            .is_none());
+        // ... and inside one part
+        let inside = vec![encode_part(
+            &[Group {
+                resource: &rs1.resource,
+                scopes: vec![
+                    (&rs1.scope_spans[2].scope, &copy[..]),
+                    (&rs0.scope_spans[0].scope, &rs0.scope_spans[0].spans[..1]),
+                ],
+            }],
+            false,
+        )
+        .unwrap()];
+        assert!(join_parts(&resources, &two_scopes, inside)
+            .unwrap()
+            .is_none());
+        // Parts that do not add up to the header's scopes are a bug, reported.
+        let short = vec![encode_part(
+            &[Group {
+                resource: &rs0.resource,
+                scopes: g(rs0, vec![(0, 0..7)]),
+            }],
+            false,
+        )
+        .unwrap()];
+        let e = join_parts(&resources, &scopes, short).unwrap_err();
+        assert!(e.contains("scopes"), "{e}");
     }
 }

@@ -61,8 +61,8 @@ pub use logs_read::{
 pub use metrics_read::{Instrument, MetricSeries, PointsQuery, StepValue, MAX_STEPS};
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
 pub(crate) use schema::{
-    LOGS_BODY_SCHEMA, POSTINGS_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA, SCHEMA,
-    SERIES_INDEX_SCHEMA, TRACE_BLOCKS_SCHEMA, TRACE_RUNS_SCHEMA,
+    LOGS_BODY_SCHEMA, PAYLOAD_FRAMES_SCHEMA, POSTINGS_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA,
+    SCHEMA, SERIES_INDEX_SCHEMA, TRACE_BLOCKS_SCHEMA, TRACE_RUNS_SCHEMA,
 };
 pub use stats::{RefusedReason, TelemetryStats, COMMIT_BUCKETS_SECONDS};
 pub(crate) use writer::ids::{last_used_id, IdTable};
@@ -237,6 +237,27 @@ pub enum QueryError {
     Storage(#[from] StorageError),
 }
 
+/// One part of a protobuf trace export (a run of its spans in wire order) encoded on the
+/// thread that decoded it, for [`TraceChunk::join`].
+#[derive(Debug)]
+pub struct TracePart(encode::EncodedPart);
+
+impl TracePart {
+    /// Encodes the borrowed spans of one part: their bodies compressed as one zstd frame,
+    /// their index entries and terms. `continues_scope`: the part's first scope is the
+    /// last scope of the part before it (the export was cut inside that scope).
+    ///
+    /// Errors: [`WriteError::Failed`] when postcard cannot encode a span (a bug).
+    pub fn encode_borrowed(
+        parts: &[ResourceSpansRef<'_>],
+        continues_scope: bool,
+    ) -> Result<Self, WriteError> {
+        encode::encode_part(&encode::borrowed_groups(parts), continues_scope)
+            .map(TracePart)
+            .map_err(WriteError::Failed)
+    }
+}
+
 /// A slice of a trace export encoded for the writer on the caller's side (postcard payload
 /// and per-span index, in-chunk duplicates already cut): what [`Storage::write_trace_chunks`]
 /// stores as one `span_batches` row. Holding these instead of the records keeps a large
@@ -263,6 +284,53 @@ impl TraceChunk {
         encode::prepare_borrowed(parts)
             .map(TraceChunk)
             .map_err(WriteError::Failed)
+    }
+
+    /// Joins the parts of one protobuf export, each encoded where it was decoded
+    /// ([`TracePart::encode_borrowed`]), in wire order, into the chunk
+    /// [`TraceChunk::encode_borrowed`] makes of the whole export: the same index and raw
+    /// payload, the payload stored as one zstd frame per part after the header's. `shape`
+    /// gives the whole export's resources and scopes in wire order (its spans are not
+    /// read). A part's encoding runs on its own core, so with one export in flight the
+    /// encoding no longer waits for the whole decode (issue 16).
+    ///
+    /// Answers `None` when two spans of the export share (trace id, span id): encode the
+    /// whole export instead, which keeps one copy of each.
+    ///
+    /// Errors: [`WriteError::Failed`] when the parts do not fit `shape` or postcard
+    /// cannot encode its header (bugs).
+    pub fn join(shape: &TraceBatch, parts: Vec<TracePart>) -> Result<Option<Self>, WriteError> {
+        let resources: Vec<&Resource> =
+            shape.resource_spans.iter().map(|rs| &rs.resource).collect();
+        let scopes: Vec<(u32, &Scope)> = shape
+            .resource_spans
+            .iter()
+            .enumerate()
+            .flat_map(|(ri, rs)| rs.scope_spans.iter().map(move |ss| (ri as u32, &ss.scope)))
+            .collect();
+        encode::join_parts(
+            &resources,
+            &scopes,
+            parts.into_iter().map(|p| p.0).collect(),
+        )
+        .map(|p| p.map(TraceChunk))
+        .map_err(WriteError::Failed)
+    }
+
+    /// What two encodings of the same spans share byte for byte whatever their zstd
+    /// frames: the raw payload (decompressed) and the stored index. The collector's tests
+    /// hold an export encoded in parts ([`TraceChunk::join`]) to one whole encoding with it.
+    ///
+    /// Errors: [`WriteError::Failed`] when the payload does not decompress (a bug).
+    pub fn content(&self) -> Result<(Vec<u8>, &[u8]), WriteError> {
+        let raw = encode::payload_bytes(&self.0.payload).map_err(WriteError::Failed)?;
+        Ok((raw.into_owned(), &self.0.index_blob))
+    }
+
+    /// Zstd frames of the stored payload: 1 for a whole encoding, 1 + the parts for a
+    /// joined one ([`TraceChunk::join`]).
+    pub fn frames(&self) -> usize {
+        encode::payload_frames(&self.0.payload)
     }
 
     /// Bytes the chunk holds (payload plus its index), bytes.

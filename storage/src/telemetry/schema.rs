@@ -172,6 +172,13 @@ CREATE TABLE pending_terms (
 );
 ";
 
+/// "DDL" of migration 9 (issue 16, one export encoded in parts): none. From this version
+/// on a `span_batches.payload` may be several zstd frames, which decompress to the
+/// concatenation of their contents (RFC 8878, section 3.1); a binary of an earlier
+/// version read only one, so the version number alone refuses it the file
+/// ([`crate::StorageError::SchemaTooNew`]) instead of letting it report those rows damaged.
+pub(crate) const PAYLOAD_FRAMES_SCHEMA: &str = "-- trace payloads of several zstd frames";
+
 /// `telemetry_meta` key of the newest batch already merged into `trace_index`.
 pub(crate) const META_MERGED_UPTO: &str = "merged_upto";
 /// Unmerged batches that trigger a merge into `trace_index`.
