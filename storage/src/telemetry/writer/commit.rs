@@ -12,6 +12,7 @@ use rusqlite::{params, OptionalExtension};
 use crate::error::{transient_kind, Transient, WriteError};
 use crate::model::now_unix_nano;
 use crate::telemetry::checkpoint;
+use crate::telemetry::encode::PreparedTraces;
 use crate::telemetry::schema::MERGE_BATCHES;
 use crate::telemetry::stats::RefusedReason;
 
@@ -31,6 +32,10 @@ pub(super) struct Committed {
     pub(super) logs: u64,
     pub(super) log_duplicates: u64,
     pub(super) points: u64,
+    /// The trace requests written, dropped only after the group is answered: freeing
+    /// their index entries and payloads (~1.3% of ingest CPU, on this thread) is then
+    /// off the exporter's wait.
+    pub(super) spent: Vec<PreparedTraces>,
 }
 
 /// Log records remembered for deduplication (by payload hash): an exporter retry arrives
@@ -162,6 +167,7 @@ impl Writer {
                 for r in replies {
                     let _ = r.send(Ok(()));
                 }
+                drop(c.spent);
                 if self.degraded_tx.borrow().is_some() && self.full_tx.borrow().is_none() {
                     self.set_degraded(None);
                 }
@@ -335,16 +341,18 @@ impl Writer {
         let mut c = Committed::default();
         for p in preps {
             match p {
-                Prepared::Traces(t) => {
-                    let (stored, dups) = self.apply_traces(*t, received)?;
+                Prepared::Traces(mut t) => {
+                    let (stored, dups) = self.apply_traces(&mut t, received)?;
                     c.spans += stored;
                     c.duplicates += dups;
+                    c.spent.push(*t);
                 }
                 Prepared::TraceChunks(chunks) => {
-                    for t in chunks {
-                        let (stored, dups) = self.apply_traces(t, received)?;
+                    for mut t in chunks {
+                        let (stored, dups) = self.apply_traces(&mut t, received)?;
                         c.spans += stored;
                         c.duplicates += dups;
+                        c.spent.push(t);
                     }
                 }
                 Prepared::Logs(rows) => {

@@ -107,7 +107,7 @@ impl Writer {
     /// Stores one trace request; answers (spans stored, copies dropped as duplicates).
     pub(super) fn apply_traces(
         &mut self,
-        mut p: PreparedTraces,
+        p: &mut PreparedTraces,
         received: i64,
     ) -> Result<(u64, u64), rusqlite::Error> {
         let n = p.index.spans.len();
@@ -170,7 +170,7 @@ impl Writer {
         let min_start = idx.spans.iter().map(|s| s.start).min().unwrap_or(0);
         let max_start = idx.spans.iter().map(|s| s.start).max().unwrap_or(0);
         let max_duration = idx.spans.iter().map(IdxSpan::duration).max().unwrap_or(0);
-        let trace_list = batch_trace_ids(idx);
+        let trace_list = batch_trace_ids(&traces, &keep);
         // The batch's postings go to batch_terms at the next merge (migration 6).
         let terms = std::mem::take(&mut p.index.terms);
         let mut term_ids = Vec::with_capacity(terms.len());
