@@ -10,6 +10,10 @@
 //! written together, in one transaction ([`stallwatch_storage::Storage::write_trace_chunks`]),
 //! only after the whole body decoded: a bad request stores nothing.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use bytes::Bytes;
 use stallwatch_storage::model::{
     Resource, ResourceSpans, ResourceSpansRef, Scope, ScopeSpans, ScopeSpansRef, Span, SpanId,
     SpanRef, TraceBatch, TraceId,
@@ -49,20 +53,22 @@ pub(crate) fn wire_parts(body: &[u8], parts: usize) -> Vec<WirePart> {
 ///
 /// One request then decodes on more than one core (issue 16: at one request in flight,
 /// decoding was a serial quarter of each request's time while the other core idled). The
-/// first part decodes on the calling thread, the others on `pool` (its threads are kept,
-/// so their allocator heaps stay warm: a new thread per part cost ~0.25 ms of CPU per
-/// 200 KB export), or one after another on the calling thread without one (the tests);
-/// each part gathers its spans, still borrowed from `body` ([`Gathered`]).
+/// parts run on the calling thread and on `pool` (its threads are kept, so their allocator
+/// heaps stay warm: a new thread per part cost ~0.25 ms of CPU per 200 KB export), or one
+/// after another on the calling thread without one (the tests); each part gathers its
+/// spans, still borrowed from `body` ([`Gathered`]).
 ///
 /// - A body under [`CHUNK_SOURCE_BYTES`] is one chunk: each part also encodes its spans
 ///   where it decoded them ([`TracePart::encode_borrowed`]: bodies, terms, its own zstd
 ///   frame) and makes the watchdog's view of them ([`View`]), and the calling thread joins
 ///   the parts in wire order ([`TraceChunk::join`]). With one export in flight, encoding
 ///   and compressing had been a third of the request's serial time while the other core
-///   idled (issue 16). When two spans of the export share (trace id, span id) the join
-///   declines and the body is decoded again whole, which keeps one copy of each.
+///   idled (issue 16). The parts are claimed one at a time by whichever thread is free
+///   ([`Claims`]), so a pool thread slow to wake never holds the request up. When two
+///   spans of the export share (trace id, span id) the join declines and the body is
+///   decoded again whole, which keeps one copy of each.
 /// - A larger body is handed to one [`TraceChunker`] in wire order, which cuts it into
-///   chunks.
+///   chunks: the first part decodes on the calling thread, each other part on `pool`.
 ///
 /// Either way the resource and scope a part shares with the one before it count once, so
 /// the stored spans and index, the watchdog's view and what is refused are exactly those
@@ -73,10 +79,11 @@ pub(crate) fn wire_parts(body: &[u8], parts: usize) -> Vec<WirePart> {
 ///
 /// Errors: the first part's error in wire order, as one whole decode reports it:
 /// [`ChunkError::Decode`] for a bad body, [`ChunkError::Write`] when a chunk could not be
-/// encoded, [`ChunkError::Panicked`] when a part's decode panicked on `pool` (one on the calling
-/// thread unwinds as any decode does).
+/// encoded, [`ChunkError::Panicked`] when a part's decode panicked on `pool`, or, for a
+/// body under [`CHUNK_SOURCE_BYTES`], on any thread (one on the calling thread otherwise
+/// unwinds as any decode does).
 pub(crate) fn chunk_protobuf_traces(
-    body: &[u8],
+    body: &Bytes,
     limits: &Limits,
     parts: usize,
     pool: Option<&rayon_core::ThreadPool>,
@@ -100,49 +107,43 @@ pub(crate) fn chunk_protobuf_traces(
     // An export under CHUNK_SOURCE_BYTES is one chunk: each part encodes its own spans
     // where it decoded them and the parts are joined (TraceChunk::join); a larger one is
     // handed to the chunker in wire order.
-    let encode_in_parts = body.len() < CHUNK_SOURCE_BYTES;
-    let gather = |part: WirePart| {
-        let mut g = Gathered::default();
-        let refusals =
-            decode::decode_traces_part_into(body, limits, &mut g, part).map_err(|e| {
-                match g.failed.take() {
-                    Some(w) => ChunkError::Write(w),
-                    None => ChunkError::Decode(e),
-                }
-            })?;
-        if !encode_in_parts {
-            return Ok(PartOut::Gathered(g, refusals));
+    let results: Vec<Result<PartOut<'_>, ChunkError>> = if body.len() < CHUNK_SOURCE_BYTES {
+        Claims::run_all(body, &parts, limits, pool)
+            .into_iter()
+            .map(|r| r.map(|(e, v, refusals)| PartOut::Encoded(e, v, refusals)))
+            .collect()
+    } else {
+        let gather = |part: WirePart| {
+            let mut g = Gathered::default();
+            let refusals = decode::decode_traces_part_into(body, limits, &mut g, part)
+                .map_err(|e| g.error(e))?;
+            Ok(PartOut::Gathered(g.take_ok()?, refusals))
+        };
+        match pool {
+            Some(pool) => {
+                let mut later: Vec<Option<Result<PartOut<'_>, ChunkError>>> =
+                    parts[1..].iter().map(|_| None).collect();
+                let first = pool.in_place_scope(|scope| {
+                    for (slot, &part) in later.iter_mut().zip(&parts[1..]) {
+                        scope.spawn(move |_| {
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                gather(part)
+                            }));
+                            *slot = Some(r.unwrap_or(Err(ChunkError::Panicked)));
+                        });
+                    }
+                    gather(parts[0])
+                });
+                std::iter::once(first)
+                    .chain(
+                        later
+                            .into_iter()
+                            .map(|r| r.unwrap_or(Err(ChunkError::Panicked))),
+                    )
+                    .collect()
+            }
+            None => parts.iter().map(|&part| gather(part)).collect(),
         }
-        let encoded = TracePart::encode_borrowed(&g.groups, reopened(part) == 2)
-            .map_err(ChunkError::Write)?;
-        let view = View::of(&g);
-        // The part's records are dropped here, on its own thread.
-        drop(g);
-        Ok(PartOut::Encoded(encoded, view, refusals))
-    };
-    let results: Vec<Result<PartOut<'_>, ChunkError>> = match pool {
-        Some(pool) => {
-            let mut later: Vec<Option<Result<PartOut<'_>, ChunkError>>> =
-                parts[1..].iter().map(|_| None).collect();
-            let first = pool.in_place_scope(|scope| {
-                for (slot, &part) in later.iter_mut().zip(&parts[1..]) {
-                    scope.spawn(move |_| {
-                        let r =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gather(part)));
-                        *slot = Some(r.unwrap_or(Err(ChunkError::Panicked)));
-                    });
-                }
-                gather(parts[0])
-            });
-            std::iter::once(first)
-                .chain(
-                    later
-                        .into_iter()
-                        .map(|r| r.unwrap_or(Err(ChunkError::Panicked))),
-                )
-                .collect()
-        }
-        None => parts.iter().map(|&part| gather(part)).collect(),
     };
     let mut outs = Vec::with_capacity(results.len());
     for r in results {
@@ -231,6 +232,100 @@ fn feed<'a>(
     Ok(())
 }
 
+/// One encoded part: its encoding, the watchdog's view of it, its refusals.
+type Encoded = (TracePart, View, Refusals);
+
+/// Decodes one part of an export under [`CHUNK_SOURCE_BYTES`] and encodes it where it
+/// decoded ([`TracePart::encode_borrowed`]); its records are dropped here, on this thread.
+fn encode_part(body: &[u8], part: WirePart, limits: &Limits) -> Result<Encoded, ChunkError> {
+    let mut g = Gathered::default();
+    let refusals =
+        decode::decode_traces_part_into(body, limits, &mut g, part).map_err(|e| g.error(e))?;
+    let g = g.take_ok()?;
+    let encoded =
+        TracePart::encode_borrowed(&g.groups, reopened(part) == 2).map_err(ChunkError::Write)?;
+    let view = View::of(&g);
+    drop(g);
+    Ok((encoded, view, refusals))
+}
+
+/// The parts of one export (under [`CHUNK_SOURCE_BYTES`]), claimed one at a time by the
+/// calling thread and by the pool's threads, whichever is free first.
+///
+/// Why claims, not a part per thread: a pool thread asleep takes a while to run (perf
+/// sched on this 2-core VM: 0.2 ms on average from its wake-up, against ~0.3 ms to decode
+/// and encode half of a 512-span export). The calling thread starts on the first part at
+/// once, and takes the next one too if no pool thread has claimed it yet; it then waits
+/// only for parts a pool thread is working on, never for one to wake. The pool's job
+/// holds the body (a `Bytes`, shared) and, run late, finds nothing left to claim.
+struct Claims {
+    body: Bytes,
+    parts: Vec<WirePart>,
+    limits: Limits,
+    /// The next part to claim.
+    next: AtomicUsize,
+    /// Each part's outcome, once done.
+    done: Mutex<Vec<Option<Result<Encoded, ChunkError>>>>,
+    /// Notified when a part is done.
+    ready: Condvar,
+}
+
+impl Claims {
+    /// Every part's outcome, in wire order: claimed by the calling thread and, when
+    /// `pool` is given, by up to `parts − 1` of its threads.
+    fn run_all(
+        body: &Bytes,
+        parts: &[WirePart],
+        limits: &Limits,
+        pool: Option<&rayon_core::ThreadPool>,
+    ) -> Vec<Result<Encoded, ChunkError>> {
+        let claims = Arc::new(Claims {
+            body: body.clone(),
+            parts: parts.to_vec(),
+            limits: *limits,
+            next: AtomicUsize::new(0),
+            done: Mutex::new(parts.iter().map(|_| None).collect()),
+            ready: Condvar::new(),
+        });
+        if let Some(pool) = pool {
+            let helpers = pool.current_num_threads().min(parts.len() - 1);
+            for _ in 0..helpers {
+                let c = Arc::clone(&claims);
+                pool.spawn(move || c.work());
+            }
+        }
+        claims.work();
+        let mut done = claims.done.lock().unwrap_or_else(PoisonError::into_inner);
+        while done.iter().any(Option::is_none) {
+            done = claims
+                .ready
+                .wait(done)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        done.iter_mut()
+            .map(|r| r.take().unwrap_or(Err(ChunkError::Panicked)))
+            .collect()
+    }
+
+    /// Claims and encodes parts until none is left. A part that panics is
+    /// [`ChunkError::Panicked`] (caught on every thread: its slot must be filled).
+    fn work(&self) {
+        loop {
+            let k = self.next.fetch_add(1, Ordering::AcqRel);
+            let Some(&part) = self.parts.get(k) else {
+                return;
+            };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                encode_part(&self.body, part, &self.limits)
+            }))
+            .unwrap_or(Err(ChunkError::Panicked));
+            let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+            done[k] = Some(r);
+            self.ready.notify_all();
+        }
+    }
+}
+
 /// What one part of [`chunk_protobuf_traces`] made.
 enum PartOut<'a> {
     /// Its spans encoded on its own thread, with the watchdog's view of them.
@@ -316,6 +411,25 @@ struct Gathered<'a> {
     /// Set when an owned span was handed over: the protobuf decoder hands over borrowed
     /// ones, so this is a bug (a 500).
     failed: Option<WriteError>,
+}
+
+impl<'a> Gathered<'a> {
+    /// The part, unless an owned span was handed over (a bug: [`ChunkError::Write`]).
+    fn take_ok(mut self) -> Result<Self, ChunkError> {
+        match self.failed.take() {
+            Some(w) => Err(ChunkError::Write(w)),
+            None => Ok(self),
+        }
+    }
+
+    /// The error of a failed decode: [`ChunkError::Write`] when it failed on an owned span,
+    /// else the decode's.
+    fn error(&mut self, e: DecodeError) -> ChunkError {
+        match self.failed.take() {
+            Some(w) => ChunkError::Write(w),
+            None => ChunkError::Decode(e),
+        }
+    }
 }
 
 impl<'a> SpanSink<'a> for Gathered<'a> {
@@ -698,8 +812,10 @@ mod tests {
             .num_threads(3)
             .build()
             .unwrap();
-        let d = chunk_protobuf_traces(body, &LIMITS, parts, Some(&pool)).unwrap();
-        let one_by_one = chunk_protobuf_traces(body, &LIMITS, parts, None).unwrap();
+        let d = chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, Some(&pool))
+            .unwrap();
+        let one_by_one =
+            chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, None).unwrap();
         assert_eq!(d.batch.open, one_by_one.batch.open);
         assert_eq!(d.batch.chunks.len(), one_by_one.batch.chunks.len());
         (d.batch.chunks.len(), d)
@@ -809,6 +925,39 @@ mod tests {
         );
     }
 
+    /// The calling thread claims every part itself when the pool's threads are all busy:
+    /// it never waits for one to come free, and stores what one whole decode stores.
+    #[test]
+    fn every_part_is_encoded_by_the_calling_thread_while_the_pool_is_busy() {
+        let pool = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let (started, running) = std::sync::mpsc::channel::<()>();
+        pool.spawn(move || {
+            started.send(()).unwrap();
+            let _ = blocked.recv();
+        });
+        running.recv().unwrap();
+        let body = Bytes::from(request_with_refusals(150).encode_to_vec());
+        let whole = chunk_protobuf_traces(&body, &LIMITS, 1, None).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let d = chunk_protobuf_traces(&body, &LIMITS, 2, Some(&pool));
+                tx.send(d.map(|d| (stored(&d), d.batch.chunks[0].frames(), d.batch.spans)))
+                    .unwrap();
+            });
+            let done = rx.recv_timeout(std::time::Duration::from_secs(20));
+            release.send(()).unwrap();
+            let (chunks, frames, spans) = done.expect("decoded while the pool was busy").unwrap();
+            assert_eq!(frames, 3, "two parts joined");
+            assert!(chunks == stored(&whole));
+            assert_eq!(spans, whole.batch.spans);
+        });
+    }
+
     #[test]
     fn a_bad_span_fails_the_parts_with_the_whole_decodes_error() {
         let bad_at = |places: &[(usize, usize, usize)]| {
@@ -823,11 +972,16 @@ mod tests {
             .build()
             .unwrap();
         let err = |body: &[u8], parts| {
-            let on_pool = match chunk_protobuf_traces(body, &LIMITS, parts, Some(&pool)) {
+            let on_pool = match chunk_protobuf_traces(
+                &Bytes::copy_from_slice(body),
+                &LIMITS,
+                parts,
+                Some(&pool),
+            ) {
                 Err(ChunkError::Decode(e)) => e.0,
                 other => panic!("{other:?}"),
             };
-            match chunk_protobuf_traces(body, &LIMITS, parts, None) {
+            match chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, None) {
                 Err(ChunkError::Decode(e)) => assert_eq!(e.0, on_pool),
                 other => panic!("{other:?}"),
             }
@@ -872,7 +1026,8 @@ mod tests {
             )
             .unwrap();
             let pool = (parts > 1).then(test_pool);
-            let d = chunk_protobuf_traces(body, &LIMITS, parts, pool).unwrap();
+            let d =
+                chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, pool).unwrap();
             assert_eq!(d.batch.chunks.len(), 1);
             storage.write_trace_chunks(d.batch.chunks).await.unwrap();
             let mut spans = Vec::new();
@@ -906,7 +1061,7 @@ mod tests {
     /// One decode's whole outcome, comparable: the stored bytes, the watchdog's view, the
     /// refusals, or the error.
     fn outcome(body: &[u8], parts: usize, pool: Option<&rayon_core::ThreadPool>) -> String {
-        match chunk_protobuf_traces(body, &LIMITS, parts, pool) {
+        match chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, pool) {
             Ok(d) => format!(
                 "{:?} {:?} {:?} {} {} {} {}",
                 stored(&d),
