@@ -33,7 +33,7 @@ use super::log_body::drop_dead_generations;
 use super::metrics_read::{forget_points, PointsGone};
 use super::traceidx::{count_unlisted_after, unmerged_postings};
 use super::writer::ids::{record_next_id, IdTable};
-use super::writer::Writer;
+use super::writer::{Writer, WAL_RETRY, WAL_WAIT};
 use super::RetentionReport;
 use crate::error::StorageError;
 use crate::model::now_unix_nano;
@@ -558,16 +558,38 @@ impl Writer {
     /// wal_checkpoint(TRUNCATE)`), so the database file shrinks to the pages
     /// `incremental_vacuum` kept now (in WAL mode the file shrinks only when a checkpoint
     /// copies the commit that shrank it) and an idle sidecar is not left with a WAL that
-    /// only its next write would rewind. Waits for readers at most 100 ms (then the
-    /// checkpointer and the next write do it as usual).
+    /// only its next write would rewind.
+    ///
+    /// The checkpointer stands aside meanwhile (as for [`Writer::checkpoint_tail`]), and a
+    /// checkpoint of its own already running is waited for: it held the lock this one
+    /// needs, and with slow `fsync`s (a loaded machine) it outlasted one 100 ms busy wait,
+    /// so the file stayed at its full size after the pass (a flaky
+    /// `age_retention_of_a_full_store_stays_within_the_cap`). Tries every [`WAL_RETRY`]
+    /// for at most [`WAL_WAIT`], each try waiting [`TRUNCATE_WAIT`] for readers; after that
+    /// the checkpointer and the next write do it as usual.
     fn checkpoint_truncate(&mut self) {
         let busy = self.busy_timeout;
         let _ = self.conn.busy_timeout(TRUNCATE_WAIT);
-        let out = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                r.get::<_, i64>(0)
-            });
+        let was_asked = self
+            .ckpt
+            .writer_should_checkpoint
+            .swap(true, Ordering::AcqRel);
+        let deadline = std::time::Instant::now() + WAL_WAIT;
+        let out = loop {
+            let out = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                });
+            if matches!(out, Ok(0)) || std::time::Instant::now() >= deadline {
+                break out;
+            }
+            std::thread::sleep(WAL_RETRY);
+        };
+        // A WAL truncated needs no checkpoint; otherwise the request stands as it was.
+        self.ckpt
+            .writer_should_checkpoint
+            .store(was_asked && !matches!(out, Ok(0)), Ordering::Release);
         let _ = self.conn.busy_timeout(busy);
         match out {
             Ok(0) => {}

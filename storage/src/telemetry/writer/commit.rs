@@ -20,9 +20,9 @@ use super::{panic_error, Degraded, Prepared, WriteRequest, Writer};
 
 /// Longest the writer waits for the WAL to be checkpointed before committing more while the
 /// `-wal` file is past its bound ([`Writer::checkpoint_tail`]).
-pub(super) const WAL_WAIT: Duration = Duration::from_secs(2);
+pub(in crate::telemetry) const WAL_WAIT: Duration = Duration::from_secs(2);
 /// Retry interval of that wait.
-const WAL_RETRY: Duration = Duration::from_millis(2);
+pub(in crate::telemetry) const WAL_RETRY: Duration = Duration::from_millis(2);
 
 /// What one group committed.
 #[derive(Default)]

@@ -39,6 +39,7 @@ use crate::error::{StorageError, Transient, WriteError};
 use ids::{first_free_id, IdTable};
 
 mod commit;
+pub(in crate::telemetry) use commit::{WAL_RETRY, WAL_WAIT};
 mod health;
 pub(crate) mod ids;
 mod traces;
