@@ -77,8 +77,8 @@ pub(crate) fn wire_parts(body: &[u8], parts: usize) -> Vec<WirePart> {
 /// arrive. What a part gathers is held whole until its turn, so callers cut only bodies
 /// they charged that memory for.
 ///
-/// Errors: the first part's error in wire order, as one whole decode reports it:
-/// [`ChunkError::Decode`] for a bad body, [`ChunkError::Write`] when a chunk could not be
+/// Errors: a bad body's first error in wire order, as one whole decode reports it, else the
+/// first other error: [`ChunkError::Decode`] for a bad body, [`ChunkError::Write`] when a chunk could not be
 /// encoded, [`ChunkError::Panicked`] when a part's decode panicked on `pool`, or, for a
 /// body under [`CHUNK_SOURCE_BYTES`], on any thread (one on the calling thread otherwise
 /// unwinds as any decode does).
@@ -145,10 +145,20 @@ pub(crate) fn chunk_protobuf_traces(
             None => parts.iter().map(|&part| gather(part)).collect(),
         }
     };
-    let mut outs = Vec::with_capacity(results.len());
-    for r in results {
-        outs.push(r?);
+    // The first error in wire order, a bad body's before any other: one whole decode
+    // finds every decode error before it encodes (a part encodes as soon as it decoded).
+    if let Some(e) = results
+        .iter()
+        .position(|r| matches!(r, Err(ChunkError::Decode(_))))
+        .or_else(|| results.iter().position(Result::is_err))
+    {
+        return Err(results
+            .into_iter()
+            .nth(e)
+            .and_then(Result::err)
+            .unwrap_or(ChunkError::Panicked));
     }
+    let outs: Vec<PartOut<'_>> = results.into_iter().flatten().collect();
     let mut all = Refusals::default();
     let mut view = View::default();
     let mut encoded = Vec::with_capacity(outs.len());
@@ -180,6 +190,7 @@ pub(crate) fn chunk_protobuf_traces(
             Some(chunk) => vec![chunk],
             None => {
                 // Two spans share (trace id, span id): one whole decode keeps one copy.
+                drop((view, all));
                 let mut whole = chunk_protobuf_traces(body, limits, 1, None)?;
                 whole.batch.parts = parts.len();
                 return Ok(whole);
@@ -257,7 +268,8 @@ fn encode_part(body: &[u8], part: WirePart, limits: &Limits) -> Result<Encoded, 
 /// and encode half of a 512-span export). The calling thread starts on the first part at
 /// once, and takes the next one too if no pool thread has claimed it yet; it then waits
 /// only for parts a pool thread is working on, never for one to wake. The pool's job
-/// holds the body (a `Bytes`, shared) and, run late, finds nothing left to claim.
+/// holds the claims weakly: run after the request ended, it finds them gone (and with
+/// them the body, a shared `Bytes`); run late but before, it finds nothing to claim.
 struct Claims {
     body: Bytes,
     parts: Vec<WirePart>,
@@ -290,8 +302,13 @@ impl Claims {
         if let Some(pool) = pool {
             let helpers = pool.current_num_threads().min(parts.len() - 1);
             for _ in 0..helpers {
-                let c = Arc::clone(&claims);
-                pool.spawn(move || c.work());
+                // Weak: a job that runs after the request ended must not keep its body.
+                let c = Arc::downgrade(&claims);
+                pool.spawn(move || {
+                    if let Some(c) = c.upgrade() {
+                        c.work();
+                    }
+                });
             }
         }
         claims.work();

@@ -622,13 +622,19 @@ pub(crate) fn encode_part<S: StoredSpan>(
 /// Answers `None` when two spans of the export share (trace id, span id): the caller
 /// encodes the export whole, which resolves them ([`prepare_spans`]).
 ///
-/// Errors: the parts' scopes do not add up to `scopes` (a bug), a postcard failure, as
-/// text.
+/// Errors: more parts than a payload may hold frames ([`MAX_PAYLOAD_FRAMES`]), the parts'
+/// scopes do not add up to `scopes` (bugs), a postcard failure, as text.
 pub(crate) fn join_parts(
     resources: &[&Resource],
     scopes: &[(u32, &Scope)],
     parts: Vec<EncodedPart>,
 ) -> Result<Option<PreparedTraces>, String> {
+    if parts.len() + 1 > MAX_PAYLOAD_FRAMES {
+        return Err(format!(
+            "{} parts make more than {MAX_PAYLOAD_FRAMES} payload frames",
+            parts.len()
+        ));
+    }
     if parts.iter().any(|p| p.duplicate) {
         return Ok(None);
     }
@@ -755,8 +761,8 @@ pub(crate) fn compress_payload(raw: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 /// The most zstd frames a stored payload may hold: [`join_parts`] writes the header's
-/// and one per part (a lone export is decoded in at most as many parts as there are
-/// cores, `collector`'s `DecodeThreads`, so far fewer).
+/// and one per part, and refuses more (the collector cuts a lone export into at most
+/// min(cores, 4) parts, `collector`'s `DecodeThreads`).
 const MAX_PAYLOAD_FRAMES: usize = 64;
 
 /// The raw payload of a stored one: its zstd frames (one from [`compress_payload`], or
@@ -1596,11 +1602,30 @@ mod tests {
                 scopes: g(rs1, vec![(2, 0..6)]),
             }],
         ]];
-        for parts in &cuts {
+        // A part at a new resource whose only scope's spans were all refused (an empty
+        // frame), then the rest, continuing that scope.
+        let empty_then_rest = vec![
+            vec![Group {
+                resource: &rs0.resource,
+                scopes: g(rs0, vec![(0, 0..7)]),
+            }],
+            vec![Group {
+                resource: &rs1.resource,
+                scopes: g(rs1, vec![(0, 0..0)]),
+            }],
+            vec![Group {
+                resource: &rs1.resource,
+                scopes: g(rs1, vec![(0, 0..9), (1, 0..0), (2, 0..6)]),
+            }],
+        ];
+        for (parts, continues) in [
+            (&cuts[0], [false, true, false]),
+            (&empty_then_rest, [false, false, true]),
+        ] {
             let encoded: Vec<EncodedPart> = parts
                 .iter()
-                .enumerate()
-                .map(|(k, p)| encode_part(p, k == 1).unwrap())
+                .zip(continues)
+                .map(|(p, c)| encode_part(p, c).unwrap())
                 .collect();
             let joined = join_parts(&resources, &scopes, encoded).unwrap().unwrap();
             assert_eq!(payload_frames(&joined.payload), 1 + parts.len());
@@ -1669,5 +1694,11 @@ mod tests {
         .unwrap()];
         let e = join_parts(&resources, &scopes, short).unwrap_err();
         assert!(e.contains("scopes"), "{e}");
+        // More parts than a payload may hold frames is refused, not stored unreadable.
+        let many: Vec<EncodedPart> = (0..MAX_PAYLOAD_FRAMES)
+            .map(|_| encode_part::<Span>(&[], false).unwrap())
+            .collect();
+        let e = join_parts(&resources, &scopes, many).unwrap_err();
+        assert!(e.contains("frames"), "{e}");
     }
 }

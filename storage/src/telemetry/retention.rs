@@ -564,32 +564,53 @@ impl Writer {
     /// checkpoint of its own already running is waited for: it held the lock this one
     /// needs, and with slow `fsync`s (a loaded machine) it outlasted one 100 ms busy wait,
     /// so the file stayed at its full size after the pass (a flaky
-    /// `age_retention_of_a_full_store_stays_within_the_cap`). Tries every [`WAL_RETRY`]
-    /// for at most [`WAL_WAIT`], each try waiting [`TRUNCATE_WAIT`] for readers; after that
-    /// the checkpointer and the next write do it as usual.
+    /// `age_retention_of_a_full_store_stays_within_the_cap`). While the answer is busy it
+    /// tries again every [`WAL_RETRY`], each try waiting at most [`TRUNCATE_WAIT`], until
+    /// [`WAL_WAIT`] has passed (so the writer thread waits at most that long); after a wait
+    /// that timed out (a long read) it tries once only for the next [`WAL_WAIT`], as
+    /// [`Writer::checkpoint_tail`] does, and the checkpointer and the next write finish it.
     fn checkpoint_truncate(&mut self) {
         let busy = self.busy_timeout;
-        let _ = self.conn.busy_timeout(TRUNCATE_WAIT);
+        let now = std::time::Instant::now();
+        let insist = now >= self.wal_wait_again_at;
+        let deadline = now + WAL_WAIT;
         let was_asked = self
             .ckpt
             .writer_should_checkpoint
             .swap(true, Ordering::AcqRel);
-        let deadline = std::time::Instant::now() + WAL_WAIT;
         let out = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let _ = self
+                .conn
+                .busy_timeout(TRUNCATE_WAIT.min(left).max(WAL_RETRY));
             let out = self
                 .conn
                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
                     r.get::<_, i64>(0)
                 });
-            if matches!(out, Ok(0)) || std::time::Instant::now() >= deadline {
+            let busy_now = match &out {
+                Ok(b) => *b != 0,
+                Err(e) => matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ),
+            };
+            if !busy_now || !insist || std::time::Instant::now() >= deadline {
                 break out;
             }
             std::thread::sleep(WAL_RETRY);
         };
-        // A WAL truncated needs no checkpoint; otherwise the request stands as it was.
+        let truncated = matches!(out, Ok(0));
+        if insist && !truncated {
+            self.wal_wait_again_at = std::time::Instant::now() + WAL_WAIT;
+        }
+        // A WAL truncated needs no checkpoint. Otherwise the request stands as it was, or
+        // is made now if the WAL is past its bound (the checkpointer may have asked while
+        // the flag was up, which did not show).
+        let ask = !truncated && (was_asked || self.wal_file_bytes() > self.wal_budget);
         self.ckpt
             .writer_should_checkpoint
-            .store(was_asked && !matches!(out, Ok(0)), Ordering::Release);
+            .store(ask, Ordering::Release);
         let _ = self.conn.busy_timeout(busy);
         match out {
             Ok(0) => {}

@@ -413,7 +413,7 @@ pub(super) struct Writer {
     stopping: bool,
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
-    pub(super) wal_wait_again_at: Instant,
+    pub(in crate::telemetry) wal_wait_again_at: Instant,
 }
 
 /// Groups served between two transactions of a retention step, at most.
