@@ -367,31 +367,28 @@ impl View {
             spans: g.bytes.len(),
             ..Default::default()
         };
+        // One pass over each scope's spans: `watched_whole` reads the attributes of every
+        // ended span (the Logfire pending-twin mark).
         for rs in &g.groups {
+            let mut scope_spans = Vec::with_capacity(rs.scope_spans.len());
+            for ss in &rs.scope_spans {
+                let mut spans = Vec::new();
+                for s in &ss.spans {
+                    if s.watched_whole() {
+                        spans.push(s.to_span());
+                    } else {
+                        v.ended.push((s.trace_id, s.span_id));
+                    }
+                }
+                scope_spans.push(ScopeSpans {
+                    scope: ss.scope.clone(),
+                    spans,
+                });
+            }
             v.open.resource_spans.push(ResourceSpans {
                 resource: rs.resource.clone(),
-                scope_spans: rs
-                    .scope_spans
-                    .iter()
-                    .map(|ss| ScopeSpans {
-                        scope: ss.scope.clone(),
-                        spans: ss
-                            .spans
-                            .iter()
-                            .filter(|s| s.watched_whole())
-                            .map(SpanRef::to_span)
-                            .collect(),
-                    })
-                    .collect(),
+                scope_spans,
             });
-            for ss in &rs.scope_spans {
-                v.ended.extend(
-                    ss.spans
-                        .iter()
-                        .filter(|s| !s.watched_whole())
-                        .map(|s| (s.trace_id, s.span_id)),
-                );
-            }
         }
         v
     }
