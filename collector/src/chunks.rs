@@ -117,7 +117,7 @@ pub(crate) fn chunk_protobuf_traces(
             let mut g = Gathered::default();
             let refusals = decode::decode_traces_part_into(body, limits, &mut g, part)
                 .map_err(|e| g.error(e))?;
-            Ok(PartOut::Gathered(g.take_ok()?, refusals))
+            Ok(PartOut::Gathered(g, refusals))
         };
         match pool {
             Some(pool) => {
@@ -252,7 +252,6 @@ fn encode_part(body: &[u8], part: WirePart, limits: &Limits) -> Result<Encoded, 
     let mut g = Gathered::default();
     let refusals =
         decode::decode_traces_part_into(body, limits, &mut g, part).map_err(|e| g.error(e))?;
-    let g = g.take_ok()?;
     let encoded =
         TracePart::encode_borrowed(&g.groups, reopened(part) == 2).map_err(ChunkError::Write)?;
     let view = View::of(&g);
@@ -428,16 +427,9 @@ struct Gathered<'a> {
 }
 
 impl<'a> Gathered<'a> {
-    /// The part, unless an owned span was handed over (a bug: [`ChunkError::Write`]).
-    fn take_ok(mut self) -> Result<Self, ChunkError> {
-        match self.failed.take() {
-            Some(w) => Err(ChunkError::Write(w)),
-            None => Ok(self),
-        }
-    }
-
     /// The error of a failed decode: [`ChunkError::Write`] when it failed on an owned span,
-    /// else the decode's.
+    /// else the decode's. (An owned span fails the decode, so a decode that succeeded
+    /// never has `failed` set.)
     fn error(&mut self, e: DecodeError) -> ChunkError {
         match self.failed.take() {
             Some(w) => ChunkError::Write(w),
