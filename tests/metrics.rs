@@ -29,6 +29,7 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("stallwatch_storage_logs_committed", "counter", ""),
     ("stallwatch_storage_metric_points_committed", "counter", ""),
     ("stallwatch_storage_commits", "counter", ""),
+    ("stallwatch_storage_led_commits", "counter", ""),
     ("stallwatch_storage_commit_failures", "counter", ""),
     (
         "stallwatch_storage_retention_batches_deleted",

@@ -87,6 +87,8 @@ pub struct TelemetryStats {
     pub(crate) commit_failures: AtomicU64,
     pub(crate) refused: [AtomicU64; 7],
     pub(crate) queue_depth: AtomicUsize,
+    /// Commits made by an export on its own thread, as leader (`writer/mod.rs`).
+    pub(crate) led_commits: AtomicU64,
     pub(crate) commit_buckets: [AtomicU64; COMMIT_BUCKETS_SECONDS.len()],
     pub(crate) commit_seconds_sum_ns: AtomicU64,
     pub(crate) retention_batches_deleted: AtomicU64,
@@ -117,6 +119,11 @@ impl TelemetryStats {
     /// Group commits done.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+    /// Group commits an export made on its own thread as leader, the writer being idle
+    /// (a subset of [`Self::commits`]).
+    pub fn led_commits(&self) -> u64 {
+        self.led_commits.load(Ordering::Relaxed)
     }
     /// Writes refused for `reason`.
     pub fn refused(&self, reason: RefusedReason) -> u64 {
@@ -179,6 +186,12 @@ impl MetricsSource for TelemetryStats {
             "stallwatch_storage_commits_total",
             "Telemetry group commits.",
             self.commits(),
+        );
+        counter(
+            out,
+            "stallwatch_storage_led_commits_total",
+            "Telemetry commits an export made on its own thread while the writer was idle (leader commits, part of stallwatch_storage_commits_total).",
+            self.led_commits(),
         );
         counter(
             out,

@@ -98,7 +98,10 @@ impl Writer {
                 return;
             }
         }
-        if self.ckpt.writer_should_checkpoint.load(Ordering::Acquire) {
+        // A leader never waits for the WAL (the flag went up after it was allowed to
+        // lead): the writer thread does before its next group, and no export leads while
+        // the flag is up.
+        if !self.leading && self.ckpt.writer_should_checkpoint.load(Ordering::Acquire) {
             self.checkpoint_tail();
         }
         let started = Instant::now();
@@ -172,8 +175,10 @@ impl Writer {
                     self.set_degraded(None);
                 }
                 if self.l0_batches >= MERGE_BATCHES {
-                    if let Err(e) = self.merge_l0() {
-                        tracing::warn!(error = %e, "merging the trace index failed; will retry");
+                    if self.leading {
+                        self.housekeeping = true;
+                    } else {
+                        self.merge_now();
                     }
                 }
                 self.ckpt.note_commit(need);
@@ -187,8 +192,14 @@ impl Writer {
                     self.set_full(None);
                 }
                 if self.used_bytes > self.size_high() {
-                    // Past the high watermark: the oldest go now, before the next group.
-                    self.retain_size(0);
+                    // Past the high watermark: the oldest go now, before the next group
+                    // (a leader leaves it to the writer thread, and no export leads
+                    // until it is done).
+                    if self.leading {
+                        self.housekeeping = true;
+                    } else {
+                        self.retain_size(0);
+                    }
                 }
             }
             Err(e) => {
@@ -267,6 +278,26 @@ impl Writer {
                     }));
                 }
             }
+        }
+    }
+
+    /// Merges the trace index's unmerged batches (a failure is retried after the next
+    /// commit).
+    fn merge_now(&mut self) {
+        if let Err(e) = self.merge_l0() {
+            tracing::warn!(error = %e, "merging the trace index failed; will retry");
+        }
+    }
+
+    /// What a leader's commit left to the writer thread ([`Writer::housekeeping`]): the
+    /// trace index merge and retention past the high watermark, as after the thread's own
+    /// commits.
+    pub(super) fn housekeep(&mut self) {
+        if self.l0_batches >= MERGE_BATCHES {
+            self.merge_now();
+        }
+        if self.used_bytes > self.size_high() {
+            self.retain_size(0);
         }
     }
 

@@ -1,6 +1,15 @@
-//! The telemetry writer thread: one `std::thread` owning its own connection, fed by a
-//! bounded queue, committing groups of requests in one `BEGIN IMMEDIATE` transaction and
+//! The telemetry writer: one connection behind a lock, used by its own `std::thread` fed by
+//! a bounded queue, committing groups of requests in one `BEGIN IMMEDIATE` transaction and
 //! answering each request only after COMMIT returned (docs/design.md, Durability and limits).
+//!
+//! **The leader commits.** An export that finds the queue empty and the writer idle (its
+//! lock free, nothing after the last commit left to do, no retention, checkpoint wait or
+//! degraded state pending) commits itself, on its own thread ([`TelemetryWriter::submit`]):
+//! with one export in flight the thread hand-offs to the writer and back, each a wake-up
+//! (0.1–0.2 ms to be scheduled on a loaded 2-core VM, `perf sched latency`), are gone. Any
+//! other export is queued to the writer thread, which groups what is queued as before. A
+//! leader defers what follows a commit and may take long (merging the trace index,
+//! retention past the high watermark) to the thread, and never serves the queue.
 //!
 //! Deduplication of (trace id, span id) happens here: a trace's stored batches come from
 //! `trace_index` plus the in-memory map of batches not merged yet (`l0`); a new trace
@@ -18,9 +27,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
@@ -68,6 +77,10 @@ const SIZE_LOW_PERCENT: u64 = 75;
 const WRITER_CACHE_KIB: i64 = 8 * 1024;
 /// While degraded and idle, how often the writer probes whether storage is back.
 const DEGRADED_PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Largest request (its payload bytes, [`Prepared::bytes`]) an export commits itself as
+/// leader: 1 MiB. A larger one is committed by the writer thread, so an async worker thread
+/// is never held for a long commit.
+const LEAD_MAX_BYTES: usize = 1024 * 1024;
 
 /// A transient storage condition the writer is in: the source of `/readyz`'s `degraded`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,11 +127,31 @@ pub(crate) enum Msg {
     Shutdown,
 }
 
+/// The writer, shared by its thread and the exporters that commit as leaders: `None` once
+/// the thread stopped (its connection is closed then).
+struct Slot {
+    writer: Mutex<Option<Writer>>,
+    /// The handle was dropped without a shutdown: the thread stops at its next turn.
+    gone: AtomicBool,
+}
+
+impl Slot {
+    /// The writer's lock; a poisoned lock is taken as it is (every panic under it is
+    /// caught and recovered from first, see [`Writer::recover_from_panic`]).
+    fn lock(&self) -> MutexGuard<'_, Option<Writer>> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// The writer thread's handle, held by [`crate::Storage`].
 pub(crate) struct TelemetryWriter {
     tx: SyncSender<Msg>,
     capacity: usize,
     closed: AtomicBool,
+    slot: Arc<Slot>,
+    /// The writer thread, woken by every message queued to it and by a leader that left
+    /// work after its commit.
+    waker: Thread,
     thread: Mutex<Option<JoinHandle<()>>>,
     checkpointer: Mutex<Checkpointer>,
     pub(crate) stats: Arc<TelemetryStats>,
@@ -163,6 +196,7 @@ impl TelemetryWriter {
         let (degraded_tx, degraded_rx) = watch::channel(None);
         let identity = file_identity(&config.path);
         let checkpointer = Checkpointer::start(config)?;
+        let now = Instant::now();
         let mut writer = Writer {
             ckpt: checkpointer.shared.clone(),
             conn,
@@ -201,10 +235,13 @@ impl TelemetryWriter {
             bloom: TraceBloom::with_capacity(0),
             l0_new: HashSet::default(),
             retention_interval: config.retention_interval,
-            next_retention: Instant::now() + config.retention_interval,
+            next_retention: now + config.retention_interval,
+            next_probe: now,
             retaining: false,
-            wal_wait_again_at: Instant::now(),
+            wal_wait_again_at: now,
             stopping: false,
+            housekeeping: false,
+            leading: false,
         };
         let orphans = traces::drop_orphan_runs(&writer.conn)?;
         if orphans > 0 {
@@ -216,14 +253,21 @@ impl TelemetryWriter {
         writer.refresh_used()?;
         writer.reload_l0()?;
         writer.rebuild_bloom(0)?;
+        let slot = Arc::new(Slot {
+            writer: Mutex::new(Some(writer)),
+            gone: AtomicBool::new(false),
+        });
+        let for_thread = slot.clone();
         let thread = std::thread::Builder::new()
             .name("stallwatch-telemetry-writer".into())
-            .spawn(move || writer.run())
+            .spawn(move || Writer::run(&for_thread))
             .map_err(|e| StorageError::Task(format!("cannot start the writer thread: {e}")))?;
         Ok(Self {
             tx,
             capacity,
             closed: AtomicBool::new(false),
+            slot,
+            waker: thread.thread().clone(),
             thread: Mutex::new(Some(thread)),
             checkpointer: Mutex::new(checkpointer),
             stats,
@@ -248,20 +292,21 @@ impl TelemetryWriter {
         Ok(())
     }
 
-    /// Queues a prepared request with `try_send` and waits for the answer sent after
-    /// COMMIT.
+    /// Commits a prepared request as leader when the writer is idle ([`Self::lead`]), or
+    /// else queues it with `try_send`; either way waits for the answer sent after COMMIT.
     pub(crate) async fn submit(&self, prepared: Prepared) -> Result<(), WriteError> {
         if self.closed.load(Ordering::Acquire) {
             self.stats.count_refused(RefusedReason::Closed, 1);
             return Err(WriteError::Closed);
         }
         let (reply, answer) = oneshot::channel();
+        let req = match self.lead(WriteRequest { prepared, reply }) {
+            None => return answer.await.unwrap_or(Err(WriteError::Closed)),
+            Some(req) => req,
+        };
         self.stats.queue_depth.fetch_add(1, Ordering::Relaxed);
-        match self
-            .tx
-            .try_send(Msg::Write(WriteRequest { prepared, reply }))
-        {
-            Ok(()) => {}
+        match self.tx.try_send(Msg::Write(req)) {
+            Ok(()) => self.waker.unpark(),
             Err(TrySendError::Full(_)) => {
                 self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 self.stats.count_refused(RefusedReason::QueueFull, 1);
@@ -278,6 +323,42 @@ impl TelemetryWriter {
         answer.await.unwrap_or(Err(WriteError::Closed))
     }
 
+    /// Commits `req` on the calling thread when nothing is queued, the writer's lock is
+    /// free and the writer may lead ([`Writer::may_lead`]); `req` is answered then, and
+    /// `None` returned. Otherwise gives `req` back, untouched, for the queue.
+    ///
+    /// A panic in the commit is contained as on the writer thread: the writer recovers,
+    /// `req`'s reply is dropped (answered [`WriteError::Closed`], retryable).
+    fn lead(&self, req: WriteRequest) -> Option<WriteRequest> {
+        if self.stats.queue_depth() > 0 {
+            return Some(req);
+        }
+        let mut guard = match self.slot.writer.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Some(req),
+        };
+        let Some(w) = guard.as_mut() else {
+            return Some(req);
+        };
+        if !w.may_lead(req.prepared.bytes()) {
+            return Some(req);
+        }
+        w.leading = true;
+        let led = catch_unwind(AssertUnwindSafe(|| w.commit_group(vec![req])));
+        w.leading = false;
+        if let Err(payload) = led {
+            w.recover_from_panic(&panic_error(payload.as_ref()));
+        }
+        self.stats.led_commits.fetch_add(1, Ordering::Relaxed);
+        let wake = w.housekeeping;
+        drop(guard);
+        if wake {
+            self.waker.unpark();
+        }
+        None
+    }
+
     /// Asks the writer thread for a retention pass and waits for its report.
     pub(crate) async fn retention(&self) -> Result<RetentionReport, StorageError> {
         let (reply, answer) = oneshot::channel();
@@ -286,6 +367,7 @@ impl TelemetryWriter {
             .await
             .map_err(|e| StorageError::Task(e.to_string()))?
             .map_err(|_| StorageError::Closed)?;
+        self.waker.unpark();
         answer.await.unwrap_or(Err(StorageError::Closed))
     }
 
@@ -295,6 +377,7 @@ impl TelemetryWriter {
         self.closed.store(true, Ordering::Release);
         let tx = self.tx.clone();
         let _ = tokio::task::spawn_blocking(move || tx.send(Msg::Shutdown)).await;
+        self.waker.unpark();
         let handle = self.thread.lock().ok().and_then(|mut h| h.take());
         if let Some(h) = handle {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
@@ -310,6 +393,15 @@ impl TelemetryWriter {
         if let Ok(c) = self.checkpointer.lock() {
             c.shared.note_commit(0);
         }
+    }
+}
+
+impl Drop for TelemetryWriter {
+    /// Without a shutdown (a test, an early error), the thread stops at its next turn,
+    /// dropping what is queued (answered [`WriteError::Closed`]).
+    fn drop(&mut self) {
+        self.slot.gone.store(true, Ordering::Release);
+        self.waker.unpark();
     }
 }
 
@@ -405,6 +497,8 @@ pub(super) struct Writer {
     pub(super) l0_new: HashSet<[u8; 16], IdBuild>,
     retention_interval: Duration,
     next_retention: Instant,
+    /// While degraded, when the idle writer thread probes storage next.
+    next_probe: Instant,
     /// True while a size retention step runs (the groups it serves between its chunks do
     /// not start another).
     pub(super) retaining: bool,
@@ -414,63 +508,81 @@ pub(super) struct Writer {
     recent_logs: RecentLogs,
     /// Before this instant the writer does not wait for the WAL again (a wait timed out).
     pub(in crate::telemetry) wal_wait_again_at: Instant,
+    /// A leader's commit left work for the writer thread ([`Writer::housekeep`]); no export
+    /// leads until it is done.
+    pub(super) housekeeping: bool,
+    /// An export is committing as leader: what may take long is left to the thread.
+    pub(super) leading: bool,
+}
+
+/// What the writer thread does after one turn.
+enum Turn {
+    /// Takes the next turn at once (the lock is released in between, so a leader may
+    /// commit).
+    Again,
+    /// Nothing to do: sleeps until woken or for this long (the next retention pass or
+    /// degraded probe).
+    Wait(Duration),
+    /// Stops (shutdown, or the handle was dropped).
+    Stop,
 }
 
 /// Groups served between two transactions of a retention step, at most.
 const SERVE_BETWEEN_STEPS: usize = 4;
 
 impl Writer {
-    fn run(mut self) {
+    /// The writer thread: turns under the writer's lock, released between turns and while
+    /// sleeping, until a shutdown or the handle's drop. The writer is dropped (its
+    /// connection closed) when the thread stops.
+    fn run(slot: &Slot) {
         loop {
-            match catch_unwind(AssertUnwindSafe(|| self.step())) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(payload) => {
-                    self.recover_from_panic(&panic_error(payload.as_ref()));
-                    if self.stopping {
-                        break;
+            let mut guard = slot.lock();
+            let Some(w) = guard.as_mut() else { break };
+            let turn = if slot.gone.load(Ordering::Acquire) {
+                Turn::Stop
+            } else {
+                match catch_unwind(AssertUnwindSafe(|| w.step())) {
+                    Ok(turn) => turn,
+                    Err(payload) => {
+                        w.recover_from_panic(&panic_error(payload.as_ref()));
+                        if w.stopping {
+                            Turn::Stop
+                        } else {
+                            Turn::Again
+                        }
                     }
+                }
+            };
+            match turn {
+                Turn::Again => {}
+                Turn::Wait(d) => {
+                    drop(guard);
+                    std::thread::park_timeout(d);
+                }
+                Turn::Stop => {
+                    *guard = None;
+                    break;
                 }
             }
         }
         tracing::debug!("telemetry writer stopped");
     }
 
-    /// One turn of the loop: the next message handled, or a retention pass or health
-    /// probe when none came in time. False when the thread is to stop.
-    fn step(&mut self) -> bool {
+    /// One turn: what a leader left after its commit, else the next message, else a due
+    /// retention pass or degraded probe, else how long to sleep.
+    fn step(&mut self) -> Turn {
+        if self.housekeeping {
+            self.housekeeping = false;
+            self.housekeep();
+            return Turn::Again;
+        }
         let msg = match self.deferred.pop_front() {
             Some(m) => m,
-            None => {
-                let mut wait = self
-                    .next_retention
-                    .saturating_duration_since(Instant::now());
-                let degraded = self.degraded_tx.borrow().is_some();
-                if degraded {
-                    wait = wait.min(DEGRADED_PROBE_EVERY);
-                }
-                match self.rx.recv_timeout(wait) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => {
-                        // A due pass runs while degraded too (a full episode ends through
-                        // a commit or through retention), and always moves the next one
-                        // forward: a degraded writer whose pass had come due used to wait
-                        // 0 ms and probe in a loop, one core at 100% (~125,000 `stat`
-                        // calls a second) until the episode ended.
-                        if Instant::now() >= self.next_retention {
-                            self.next_retention = Instant::now() + self.retention_interval;
-                            if let Err(e) = self.retention_pass() {
-                                tracing::warn!(error = %e, "telemetry retention pass failed");
-                            }
-                        }
-                        if degraded {
-                            self.probe();
-                        }
-                        return true;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return false,
-                }
-            }
+            None => match self.rx.try_recv() {
+                Ok(m) => m,
+                Err(TryRecvError::Disconnected) => return Turn::Stop,
+                Err(TryRecvError::Empty) => return self.idle(),
+            },
         };
         match msg {
             Msg::Write(first) => self.group(first),
@@ -480,10 +592,54 @@ impl Writer {
             Msg::Shutdown => {
                 self.stopping = true;
                 self.drain_for_shutdown();
-                return false;
+                return Turn::Stop;
             }
         }
-        true
+        Turn::Again
+    }
+
+    /// Nothing queued: runs a due retention pass or degraded probe, or says how long to
+    /// sleep until one is due.
+    fn idle(&mut self) -> Turn {
+        let now = Instant::now();
+        // A due pass runs while degraded too (a full episode ends through a commit or
+        // through retention), and always moves the next one forward: a degraded writer
+        // whose pass had come due used to wait 0 ms and probe in a loop, one core at 100%
+        // (~125,000 `stat` calls a second) until the episode ended.
+        if now >= self.next_retention {
+            self.next_retention = now + self.retention_interval;
+            if let Err(e) = self.retention_pass() {
+                tracing::warn!(error = %e, "telemetry retention pass failed");
+            }
+            return Turn::Again;
+        }
+        let mut wait = self.next_retention - now;
+        if self.degraded_tx.borrow().is_some() {
+            if now >= self.next_probe {
+                self.next_probe = now + DEGRADED_PROBE_EVERY;
+                self.probe();
+                return Turn::Again;
+            }
+            wait = wait.min(self.next_probe - now);
+        }
+        Turn::Wait(wait)
+    }
+
+    /// Whether an export of `bytes` may commit itself now ([`TelemetryWriter::lead`]):
+    /// only when the commit is the plain case, with nothing the writer thread must do
+    /// first (a message it deferred, work left after the last leader's commit, a WAL past
+    /// its bound to checkpoint, retention to make room, a degraded or full state to
+    /// probe) and the request is small ([`LEAD_MAX_BYTES`]).
+    fn may_lead(&self, bytes: usize) -> bool {
+        !self.stopping
+            && !self.housekeeping
+            && !self.retaining
+            && self.deferred.is_empty()
+            && bytes <= LEAD_MAX_BYTES
+            && self.used_bytes.saturating_add(bytes as u64) <= self.size_high()
+            && !self.ckpt.writer_should_checkpoint.load(Ordering::Acquire)
+            && self.degraded_tx.borrow().is_none()
+            && self.full_tx.borrow().is_none()
     }
 
     /// After a panic outside a commit (a merge, a retention pass: a bug), the thread goes
@@ -578,6 +734,10 @@ impl Writer {
     /// from two such writers at a 32 MiB cap: 140 of 170 exports refused, the database at
     /// its page limit, `a_log_flood_at_the_cap_stays_within_the_cap`).
     pub(super) fn serve_pending(&mut self) {
+        if self.leading {
+            // A leader's commit never serves the queue: the thread does, right after.
+            return;
+        }
         for _ in 0..SERVE_BETWEEN_STEPS {
             match self.rx.try_recv() {
                 Ok(Msg::Write(r)) => self.group(r),
@@ -683,6 +843,121 @@ mod tests {
             let t = storage.trace(TraceId([n; 16])).await.unwrap();
             assert_eq!(t.map(|t| t.spans.len()), Some(1), "trace {n}");
         }
+        storage.shutdown().await;
+    }
+
+    /// With one export at a time, each commits itself as leader (the writer thread never
+    /// wakes for it); while the writer is busy (its lock held), an export is queued, waits,
+    /// and is committed by the thread once the writer is free, never by itself meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_export_leads_when_the_writer_is_idle_and_queues_when_it_is_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = open(&dir);
+        let stats = storage.inner.telemetry.stats.clone();
+        for n in 1..=5 {
+            storage.write_traces(batch(n)).await.unwrap();
+        }
+        assert_eq!(stats.led_commits(), 5);
+        assert_eq!(stats.commits(), 5);
+
+        let slot = storage.inner.telemetry.slot.clone();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let guard = slot.lock();
+            held_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            drop(guard);
+        });
+        held_rx.recv().unwrap();
+        let started = std::time::Instant::now();
+        storage.write_traces(batch(6)).await.unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "answered after {:?}, while the writer was busy",
+            started.elapsed()
+        );
+        holder.join().unwrap();
+        assert_eq!(
+            stats.led_commits(),
+            5,
+            "the busy writer's export was queued"
+        );
+        assert_eq!(stats.commits(), 6);
+        assert_eq!(stats.queue_depth(), 0);
+        for n in 1..=6 {
+            let t = storage.trace(TraceId([n; 16])).await.unwrap();
+            assert_eq!(t.map(|t| t.spans.len()), Some(1), "trace {n}");
+        }
+        storage.shutdown().await;
+        assert!(
+            storage.inner.telemetry.slot.lock().is_none(),
+            "the stopped thread closed the writer"
+        );
+    }
+
+    /// The trace index merge due after a leader's commit is left to the writer thread,
+    /// which the leader wakes for it: the unmerged batches do not stay at the merge
+    /// threshold when no export follows.
+    #[tokio::test]
+    async fn the_writer_thread_merges_what_leaders_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = open(&dir);
+        let merge_at = crate::telemetry::schema::MERGE_BATCHES;
+        // The last export brings the unmerged batches to the threshold: no export follows
+        // that would queue and so wake the thread.
+        for n in 0..merge_at {
+            let mut b = (*batch(1)).clone();
+            let span = &mut b.resource_spans[0].scope_spans[0].spans[0];
+            span.trace_id = TraceId([
+                (n % 251) as u8 + 1,
+                (n / 251) as u8 + 1,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+                7,
+            ]);
+            storage.write_traces(Arc::new(b)).await.unwrap();
+        }
+        let stats = storage.inner.telemetry.stats.clone();
+        assert!(
+            stats.led_commits() > merge_at as u64 / 2,
+            "{}",
+            stats.led_commits()
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let unmerged = storage
+                .inner
+                .telemetry
+                .slot
+                .lock()
+                .as_ref()
+                .map(|w| w.l0_batches)
+                .unwrap();
+            if unmerged < merge_at {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{unmerged} batches still unmerged"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let t = storage
+            .trace(TraceId([1, 1, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]))
+            .await
+            .unwrap();
+        assert_eq!(t.map(|t| t.spans.len()), Some(1));
         storage.shutdown().await;
     }
 
