@@ -201,7 +201,7 @@ async fn serve(
             r = &mut watch => { r?; anyhow::bail!("--exit-with-parent: the parent exited during start-up"); }
             _ = std::future::ready(()) => {}
         }
-        tokio::spawn(async move {
+        stallwatch_vocabulary::task::spawn_boxed(async move {
             match watch.await {
                 Ok(pid) => tracing::warn!(parent_pid = pid, "parent process exited; shutting down"),
                 Err(e) => tracing::error!("{e:#}"),
@@ -245,13 +245,17 @@ async fn serve(
     } else {
         data.ensure_reserve();
     }
-    let reserve_task = tokio::spawn(keep_reserve(
+    let reserve_task = stallwatch_vocabulary::task::spawn_boxed(keep_reserve(
         data.path.clone(),
         storage.clone(),
         full_at_start,
     ));
-    let self_trace_task =
-        self_traces.map(|sink| tokio::spawn(crate::selftrace::run_writer(sink, storage.clone())));
+    let self_trace_task = self_traces.map(|sink| {
+        stallwatch_vocabulary::task::spawn_boxed(crate::selftrace::run_writer(
+            sink,
+            storage.clone(),
+        ))
+    });
 
     // Forwarder: every accepted span, log and metric point upstream (`[forward]`).
     let forwarder = match settings.forward {
@@ -336,7 +340,7 @@ async fn serve(
     reaper.follow_board(watchdog.board());
 
     // Lifecycle notices: reaper → watchdog (named in ARCHITECTURE.md).
-    let forward_changes = tokio::spawn(async move {
+    let forward_changes = stallwatch_vocabulary::task::spawn_boxed(async move {
         while let Some(change) = change_rx.recv().await {
             if wd_change_tx.send(change).await.is_err() {
                 break;
@@ -385,7 +389,7 @@ async fn serve(
     };
     let dash_token = CancellationToken::new();
     let app = stallwatch_dashboards::app(state);
-    let dash_task = tokio::spawn(stallwatch_dashboards::serve_with(
+    let dash_task = stallwatch_vocabulary::task::spawn_boxed(stallwatch_dashboards::serve_with(
         listener,
         app,
         dash_config.listen_limits,
@@ -400,13 +404,16 @@ async fn serve(
     );
 
     // Storage-full alarm → `storage.full` incident.
-    let full_task = tokio::spawn(watch_storage_full(storage.clone(), events.clone()));
+    let full_task = stallwatch_vocabulary::task::spawn_boxed(watch_storage_full(
+        storage.clone(),
+        events.clone(),
+    ));
 
     // Control routing: the one reverse edge.
     let control_shutdown = shutdown.clone();
     let wd_for_control = watchdog.clone();
     let reaper_for_control = reaper.clone();
-    let control_task = tokio::spawn(async move {
+    let control_task = stallwatch_vocabulary::task::spawn_boxed(async move {
         while let Some(req) = control_rx.recv().await {
             match req {
                 ControlRequest::Shutdown => control_shutdown.cancel(),
@@ -423,7 +430,9 @@ async fn serve(
                 }
                 other => {
                     let reaper = reaper_for_control.clone();
-                    tokio::spawn(async move { reaper.handle(other).await });
+                    stallwatch_vocabulary::task::spawn_boxed(
+                        async move { reaper.handle(other).await },
+                    );
                 }
             }
         }
@@ -464,7 +473,8 @@ async fn serve(
     tracing::info_span!("stallwatch.ready", otlp_grpc = %grpc_addr, otlp_http = %http_addr, dashboard = %dashboard_addr)
         .in_scope(|| tracing::info!(data_dir = %data.path.display(), "stallwatch ready"));
 
-    let residency_task = tokio::spawn(release_code_pages_while_running());
+    let residency_task =
+        stallwatch_vocabulary::task::spawn_boxed(release_code_pages_while_running());
 
     // A stage that ends before shutdown was asked (a panic: a bug; a listener that failed)
     // leaves stallwatch without part of itself, e.g. a watchdog that trips nothing while
@@ -507,7 +517,7 @@ async fn serve(
     // holds, and the next start's orphan sweep closes what was left open.
     let hurry = CancellationToken::new();
     let first_signal = std::time::Instant::now();
-    let hurry_task = tokio::spawn({
+    let hurry_task = stallwatch_vocabulary::task::spawn_boxed({
         let hurry = hurry.clone();
         let reaper = reaper.clone();
         async move {

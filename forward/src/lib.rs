@@ -57,7 +57,7 @@ impl Forwarder {
         let exporter = Exporter::new(&config)?;
         let worker = Worker::new(config, storage, exporter);
         let (stats, token) = (worker.stats.clone(), worker.token.clone());
-        let task = tokio::spawn(worker.run());
+        let task = stallwatch_vocabulary::task::spawn_boxed(worker.run());
         Ok(Self { stats, token, task })
     }
 

@@ -109,13 +109,13 @@ pub fn serve(path: &Path, health: Health) -> std::io::Result<tokio::task::JoinHa
         Err(e) => return Err(e),
     }
     let listener = tokio::net::UnixListener::bind(path)?;
-    Ok(tokio::spawn(async move {
+    Ok(stallwatch_vocabulary::task::spawn_boxed(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            tokio::spawn(answer_one(stream, health.clone()));
+            stallwatch_vocabulary::task::spawn_boxed(answer_one(stream, health.clone()));
         }
     }))
 }
@@ -131,7 +131,7 @@ pub fn serve(path: &Path, health: Health) -> std::io::Result<tokio::task::JoinHa
         .first_pipe_instance(true)
         .reject_remote_clients(true)
         .create(&path)?;
-    Ok(tokio::spawn(async move {
+    Ok(stallwatch_vocabulary::task::spawn_boxed(async move {
         loop {
             if server.connect().await.is_err() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -148,7 +148,7 @@ pub fn serve(path: &Path, health: Health) -> std::io::Result<tokio::task::JoinHa
                 }
             };
             let connected = std::mem::replace(&mut server, next);
-            tokio::spawn(answer_one(connected, health.clone()));
+            stallwatch_vocabulary::task::spawn_boxed(answer_one(connected, health.clone()));
         }
     }))
 }

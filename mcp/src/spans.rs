@@ -213,7 +213,7 @@ impl Exporter {
     pub fn start(endpoint: String) -> Self {
         let (tx, rx) = mpsc::channel(EXPORT_QUEUE);
         let dropped: std::sync::Arc<std::sync::atomic::AtomicU64> = Default::default();
-        tokio::spawn(run_exporter(endpoint, rx, dropped.clone()));
+        stallwatch_vocabulary::task::spawn_boxed(run_exporter(endpoint, rx, dropped.clone()));
         Self {
             tx: Some(tx),
             dropped,

@@ -51,7 +51,9 @@ mod tests {
         let s = std::sync::Arc::new(Settled::default());
         assert!(!s.wait(Duration::from_millis(20)).await);
         let s2 = s.clone();
-        let waiter = tokio::spawn(async move { s2.wait(Duration::from_secs(30)).await });
+        let waiter = stallwatch_vocabulary::task::spawn_boxed(async move {
+            s2.wait(Duration::from_secs(30)).await
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
         s.settle();
         assert!(waiter.await.unwrap());

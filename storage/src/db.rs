@@ -22,6 +22,30 @@ pub const SHUTDOWN_HELD_WAIT: std::time::Duration = std::time::Duration::from_se
 /// extra connections each cost an open, the pragmas and a schema read).
 const READ_POOL: usize = 4;
 
+/// A read or control closure's answer with its type erased ([`Storage::read`],
+/// [`Storage::control`]).
+type Answer = Box<dyn std::any::Any + Send>;
+/// A type-erased control closure.
+type ControlFn = Box<dyn FnOnce(&Transaction<'_>) -> Result<Answer, StorageError> + Send>;
+/// A type-erased read closure.
+type ReadFn = Box<dyn FnOnce(&Connection) -> Result<Answer, StorageError> + Send>;
+
+/// `f` with its answer's type erased.
+fn erase_control<T, F>(f: F) -> ControlFn
+where
+    T: Send + 'static,
+    F: FnOnce(&Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
+{
+    Box::new(move |tx: &Transaction<'_>| f(tx).map(|t| Box::new(t) as Answer))
+}
+
+/// The answer of an erased closure, as the type its caller gave.
+fn downcast<T: 'static>(a: Answer) -> Result<T, StorageError> {
+    a.downcast::<T>()
+        .map(|t| *t)
+        .map_err(|_| StorageError::Task("a closure answered another type".into()))
+}
+
 /// A cheap, cloneable handle to the database. Dropping the last clone does not stop the
 /// writer thread; call [`Storage::shutdown`] for an ordered flush.
 #[derive(Clone)]
@@ -212,22 +236,22 @@ impl Storage {
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the control connection
     /// (`synchronous=FULL`) and answers once that transaction committed. Concurrent callers
     /// share one commit (group commit, `group.rs`), each under its own savepoint: an `Err`
-    /// from `f` rolls back only `f`'s writes. Blocking; see [`Storage::control`] for async
+    /// from `f` rolls back only `f`'s writes. `wait` is how long to wait for a locked
+    /// database instead of `busy_timeout`. Blocking; see [`Storage::control`] for async
     /// callers.
-    pub(crate) fn control_blocking<T, F>(&self, f: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
-    {
-        self.control_waiting(self.inner.config.busy_timeout, f)
-    }
-
-    /// [`Storage::control_blocking`] with a busy wait of `wait` instead of `busy_timeout`.
     pub(crate) fn control_waiting<T, F>(&self, wait: Duration, f: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
     {
+        downcast(self.control_erased(wait, erase_control(f))?)
+    }
+
+    /// [`Storage::control_waiting`] for a type-erased closure: the group commit, its channel
+    /// and its job type are compiled once for every caller instead of once per closure
+    /// (binary size; control writes are not on the ingest path).
+    #[inline(never)]
+    fn control_erased(&self, wait: Duration, f: ControlFn) -> Result<Answer, StorageError> {
         let inner = &self.inner;
         inner.pending.run(
             &inner.control,
@@ -238,16 +262,32 @@ impl Storage {
         )
     }
 
-    /// Async form of [`Storage::control_blocking`], run on tokio's blocking pool.
+    /// Async form of [`Storage::control_waiting`] (waiting `busy_timeout` for a locked
+    /// database), run on tokio's blocking pool.
     pub(crate) async fn control<T, F>(&self, f: F) -> Result<T, StorageError>
     where
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T, StorageError> + Send + 'static,
     {
+        downcast(self.control_async_erased(erase_control(f)).await?)
+    }
+
+    /// [`Storage::control`] for a type-erased closure: one blocking task type for every
+    /// caller (binary size).
+    #[inline(never)]
+    fn control_async_erased(
+        &self,
+        f: ControlFn,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, StorageError>> + Send>>
+    {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.control_blocking(f))
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                this.control_erased(this.inner.config.busy_timeout, f)
+            })
             .await
             .map_err(|e| StorageError::Task(e.to_string()))?
+        })
     }
 
     /// Runs `f` on one of the [`READ_POOL`] read-only connections, waiting for one to be
@@ -256,6 +296,20 @@ impl Storage {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.with_reader(&mut |c| {
+            if let Some(f) = f.take() {
+                out = Some(f(c));
+            }
+        })?;
+        out.unwrap_or_else(|| Err(StorageError::Task("read closure never ran".into())))
+    }
+
+    /// The pool handling of [`Storage::read_blocking`], compiled once for every caller
+    /// (binary size): runs `f` on a free read connection and puts the connection back.
+    #[inline(never)]
+    fn with_reader(&self, f: &mut dyn FnMut(&Connection)) -> Result<(), StorageError> {
         let poisoned = || StorageError::Task("reader pool poisoned".into());
         let conn = {
             let mut pool = self.inner.readers.lock().map_err(|_| poisoned())?;
@@ -299,7 +353,10 @@ impl Storage {
         }
         let back = Back(&self.inner, Some(conn));
         match back.1.as_ref() {
-            Some(c) => f(c),
+            Some(c) => {
+                f(c);
+                Ok(())
+            }
             None => Err(poisoned()),
         }
     }
@@ -310,10 +367,24 @@ impl Storage {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StorageError> + Send + 'static,
     {
+        let f: ReadFn = Box::new(move |c: &Connection| f(c).map(|t| Box::new(t) as Answer));
+        downcast(self.read_erased(f).await?)
+    }
+
+    /// [`Storage::read`] for a type-erased closure: one blocking task type for every caller
+    /// (binary size; reads serve the dashboard, the reaper and the forwarder, not ingest).
+    #[inline(never)]
+    fn read_erased(
+        &self,
+        f: ReadFn,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, StorageError>> + Send>>
+    {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.read_blocking(f))
-            .await
-            .map_err(|e| StorageError::Task(e.to_string()))?
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || this.read_blocking(f))
+                .await
+                .map_err(|e| StorageError::Task(e.to_string()))?
+        })
     }
 
     /// Runs `PRAGMA integrity_check` and answers its rows (`["ok"]` when healthy).

@@ -12,6 +12,7 @@
 //! - [`MetricsSource`]: how a stage exposes its counters to `GET /metrics`.
 //! - [`redact`]: text made safe to show ([`redact::redact_url`]: a URL without its
 //!   password).
+//! - [`task`]: spawning background tasks boxed ([`task::spawn_boxed`], binary size).
 //!
 //! `storage/` (the only crate that knows SQL) re-exports these modules under their old
 //! paths (`stallwatch_storage::model`, `::control`), so the crate graph is
@@ -25,6 +26,7 @@ pub mod labels;
 pub mod model;
 pub mod prometheus;
 pub mod redact;
+pub mod task;
 
 /// Something that renders its counters in the Prometheus text format for `GET /metrics`.
 /// Metric names follow `stallwatch_<name>_<unit>_total` (STYLE, internal telemetry).

@@ -239,7 +239,7 @@ pub(crate) async fn stream(
     let metrics = ctx.http.clone();
     metrics.sse(1);
     let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
-    tokio::spawn(async move {
+    stallwatch_vocabulary::task::spawn_boxed(async move {
         let _permit = permit;
         let board = with_board.then(|| ctx.app.board.clone());
         let _ = pump(ctx, rx, start, tx, shutdown, board).await;

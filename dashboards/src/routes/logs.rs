@@ -208,7 +208,7 @@ pub(crate) async fn stream(
     let metrics = ctx.http.clone();
     metrics.sse(1);
     let shutdown = signal.map(|Extension(s)| s.0).unwrap_or_default();
-    tokio::spawn(async move {
+    stallwatch_vocabulary::task::spawn_boxed(async move {
         let _permit = permit;
         tail(ctx, query, start, tx, shutdown).await;
         metrics.sse(-1);

@@ -115,7 +115,7 @@ pub fn start_webhooks(
     events: EventBus,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
+    stallwatch_vocabulary::task::spawn_boxed(async move {
         let client = match reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
@@ -142,7 +142,7 @@ pub fn start_webhooks(
             wakers.push(wake.clone());
             let w = worker.clone();
             let stop = shutdown.clone();
-            tasks.push(tokio::spawn(async move {
+            tasks.push(stallwatch_vocabulary::task::spawn_boxed(async move {
                 w.receiver_loop(hook, wake, stop).await
             }));
         }

@@ -205,18 +205,19 @@ pub async fn wrap(cfg: WrapConfig) -> Result<i32, Error> {
 
     let (events, mut event_rx) = mpsc::unbounded_channel();
     let (to_client, client_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    tokio::spawn(read_lines(tokio::io::stdin(), events.clone(), None));
-    let client_writer = tokio::spawn(write_lines(tokio::io::stdout(), client_rx));
+    stallwatch_vocabulary::task::spawn_boxed(read_lines(tokio::io::stdin(), events.clone(), None));
+    let client_writer =
+        stallwatch_vocabulary::task::spawn_boxed(write_lines(tokio::io::stdout(), client_rx));
 
     let (news_tx, mut news_rx) = mpsc::unbounded_channel();
     let (want_admission, want_rx) = watch::channel(false);
     if let Some(s) = &sidecar {
-        tokio::spawn(sidecar::follow_events(
+        stallwatch_vocabulary::task::spawn_boxed(sidecar::follow_events(
             s.clone(),
             cfg.runner_id.clone(),
             news_tx.clone(),
         ));
-        tokio::spawn(sidecar::poll_admission(
+        stallwatch_vocabulary::task::spawn_boxed(sidecar::poll_admission(
             s.clone(),
             cfg.runner_id.clone(),
             want_rx,

@@ -34,14 +34,18 @@ impl Relay {
         let pid = child.id().unwrap_or(0);
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
         if let Some(stdin) = child.stdin.take() {
-            tokio::spawn(write_lines(stdin, stdin_rx));
+            stallwatch_vocabulary::task::spawn_boxed(write_lines(stdin, stdin_rx));
         }
         if let Some(stdout) = child.stdout.take() {
-            tokio::spawn(read_lines(stdout, self.events.clone(), Some(generation)));
+            stallwatch_vocabulary::task::spawn_boxed(read_lines(
+                stdout,
+                self.events.clone(),
+                Some(generation),
+            ));
         }
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let events = self.events.clone();
-        tokio::spawn(async move {
+        stallwatch_vocabulary::task::spawn_boxed(async move {
             let status = tokio::select! {
                 s = child.wait() => s,
                 _ = kill_rx => stop_child(&mut child, pid).await,
@@ -79,7 +83,7 @@ impl Relay {
     pub(super) fn register(&self, pid: u32) {
         if let (Some(s), Some(sock)) = (self.sidecar.clone(), self.socket.clone()) {
             let id = self.cfg.runner_id.clone();
-            tokio::spawn(async move {
+            stallwatch_vocabulary::task::spawn_boxed(async move {
                 if let Err(e) = sidecar::register(&s, &id, pid, &sock).await {
                     eprintln!("stallwatch mcp: cannot register the server (pid {pid}) as runner {id}: {e}");
                 }

@@ -188,7 +188,9 @@ impl Forensics {
         if let Some(id) = trip.incident_id {
             let storage = storage.clone();
             let ev = evidence.clone();
-            tokio::spawn(async move { attach(&storage, id, &ev).await });
+            stallwatch_vocabulary::task::spawn_boxed(
+                async move { attach(&storage, id, &ev).await },
+            );
         }
         self.stash(&subject.runner_id, evidence);
     }

@@ -179,7 +179,7 @@ pub fn start(reaper: crate::ReaperHandle) {
     }
     let every = fx.sample_every;
     let mut events = reaper.events().subscribe();
-    tokio::spawn(async move {
+    stallwatch_vocabulary::task::spawn_boxed(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks = 0u64;
@@ -230,7 +230,7 @@ pub fn start(reaper: crate::ReaperHandle) {
                         if let Some(subject) = reaper.forensics_subject(id).await {
                             let r = reaper.clone();
                             let inc_id = inc.id;
-                            tokio::spawn(async move {
+                            stallwatch_vocabulary::task::spawn_boxed(async move {
                                 r.forensics().on_suspect(r.storage(), inc_id, subject).await;
                             });
                         }

@@ -21,7 +21,7 @@ use crate::terminate::{self, Target};
 impl ReaperHandle {
     pub(super) fn start_monitor(&self, entry: Arc<Entry>) {
         let h = self.clone();
-        tokio::spawn(async move {
+        stallwatch_vocabulary::task::spawn_boxed(async move {
             let fd = {
                 let st = entry.proc.lock().await;
                 st.pidfd.as_ref().and_then(|f| f.try_clone().ok())
@@ -40,7 +40,7 @@ impl ReaperHandle {
 
     pub(super) fn start_attached_monitor(&self, entry: Arc<Entry>, fd: OwnedFd) {
         let h = self.clone();
-        tokio::spawn(async move {
+        stallwatch_vocabulary::task::spawn_boxed(async move {
             let Ok(afd) = platform::async_pidfd(fd) else {
                 return;
             };

@@ -211,7 +211,7 @@ impl Reaper {
         // The sweep reads rows left by the previous run; it skips runners of this run, so it
         // starts once the config runners are settled and registered.
         let sweeper = handle.clone();
-        let sweep_task = tokio::spawn(async move {
+        let sweep_task = stallwatch_vocabulary::task::spawn_boxed(async move {
             let report = crate::sweep::sweep(&sweeper).await;
             let orphaned: Vec<String> = report
                 .orphaned
@@ -231,7 +231,7 @@ impl Reaper {
             );
         });
         let h = handle.clone();
-        let task = tokio::spawn(async move {
+        let task = stallwatch_vocabulary::task::spawn_boxed(async move {
             use tokio::signal::unix::{signal, SignalKind};
             let mut sigchld = match signal(SignalKind::child()) {
                 Ok(s) => Some(s),

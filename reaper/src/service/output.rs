@@ -34,7 +34,7 @@ pub(super) fn spawn_reader<R>(
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
 {
-    tokio::spawn(async move {
+    stallwatch_vocabulary::task::spawn_boxed(async move {
         let mut lines = BufReader::new(r).lines();
         let mut pending: Vec<LogRecord> = Vec::new();
         loop {

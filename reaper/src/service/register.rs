@@ -425,7 +425,7 @@ impl ReaperHandle {
         }
         if let Some((_, Some(resume))) = adopt {
             let h = self.clone();
-            tokio::spawn(async move {
+            stallwatch_vocabulary::task::spawn_boxed(async move {
                 if let Some(r) = h.stop(&entry, &StopCause::Resume, Some(resume)).await {
                     h.after_stop(&entry, &r, &StopCause::Resume, &[]).await;
                 }

@@ -197,14 +197,14 @@ impl Reaper {
                 .map_err(|e| ReaperError::Config(e.to_string()))?;
         }
         let h = handle.clone();
-        let task = tokio::spawn(async move {
+        let task = stallwatch_vocabulary::task::spawn_boxed(async move {
             loop {
                 tokio::select! {
                     _ = h.inner.shutdown.cancelled() => break,
                     t = trips.recv() => match t {
                         Some(trip) => {
                             let h2 = h.clone();
-                            tokio::spawn(async move { h2.on_trip(trip).await });
+                            stallwatch_vocabulary::task::spawn_boxed(async move { h2.on_trip(trip).await });
                         }
                         None => {
                             h.inner.shutdown.cancelled().await;

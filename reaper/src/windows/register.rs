@@ -93,10 +93,10 @@ impl ReaperHandle {
             .fetch_add(1, Ordering::Relaxed);
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(out) = child.stdout.take() {
-            tokio::spawn(drain(out, None));
+            stallwatch_vocabulary::task::spawn_boxed(drain(out, None));
         }
         if let Some(err) = child.stderr.take() {
-            tokio::spawn(drain(err, Some(tail.clone())));
+            stallwatch_vocabulary::task::spawn_boxed(drain(err, Some(tail.clone())));
         }
         let (exit_tx, exit_rx) = watch::channel(None);
         let entry = Arc::new(Entry {
@@ -154,7 +154,7 @@ impl ReaperHandle {
         .await;
         let h = self.clone();
         let monitored = entry.clone();
-        tokio::spawn(async move {
+        stallwatch_vocabulary::task::spawn_boxed(async move {
             let code = child.wait().await.ok().and_then(|s| s.code());
             let _ = exit_tx.send(Some(code.unwrap_or(-1)));
             h.on_exit(monitored).await;
