@@ -71,9 +71,16 @@ impl RecentLogs {
 
 impl Writer {
     pub(super) fn commit_group(&mut self, reqs: Vec<WriteRequest>) {
-        if let Some(gone) = self.moved_away() {
-            self.refuse_unavailable(reqs, gone);
-            return;
+        // The file's identity is checked after every COMMIT, before acknowledging (below):
+        // that check is what keeps an answer honest. Before the commit it is checked only
+        // while degraded, so a file known gone is not written to again; a healthy commit
+        // pays one `stat` instead of two (each ~0.8% of the CPU at HTTP/protobuf c=1,
+        // `perf record`, on the export's own thread since exports commit as leaders).
+        if self.degraded_tx.borrow().is_some() {
+            if let Some(gone) = self.moved_away() {
+                self.refuse_unavailable(reqs, gone);
+                return;
+            }
         }
         let need: u64 = reqs.iter().map(|r| r.prepared.bytes() as u64).sum();
         if self.used_bytes.saturating_add(need) > self.budget_bytes {
