@@ -202,11 +202,7 @@ impl Writer {
                     // Past the high watermark: the oldest go now, before the next group
                     // (a leader leaves it to the writer thread, and no export leads
                     // until it is done).
-                    if self.leading {
-                        self.housekeeping = true;
-                    } else {
-                        self.retain_size(0);
-                    }
+                    self.retain_now(0);
                 }
             }
             Err(e) => {
@@ -241,7 +237,7 @@ impl Writer {
                             let room = need
                                 .saturating_mul(2)
                                 .max(self.budget_bytes.saturating_sub(self.used_bytes) + need);
-                            self.retain_size(room);
+                            self.retain_now(room);
                             WriteError::AtCap(format!(
                                 "telemetry reached its share of max_db_bytes during the commit ({e}); the oldest telemetry was deleted to make room"
                             ))
@@ -249,7 +245,7 @@ impl Writer {
                             let reason = format!("disk full or size cap reached: {e}");
                             self.set_full(Some(reason.clone()));
                             if self.used_bytes > self.size_high() {
-                                self.retain_size(0);
+                                self.retain_now(0);
                             }
                             self.schedule_retention();
                             WriteError::Full(reason)
@@ -296,15 +292,29 @@ impl Writer {
         }
     }
 
+    /// Size retention making `room` bytes (0: down to the low watermark) now, on the
+    /// writer thread; a leader leaves it to the thread ([`Writer::housekeep`]), since
+    /// retention deletes in chunks and waits for the WAL between them.
+    fn retain_now(&mut self, room: u64) {
+        if self.leading {
+            self.housekeeping = true;
+            self.retain_room = Some(self.retain_room.unwrap_or(0).max(room));
+        } else {
+            self.retain_size(room);
+        }
+    }
+
     /// What a leader's commit left to the writer thread ([`Writer::housekeeping`]): the
-    /// trace index merge and retention past the high watermark, as after the thread's own
-    /// commits.
+    /// trace index merge, and retention past the high watermark or for the room a commit
+    /// that met the page limit asked for, as after the thread's own commits.
     pub(super) fn housekeep(&mut self) {
         if self.l0_batches >= MERGE_BATCHES {
             self.merge_now();
         }
-        if self.used_bytes > self.size_high() {
-            self.retain_size(0);
+        match self.retain_room.take() {
+            Some(room) => self.retain_size(room),
+            None if self.used_bytes > self.size_high() => self.retain_size(0),
+            None => {}
         }
     }
 
@@ -372,7 +382,11 @@ impl Writer {
     }
 
     pub(super) fn write_all(&mut self, preps: Vec<Prepared>) -> Result<Committed, rusqlite::Error> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        // A leader began the transaction itself, without waiting for the lock
+        // (`TelemetryWriter::lead`).
+        if !std::mem::take(&mut self.begun) {
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        }
         #[cfg(test)]
         super::inject::hit(&self.db_path, "write");
         let received = now_unix_nano() as i64;

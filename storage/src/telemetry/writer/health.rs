@@ -87,6 +87,11 @@ impl Writer {
 
     /// Publishes the writer's condition (`None` = healthy); logs each change once.
     pub(super) fn set_degraded(&mut self, to: Option<Degraded>) {
+        if to.is_some() && self.degraded_tx.borrow().is_none() {
+            // The idle thread's first probe comes a probe interval after the condition
+            // began, not at once (it would wait out `busy_timeout` again straight away).
+            self.next_probe = std::time::Instant::now() + super::DEGRADED_PROBE_EVERY;
+        }
         self.degraded_tx.send_if_modified(|cur| {
             if cur.as_ref().map(|d| d.kind) == to.as_ref().map(|d| d.kind) {
                 return false;

@@ -8,8 +8,10 @@
 //! with one export in flight the thread hand-offs to the writer and back, each a wake-up
 //! (0.1–0.2 ms to be scheduled on a loaded 2-core VM, `perf sched latency`), are gone. Any
 //! other export is queued to the writer thread, which groups what is queued as before. A
-//! leader defers what follows a commit and may take long (merging the trace index,
-//! retention past the high watermark) to the thread, and never serves the queue.
+//! leader opens its transaction without waiting for SQLite's lock (queued when it is held),
+//! defers what follows a commit and may take long (merging the trace index, retention) to
+//! the thread, wakes the thread whenever its commit left work only the thread does, and
+//! never serves the queue.
 //!
 //! Deduplication of (trace id, span id) happens here: a trace's stored batches come from
 //! `trace_index` plus the in-memory map of batches not merged yet (`l0`); a new trace
@@ -242,6 +244,8 @@ impl TelemetryWriter {
             stopping: false,
             housekeeping: false,
             leading: false,
+            begun: false,
+            retain_room: None,
         };
         let orphans = traces::drop_orphan_runs(&writer.conn)?;
         if orphans > 0 {
@@ -327,8 +331,11 @@ impl TelemetryWriter {
     /// free and the writer may lead ([`Writer::may_lead`]); `req` is answered then, and
     /// `None` returned. Otherwise gives `req` back, untouched, for the queue.
     ///
-    /// A panic in the commit is contained as on the writer thread: the writer recovers,
-    /// `req`'s reply is dropped (answered [`WriteError::Closed`], retryable).
+    /// The leader opens its transaction without waiting for SQLite's lock; when another
+    /// connection holds it, `req` is queued instead. A panic while writing is answered as
+    /// on the writer thread (500, the transaction rolled back); a panic elsewhere in the
+    /// commit drops `req`'s reply (answered [`WriteError::Closed`], retryable) and the
+    /// writer recovers.
     fn lead(&self, req: WriteRequest) -> Option<WriteRequest> {
         if self.stats.queue_depth() > 0 {
             return Some(req);
@@ -341,17 +348,34 @@ impl TelemetryWriter {
         let Some(w) = guard.as_mut() else {
             return Some(req);
         };
-        if !w.may_lead(req.prepared.bytes()) {
+        if !w.may_lead(req.prepared.bytes()) || !w.begin_without_waiting() {
             return Some(req);
         }
+        let committed = self.stats.commits();
         w.leading = true;
         let led = catch_unwind(AssertUnwindSafe(|| w.commit_group(vec![req])));
         w.leading = false;
-        if let Err(payload) = led {
-            w.recover_from_panic(&panic_error(payload.as_ref()));
+        w.begun = false;
+        if !w.conn.is_autocommit() {
+            // Only if the commit ended before writing (it cannot while `may_lead` held).
+            let _ = w.conn.execute_batch("ROLLBACK");
         }
-        self.stats.led_commits.fetch_add(1, Ordering::Relaxed);
-        let wake = w.housekeeping;
+        if let Err(payload) = led {
+            let error = panic_error(payload.as_ref());
+            if catch_unwind(AssertUnwindSafe(|| w.recover_from_panic(&error))).is_err() {
+                // Recovery itself failed (a bug): the writer is closed, so every queued and
+                // later export is answered `Closed` (retryable) instead of waiting.
+                *guard = None;
+                return None;
+            }
+        }
+        if self.stats.commits() > committed {
+            self.stats.led_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        // The thread sleeps until its next retention pass: it is woken for anything the
+        // commit left it (work after the commit, a degraded or full state to probe or
+        // retain out of, a WAL past its bound, a pass made due).
+        let wake = !w.may_lead(0) || w.next_retention <= Instant::now();
         drop(guard);
         if wake {
             self.waker.unpark();
@@ -513,6 +537,11 @@ pub(super) struct Writer {
     pub(super) housekeeping: bool,
     /// An export is committing as leader: what may take long is left to the thread.
     pub(super) leading: bool,
+    /// A leader opened the transaction ([`Writer::begin_without_waiting`]).
+    pub(super) begun: bool,
+    /// Room a leader's commit asked retention for, left to the thread with
+    /// [`Writer::housekeeping`] (0: down to the low watermark).
+    pub(super) retain_room: Option<u64>,
 }
 
 /// What the writer thread does after one turn.
@@ -544,8 +573,13 @@ impl Writer {
                 match catch_unwind(AssertUnwindSafe(|| w.step())) {
                     Ok(turn) => turn,
                     Err(payload) => {
-                        w.recover_from_panic(&panic_error(payload.as_ref()));
-                        if w.stopping {
+                        let error = panic_error(payload.as_ref());
+                        let recovered =
+                            catch_unwind(AssertUnwindSafe(|| w.recover_from_panic(&error)));
+                        // A recovery that panicked too (a bug) stops the thread: the writer
+                        // is closed, so queued and later exports are answered `Closed`
+                        // instead of waiting for a thread that is gone.
+                        if w.stopping || recovered.is_err() {
                             Turn::Stop
                         } else {
                             Turn::Again
@@ -623,6 +657,26 @@ impl Writer {
             wait = wait.min(self.next_probe - now);
         }
         Turn::Wait(wait)
+    }
+
+    /// Opens a leader's transaction (`BEGIN IMMEDIATE`) without waiting for SQLite's write
+    /// lock: false when another connection holds it (a control commit, an outside tool),
+    /// or on any error, and the export is queued to the writer thread, which waits up to
+    /// `busy_timeout` off the async threads. The transaction is then the one
+    /// [`Writer::write_all`] writes into.
+    fn begin_without_waiting(&mut self) -> bool {
+        if self.conn.busy_timeout(Duration::ZERO).is_err() {
+            return false;
+        }
+        let begun = self.conn.execute_batch("BEGIN IMMEDIATE").is_ok();
+        if self.conn.busy_timeout(self.busy_timeout).is_err() {
+            if begun {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            return false;
+        }
+        self.begun = begun;
+        begun
     }
 
     /// Whether an export of `bytes` may commit itself now ([`TelemetryWriter::lead`]):
@@ -857,8 +911,11 @@ mod tests {
         for n in 1..=5 {
             storage.write_traces(batch(n)).await.unwrap();
         }
-        assert_eq!(stats.led_commits(), 5);
+        // The writer thread's own turns (at start, after a queued export) hold the lock
+        // for moments, so an export may find it taken and queue: most lead.
+        assert!(stats.led_commits() >= 4, "{} of 5 led", stats.led_commits());
         assert_eq!(stats.commits(), 5);
+        let led = stats.led_commits();
 
         let slot = storage.inner.telemetry.slot.clone();
         let (held_tx, held_rx) = std::sync::mpsc::channel();
@@ -879,7 +936,7 @@ mod tests {
         holder.join().unwrap();
         assert_eq!(
             stats.led_commits(),
-            5,
+            led,
             "the busy writer's export was queued"
         );
         assert_eq!(stats.commits(), 6);
@@ -893,6 +950,50 @@ mod tests {
             storage.inner.telemetry.slot.lock().is_none(),
             "the stopped thread closed the writer"
         );
+    }
+
+    /// A leader never waits for SQLite's write lock on its own (async) thread: while
+    /// another connection holds it, the export is queued, and the writer thread waits for
+    /// the lock (up to `busy_timeout`) and commits it; the export is stored, not refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_finding_the_database_locked_queues_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = open(&dir);
+        storage.write_traces(batch(1)).await.unwrap();
+        let stats = storage.inner.telemetry.stats.clone();
+        let led = stats.led_commits();
+        let path = dir.path().join("stallwatch.db");
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let other = rusqlite::Connection::open(&path).unwrap();
+            other.execute_batch("BEGIN IMMEDIATE").unwrap();
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            other.execute_batch("ROLLBACK").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let started = std::time::Instant::now();
+        storage.write_traces(batch(2)).await.unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "answered after {:?}, while the database was locked",
+            started.elapsed()
+        );
+        holder.join().unwrap();
+        assert_eq!(stats.led_commits(), led, "the export was queued, not led");
+        assert!(storage.trace(TraceId([2; 16])).await.unwrap().is_some());
+        // (the thread may still hold the writer's lock for a moment after answering)
+        for n in 3..=8 {
+            storage.write_traces(batch(n)).await.unwrap();
+            if stats.led_commits() > led {
+                break;
+            }
+        }
+        assert!(
+            stats.led_commits() > led,
+            "exports lead again once the lock is free"
+        );
+        storage.shutdown().await;
     }
 
     /// The trace index merge due after a leader's commit is left to the writer thread,
