@@ -72,11 +72,22 @@ pub(crate) fn open_connection(
     config: &StorageConfig,
     flags: OpenFlags,
 ) -> Result<Connection, StorageError> {
-    let conn =
-        Connection::open_with_flags(&config.path, flags).map_err(|source| StorageError::Open {
-            path: config.path.clone(),
-            source,
-        })?;
+    // Through the VFS that writes a commit's WAL frames in one call (`vfs.rs`); the
+    // default VFS if it could not be registered (the same files, written frame by frame).
+    let opened = match crate::vfs::name() {
+        Ok(vfs) => Connection::open_with_flags_and_vfs(&config.path, flags, vfs),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(
+                || tracing::warn!(error = %e, "SQLite VFS not registered; using the default"),
+            );
+            Connection::open_with_flags(&config.path, flags)
+        }
+    };
+    let conn = opened.map_err(|source| StorageError::Open {
+        path: config.path.clone(),
+        source,
+    })?;
     conn.busy_timeout(config.busy_timeout)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "cache_size", -16_000i64)?; // 16 MB per connection

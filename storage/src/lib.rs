@@ -32,6 +32,7 @@ pub mod outbox;
 pub mod runners;
 mod schema;
 pub mod telemetry;
+mod vfs;
 
 pub use stallwatch_vocabulary::{control, keys, labels, model, prometheus, MetricsSource};
 
