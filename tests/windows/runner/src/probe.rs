@@ -57,14 +57,26 @@ mod win {
         let exe = std::env::current_exe()
             .unwrap()
             .with_file_name("windows-runner.exe");
-        let mut child = Command::new(exe)
-            .arg(mode)
-            .arg(dir)
-            .env("STALLWATCH_HEARTBEAT_SOCKET", pipe)
-            .env("STALL_AFTER_MS", "600000")
-            .creation_flags(CREATE_NEW_PROCESS_GROUP | CREATE_SUSPENDED)
-            .spawn()
-            .unwrap();
+        // Wine's CreateProcess now and then answers ERROR_INTERNAL_ERROR (1359) on a busy
+        // machine (seen once in CI, session 31); that is Wine's, not the reaper's: try
+        // again, a few times. Any other error fails at once.
+        let mut attempt = 0;
+        let mut child = loop {
+            let spawned = Command::new(&exe)
+                .arg(mode)
+                .arg(dir)
+                .env("STALLWATCH_HEARTBEAT_SOCKET", pipe)
+                .env("STALL_AFTER_MS", "600000")
+                .creation_flags(CREATE_NEW_PROCESS_GROUP | CREATE_SUSPENDED)
+                .spawn();
+            match spawned {
+                Err(e) if e.raw_os_error() == Some(1359) && attempt < 3 => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                r => break r.unwrap(),
+            }
+        };
         let job = Job::new().unwrap();
         let assign = job.assign(child.as_raw_handle());
         let created = process::creation_time(child.as_raw_handle());
