@@ -9,22 +9,40 @@
 //! is on the request's serial path: measured in C on that machine, ten frames written as
 //! twenty `pwrite`s took 78 µs, as one 25 µs.
 //!
-//! This VFS ([`NAME`]) is the default VFS with one file kind wrapped: a `-wal` file opened
-//! by a connection (`SQLITE_OPEN_WAL`) gathers writes that each start where the last one
-//! ended ([`Gather`]) and writes them as one at the first of:
+//! This VFS ([`NAME`]) is the default VFS with every file wrapped. A `-wal` file opened by
+//! a connection's pager (`SQLITE_OPEN_WAL`), linked to that connection's database file
+//! (`sqlite3_database_file_object`, [`File::peer`]), gathers writes that each start where
+//! the last one ended ([`Gather`]) and writes them as one at the first of:
 //!
-//! - **the end of a commit frame**: the page following a frame header whose "database size
-//!   after commit" field (bytes 4..8, big-endian, `walEncodeFrame`) is not 0. SQLite writes
-//!   a commit's frames in order and its commit frame last (`walFrames`: only the last page
-//!   of a committing list gets `nTruncate`), so the write that ends it is the last of the
-//!   commit's appends, made before SQLite publishes the new WAL index header
-//!   (`walIndexWriteHdr`) that makes the frames visible to other connections. The flush's
-//!   error is that write's error, so a failed flush fails the commit as a failed `pwrite`
-//!   would: the header is never published over frames that are not in the file;
+//! - **the end of a commit frame**: the write at the offset right after a frame header
+//!   whose "database size after commit" field (bytes 4..8, big-endian, `walEncodeFrame`)
+//!   is not 0, that is the commit frame's page. SQLite writes a commit's frames in order
+//!   and its commit frame last (`walFrames`: only the last page of a committing list gets
+//!   `nTruncate`), so that write is the last of the commit's appends, made before SQLite
+//!   publishes the new WAL index header (`walIndexWriteHdr`) that makes the frames visible
+//!   to other connections. The flush's error is that write's error, so a failed flush
+//!   fails the commit as a failed `pwrite` would: the header is never published over
+//!   frames that are not in the file. A rewritten header (checksums rewritten at a commit,
+//!   `walRewriteChecksums`) is followed by no page, and the offset, not a flag, says which
+//!   write ends the commit;
+//! - **the release of the WAL write lock** (`WAL_WRITE_LOCK`, on the database file's
+//!   shared memory): what is gathered then is only frames a rolled-back transaction spilled,
+//!   written while the lock is still held, as SQLite wrote them, so they can never land
+//!   over frames another connection commits after it (and the next transaction starts
+//!   afresh: another connection may restart the WAL meanwhile);
 //! - any other call on the file (read, truncate, sync, size, lock, file control, close) or
-//!   a write that does not follow on: each sees the file as if every write had been made
-//!   when SQLite made it;
-//! - [`GATHER_MAX_BYTES`] gathered (a transaction that spills pages before its commit).
+//!   a write that does not follow on or goes back (overwrites a frame within its
+//!   transaction, rewrites checksums, the WAL's header when it starts over): each sees the
+//!   file as if every write had been made when SQLite made it;
+//! - [`GATHER_MAX_BYTES`] gathered (a transaction that spills pages before its commit);
+//! - and, as a last guard, the memory barrier SQLite calls on the database file just
+//!   before it publishes a header (`walShmBarrier`), where nothing of a commit is left.
+//!
+//! A `-wal` file gathers nothing when its database file lacks powersafe overwrite
+//! (`SQLITE_IOCAP_POWERSAFE_OVERWRITE`, e.g. `?psow=0`): SQLite then pads a
+//! `synchronous=FULL` commit with copies of its commit frame split at a sync point
+//! (`walFrames`, `walWriteToLog`), so its last append is not the commit frame's page.
+//! Neither does one opened outside a pager (no database file to link).
 //!
 //! What stays the same: bytes and offsets written (the file is byte-identical), the order
 //! of writes within the file, every lock (the shared-memory index and the database file are
@@ -105,6 +123,8 @@ struct File {
     inner: *mut ffi::sqlite3_file,
     /// What a `-wal` file gathered; `None` for every other file.
     gather: Option<Box<Gather>>,
+    /// For a `-wal` file: its database file; for a database file: its open `-wal` file.
+    peer: *mut File,
 }
 
 /// Writes a `-wal` file gathered and has not made yet: `bytes`, to go at offset `at`.
@@ -117,9 +137,9 @@ struct Gather {
     /// (it overwrites a frame, or rewrites frame checksums, `walRewriteChecksums`) and is
     /// made at once, after what was gathered.
     reached: i64,
-    /// The last write gathered was a commit frame's header: the next one, its page, ends
-    /// the commit's writes.
-    commit_page_next: bool,
+    /// Where the page of the last commit frame header written starts, bytes: the write
+    /// there ends the commit's writes.
+    commit_page_at: Option<i64>,
 }
 
 /// The WAL's own header: 32 bytes at offset 0 (`WAL_HDRSIZE`), written when the WAL
@@ -138,7 +158,8 @@ pub(crate) mod counters {
     }
 }
 
-/// Where the default VFS's file starts in our allocation, bytes (aligned to 16).
+/// Where the default VFS's file starts in our allocation, bytes: rounded up to 16, so as
+/// aligned as the allocation itself (SQLite gives 8).
 const fn inner_offset() -> usize {
     (std::mem::size_of::<File>() + 15) & !15
 }
@@ -214,7 +235,27 @@ unsafe extern "C" fn open(
             (*file).pMethods = ptr::null();
             return rc;
         }
-        let gather = (flags & ffi::SQLITE_OPEN_WAL != 0).then(Box::<Gather>::default);
+        let is_wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+        // The database file of this WAL (the pager's, opened through us).
+        let mut peer: *mut File = ptr::null_mut();
+        let mut psow = false;
+        if is_wal && !name.is_null() {
+            let db = ffi::sqlite3_database_file_object(name);
+            if !db.is_null()
+                && (ptr::eq((*db).pMethods, &METHODS) || ptr::eq((*db).pMethods, &METHODS_V1))
+            {
+                peer = db.cast::<File>();
+                let (dbi, dm) = methods(db);
+                let dc = dm.xDeviceCharacteristics.map_or(0, |x| x(dbi));
+                psow = dc & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
+            }
+        }
+        // Without powersafe overwrite SQLite pads a FULL commit with copies of the commit
+        // frame split at a sync point: gather nothing then.
+        let gather = (is_wal && !peer.is_null() && psow).then(Box::<Gather>::default);
+        if !peer.is_null() {
+            (*peer).peer = ours;
+        }
         let full = (*inner)
             .pMethods
             .as_ref()
@@ -227,6 +268,7 @@ unsafe extern "C" fn open(
                 },
                 inner,
                 gather,
+                peer,
             },
         );
         ffi::SQLITE_OK
@@ -261,20 +303,19 @@ unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
         let Some(g) = f.gather.as_mut() else {
             return ffi::SQLITE_OK;
         };
-        g.commit_page_next = false;
         if g.bytes.is_empty() {
             return ffi::SQLITE_OK;
         }
         let (inner, m) = methods(file);
         #[cfg(test)]
-        {
-            counters::FLUSHES.with(|c| c.set(c.get() + 1));
-            if counters::FAIL_NEXT_FLUSH.with(|c| c.replace(false)) {
-                g.bytes.clear();
-                return ffi::SQLITE_IOERR_WRITE;
-            }
-        }
+        counters::FLUSHES.with(|c| c.set(c.get() + 1));
+        #[cfg(test)]
+        let failing = counters::FAIL_NEXT_FLUSH.with(|c| c.replace(false));
+        #[cfg(not(test))]
+        let failing = false;
         let rc = match (m.xWrite, c_int::try_from(g.bytes.len())) {
+            // A test's injected failure stands for the default VFS's write failing.
+            _ if failing => ffi::SQLITE_IOERR_WRITE,
             (Some(x_write), Ok(n)) => x_write(inner, g.bytes.as_ptr().cast(), n, g.at),
             _ => ffi::SQLITE_IOERR_WRITE,
         };
@@ -289,6 +330,10 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
         let flushed = flush(file);
         let (inner, m) = methods(file);
         let rc = m.xClose.map_or(ffi::SQLITE_OK, |x| x(inner));
+        let peer = (*file.cast::<File>()).peer;
+        if !peer.is_null() && (*peer).peer == file.cast::<File>() {
+            (*peer).peer = ptr::null_mut();
+        }
         ptr::drop_in_place(file.cast::<File>());
         (*file).pMethods = ptr::null();
         if flushed != ffi::SQLITE_OK {
@@ -326,7 +371,8 @@ unsafe extern "C" fn write(
         let goes_back = offset < g.reached || starts_over;
         let follows = g.bytes.is_empty()
             || i64::try_from(g.bytes.len()).is_ok_and(|n| g.at.checked_add(n) == Some(offset));
-        let ends_commit = g.commit_page_next;
+        let ends_commit = g.commit_page_at.take() == Some(offset);
+        let next_commit_page = commit_header.then(|| offset.saturating_add(i64::from(amount)));
         let end = offset.saturating_add(i64::from(amount));
         g.reached = if starts_over { end } else { g.reached.max(end) };
         if goes_back || !follows || g.bytes.len() + len > GATHER_MAX_BYTES {
@@ -342,7 +388,11 @@ unsafe extern "C" fn write(
             // A commit frame's header made at once (it went back) still has its page
             // end the commit, wherever that page goes.
             if let Some(g) = (*f).gather.as_mut() {
-                g.commit_page_next = rc == ffi::SQLITE_OK && commit_header;
+                g.commit_page_at = if rc == ffi::SQLITE_OK {
+                    next_commit_page
+                } else {
+                    None
+                };
             }
             return rc;
         }
@@ -356,7 +406,7 @@ unsafe extern "C" fn write(
         if ends_commit {
             return flush(file);
         }
-        g.commit_page_next = commit_header;
+        g.commit_page_at = next_commit_page;
         ffi::SQLITE_OK
     }
 }
@@ -422,7 +472,34 @@ flushing!(file_control, xFileControl(op: c_int, arg: *mut c_void));
 passing!(sector_size, xSectorSize() -> c_int, 4096);
 passing!(device_characteristics, xDeviceCharacteristics() -> c_int, 0);
 passing!(shm_map, xShmMap(page: c_int, size: c_int, extend: c_int, out: *mut *mut c_void) -> c_int, ffi::SQLITE_IOERR_SHMMAP);
-passing!(shm_lock, xShmLock(offset: c_int, n: c_int, flags: c_int) -> c_int, ffi::SQLITE_IOERR_SHMLOCK);
+unsafe extern "C" fn shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: SQLite calls with an open `File`; its peer, when set, is its open `-wal` file
+    // of the same connection.
+    unsafe {
+        // WAL_WRITE_LOCK (slot 0) released: what the WAL gathered is a rolled-back
+        // transaction's, to be made while the lock is still held (or never).
+        // The next transaction starts from a clean slate: another connection may restart
+        // the WAL before it (its appends are then below what this file reached).
+        if flags == ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE && offset == 0 {
+            let wal = (*file.cast::<File>()).peer;
+            if !wal.is_null() {
+                let _ = flush(wal.cast());
+                if let Some(g) = (*wal).gather.as_mut() {
+                    g.reached = 0;
+                    g.commit_page_at = None;
+                }
+            }
+        }
+        let (inner, m) = methods(file);
+        m.xShmLock
+            .map_or(ffi::SQLITE_IOERR_SHMLOCK, |x| x(inner, offset, n, flags))
+    }
+}
 passing!(shm_unmap, xShmUnmap(delete: c_int) -> c_int, ffi::SQLITE_OK);
 flushing!(fetch, xFetch(offset: ffi::sqlite3_int64, amount: c_int, out: *mut *mut c_void));
 passing!(unfetch, xUnfetch(offset: ffi::sqlite3_int64, p: *mut c_void) -> c_int, ffi::SQLITE_OK);
@@ -444,8 +521,17 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_i
 }
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
-    // SAFETY: SQLite calls with an open `File`.
+    // SAFETY: SQLite calls with an open `File`; its peer, when set, is its open `-wal` file
+    // of the same connection.
     unsafe {
+        // SQLite publishes a new WAL index header right after this barrier
+        // (`walIndexWriteHdr`). By the rules above nothing of a commit is gathered then;
+        // should anything be, it is written before the header, not after (a failure here
+        // cannot be answered: the method returns nothing).
+        let wal = (*file.cast::<File>()).peer;
+        if !wal.is_null() {
+            let _ = flush(wal.cast());
+        }
         let (inner, m) = methods(file);
         if let Some(x) = m.xShmBarrier {
             x(inner);
@@ -657,5 +743,270 @@ mod tests {
                 "row {id} is not its last write"
             );
         }
+    }
+
+    fn wal_len(db: &std::path::Path) -> u64 {
+        std::fs::metadata(db.with_extension("db-wal"))
+            .unwrap()
+            .len()
+    }
+
+    /// A NORMAL commit whose frames were overwritten (checksums rewritten, the commit
+    /// frame's header last) leaves `commit_page_next` set; the next commit of one frame
+    /// then writes its header alone and keeps its page in the buffer past the publish.
+    #[test]
+    fn a_one_frame_commit_after_rewritten_checksums_is_in_the_file_when_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let w = open(&db);
+        w.execute_batch(
+            "CREATE TABLE s(id INTEGER PRIMARY KEY, x INTEGER); INSERT INTO s VALUES (1, 0);",
+        )
+        .unwrap();
+        // s's page into the database file, so the next transaction need not read the WAL.
+        w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        w.pragma_update(None, "cache_size", 8i64).unwrap();
+        w.execute_batch("BEGIN").unwrap();
+        for k in 0..40i64 {
+            w.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (k, blob(k as u64, 20_000)),
+            )
+            .unwrap();
+        }
+        for k in 0..40i64 {
+            w.execute(
+                "UPDATE t SET v = ?2 WHERE id = ?1",
+                (k, blob(k as u64 + 7, 20_000)),
+            )
+            .unwrap();
+        }
+        let back = WENT_BACK.with(std::cell::Cell::get);
+        w.execute_batch("UPDATE s SET x = 1 WHERE id = 1; COMMIT")
+            .unwrap();
+        assert!(
+            WENT_BACK.with(std::cell::Cell::get) > back,
+            "frames overwritten"
+        );
+        let len_a = wal_len(&db);
+        // One dirty page: one frame.
+        w.execute("UPDATE s SET x = 2 WHERE id = 1", []).unwrap();
+        let len_b = wal_len(&db);
+        let r = Connection::open(&db).unwrap();
+        let x: rusqlite::Result<i64> =
+            r.query_row("SELECT x FROM s WHERE id = 1", [], |row| row.get(0));
+        assert_eq!(
+            len_b - len_a,
+            16384 + 24,
+            "the one-frame commit is not all in the file; reader got {x:?}"
+        );
+        assert_eq!(x.unwrap(), 2);
+    }
+
+    /// Spilled frames of a rolled-back transaction stay in the buffer; another
+    /// connection commits at the same offsets; the first connection's next call on its
+    /// `-wal` file (here: close) writes the stale frames over them.
+    #[test]
+    fn frames_a_rolled_back_transaction_spilled_never_land_over_a_later_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let w1 = open(&db);
+        let w2 = open(&db);
+        w1.pragma_update(None, "cache_size", 8i64).unwrap();
+        // An empty WAL: the rollback reads page 1 back from the database file, not the WAL.
+        w1.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        w1.execute_batch("BEGIN").unwrap();
+        for k in 0..20i64 {
+            w1.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (k, blob(k as u64, 20_000)),
+            )
+            .unwrap();
+        }
+        w1.execute_batch("ROLLBACK").unwrap();
+        for k in 100..110i64 {
+            w2.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (k, blob(k as u64, 20_000)),
+            )
+            .unwrap();
+        }
+        // Closing w1 writes whatever it still held of its rolled-back transaction.
+        drop(w1);
+        let r = Connection::open(&db).unwrap();
+        let ok: rusqlite::Result<String> =
+            r.query_row("PRAGMA integrity_check", [], |row| row.get(0));
+        let rows: rusqlite::Result<Vec<(i64, Vec<u8>)>> = r
+            .prepare("SELECT id, v FROM t ORDER BY id")
+            .and_then(|mut s| {
+                s.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .collect()
+            });
+        let good = rows.as_ref().map(|rows| {
+            rows.len() == 10 && rows.iter().all(|(id, v)| *v == blob(*id as u64, 20_000))
+        });
+        assert!(
+            matches!(ok.as_deref(), Ok("ok")) && good == Ok(true),
+            "integrity {ok:?}, rows good {good:?}"
+        );
+    }
+
+    /// Without powersafe overwrite, synchronous=FULL pads the commit with copies of the
+    /// commit frame up to a sector boundary, splitting one at the sync point: the part
+    /// after it is gathered and not written before the index header is published.
+    #[test]
+    fn without_powersafe_overwrite_a_padded_full_commit_is_read_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let uri = format!("file:{}?psow=0", db.display());
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI;
+        let w = Connection::open_with_flags_and_vfs(&uri, flags, name().unwrap()).unwrap();
+        w.pragma_update(None, "page_size", 16384i64).unwrap();
+        w.pragma_update(None, "journal_mode", "WAL").unwrap();
+        w.pragma_update(None, "synchronous", "FULL").unwrap();
+        w.execute_batch("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)")
+            .unwrap();
+        let r = Connection::open(&db).unwrap();
+        for i in 0..5i64 {
+            w.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (i, blob(i as u64, 100)),
+            )
+            .unwrap();
+            let got: rusqlite::Result<Vec<u8>> =
+                r.query_row("SELECT v FROM t WHERE id = ?1", [i], |row| row.get(0));
+            assert!(
+                matches!(&got, Ok(v) if *v == blob(i as u64, 100)),
+                "commit {i}: {got:?}, wal {}",
+                wal_len(&db)
+            );
+        }
+    }
+
+    const ONE_FRAME_CHILD_DB_ENV: &str = "STALLWATCH_VFS_ONE_FRAME_CHILD_DB";
+
+    #[test]
+    #[ignore = "child of a_one_frame_commit_after_rewritten_checksums_survives_a_crash"]
+    fn one_frame_commit_child() {
+        let Some(db) = std::env::var_os(ONE_FRAME_CHILD_DB_ENV) else {
+            return;
+        };
+        let db = std::path::PathBuf::from(db);
+        let w = open(&db);
+        w.execute_batch(
+            "CREATE TABLE s(id INTEGER PRIMARY KEY, x INTEGER); INSERT INTO s VALUES (1, 0);",
+        )
+        .unwrap();
+        w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        w.pragma_update(None, "cache_size", 8i64).unwrap();
+        w.execute_batch("BEGIN").unwrap();
+        for k in 0..40i64 {
+            w.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (k, blob(k as u64, 20_000)),
+            )
+            .unwrap();
+        }
+        for k in 0..40i64 {
+            w.execute(
+                "UPDATE t SET v = ?2 WHERE id = ?1",
+                (k, blob(k as u64 + 7, 20_000)),
+            )
+            .unwrap();
+        }
+        w.execute_batch("COMMIT").unwrap();
+        w.execute("UPDATE s SET x = 2 WHERE id = 1", []).unwrap();
+        println!("committed");
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::process::abort();
+    }
+
+    #[test]
+    fn a_one_frame_commit_after_rewritten_checksums_survives_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "vfs::tests::one_frame_commit_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ONE_FRAME_CHILD_DB_ENV, &db)
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("committed"));
+        let c = Connection::open(&db).unwrap();
+        let x: i64 = c
+            .query_row("SELECT x FROM s WHERE id = 1", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(x, 2, "the acknowledged one-frame commit was lost");
+    }
+
+    /// As a_one_frame_commit_after_rewritten_checksums_is_in_the_file_when_published, in a WAL that restarted over
+    /// a longer one: the reader and a checkpoint see the old generation's bytes.
+    #[test]
+    fn a_one_frame_commit_in_a_restarted_wal_is_read_and_checkpointed_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let w = open(&db);
+        w.execute_batch(
+            "CREATE TABLE s(id INTEGER PRIMARY KEY, x INTEGER); INSERT INTO s VALUES (1, 0);",
+        )
+        .unwrap();
+        // A long first generation.
+        for k in 1000..1100i64 {
+            w.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (k, blob(k as u64, 20_000)),
+            )
+            .unwrap();
+        }
+        w.execute("DELETE FROM t", []).unwrap();
+        w.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .unwrap();
+        w.pragma_update(None, "cache_size", 8i64).unwrap();
+        w.execute_batch("BEGIN").unwrap();
+        for k in 0..40i64 {
+            w.execute(
+                "INSERT INTO t(id, v) VALUES (?1, ?2)",
+                (k, blob(k as u64, 20_000)),
+            )
+            .unwrap();
+        }
+        for k in 0..40i64 {
+            w.execute(
+                "UPDATE t SET v = ?2 WHERE id = ?1",
+                (k, blob(k as u64 + 7, 20_000)),
+            )
+            .unwrap();
+        }
+        w.execute_batch("COMMIT").unwrap();
+        w.execute("UPDATE s SET x = 2 WHERE id = 1", []).unwrap();
+        let r = Connection::open(&db).unwrap();
+        let x: rusqlite::Result<i64> =
+            r.query_row("SELECT x FROM s WHERE id = 1", [], |row| row.get(0));
+        let ck: rusqlite::Result<(i64, i64, i64)> =
+            r.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            });
+        drop(w);
+        drop(r);
+        let c = Connection::open(&db).unwrap();
+        let ok: rusqlite::Result<String> =
+            c.query_row("PRAGMA integrity_check", [], |row| row.get(0));
+        let x2: rusqlite::Result<i64> =
+            c.query_row("SELECT x FROM s WHERE id = 1", [], |row| row.get(0));
+        assert!(
+            matches!(x, Ok(2)) && matches!(x2, Ok(2)),
+            "reader {x:?}, checkpoint {ck:?}, after close: x {x2:?}, integrity {ok:?}"
+        );
     }
 }
