@@ -47,16 +47,22 @@ fn free_addr() -> SocketAddr {
         low > from,
         "ephemeral ports start at {low}: no room below them"
     );
-    let seed = std::process::id() as u64
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos() as u64;
+    // One random start per process, then consecutive ports: two tests of this process
+    // never draw the same port (each draw a random port, as before, two tests running
+    // side by side drew the same one now and then: "Address already in use" at a start).
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        (std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos() as u64)
+            .wrapping_mul(0xff51_afd7_ed55_8ccd)
+            >> 33
+    });
     for _ in 0..1000 {
         let draw = DRAWS.fetch_add(1, Ordering::Relaxed);
-        let mixed =
-            (seed ^ draw.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        let port = from + (mixed >> 33) as u16 % (low - from);
+        let port = from + ((start + draw) % u64::from(low - from)) as u16;
         if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
             return l.local_addr().unwrap();
         }
