@@ -4,7 +4,8 @@
 //! accepted spans/s and p50/p99 export latency.
 //!
 //! Run: `cargo bench -p stallwatch-collector --bench ingest` (env `INGEST_BENCH_SECS`,
-//! default 5, sets the duration of each end-to-end run).
+//! default 5, sets the duration of each end-to-end run; `INGEST_BENCH_DECODE_ONLY` set:
+//! the decode layer alone).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -17,8 +18,11 @@ use opentelemetry_proto::tonic::common::v1 as pc;
 use opentelemetry_proto::tonic::resource::v1 as pr;
 use opentelemetry_proto::tonic::trace::v1 as pt;
 use prost::Message;
-use stallwatch_collector::decode::{decode_traces, Format, Limits};
+use stallwatch_collector::decode::{
+    decode_traces, decode_traces_into, DecodeError, Format, Limits, SpanSink,
+};
 use stallwatch_collector::{Collector, CollectorConfig};
+use stallwatch_storage::model::{Resource, Scope, Span, SpanRef};
 use stallwatch_storage::{Storage, StorageConfig};
 
 const SPANS_PER_REQUEST: usize = 512;
@@ -163,6 +167,47 @@ fn decode_bench() {
     }
 }
 
+/// A sink that counts the spans the protobuf decoder hands it, borrowed, and drops them:
+/// what the ingest path's own decoding costs, without the owned copy [`Collect`] makes.
+#[derive(Default)]
+struct Count(usize);
+
+impl<'a> SpanSink<'a> for Count {
+    fn resource(&mut self, _: Resource) {}
+    fn scope(&mut self, _: Scope) {}
+    fn span(&mut self, _: Span, _: usize) -> Result<(), DecodeError> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn span_ref(&mut self, span: SpanRef<'a>, _: usize) -> Result<(), DecodeError> {
+        drop(std::hint::black_box(span));
+        self.0 += 1;
+        Ok(())
+    }
+}
+
+/// The protobuf decoder alone, spans borrowed and dropped (the ingest path's decoding).
+fn decode_borrowed_bench() {
+    let limits = Limits {
+        max_nesting_depth: 32,
+    };
+    let pb = request(0).encode_to_vec();
+    let iters = 2000;
+    let t = Instant::now();
+    for _ in 0..iters {
+        let mut count = Count::default();
+        decode_traces_into(&pb, Format::Protobuf, &limits, &mut count).unwrap();
+        assert_eq!(count.0, SPANS_PER_REQUEST);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let spans = (iters * SPANS_PER_REQUEST) as f64;
+    println!(
+        "decode protobuf, borrowed: {:>9.0} spans/s, {:.3} CPU s per million spans",
+        spans / secs,
+        secs / spans * 1e6,
+    );
+}
+
 async fn grpc_export(client: &mut h2::client::SendRequest<Bytes>, addr: SocketAddr, frame: Bytes) {
     let req = http::Request::builder()
         .method("POST")
@@ -253,6 +298,10 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     decode_bench();
+    decode_borrowed_bench();
+    if std::env::var_os("INGEST_BENCH_DECODE_ONLY").is_some() {
+        return;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -198,6 +198,12 @@ fn key_value_pushed<'a>(
     depth: usize,
     limits: &Limits,
 ) -> Result<(), DecodeError> {
+    if depth <= limits.max_nesting_depth {
+        if let Some(kv) = scalar_key_value(b) {
+            to.push(kv);
+            return Ok(());
+        }
+    }
     let pv = p.field("value");
     check_depth(&pv, depth, limits)?;
     let at = to.len();
@@ -217,6 +223,85 @@ fn key_value_pushed<'a>(
         }
     }
     Ok(())
+}
+
+/// A `KeyValue` in the form every OpenTelemetry SDK writes for a scalar attribute, read
+/// without the general field loop: `key` (field 1), then `value` (field 2) holding one
+/// `stringValue`, `boolValue`, `intValue`, `doubleValue` or `bytesValue`, each field
+/// once, nothing else, every varint shorter than 10 bytes and every string UTF-8. What
+/// [`key_value_pushed`]'s loop makes of the same bytes; `None` for anything else (other
+/// members, repeated or extra fields, another order, a malformed or non-UTF-8 field),
+/// which the loop then reads, or refuses, by the general rules. Attributes are most of a
+/// span's fields, and the loop's per-field tag dispatch was most of their cost (issue 16).
+#[inline]
+fn scalar_key_value(b: &[u8]) -> Option<KeyValueRef<'_>> {
+    let rest = b.strip_prefix(&[0x0a])?;
+    let (key, rest) = short_len(rest)?;
+    let rest = rest.strip_prefix(&[0x12])?;
+    let (value, rest) = short_len(rest)?;
+    if !rest.is_empty() {
+        return None;
+    }
+    let (&tag, v) = value.split_first()?;
+    let value = match tag {
+        // stringValue (1) and bytesValue (7): length-delimited
+        0x0a | 0x3a => {
+            let (body, rest) = short_len(v)?;
+            if !rest.is_empty() {
+                return None;
+            }
+            if tag == 0x0a {
+                AnyValueRef::String(wire::utf8(body)?)
+            } else {
+                AnyValueRef::Bytes(body)
+            }
+        }
+        // boolValue (2) and intValue (3): varints
+        0x10 | 0x18 => {
+            let (n, rest) = short_varint(v)?;
+            if !rest.is_empty() {
+                return None;
+            }
+            if tag == 0x10 {
+                AnyValueRef::Bool(n != 0)
+            } else {
+                AnyValueRef::Int(n as i64)
+            }
+        }
+        // doubleValue (4): fixed64
+        0x21 => {
+            let bits: [u8; 8] = v.try_into().ok()?;
+            AnyValueRef::Double(f64::from_bits(u64::from_le_bytes(bits)))
+        }
+        _ => return None,
+    };
+    Some(KeyValueRef {
+        key: wire::utf8(key)?,
+        value,
+    })
+}
+
+/// A varint of at most 9 bytes (every value below 2^63) at the start of `b`, and the bytes
+/// after it; `None` for a longer one or the end of `b`.
+#[inline(always)]
+fn short_varint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate().take(9) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte < 0x80 {
+            return Some((v, &b[i + 1..]));
+        }
+    }
+    None
+}
+
+/// A length-delimited field's bytes (its length a [`short_varint`]) at the start of `b`,
+/// and the bytes after them; `None` when they run past the end.
+#[inline(always)]
+fn short_len(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (n, rest) = short_varint(b)?;
+    let n = usize::try_from(n).ok()?;
+    (n <= rest.len()).then(|| rest.split_at(n))
 }
 
 /// Merges an `AnyValue` message into `into`. A oneof member replaces the value, except
@@ -585,5 +670,93 @@ mod tests {
             ])
         );
         same(&body, &DEEP);
+    }
+
+    /// Scalar attributes in the layout SDKs write are read by [`super::scalar_key_value`]
+    /// and everything near that layout by the field loop, each as prost reads it: long
+    /// lengths, 10-byte varints, an empty key or value, fields repeated, reordered or
+    /// extra, a value of no member, non-UTF-8 text, a length past the end.
+    #[test]
+    fn scalar_attributes_read_on_the_short_path_or_the_loop_as_prost_reads_them() {
+        let field = |n: u8, body: &[u8]| {
+            let mut out = Vec::new();
+            prost::encoding::bytes::encode(u32::from(n), &body.to_vec(), &mut out);
+            out
+        };
+        let varint = |n: u8, v: u64| {
+            let mut out = Vec::new();
+            prost::encoding::uint64::encode(u32::from(n), &v, &mut out);
+            out
+        };
+        let kv = |key: &[u8], value: &[u8]| [field(1, key), field(2, value)].concat();
+        let long = "x".repeat(300);
+        let mut double = vec![0x21];
+        double.extend_from_slice(&1.5f64.to_bits().to_le_bytes());
+        let short: Vec<(&str, Vec<u8>)> = vec![
+            ("string", kv(b"k", &field(1, b"v"))),
+            ("long string", kv(b"k", &field(1, long.as_bytes()))),
+            ("long key", kv(long.as_bytes(), &field(1, b"v"))),
+            ("empty key", kv(b"", &field(1, b"v"))),
+            ("empty string", kv(b"k", &field(1, b""))),
+            ("non-ASCII", kv("kä".as_bytes(), &field(1, "vé".as_bytes()))),
+            ("bytes", kv(b"k", &field(7, &[0, 255]))),
+            ("bool", kv(b"k", &varint(2, 1))),
+            ("bool 2", kv(b"k", &varint(2, 2))),
+            ("int", kv(b"k", &varint(3, 1 << 62))),
+            ("double", kv(b"k", &double)),
+        ];
+        let looped: Vec<(&str, Vec<u8>)> = vec![
+            ("negative int", kv(b"k", &varint(3, -5i64 as u64))),
+            ("no member", kv(b"k", b"")),
+            ("no value", field(1, b"k")),
+            (
+                "value first",
+                [field(2, &field(1, b"v")), field(1, b"k")].concat(),
+            ),
+            (
+                "key twice",
+                [kv(b"a", &field(1, b"v")), field(1, b"b")].concat(),
+            ),
+            (
+                "two members",
+                kv(b"k", &[field(1, b"v"), varint(3, 7)].concat()),
+            ),
+            (
+                "extra field",
+                [kv(b"k", &field(1, b"v")), varint(3, 1)].concat(),
+            ),
+            ("array", kv(b"k", &field(5, &field(1, &varint(3, 1))))),
+            ("strindex", kv(b"k", &varint(8, 3))),
+            ("bad key", kv(&[0xff], &field(1, b"v"))),
+            ("bad string", kv(b"k", &field(1, &[0xc3]))),
+            ("short double", kv(b"k", &double[..5])),
+            ("length past the end", vec![0x0a, 5, b'k']),
+        ];
+        for (cases, on_short_path) in [(&short, true), (&looped, false)] {
+            for (name, kv) in cases {
+                assert_eq!(
+                    super::scalar_key_value(kv).is_some(),
+                    on_short_path,
+                    "{name}"
+                );
+                let mut span = pt::Span {
+                    trace_id: vec![1; 16],
+                    span_id: vec![2; 8],
+                    name: "s".into(),
+                    ..Default::default()
+                }
+                .encode_to_vec();
+                prost::encoding::bytes::encode(9, kv, &mut span);
+                let body = request_of_span_bytes(&span);
+                let direct = decode_traces(&body, Format::Protobuf, &DEEP);
+                let prost = by_prost(&body, &DEEP);
+                match (&direct, &prost) {
+                    (Ok(d), Ok(p)) => assert_eq!(d, p, "{name}"),
+                    // worded apart (`same`), each naming the fault
+                    (Err(d), Err(_)) => assert!(!on_short_path, "{name}: {d}"),
+                    _ => panic!("{name}: direct {direct:?}\nprost {prost:?}"),
+                }
+            }
+        }
     }
 }
