@@ -503,6 +503,92 @@ async fn trace_search_and_filters_several_attributes_and_a_duration_range() {
     st.shutdown().await;
 }
 
+/// An attribute search matches a span's number and bool values by their text (decimal,
+/// `true`/`false`, Rust's float text), as it does resource attributes, though the stored
+/// span holds them in binary; a value the span does not carry still matches nothing.
+#[tokio::test]
+async fn trace_search_matches_number_and_bool_span_attributes() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = open(&dir);
+    let ms = 1_000_000u64;
+    let span = |t: u8, attrs: Vec<KeyValue>| Span {
+        trace_id: TraceId([t; 16]),
+        span_id: SpanId([t; 8]),
+        name: "op".into(),
+        start_time_unix_nano: 1_000 * ms,
+        end_time_unix_nano: 1_010 * ms,
+        attributes: attrs,
+        ..Default::default()
+    };
+    let batch = Arc::new(TraceBatch {
+        resource_spans: vec![ResourceSpans {
+            resource: resource("svc", None),
+            scope_spans: vec![ScopeSpans {
+                scope: Scope::default(),
+                spans: vec![
+                    span(
+                        1,
+                        vec![
+                            KeyValue::new("n", AnyValue::Int(42)),
+                            KeyValue::new("ok", AnyValue::Bool(true)),
+                            KeyValue::new("f", AnyValue::Double(1.5)),
+                            KeyValue::new("neg", AnyValue::Int(-7)),
+                            KeyValue::new("s", s("x")),
+                        ],
+                    ),
+                    span(
+                        2,
+                        vec![
+                            KeyValue::new("n", AnyValue::Int(43)),
+                            KeyValue::new("ok", AnyValue::Bool(false)),
+                            KeyValue::new("s", s("42")),
+                        ],
+                    ),
+                ],
+            }],
+        }],
+    });
+    st.write_traces(batch).await.unwrap();
+    let find = |k: &str, v: &str| {
+        // an attribute that is not an indexed term is scanned for, in a time range
+        let q = TraceQuery {
+            attributes: vec![(k.into(), v.into())],
+            start_min_unix_nano: Some(0),
+            start_max_unix_nano: Some(2_000 * ms),
+            ..Default::default()
+        };
+        let st = &st;
+        async move {
+            let mut v: Vec<u8> = st
+                .search_traces(q)
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|i| i.trace_id.0[0])
+                .collect();
+            v.sort();
+            v
+        }
+    };
+    assert_eq!(find("n", "42").await, [1]);
+    assert_eq!(find("n", "43").await, [2]);
+    assert_eq!(find("ok", "true").await, [1]);
+    assert_eq!(find("ok", "false").await, [2]);
+    assert_eq!(find("f", "1.5").await, [1]);
+    assert_eq!(find("neg", "-7").await, [1]);
+    assert_eq!(find("s", "x").await, [1]);
+    assert_eq!(
+        find("s", "42").await,
+        [2],
+        "a string that reads as a number"
+    );
+    assert!(find("n", "44").await.is_empty());
+    assert!(find("f", "2.5").await.is_empty());
+    assert!(find("missing", "42").await.is_empty());
+    st.shutdown().await;
+}
+
 /// Migration 4 replaces the `(name, service, time, …)` point index of migration 3 by
 /// `metric_points_series` `(name, service, series, time, …)` on a file an older stallwatch
 /// left, and the points query reads the points stored before it.

@@ -153,8 +153,7 @@ impl Search<'_> {
             let body = payload
                 .get(s.off as usize..(s.off as usize).saturating_add(s.len as usize))
                 .unwrap_or_default();
-            // cheap prefilter: a span whose body lacks the value's bytes cannot carry it
-            let maybe = v.is_empty() || body.windows(v.len()).any(|w| w == v.as_bytes());
+            let maybe = body_may_carry(body, k, v);
             let on_span = if maybe {
                 let span = decode_span(payload, s.off, s.len).map_err(corrupt)?;
                 attr(&span.attributes, k).and_then(value_text)
@@ -537,4 +536,17 @@ fn operation_stats(ops: HashMap<(String, String), Vec<u64>>) -> Vec<OperationSta
             .then_with(|| (&a.service, &a.span_name).cmp(&(&b.service, &b.span_name)))
     });
     out
+}
+/// A cheap prefilter for an attribute `key` = `value` on a span of stored body `body`:
+/// false only when the span cannot carry it. The body holds the key's bytes as they are
+/// (a postcard string) and a string value's too; a number or bool value is stored in
+/// binary (zigzag varint, 8 bytes, one byte), so a `value` that is the text of one
+/// ([`crate::model::AnyValue::index_text`]: decimal, `true`/`false`, Rust's float text)
+/// is left to the decoded span.
+fn body_may_carry(body: &[u8], key: &str, value: &str) -> bool {
+    let holds = |t: &str| t.is_empty() || body.windows(t.len()).any(|w| w == t.as_bytes());
+    let binary_text = matches!(value, "true" | "false")
+        || value.parse::<i64>().is_ok()
+        || value.parse::<f64>().is_ok();
+    holds(key) && (binary_text || holds(value))
 }
