@@ -37,6 +37,16 @@ use rustix::fs::{flock, FlockOperation};
 /// runners watched and stopped, control records written into the freed space or held).
 pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
 
+/// How a full-disk refusal ends, for its reason text (`/readyz`, the 503's body): the
+/// reserve is made again, and telemetry let in, once twice [`RESERVE_BYTES`] are free
+/// ([`reserve_at`]), so that the reserve is back and as much is left for the data.
+pub const UNTIL_SPACE_RETURNS: &str = "telemetry is refused until 16 MiB are free on the data folder's filesystem (the 8 MiB reserve is made again first)";
+
+const _: () = assert!(
+    2 * RESERVE_BYTES == 16 * 1024 * 1024,
+    "UNTIL_SPACE_RETURNS says 16 MiB"
+);
+
 /// Token length in hex characters (32 random bytes).
 pub const TOKEN_HEX_LEN: usize = 64;
 
@@ -327,6 +337,11 @@ fn take_lock(_dir: &Path, path: &Path) -> Result<(File, File)> {
 /// Makes `path` private to the user: mode 0700.
 #[cfg(unix)]
 fn private_dir(path: &Path) -> Result<()> {
+    // Left alone when already 0700: on a read-only filesystem the chmod itself fails, and
+    // that error would hide the one that matters (nothing can be written there).
+    if fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o700) {
+        return Ok(());
+    }
     fs::set_permissions(path, fs::Permissions::from_mode(0o700))
         .with_context(|| format!("cannot set mode 0700 on {}", path.display()))
 }

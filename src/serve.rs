@@ -224,9 +224,10 @@ async fn serve(
     let storage = Storage::open(storage_config).context("cannot open the database")?;
     let events = EventBus::new(storage.clone());
     if full_at_start {
-        storage.pause_ingest(Some(
-            "the disk was full at start; telemetry is refused until space returns".into(),
-        ));
+        storage.pause_ingest(Some(format!(
+            "the disk was full at start; {}",
+            crate::datadir::UNTIL_SPACE_RETURNS
+        )));
         let at = now_unix_nano();
         let incident = NewIncident {
             kind: EventKind::StorageFull,
@@ -731,9 +732,10 @@ async fn keep_reserve(dir: std::path::PathBuf, storage: Storage, mut degraded: b
             .unwrap_or(false);
         if full {
             let freed = crate::datadir::release_reserve_at(&dir);
-            storage.pause_ingest(Some(
-                "the disk is full; telemetry is refused until space returns".into(),
-            ));
+            storage.pause_ingest(Some(format!(
+                "the disk is full; {}",
+                crate::datadir::UNTIL_SPACE_RETURNS
+            )));
             tracing::error!(
                 data_dir = %dir.display(),
                 reserve_freed = freed,

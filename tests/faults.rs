@@ -209,6 +209,14 @@ fn deleted_database_stops_acknowledging() {
         stderr.contains("ERROR") && stderr.contains("deleted while running"),
         "{stderr}"
     );
+    // said once, not at every probe of the idle writer (one a second)
+    std::thread::sleep(Duration::from_millis(3500));
+    let stderr = server.stderr();
+    assert_eq!(
+        stderr.matches("storage gone: telemetry is refused").count(),
+        1,
+        "{stderr}"
+    );
 }
 
 /// Regression (issue 11, "DNS rebinding on the OTLP/HTTP port"): `:4318` accepted a foreign

@@ -665,6 +665,14 @@ fn a_disk_full_at_start_starts_degraded_and_refuses_telemetry_with_503() {
     let r = post();
     assert_eq!(r.status().as_u16(), 503, "telemetry refused while degraded");
     assert!(r.headers().get("retry-after").is_some(), "retryable");
+    let ready = readyz(&server);
+    assert_eq!(ready["degraded"]["condition"], "full", "{ready}");
+    assert!(
+        ready["degraded"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("16 MiB")),
+        "{ready}"
+    );
     let runner = spawn_runner(&server, "full-b", &["sleep", "600"], None, &[]);
     let pid = runner["pid"].as_u64().unwrap();
     assert!(process_alive(pid));
@@ -679,7 +687,40 @@ fn a_disk_full_at_start_starts_degraded_and_refuses_telemetry_with_503() {
     wait_until!(Duration::from_secs(20), "telemetry accepted again", {
         post().status().as_u16() == 200
     });
+    assert!(readyz(&server)["degraded"].is_null());
     server.stop();
+}
+
+/// A data folder on a read-only filesystem, already private (0700): the start fails
+/// naming the read-only filesystem where it writes, not a chmod it had no need of.
+#[test]
+fn a_read_only_data_folder_is_refused_naming_the_read_only_filesystem() {
+    let Some(fs) = Tmpfs::mount("8m") else {
+        return;
+    };
+    let ok = Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(fs.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "remount read-only");
+    let out = Command::new(bin())
+        .args(["serve", "--data-dir"])
+        .arg(fs.path())
+        .args([
+            "--otlp-grpc-listen",
+            "127.0.0.1:0",
+            "--otlp-http-listen",
+            "127.0.0.1:0",
+            "--dashboard-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert!(!err.contains("cannot set mode"), "{err}");
 }
 
 /// The disk filling while stallwatch runs: the reserve is freed for control records, so a
@@ -726,6 +767,12 @@ fn a_disk_that_fills_while_running_frees_the_reserve_for_control_records() {
         503,
         "telemetry refused on a full disk"
     );
+    // for as long as it refuses, not only until the writer's own condition passes (the
+    // freed reserve lets its next probe succeed)
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(post().status().as_u16(), 503, "still refused");
+    let ready = readyz(&server);
+    assert_eq!(ready["degraded"]["condition"], "full", "{ready}");
     assert!(
         server
             .stderr()

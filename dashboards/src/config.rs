@@ -261,6 +261,38 @@ impl DashboardConfig {
     }
 }
 
+/// Checks one `allowed_hosts` entry (lowercased) against what the Host check matches
+/// (`stallwatch_storage::hosts::host_allowed`: a name or IP address, any port), so an
+/// entry that could never match is refused at start instead of failing every request
+/// with 421. Errors: why, as text (a port given, a wildcard, not a host name).
+fn allowed_host_entry(h: &str) -> Result<(), &'static str> {
+    if h.trim_matches(['[', ']'])
+        .parse::<std::net::Ipv6Addr>()
+        .is_ok()
+    {
+        return Ok(());
+    }
+    if h.contains('*') {
+        return Err("is a wildcard, which is not supported: list each host name (localhost and *.localhost are always allowed)");
+    }
+    if h.contains('/') {
+        return Err("is not a host name (a URL? list the host alone)");
+    }
+    if h.contains(':') {
+        return Err("names a port: list the host alone (every port of it is allowed)");
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if h.len() > 253 || !h.split('.').all(label_ok) {
+        return Err("is not a host name (letters, digits, '-' and '.'; an international name in its xn-- form)");
+    }
+    Ok(())
+}
+
 impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
     type Error = DashboardError;
 
@@ -274,11 +306,9 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
         let mut allowed_hosts = Vec::new();
         for h in raw.allowed_hosts {
             let h = h.trim().to_ascii_lowercase();
-            if h.is_empty() || h.contains('/') || h.contains(' ') {
-                return Err(DashboardError::Config(format!(
-                    "dashboard.allowed_hosts: {h:?} is not a host name"
-                )));
-            }
+            allowed_host_entry(&h).map_err(|why| {
+                DashboardError::Config(format!("dashboard.allowed_hosts: {h:?} {why}"))
+            })?;
             allowed_hosts.push(h);
         }
         for o in &raw.cors_allowed_origins {
@@ -395,6 +425,54 @@ mod tests {
         };
         let err = WebhookConfig::try_from(raw).unwrap_err().to_string();
         assert!(err.contains("breaker.exploded"), "{err}");
+    }
+
+    #[test]
+    fn allowed_hosts_entries_that_could_never_match_are_refused() {
+        let with = |hosts: &[&str]| {
+            let raw: RawDashboardConfig =
+                toml_like(&serde_json::json!({ "allowed_hosts": hosts }).to_string());
+            DashboardConfig::try_from((raw, RawAlertsConfig::default()))
+        };
+        for (entry, why) in [
+            ("good.example:8080", "names a port"),
+            ("*", "wildcard"),
+            ("*.example", "wildcard"),
+            ("", "not a host name"),
+            ("http://box.lan", "not a host name"),
+            ("a b", "not a host name"),
+            ("bücher.example", "xn--"),
+            ("box..lan", "not a host name"),
+        ] {
+            let err = with(&[entry]).unwrap_err().to_string();
+            assert!(
+                err.contains("dashboard.allowed_hosts") && err.contains(why),
+                "{entry}: {err}"
+            );
+        }
+        let ok = with(&[
+            "box.lan",
+            "Box.LAN",
+            "10.0.0.7",
+            "fe80::1",
+            "[fe80::2]",
+            "my_host",
+        ])
+        .unwrap();
+        assert_eq!(ok.allowed_hosts.len(), 6);
+        for (host, allowed) in [
+            ("box.lan:4319", true),
+            ("10.0.0.7", true),
+            ("[fe80::1]:4319", true),
+            ("[fe80::2]", true),
+            ("other.lan", false),
+        ] {
+            assert_eq!(
+                stallwatch_storage::hosts::host_allowed(host, &ok.allowed_hosts),
+                allowed,
+                "{host}"
+            );
+        }
     }
 
     #[test]

@@ -32,9 +32,7 @@ pub(crate) async fn readyz(State(ctx): State<Shared>) -> Response {
     let degraded = ctx
         .app
         .storage
-        .degraded()
-        .borrow()
-        .as_ref()
+        .condition()
         .map(|d| json!({"condition": d.kind.as_str(), "detail": d.detail}));
     let held = ctx.app.storage.held_len();
     (

@@ -493,10 +493,24 @@ impl Storage {
 
     /// `Some` while the telemetry writer is in a transient condition (lock held by another
     /// process, I/O error, full disk, file deleted) and refuses with a retryable error;
-    /// `None` once a commit (or the idle probe, every second) succeeds again. The source of
-    /// `/readyz`'s `degraded` and the dashboard's banner.
+    /// `None` once a commit (or the idle probe, every second) succeeds again. Telemetry
+    /// refused by [`Storage::pause_ingest`] is not in it: [`Storage::condition`] holds both.
     pub fn degraded(&self) -> tokio::sync::watch::Receiver<Option<Degraded>> {
         self.inner.telemetry.degraded.clone()
+    }
+
+    /// Why telemetry is refused now, if it is: the writer's condition
+    /// ([`Storage::degraded`]), else a pause ([`Storage::pause_ingest`], the filesystem out
+    /// of space) as [`crate::Transient::Full`] with the pause's reason. The source of `/readyz`'s
+    /// `degraded` and the dashboard's banner, so they say so for as long as either refuses.
+    pub fn condition(&self) -> Option<Degraded> {
+        if let Some(d) = self.inner.telemetry.degraded.borrow().clone() {
+            return Some(d);
+        }
+        self.ingest_paused().map(|detail| Degraded {
+            kind: crate::Transient::Full,
+            detail,
+        })
     }
 
     /// Runs one retention pass now on the writer thread (by age; then, when telemetry uses

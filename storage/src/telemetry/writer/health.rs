@@ -134,7 +134,7 @@ impl Writer {
     /// so `/readyz` recovers even when no exporter is retrying.
     pub(super) fn probe(&mut self) {
         if let Some(gone) = self.moved_away() {
-            tracing::error!(detail = %gone.detail, "storage gone");
+            // logged once, when the condition begins (`set_degraded`), not every probe
             self.set_degraded(Some(gone));
             return;
         }
