@@ -51,7 +51,16 @@ pub struct Breaker {
     open_until: Option<Instant>,
     probe_deadline: Option<Instant>,
     probe_seq: u64,
+    /// OPEN with no probe in sight: the cooldown ended and the runner could not be probed
+    /// (dead and not restarted, or an attached runner gone until registered again).
+    held: bool,
 }
+
+/// `retry_after_ms` of a breaker held OPEN with no probe in sight ([`Breaker::poll`] found
+/// it could not probe): 1 h, so a client that honours `Retry-After` does not poll every
+/// cooldown for an answer only a person (a reset) or a new runner (a registration, a
+/// restart) can change.
+pub const HELD_RETRY_AFTER_MS: u64 = 3_600_000;
 
 impl Default for Breaker {
     fn default() -> Self {
@@ -73,6 +82,7 @@ impl Breaker {
             open_until: None,
             probe_deadline: None,
             probe_seq: 0,
+            held: false,
         }
     }
 
@@ -101,6 +111,7 @@ impl Breaker {
         self.reason = reason;
         self.open_until = Some(now + cooldown);
         self.probe_deadline = None;
+        self.held = false;
     }
 
     /// Time-driven moves: OPEN past its cooldown → HALF_OPEN (when `can_probe`; otherwise
@@ -120,11 +131,13 @@ impl Breaker {
                     self.probe_seq += 1;
                     self.probe_deadline = Some(now + probe_timeout);
                     self.open_until = None;
+                    self.held = false;
                     Some(Transition::HalfOpen {
                         probe: self.probe_seq,
                     })
                 } else {
                     self.open_until = Some(now + cooldown);
+                    self.held = true;
                     None
                 }
             }
@@ -177,23 +190,38 @@ impl Breaker {
         Some(Transition::Closed)
     }
 
-    /// The admission answer at `now`.
+    /// The admission answer at `now`. Held OPEN with no probe in sight, `retry_after_ms`
+    /// is at least [`HELD_RETRY_AFTER_MS`] and the reason says what ends it.
     pub fn admission(&self, now: Instant) -> Admission {
         let retry_after_ms = match self.state {
             BreakerState::Closed => None,
-            BreakerState::Open => Some(
-                self.open_until
-                    .map_or(1, |u| ceil_ms(u.saturating_duration_since(now))),
-            ),
+            BreakerState::Open => {
+                let left = self
+                    .open_until
+                    .map_or(1, |u| ceil_ms(u.saturating_duration_since(now)));
+                Some(if self.held {
+                    left.max(HELD_RETRY_AFTER_MS)
+                } else {
+                    left
+                })
+            }
             BreakerState::HalfOpen => Some(
                 self.probe_deadline
                     .map_or(1, |d| ceil_ms(d.saturating_duration_since(now))),
             ),
         };
+        let reason = if self.state == BreakerState::Open && self.held {
+            format!(
+                "{}; no probe until the runner is restarted or registered again, or the breaker is reset",
+                self.reason
+            )
+        } else {
+            self.reason.clone()
+        };
         Admission {
             state: self.state,
             admit: self.state == BreakerState::Closed,
-            reason: self.reason.clone(),
+            reason,
             retry_after_ms,
         }
     }
@@ -220,7 +248,7 @@ mod tests {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum M {
         Closed,
-        Open { until: u64 },
+        Open { until: u64, held: bool },
         Half { deadline: u64, probe: u64 },
     }
 
@@ -247,22 +275,30 @@ mod tests {
 
     fn model_step(m: M, op: &Op, now: u64, seq: &mut u64) -> M {
         match (m, op) {
-            (M::Closed, Op::Trip) => M::Open { until: now + COOL },
-            (M::Open { until }, Op::Poll { can_probe: true }) if now >= until => {
+            (M::Closed, Op::Trip) => M::Open {
+                until: now + COOL,
+                held: false,
+            },
+            (M::Open { until, .. }, Op::Poll { can_probe: true }) if now >= until => {
                 *seq += 1;
                 M::Half {
                     deadline: now + PROBE,
                     probe: *seq,
                 }
             }
-            (M::Open { until }, Op::Poll { can_probe: false }) if now >= until => {
-                M::Open { until: now + COOL }
-            }
-            (M::Half { deadline, .. }, Op::Poll { .. }) if now >= deadline => {
-                M::Open { until: now + COOL }
-            }
+            (M::Open { until, .. }, Op::Poll { can_probe: false }) if now >= until => M::Open {
+                until: now + COOL,
+                held: true,
+            },
+            (M::Half { deadline, .. }, Op::Poll { .. }) if now >= deadline => M::Open {
+                until: now + COOL,
+                held: false,
+            },
             (M::Half { .. }, Op::ProbeCurrent(true)) => M::Closed,
-            (M::Half { .. }, Op::ProbeCurrent(false)) => M::Open { until: now + COOL },
+            (M::Half { .. }, Op::ProbeCurrent(false)) => M::Open {
+                until: now + COOL,
+                held: false,
+            },
             (_, Op::Reset) => M::Closed,
             (m, _) => m,
         }
@@ -295,10 +331,13 @@ mod tests {
                         prop_assert!(a.admit);
                         prop_assert_eq!(a.retry_after_ms, None);
                     }
-                    M::Open { until } => {
+                    M::Open { until, held } => {
                         prop_assert_eq!(b.state(), BreakerState::Open);
                         prop_assert!(!a.admit);
-                        prop_assert_eq!(a.retry_after_ms, Some(until.saturating_sub(now).max(1)));
+                        let left = until.saturating_sub(now).max(1);
+                        let want = if held { left.max(HELD_RETRY_AFTER_MS) } else { left };
+                        prop_assert_eq!(a.retry_after_ms, Some(want));
+                        prop_assert_eq!(a.reason.contains("no probe until"), held);
                     }
                     M::Half { deadline, probe } => {
                         prop_assert_eq!(b.state(), BreakerState::HalfOpen);
@@ -317,6 +356,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A runner that cannot be probed when the cooldown ends (dead, not restarted): the
+    /// breaker stays OPEN, and admissions say so with an hour's Retry-After instead of a
+    /// cooldown that counts down and starts again forever; once it can be probed, the next
+    /// cooldown's end probes as usual (the healthy path).
+    #[test]
+    fn held_open_without_a_probe_says_so() {
+        let t0 = Instant::now();
+        let c = Duration::from_millis(15_000);
+        let p = Duration::from_millis(5_000);
+        let mut b = Breaker::new();
+        b.trip(t0, c, "tool_overrun");
+        assert_eq!(b.admission(t0).retry_after_ms, Some(15_000), "in cooldown");
+        assert_eq!(b.poll(t0 + c, false, c, p), None);
+        let a = b.admission(t0 + c);
+        assert_eq!(a.retry_after_ms, Some(HELD_RETRY_AFTER_MS));
+        assert!(
+            a.reason.starts_with("tool_overrun; no probe until"),
+            "{}",
+            a.reason
+        );
+        assert_eq!(b.poll(t0 + c + c, false, c, p), None);
+        assert_eq!(
+            b.admission(t0 + c + c).retry_after_ms,
+            Some(HELD_RETRY_AFTER_MS)
+        );
+        assert!(matches!(
+            b.poll(t0 + c * 3, true, c, p),
+            Some(Transition::HalfOpen { .. })
+        ));
+        assert_eq!(b.admission(t0 + c * 3).retry_after_ms, Some(5_000));
     }
 
     #[test]
