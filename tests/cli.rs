@@ -33,6 +33,33 @@ fn unknown_config_key_is_refused_with_its_name() {
     assert!(err.contains("max_requst_bytes"), "{err}");
 }
 
+/// A listen address that is a host name is refused naming the flag and saying why (an
+/// address is bound, not resolved); from the environment as well; an IP address starts.
+#[test]
+fn a_host_name_as_listen_address_is_refused_saying_an_ip_is_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, env) in [
+        ("--otlp-grpc-listen", None),
+        ("--dashboard-listen", Some("STALLWATCH_DASHBOARD_LISTEN")),
+    ] {
+        let mut cmd = Command::new(bin());
+        cmd.args(["serve", "--data-dir"]).arg(dir.path().join("d"));
+        match env {
+            Some(var) => cmd.env(var, "localhost:0"),
+            None => cmd.args([flag, "localhost:0"]),
+        };
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains("IP:PORT"), "{err}");
+        assert!(err.contains("host name"), "{err}");
+    }
+    assert!(
+        !dir.path().join("d").exists(),
+        "refused before anything is made"
+    );
+}
+
 /// A value that parses but is out of range is refused like a parse error: named, and
 /// before the data folder, its database, token and reserve are created (they were made
 /// first). A valid file starts and creates them.
