@@ -199,10 +199,15 @@ fn key_value_pushed<'a>(
     limits: &Limits,
 ) -> Result<(), DecodeError> {
     if depth <= limits.max_nesting_depth {
-        if let Some(kv) = scalar_key_value(b) {
-            to.push(kv);
-            return Ok(());
+        // Read in its place in `to`, like the loop below (a `KeyValueRef` returned and
+        // then pushed went through the stack, and reloading it stalled: `perf annotate`).
+        to.push(KeyValueRef::default());
+        if let Some(kv) = to.last_mut() {
+            if scalar_key_value(kv, b) {
+                return Ok(());
+            }
         }
+        to.pop();
     }
     let pv = p.field("value");
     check_depth(&pv, depth, limits)?;
@@ -226,15 +231,21 @@ fn key_value_pushed<'a>(
 }
 
 /// A `KeyValue` in the form every OpenTelemetry SDK writes for a scalar attribute, read
-/// without the general field loop: `key` (field 1), then `value` (field 2) holding one
-/// `stringValue`, `boolValue`, `intValue`, `doubleValue` or `bytesValue`, each field
-/// once, nothing else, every varint shorter than 10 bytes and every string UTF-8. What
-/// [`key_value_pushed`]'s loop makes of the same bytes; `None` for anything else (other
-/// members, repeated or extra fields, another order, a malformed or non-UTF-8 field),
-/// which the loop then reads, or refuses, by the general rules. Attributes are most of a
-/// span's fields, and the loop's per-field tag dispatch was most of their cost (issue 16).
+/// into `kv` without the general field loop: `key` (field 1), then `value` (field 2)
+/// holding one `stringValue`, `boolValue`, `intValue`, `doubleValue` or `bytesValue`,
+/// each field once, nothing else, every varint shorter than 10 bytes and every string
+/// UTF-8. What [`key_value_pushed`]'s loop makes of the same bytes; false for anything
+/// else (other members, repeated or extra fields, another order, a malformed or
+/// non-UTF-8 field; `kv` then holds anything), which the loop then reads, or refuses, by
+/// the general rules. Attributes are most of a span's fields, and the loop's per-field
+/// tag dispatch was most of their cost (issue 16).
 #[inline]
-fn scalar_key_value(b: &[u8]) -> Option<KeyValueRef<'_>> {
+fn scalar_key_value<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> bool {
+    scalar_key_value_parts(kv, b).is_some()
+}
+
+#[inline(always)]
+fn scalar_key_value_parts<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> Option<()> {
     let rest = b.strip_prefix(&[0x0a])?;
     let (key, rest) = short_len(rest)?;
     let rest = rest.strip_prefix(&[0x12])?;
@@ -242,8 +253,9 @@ fn scalar_key_value(b: &[u8]) -> Option<KeyValueRef<'_>> {
     if !rest.is_empty() {
         return None;
     }
+    kv.key = wire::utf8(key)?;
     let (&tag, v) = value.split_first()?;
-    let value = match tag {
+    kv.value = match tag {
         // stringValue (1) and bytesValue (7): length-delimited
         0x0a | 0x3a => {
             let (body, rest) = short_len(v)?;
@@ -275,10 +287,7 @@ fn scalar_key_value(b: &[u8]) -> Option<KeyValueRef<'_>> {
         }
         _ => return None,
     };
-    Some(KeyValueRef {
-        key: wire::utf8(key)?,
-        value,
-    })
+    Some(())
 }
 
 /// A varint of at most 9 bytes (every value below 2^63) at the start of `b`, and the bytes
@@ -734,8 +743,9 @@ mod tests {
         ];
         for (cases, on_short_path) in [(&short, true), (&looped, false)] {
             for (name, kv) in cases {
+                let mut read = stallwatch_storage::model::KeyValueRef::default();
                 assert_eq!(
-                    super::scalar_key_value(kv).is_some(),
+                    super::scalar_key_value(&mut read, kv),
                     on_short_path,
                     "{name}"
                 );
