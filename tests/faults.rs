@@ -909,14 +909,16 @@ fn the_connection_cap_and_the_idle_timeout_hold_per_listener() {
 /// A client that sent a head and part of a body holds no connection for long, on a
 /// listener whose handler would wait for ever (the dashboard's control API): with
 /// `body_read_timeout_ms = 1000` it is dropped (counted as `body_timeout`), while a client
-/// that sends its body slowly, a byte every 300 ms, is served (the healthy case).
+/// that sends its body slowly, a byte every 300 ms, is served (the healthy case). The
+/// minimum body rate's grace is set past the test (60 s) so that only the gap rule is
+/// tested here; the rate rule has its own test below.
 #[test]
 fn a_stalled_request_body_is_dropped_on_the_dashboard_and_a_slow_one_is_served() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(
         ServerOpts::new(&dir.path().join("data"))
-            .config("[dashboard]\nbody_read_timeout_ms = 1000\n"),
+            .config("[dashboard]\nbody_read_timeout_ms = 1000\nbody_rate_grace_ms = 60000\n"),
     );
     let token = server.token();
     let head = |len: usize| {
@@ -969,6 +971,246 @@ fn a_stalled_request_body_is_dropped_on_the_dashboard_and_a_slow_one_is_served()
         ),
         "{}",
         metrics_text(&server)
+    );
+}
+
+/// An OTLP/JSON trace export of `spans` spans (traces of their own for each `tag`), each
+/// with a `pad`-character attribute.
+fn json_export(spans: usize, pad: usize, tag: u8) -> Vec<u8> {
+    let spans: Vec<serde_json::Value> = (0..spans)
+        .map(|i| {
+            serde_json::json!({
+                "traceId": format!("{:02x}{:030x}", tag, i / 16 + 1),
+                "spanId": format!("{:016x}", i + 1),
+                "name": format!("slow link {i}"),
+                "startTimeUnixNano": "1700000000000000000",
+                "endTimeUnixNano": "1700000000000500000",
+                "attributes": [{"key": "pad", "value": {"stringValue": "p".repeat(pad)}}],
+            })
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "resourceSpans": [{"scopeSpans": [{"spans": spans}]}]
+    }))
+    .unwrap()
+}
+
+/// One raw HTTP/1.1 request on a thread: `head` (without its blank line; `Content-Length`
+/// is added), then `body` `piece` bytes every `every`, never closing its side (the thread
+/// keeps writing, ignoring errors, until the answer is read). Answers the whole answer and
+/// how long after connecting it was complete.
+fn paced_request(
+    addr: std::net::SocketAddr,
+    head: String,
+    body: Vec<u8>,
+    piece: usize,
+    every: Duration,
+) -> std::thread::JoinHandle<(String, Duration)> {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.write_all(
+            format!(
+                "{head}Connection: close\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut w = s.try_clone().unwrap();
+        let writer = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                for p in body.chunks(piece) {
+                    if done.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let _ = w.write_all(p);
+                    std::thread::sleep(every);
+                }
+                w
+            })
+        };
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        let took = t0.elapsed();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop(writer.join());
+        (String::from_utf8_lossy(&answer).into_owned(), took)
+    })
+}
+
+/// The outside tester's report, scaled down: 30 OTLP/HTTP clients each declare a
+/// 100,000-byte trace export and send its body a byte every 200 ms. The budget (2 MiB
+/// here) is reserved from the declared length, so ten of them hold it all and the other
+/// twenty are answered 503 at once, and a real 54 kB export gets 503 too: the gap timeouts
+/// never fire on a trickle. With `body_min_bytes_per_s = 32768` and
+/// `body_rate_grace_ms = 1000`, the ten are cut soon after the grace (400 naming the
+/// rule, counted), the budget comes back and the real export is stored while their
+/// clients are still sending; a 159 kB export sent at twice the minimum rate (~2.4 s) is
+/// stored too. On the dashboard, a trickled control request and a trickled `/mcp` message
+/// are answered 408 `body_too_slow`, while a small control request sent slowly within the
+/// grace is served.
+#[test]
+fn trickled_bodies_are_cut_on_every_listener_and_real_exports_get_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(
+        "[otlp]\nmax_request_bytes = 1048576\nmax_inflight_bytes = 2097152\n\
+         body_min_bytes_per_s = 32768\nbody_rate_grace_ms = 1000\n\
+         [dashboard]\nbody_min_bytes_per_s = 32768\nbody_rate_grace_ms = 1000\n",
+    ));
+    let ms = Duration::from_millis;
+    let otlp_head =
+        |ct: &str| format!("POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ct}\r\n");
+    let t0 = Instant::now();
+    let tricklers: Vec<_> = (0..30)
+        .map(|_| {
+            paced_request(
+                server.http,
+                otlp_head("application/json"),
+                vec![b' '; 100_000],
+                1,
+                ms(200),
+            )
+        })
+        .collect();
+    // ten hold 200,000 bytes each (the body and its decode share)
+    wait_until!(
+        Duration::from_secs(10),
+        "the tricklers to hold the budget",
+        metric(&server, "stallwatch_otlp_inflight_bytes ") >= 2_000_000
+    );
+    let real = json_export(100, 300, 1);
+    assert!(real.len() > 50_000 && real.len() < 60_000, "{}", real.len());
+    let post = |body: &[u8]| {
+        http_client()
+            .post(server.otlp_http("/v1/traces"))
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+            .unwrap()
+    };
+    let r = post(&real);
+    assert_eq!(r.status(), 503, "the tricklers did not hold the budget");
+    assert!(
+        t0.elapsed() < ms(1000),
+        "too late to see the budget held before the grace ({:?})",
+        t0.elapsed()
+    );
+
+    // the dashboard: a trickled control request, and a small one sent slowly in the grace
+    let token = server.token();
+    let control_head = format!(
+        "POST /api/v1/runners HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\n"
+    );
+    let body = br#"{"id": "slow", "no_such_key": true}"#.to_vec();
+    let dash_trickle = paced_request(
+        server.dashboard,
+        control_head.clone(),
+        [body.clone(), vec![b' '; 200]].concat(),
+        1,
+        ms(200),
+    );
+    let dash_slow = paced_request(server.dashboard, control_head, body, 1, ms(20));
+    let mcp_trickle = paced_request(
+        server.dashboard,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n"
+            .to_string(),
+        [
+            &br#"{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}"#[..],
+            &[b' '; 200],
+        ]
+        .concat(),
+        1,
+        ms(200),
+    );
+
+    let (mut cut, mut busy) = (0, 0);
+    for t in tricklers {
+        let (text, took) = t.join().unwrap();
+        if text.starts_with("HTTP/1.1 503") {
+            busy += 1;
+            continue;
+        }
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(text.contains("too slowly"), "{text}");
+        assert!(text.contains("body_min_bytes_per_s"), "{text}");
+        assert!(
+            took < Duration::from_secs(6),
+            "a trickle was cut only after {took:?}"
+        );
+        cut += 1;
+    }
+    assert_eq!((cut, busy), (10, 20));
+    wait_until!(
+        Duration::from_secs(5),
+        "the budget to be released",
+        metric(&server, "stallwatch_otlp_inflight_bytes ") == 0
+    );
+    assert_eq!(post(&real).status(), 200);
+    assert!(stored(
+        &server,
+        &format!("{:02x}{:030x}", 1, 1),
+        &format!("{:016x}", 1)
+    ));
+
+    // the healthy case: 159 kB at twice the minimum rate (4 KiB every 62 ms), ~2.4 s
+    let slow = json_export(250, 400, 2);
+    let (text, took) = paced_request(
+        server.http,
+        otlp_head("application/json"),
+        slow,
+        4096,
+        ms(62),
+    )
+    .join()
+    .unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(took > ms(1500), "not slow: {took:?}");
+    assert!(stored(
+        &server,
+        &format!("{:02x}{:030x}", 2, 16),
+        &format!("{:016x}", 250)
+    ));
+
+    let (text, took) = dash_trickle.join().unwrap();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_too_slow"), "{text}");
+    assert!(took < Duration::from_secs(6), "cut only after {took:?}");
+    let (text, took) = mcp_trickle.join().unwrap();
+    assert!(text.starts_with("HTTP/1.1 408"), "/mcp: {text}");
+    assert!(text.contains("body_too_slow"), "{text}");
+    assert!(took < Duration::from_secs(6), "cut only after {took:?}");
+    let (text, _) = dash_slow.join().unwrap();
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("no_such_key"), "{text}");
+
+    assert_eq!(
+        metric(
+            &server,
+            "stallwatch_otlp_requests_refused_total{reason=\"body_too_slow\"}"
+        ),
+        10
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "stallwatch_listener_request_bodies_too_slow_total{listener=\"otlp_http\"}"
+        ),
+        10
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "stallwatch_listener_request_bodies_too_slow_total{listener=\"dashboard\"}"
+        ),
+        2
     );
 }
 

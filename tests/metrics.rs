@@ -116,6 +116,11 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "listener,reason",
     ),
+    (
+        "stallwatch_listener_request_bodies_too_slow",
+        "counter",
+        "listener",
+    ),
 ];
 
 /// Parses an exposition with `prometheus_client.parser`; answers one line per family:

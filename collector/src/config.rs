@@ -89,6 +89,14 @@ pub struct RawOtlpConfig {
     /// default `listen::DEFAULT_BODY_READ_TIMEOUT` (an export's own stall answer, 400 after
     /// 30 s, comes first at the default).
     pub body_read_timeout_ms: Option<u64>,
+    /// Slowest average pace of a request body once `body_rate_grace_ms` of waiting for it
+    /// has passed, bytes per second (0: no pace rule); default
+    /// `listen::DEFAULT_BODY_MIN_RATE` (16384). A body behind it is answered 400 /
+    /// `INVALID_ARGUMENT` and releases its share of `max_inflight_bytes`.
+    pub body_min_bytes_per_s: Option<u64>,
+    /// How long waiting for a request body is allowed before its pace counts, ms; default
+    /// `listen::DEFAULT_BODY_RATE_GRACE` (10000).
+    pub body_rate_grace_ms: Option<u64>,
 }
 
 impl RawOtlpConfig {
@@ -102,6 +110,8 @@ impl RawOtlpConfig {
             max_connections: self.max_connections,
             max_connection_age_ms: self.max_connection_age_ms,
             body_read_timeout_ms: self.body_read_timeout_ms,
+            body_min_bytes_per_s: self.body_min_bytes_per_s,
+            body_rate_grace_ms: self.body_rate_grace_ms,
         }
     }
 }
@@ -171,7 +181,14 @@ pub struct CollectorConfig {
     pub allowed_hosts: Vec<String>,
     /// Connection limits of both OTLP listeners (`[otlp] header_read_timeout_ms`,
     /// `idle_timeout_ms`, `keepalive_interval_ms`, `keepalive_timeout_ms`, `max_connections`
-    /// per listener, `max_connection_age_ms`). Default [`ListenLimits::default`].
+    /// per listener, `max_connection_age_ms`, `body_read_timeout_ms`,
+    /// `body_min_bytes_per_s`, `body_rate_grace_ms`). The minimum body rate is what frees
+    /// the budget a slow client holds: an export's share of `max_inflight_bytes` is
+    /// reserved from its declared length (`Content-Length`, the gRPC message prefix) before
+    /// its body is read, so a client that declares 100 KB and sends a byte a second holds
+    /// that share (and its decode-time share) until its body is cut, after
+    /// `body_rate_grace_ms` plus one second per `body_min_bytes_per_s` bytes it sent.
+    /// Default [`ListenLimits::default`].
     pub listen: ListenLimits,
 }
 

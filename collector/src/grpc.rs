@@ -115,7 +115,9 @@ impl tower::Service<Request<Body>> for GrpcService {
 pub(crate) fn refusal_status(r: &Refusal) -> Status {
     let msg = r.message();
     match r {
-        Refusal::BadRequest(_) | Refusal::UnsupportedMediaType(_) => Status::invalid_argument(msg),
+        Refusal::BadRequest(_) | Refusal::TooSlow(_) | Refusal::UnsupportedMediaType(_) => {
+            Status::invalid_argument(msg)
+        }
         Refusal::TooLarge(_) => Status::resource_exhausted(msg),
         Refusal::UnsupportedEncoding(_) => Status::unimplemented(msg),
         Refusal::Unauthenticated => Status::unauthenticated(msg),
@@ -244,10 +246,13 @@ async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
         match next {
             None => break,
             Some(Err(e)) => {
-                return refuse(
-                    &state,
-                    Refusal::BadRequest(format!("cannot read request stream: {}", e.message())),
-                )
+                let r = match stallwatch_storage::listen::too_slow(&e) {
+                    Some(t) => Refusal::TooSlow(t.to_string()),
+                    None => {
+                        Refusal::BadRequest(format!("cannot read request stream: {}", e.message()))
+                    }
+                };
+                return refuse(&state, r);
             }
             Some(Ok(frame)) => {
                 let Ok(data) = frame.into_data() else {

@@ -128,7 +128,7 @@ fn status_response(
 pub(crate) fn refusal_response(format: Format, r: &Refusal) -> Response {
     let msg = r.message();
     let (status, code, retry) = match r {
-        Refusal::BadRequest(_) => (StatusCode::BAD_REQUEST, 3, None),
+        Refusal::BadRequest(_) | Refusal::TooSlow(_) => (StatusCode::BAD_REQUEST, 3, None),
         Refusal::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, 8, None),
         Refusal::UnsupportedMediaType(_) | Refusal::UnsupportedEncoding(_) => {
             (StatusCode::UNSUPPORTED_MEDIA_TYPE, 3, None)
@@ -256,11 +256,7 @@ async fn export(state: IngestState, signal: Signal, req: Request) -> Response {
         };
         match next {
             None => break,
-            Some(Err(e)) => {
-                return refuse(Refusal::BadRequest(format!(
-                    "cannot read request body: {e}"
-                )))
-            }
+            Some(Err(e)) => return refuse(Refusal::body_error("request body", &e)),
             Some(Ok(frame)) => {
                 let Ok(data) = frame.into_data() else {
                     continue;

@@ -225,6 +225,10 @@ pub(crate) enum Signal {
 pub(crate) enum Refusal {
     /// HTTP 400 / `INVALID_ARGUMENT`: the message names what was wrong.
     BadRequest(String),
+    /// HTTP 400 / `INVALID_ARGUMENT`, as a stalled body is answered: the body arrived slower
+    /// than the listener's `body_min_bytes_per_s` (`stallwatch_storage::listen`, "Minimum
+    /// body rate"); the message names the rule. Counted as `body_too_slow`.
+    TooSlow(String),
     /// HTTP 413 / `RESOURCE_EXHAUSTED` (no RetryInfo: not retryable as is).
     TooLarge(String),
     /// HTTP 415: unknown `Content-Type`.
@@ -251,6 +255,7 @@ impl Refusal {
     pub(crate) fn reason(&self) -> RefuseReason {
         match self {
             Refusal::BadRequest(_) => RefuseReason::BadRequest,
+            Refusal::TooSlow(_) => RefuseReason::BodyTooSlow,
             Refusal::TooLarge(_) => RefuseReason::TooLarge,
             Refusal::UnsupportedMediaType(_) => RefuseReason::UnsupportedMediaType,
             Refusal::UnsupportedEncoding(_) => RefuseReason::UnsupportedEncoding,
@@ -264,6 +269,7 @@ impl Refusal {
     pub(crate) fn message(&self) -> String {
         match self {
             Refusal::BadRequest(m)
+            | Refusal::TooSlow(m)
             | Refusal::TooLarge(m)
             | Refusal::UnsupportedMediaType(m)
             | Refusal::UnsupportedEncoding(m)
@@ -272,6 +278,16 @@ impl Refusal {
                 "missing or wrong ingest token (send Authorization: Bearer <token>)".into()
             }
             Refusal::Busy { message, .. } => message.clone(),
+        }
+    }
+
+    /// The answer to a request body that could not be read: [`Refusal::TooSlow`] when the
+    /// listener cut it for its pace (`e`'s source chain holds
+    /// `stallwatch_storage::listen::TooSlow`), else a 400 saying `what` could not be read.
+    pub(crate) fn body_error(what: &str, e: &(dyn std::error::Error + 'static)) -> Self {
+        match stallwatch_storage::listen::too_slow(e) {
+            Some(t) => Refusal::TooSlow(t.to_string()),
+            None => Refusal::BadRequest(format!("cannot read {what}: {e}")),
         }
     }
 

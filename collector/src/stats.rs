@@ -48,6 +48,10 @@ pub enum RefuseReason {
     /// A `Host` / `:authority` that is not a loopback name nor a configured host (HTTP 421 /
     /// `PERMISSION_DENIED`): DNS rebinding.
     ForbiddenHost,
+    /// A request body cut for arriving slower than `body_min_bytes_per_s` after
+    /// `body_rate_grace_ms` (HTTP 400 / `INVALID_ARGUMENT`): its share of
+    /// `max_inflight_bytes` was released.
+    BodyTooSlow,
 }
 
 /// Number of [`RefuseReason`] values.
@@ -55,7 +59,7 @@ const REASONS: usize = RefuseReason::ALL.len();
 
 impl RefuseReason {
     /// Every reason, in label order.
-    pub const ALL: [RefuseReason; 19] = [
+    pub const ALL: [RefuseReason; 20] = [
         RefuseReason::BadRequest,
         RefuseReason::TooLarge,
         RefuseReason::UnsupportedMediaType,
@@ -75,6 +79,7 @@ impl RefuseReason {
         RefuseReason::StorageIo,
         RefuseReason::StorageGone,
         RefuseReason::ForbiddenHost,
+        RefuseReason::BodyTooSlow,
     ];
 
     /// The label value.
@@ -99,6 +104,7 @@ impl RefuseReason {
             RefuseReason::StorageIo => "storage_io",
             RefuseReason::StorageGone => "storage_gone",
             RefuseReason::ForbiddenHost => "forbidden_host",
+            RefuseReason::BodyTooSlow => "body_too_slow",
         }
     }
 

@@ -235,7 +235,8 @@ pub async fn grpc_call(
     }
 }
 
-fn percent_decode(s: &str) -> String {
+/// `grpc-message` as sent (percent-encoded), decoded.
+pub fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;

@@ -724,3 +724,147 @@ async fn a_coded_export_that_alone_outgrows_the_budget_is_too_large_not_busy() {
     assert_eq!(r.status(), 200);
     assert_eq!(h.stored_span_total().await, 1);
 }
+
+/// A protobuf trace export of `n` spans (~300 bytes each on the wire), in traces of their
+/// own for each `tag`.
+fn spans_export(n: u64, tag: u8) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans: (0..n)
+                    .map(|i| {
+                        let mut s = chunk_test_span(i);
+                        s.trace_id[15] = tag;
+                        s
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// One raw OTLP/HTTP client: a `POST /v1/traces` head declaring `len` bytes (the body
+/// given is sent as is, `piece` bytes every `every`, its writing never closed by the
+/// client), then the whole answer the server sends before it closes. Answers the answer
+/// and how long after connecting it was complete.
+async fn paced_export(
+    addr: std::net::SocketAddr,
+    ct: &'static str,
+    len: usize,
+    body: Vec<u8>,
+    piece: usize,
+    every: Duration,
+) -> (String, Duration) {
+    use tokio::io::AsyncReadExt;
+    let t0 = tokio::time::Instant::now();
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: {ct}\r\nContent-Length: {len}\r\n\r\n"
+    );
+    wr.write_all(head.as_bytes()).await.unwrap();
+    let writer = tokio::spawn(async move {
+        for p in body.chunks(piece) {
+            if wr.write_all(p).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(every).await;
+        }
+        wr
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), rd.read_to_end(&mut answer)).await;
+    let took = t0.elapsed();
+    writer.abort();
+    (String::from_utf8_lossy(&answer).into_owned(), took)
+}
+
+/// The outside tester's report: clients that declare a body and send it a byte at a time
+/// hold the in-flight budget (reserved from Content-Length, with its decode share) while
+/// never tripping the gap timeouts, so real exports got 503 for as long as they kept
+/// going. Here three such clients (5 B/s, each reserving 300 kB of a 1 MiB budget) make a
+/// real 90 kB export a 503; each is cut soon after the 1 s grace with a 400 naming the
+/// rule, counted as `body_too_slow`; the budget comes back to 0 and the same export is
+/// stored, though the trickling clients never stopped or closed on their side. Beside
+/// them, an export sent at twice the minimum rate for several times the grace is stored
+/// (the slow-but-legitimate link).
+#[tokio::test]
+async fn trickled_bodies_are_cut_and_release_the_budget_and_a_slow_steady_export_is_stored() {
+    const RATE: u64 = 32 * 1024;
+    let h = start_with(|c| {
+        c.max_request_bytes = 256 * 1024;
+        c.max_inflight_bytes = 1024 * 1024;
+        c.listen.body_min_rate = RATE;
+        c.listen.body_rate_grace = Duration::from_millis(1000);
+    })
+    .await;
+    let ms = Duration::from_millis;
+    const CLAIM: usize = 150_000;
+    let tricklers: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::spawn(paced_export(
+                h.http,
+                "application/json",
+                CLAIM,
+                vec![b' '; CLAIM],
+                1,
+                ms(200),
+            ))
+        })
+        .collect();
+    // each holds its declared body and its decode share (1× for JSON traces)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.stats.inflight_bytes() < 3 * 2 * CLAIM as u64 {
+        assert!(tokio::time::Instant::now() < deadline, "budget never held");
+        tokio::time::sleep(ms(10)).await;
+    }
+    let real = spans_export(300, 1);
+    assert!(real.len() > 80_000, "{}", real.len());
+    let r = h
+        .post("/v1/traces", "application/x-protobuf", None, real.clone())
+        .await;
+    assert_eq!(r.status(), 503, "the tricklers did not hold the budget");
+    for t in tricklers {
+        let (text, took) = t.await.unwrap();
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(text.contains("too slowly"), "{text}");
+        assert!(text.contains("body_min_bytes_per_s"), "{text}");
+        assert!(took < Duration::from_secs(5), "cut only after {took:?}");
+    }
+    assert_eq!(h.stats.requests_refused(RefuseReason::BodyTooSlow), 3);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.stats.inflight_bytes() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "budget not released"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+    let r = h
+        .post("/v1/traces", "application/x-protobuf", None, real.clone())
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.stored_span_total().await, 300);
+
+    // The healthy case: ~90 kB at twice the minimum rate (4 kB every 62 ms), ~1.4 s.
+    let slow = spans_export(300, 2);
+    let (text, took) = paced_export(
+        h.http,
+        "application/x-protobuf",
+        slow.len(),
+        slow.clone(),
+        (2 * RATE / 16) as usize,
+        ms(62),
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(took > ms(1000), "not slow: {took:?}");
+    assert_eq!(h.stored_span_total().await, 600);
+    assert_eq!(h.stats.requests_refused(RefuseReason::BodyTooSlow), 3);
+}

@@ -64,6 +64,15 @@ pub struct RawDashboardConfig {
     /// (default 35000).
     #[serde(default)]
     pub body_read_timeout_ms: Option<u64>,
+    /// Slowest average pace of a request body once `body_rate_grace_ms` of waiting for it
+    /// has passed, bytes per second (default 16384; 0: no pace rule). A body behind it is
+    /// answered 408 `body_too_slow`.
+    #[serde(default)]
+    pub body_min_bytes_per_s: Option<u64>,
+    /// How long waiting for a request body is allowed before its pace counts, ms (default
+    /// 10000).
+    #[serde(default)]
+    pub body_rate_grace_ms: Option<u64>,
 }
 
 impl RawDashboardConfig {
@@ -77,6 +86,8 @@ impl RawDashboardConfig {
             max_connections: self.max_connections,
             max_connection_age_ms: self.max_connection_age_ms,
             body_read_timeout_ms: self.body_read_timeout_ms,
+            body_min_bytes_per_s: self.body_min_bytes_per_s,
+            body_rate_grace_ms: self.body_rate_grace_ms,
         }
     }
 }

@@ -40,6 +40,11 @@ pub enum DashboardError {
         /// `MAX_MCP_BODY_BYTES` for `/mcp`).
         limit: usize,
     },
+    /// A request body arrived slower than the listener's `body_min_bytes_per_s` and was
+    /// cut (HTTP 408, code `body_too_slow`); the message names the rule
+    /// (`stallwatch_storage::listen`, "Minimum body rate").
+    #[error("{0}")]
+    BodyTooSlow(stallwatch_storage::listen::TooSlow),
     /// The reaper refused to register a runner.
     #[error("{0}")]
     Register(#[from] RegisterError),
@@ -178,6 +183,11 @@ impl IntoResponse for DashboardError {
             DashboardError::BodyTooLarge { .. } => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large".into(),
+                self.to_string(),
+            ),
+            DashboardError::BodyTooSlow(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body_too_slow".into(),
                 self.to_string(),
             ),
             DashboardError::Register(e) => {

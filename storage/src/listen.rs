@@ -8,7 +8,8 @@
 //! connection cap (a connection over it is closed at once and counted), a deadline for the
 //! first request (a client that never completes one, e.g. an HTTP/2 preface sent byte by
 //! byte), an idle timeout (no request in flight; a streaming response such as SSE counts as
-//! in flight until its body ends) and a connection lifetime. Each of the last three closes
+//! in flight until its body ends) and a connection lifetime, plus a minimum request body
+//! rate (below). The first-request, idle and lifetime deadlines each close
 //! gracefully (HTTP/2 GOAWAY, HTTP/1.1 close after the current response) and then, after
 //! [`CLOSE_GRACE`], for good. A connection whose every request in flight has waited
 //! `body_read_timeout` ([`DEFAULT_BODY_READ_TIMEOUT`]) for request body bytes is dropped at once (its handlers would wait
@@ -18,6 +19,23 @@
 //! dropped once none came for [`STOPPING_BODY_STALL`]: a client that stalled mid-head or
 //! mid-body does not hold the drain, on any listener. (The OTLP listeners answer such an
 //! export themselves first, with a retryable 503, after 500 ms: collector `ingest.rs`.)
+//!
+//! Minimum body rate ([`RequestBody`], `body_min_bytes_per_s`, `body_rate_grace_ms`): the
+//! gap timeouts above only bound the pause between two pieces of a body, so a client sending
+//! one byte per second never trips them and keeps its request (and, on the OTLP listeners,
+//! the share of `max_inflight_bytes` reserved for it from its declared length) for as long
+//! as it likes. So every request body must also keep an average pace: the time its service
+//! has spent waiting for the client's bytes may be at most `body_rate_grace_ms` plus one
+//! second per `body_min_bytes_per_s` bytes received (Apache mod_reqtimeout's `MinRate`,
+//! counted in time waited rather than wall time, so a service that is slow to read is not
+//! charged to its client). A body behind that pace is cut: its service's read ends with
+//! [`BodyError::TooSlow`], which each service answers itself with a 4xx naming the rule
+//! (the OTLP listeners as their stalled-body answer, 400 / `INVALID_ARGUMENT`; the
+//! dashboard 408), so the request ends and what it held is released at once; counted in
+//! `stallwatch_listener_request_bodies_too_slow_total{listener}`. Since the allowance only
+//! grows with bytes received, a body of `n` bytes is over within `grace + n / rate` of
+//! waiting at the latest, however it is sent; a body arriving at least at the rate is never
+//! cut, however large (up to each service's own size cap).
 //!
 //! Like hosts.rs, it lives in this ground-floor crate because every listener shares it; it
 //! knows connections, not HTTP statuses.
@@ -73,6 +91,14 @@ const IDLE_CLOSE_GRACE: Duration = Duration::from_millis(250);
 /// bounds every other service, whose handler would otherwise hold the connection (and its
 /// slot under `max_connections`) until `max_connection_age`.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(35);
+/// Default `body_min_bytes_per_s`: the slowest average pace a request body may keep once
+/// [`DEFAULT_BODY_RATE_GRACE`] of waiting for it has passed, bytes per second (16 KiB/s,
+/// 128 kbit/s: a 20 MiB export on such a link still arrives, in about 21 minutes; one byte
+/// per second is cut after the grace).
+pub const DEFAULT_BODY_MIN_RATE: u64 = 16 * 1024;
+/// Default `body_rate_grace_ms`: how long a request body may keep its service waiting
+/// before its pace counts at all (10 s: a client's start-up, a slow first round trip).
+pub const DEFAULT_BODY_RATE_GRACE: Duration = Duration::from_secs(10);
 /// At shutdown, how long the request bodies of a connection may all go without a frame
 /// before it is dropped (1 s; each listener's own answer to a stalled body, if it has one,
 /// comes sooner).
@@ -100,6 +126,10 @@ pub struct RawListenLimits {
     pub max_connection_age_ms: Option<u64>,
     /// [`DEFAULT_BODY_READ_TIMEOUT`].
     pub body_read_timeout_ms: Option<u64>,
+    /// [`DEFAULT_BODY_MIN_RATE`], bytes per second; 0 turns the rule off.
+    pub body_min_bytes_per_s: Option<u64>,
+    /// [`DEFAULT_BODY_RATE_GRACE`], ms.
+    pub body_rate_grace_ms: Option<u64>,
 }
 
 /// Validated connection limits of one listener.
@@ -120,6 +150,11 @@ pub struct ListenLimits {
     pub max_connection_age: Duration,
     /// Longest time every request in flight may wait for request body bytes.
     pub body_read_timeout: Duration,
+    /// Slowest average pace of a request body after `body_rate_grace`, bytes per second;
+    /// 0: no pace rule (the module doc, "Minimum body rate").
+    pub body_min_rate: u64,
+    /// Waiting for a request body this long is allowed before its pace counts.
+    pub body_rate_grace: Duration,
 }
 
 impl Default for ListenLimits {
@@ -132,6 +167,8 @@ impl Default for ListenLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connection_age: DEFAULT_MAX_CONNECTION_AGE,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            body_min_rate: DEFAULT_BODY_MIN_RATE,
+            body_rate_grace: DEFAULT_BODY_RATE_GRACE,
         }
     }
 }
@@ -140,7 +177,7 @@ impl TryFrom<&RawListenLimits> for ListenLimits {
     type Error = String;
 
     /// Errors: a message naming the key (without the section) when a duration or
-    /// `max_connections` is 0.
+    /// `max_connections` is 0 (`body_min_bytes_per_s = 0` is allowed: no pace rule).
     fn try_from(raw: &RawListenLimits) -> Result<Self, String> {
         let d = DEFAULT_HEADER_READ_TIMEOUT;
         let ms = |key: &str, v: Option<u64>, default: Duration| match v {
@@ -175,6 +212,12 @@ impl TryFrom<&RawListenLimits> for ListenLimits {
                 "body_read_timeout_ms",
                 raw.body_read_timeout_ms,
                 DEFAULT_BODY_READ_TIMEOUT,
+            )?,
+            body_min_rate: raw.body_min_bytes_per_s.unwrap_or(DEFAULT_BODY_MIN_RATE),
+            body_rate_grace: ms(
+                "body_rate_grace_ms",
+                raw.body_rate_grace_ms,
+                DEFAULT_BODY_RATE_GRACE,
             )?,
         })
     }
@@ -223,6 +266,8 @@ pub struct ListenerStats {
     refused: AtomicU64,
     closed: [AtomicU64; 4],
     last_cap_warning: AtomicU64,
+    bodies_too_slow: AtomicU64,
+    last_slow_warning: AtomicU64,
 }
 
 impl ListenerStats {
@@ -235,6 +280,8 @@ impl ListenerStats {
             refused: AtomicU64::new(0),
             closed: Default::default(),
             last_cap_warning: AtomicU64::new(0),
+            bodies_too_slow: AtomicU64::new(0),
+            last_slow_warning: AtomicU64::new(0),
         })
     }
 
@@ -248,6 +295,11 @@ impl ListenerStats {
         self.refused.load(Ordering::Relaxed)
     }
 
+    /// Request bodies cut for arriving slower than `body_min_bytes_per_s`.
+    pub fn bodies_too_slow(&self) -> u64 {
+        self.bodies_too_slow.load(Ordering::Relaxed)
+    }
+
     fn closed(&self, reason: CloseReason) {
         let i = CloseReason::ALL
             .iter()
@@ -259,9 +311,11 @@ impl ListenerStats {
 
 /// `/metrics` for a set of listeners: `stallwatch_listener_connections{listener}` (gauge),
 /// `stallwatch_listener_connections_accepted_total{listener}`,
-/// `stallwatch_listener_connections_refused_total{listener}` (over `max_connections`) and
+/// `stallwatch_listener_connections_refused_total{listener}` (over `max_connections`),
 /// `stallwatch_listener_connections_closed_total{listener,reason}` (`header_timeout`,
-/// `idle`, `max_age`).
+/// `idle`, `max_age`, `body_timeout`) and
+/// `stallwatch_listener_request_bodies_too_slow_total{listener}` (bodies cut by the
+/// minimum-rate rule).
 pub struct ListenerMetrics(pub Vec<Arc<ListenerStats>>);
 
 /// Which counter of a [`ListenerStats`] a family shows.
@@ -271,7 +325,7 @@ impl MetricsSource for ListenerMetrics {
     fn render_prometheus(&self, out: &mut String) {
         use crate::prometheus::{family, Kind};
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let simple: [(&str, Kind, &str, CounterOf); 3] = [
+        let simple: [(&str, Kind, &str, CounterOf); 4] = [
             (
                 "stallwatch_listener_connections",
                 Kind::Gauge,
@@ -289,6 +343,12 @@ impl MetricsSource for ListenerMetrics {
                 Kind::Counter,
                 "Connections closed at once because max_connections were open.",
                 |s| &s.refused,
+            ),
+            (
+                "stallwatch_listener_request_bodies_too_slow_total",
+                Kind::Counter,
+                "Request bodies cut for arriving slower than body_min_bytes_per_s after body_rate_grace_ms.",
+                |s| &s.bodies_too_slow,
             ),
         ];
         for (name, kind, help, field) in simple {
@@ -403,14 +463,199 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
     }
 }
 
+/// A request body cut by the minimum-rate rule (the module doc, "Minimum body rate"): what
+/// it had received and how long its service had waited for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TooSlow {
+    /// Body bytes received before the cut.
+    pub received: u64,
+    /// Time the service spent waiting for the client's bytes.
+    pub waited: Duration,
+    /// The listener's `body_min_bytes_per_s`, bytes per second.
+    pub min_rate: u64,
+    /// The listener's `body_rate_grace_ms`.
+    pub grace: Duration,
+}
+
+impl std::fmt::Display for TooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "request body arrived too slowly: {} bytes in {} ms, under the minimum average of \
+             {} bytes/s after a {} ms grace (body_min_bytes_per_s, body_rate_grace_ms); send \
+             it faster or in smaller requests",
+            self.received,
+            self.waited.as_millis(),
+            self.min_rate,
+            self.grace.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for TooSlow {}
+
+/// Why a [`RequestBody`] could not be read to its end.
+#[derive(Debug)]
+pub enum BodyError {
+    /// hyper's own read error (the client reset, a malformed chunk, a stream error); shown
+    /// as hyper shows it, and it is the error's `source`.
+    Read(hyper::Error),
+    /// Cut by the minimum-rate rule: the service should answer with a 4xx naming it (its
+    /// `Display`). Every later poll of the body gives it again.
+    TooSlow(TooSlow),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read(e) => e.fmt(f),
+            Self::TooSlow(t) => t.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Read(e) => Some(e),
+            Self::TooSlow(_) => None,
+        }
+    }
+}
+
+/// The minimum-rate cut in `e` or anywhere in its `source` chain (as the body error reaches
+/// a service wrapped: axum's `Error`, a tonic `Status`, an extractor's rejection), if it is
+/// one; `None` for every other error.
+pub fn too_slow<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a TooSlow> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<TooSlow>() {
+            return Some(t);
+        }
+        if let Some(BodyError::TooSlow(t)) = err.downcast_ref::<BodyError>() {
+            return Some(t);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// The minimum-rate rule of one request body: the time its service waited for the client
+/// may be at most `grace` plus one second per `min_rate` bytes received.
+#[derive(Debug)]
+struct Pace {
+    /// Bytes per second; 0: no rule.
+    min_rate: u64,
+    grace: Duration,
+    received: u64,
+    /// Time waited for the client's bytes, the current wait excluded.
+    waited: Duration,
+    /// When the current wait began (the last poll found no data).
+    wait_began: Option<tokio::time::Instant>,
+    /// Wakes a body that is waiting when its allowance runs out.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Set once the body was cut.
+    cut: Option<TooSlow>,
+}
+
+impl Pace {
+    fn new(limits: &ListenLimits) -> Self {
+        Self {
+            min_rate: limits.body_min_rate,
+            grace: limits.body_rate_grace,
+            received: 0,
+            waited: Duration::ZERO,
+            wait_began: None,
+            timer: None,
+            cut: None,
+        }
+    }
+
+    /// How long the client may have kept its service waiting, given what it sent:
+    /// `grace + received / min_rate`.
+    fn allowance(&self) -> Duration {
+        if self.min_rate == 0 {
+            return Duration::MAX;
+        }
+        let nanos = u128::from(self.received) * 1_000_000_000 / u128::from(self.min_rate);
+        self.grace.saturating_add(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        ))
+    }
+
+    /// Time waited so far, the current wait included.
+    fn waited_at(&self, now: tokio::time::Instant) -> Duration {
+        self.waited
+            .saturating_add(self.wait_began.map_or(Duration::ZERO, |b| now - b))
+    }
+
+    /// The poll found no data: starts (or continues) a wait and arms the timer for the end
+    /// of the allowance. True when the allowance is already used up.
+    fn pending(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.min_rate == 0 {
+            return false;
+        }
+        let now = tokio::time::Instant::now();
+        let began = *self.wait_began.get_or_insert(now);
+        let left = self.allowance().saturating_sub(self.waited);
+        let Some(deadline) = began.checked_add(left) else {
+            return false; // beyond any clock: the body cannot fall behind
+        };
+        if now >= deadline {
+            return true;
+        }
+        let timer = match &mut self.timer {
+            Some(t) => {
+                if t.deadline() != deadline {
+                    t.as_mut().reset(deadline);
+                }
+                t
+            }
+            None => self
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        timer.as_mut().poll(cx).is_ready()
+    }
+
+    /// A frame (or the end) arrived with `bytes` of data: ends the current wait. True when
+    /// the body is behind its pace even so.
+    fn arrived(&mut self, bytes: usize) -> bool {
+        let now = tokio::time::Instant::now();
+        self.waited = self.waited_at(now);
+        self.wait_began = None;
+        self.received = self
+            .received
+            .saturating_add(u64::try_from(bytes).unwrap_or(u64::MAX));
+        self.waited > self.allowance()
+    }
+
+    /// Records the cut and returns its error.
+    fn cut(&mut self) -> TooSlow {
+        let t = TooSlow {
+            received: self.received,
+            waited: self.waited_at(tokio::time::Instant::now()),
+            min_rate: self.min_rate,
+            grace: self.grace,
+        };
+        self.wait_began = None;
+        self.timer = None;
+        self.cut = Some(t.clone());
+        t
+    }
+}
+
 /// A request body as every listener's service receives it: hyper's body, plus the record
-/// of whether its handler is waiting for the client ([`STOPPING_BODY_STALL`]). Frames and
-/// errors are hyper's, unchanged.
+/// of whether its handler is waiting for the client ([`STOPPING_BODY_STALL`]) and the
+/// minimum-rate rule (the module doc, "Minimum body rate"). Frames are hyper's, unchanged;
+/// errors are hyper's as [`BodyError::Read`], or [`BodyError::TooSlow`] for a body cut.
 pub struct RequestBody {
     inner: Incoming,
     activity: Arc<Activity>,
     /// The last poll found no data (counted in `Activity::bodies_waiting`).
     waiting: bool,
+    pace: Pace,
+    stats: Arc<ListenerStats>,
 }
 
 impl RequestBody {
@@ -424,32 +669,73 @@ impl RequestBody {
             }
         }
     }
+
+    /// Cuts the body: counts it, warns (at most once a minute per listener) and returns the
+    /// error the service gets.
+    fn cut(&mut self) -> BodyError {
+        self.set_waiting(false);
+        let t = self.pace.cut();
+        self.stats.bodies_too_slow.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            listener = self.stats.name,
+            received = t.received,
+            waited_ms = t.waited.as_millis() as u64,
+            "request body cut: too slow"
+        );
+        if once_a_minute(&self.stats.last_slow_warning) {
+            tracing::warn!(
+                listener = self.stats.name,
+                body_min_bytes_per_s = t.min_rate,
+                body_rate_grace_ms = t.grace.as_millis() as u64,
+                "request bodies arriving slower than the minimum rate are cut (more in /metrics, stallwatch_listener_request_bodies_too_slow_total)"
+            );
+        }
+        BodyError::TooSlow(t)
+    }
 }
 
 impl Body for RequestBody {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_frame(cx);
-        match &r {
-            Poll::Pending => this.set_waiting(true),
-            Poll::Ready(_) => {
+        if let Some(t) = &this.pace.cut {
+            return Poll::Ready(Some(Err(BodyError::TooSlow(t.clone()))));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if this.pace.pending(cx) {
+                    return Poll::Ready(Some(Err(this.cut())));
+                }
+                this.set_waiting(true);
+                Poll::Pending
+            }
+            Poll::Ready(r) => {
                 this.set_waiting(false);
                 this.activity
                     .last_body_ms
                     .store(this.activity.since_born_ms(), Ordering::Relaxed);
+                let bytes = match &r {
+                    Some(Ok(f)) => f.data_ref().map_or(0, bytes::Bytes::len),
+                    _ => 0,
+                };
+                // A frame that completes the body is taken even when late: cutting it
+                // would release nothing sooner.
+                let late = this.pace.arrived(bytes);
+                if late && matches!(r, Some(Ok(_))) && !this.inner.is_end_stream() {
+                    return Poll::Ready(Some(Err(this.cut())));
+                }
+                Poll::Ready(r.map(|f| f.map_err(BodyError::Read)))
             }
         }
-        r
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.pace.cut.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -468,6 +754,8 @@ impl Drop for RequestBody {
 struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    limits: ListenLimits,
+    stats: Arc<ListenerStats>,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Tracked<S>
@@ -489,6 +777,8 @@ where
             inner,
             activity: self.activity.clone(),
             waiting: false,
+            pace: Pace::new(&self.limits),
+            stats: self.stats.clone(),
         });
         let svc = self.inner.clone();
         Box::pin(async move {
@@ -581,23 +871,27 @@ pub async fn serve<S, B>(
 }
 
 fn warn_cap(stats: &ListenerStats, max: usize) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let last = stats.last_cap_warning.load(Ordering::Relaxed);
-    if now >= last + 60
-        && stats
-            .last_cap_warning
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
+    if once_a_minute(&stats.last_cap_warning) {
         tracing::warn!(
             listener = stats.name,
             max_connections = max,
             "connection cap reached: new connections are closed at once (more in /metrics, stallwatch_listener_connections_refused_total)"
         );
     }
+}
+
+/// True at most once a minute per `last` (Unix seconds of the last true answer): for
+/// warnings a flood of clients would otherwise repeat.
+fn once_a_minute(last: &AtomicU64) -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let prev = last.load(Ordering::Relaxed);
+    now >= prev + 60
+        && last
+            .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -624,6 +918,8 @@ async fn connection<S, B>(
     let svc = Tracked {
         inner: service,
         activity: activity.clone(),
+        limits,
+        stats: stats.clone(),
     };
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
     tokio::pin!(conn);

@@ -63,7 +63,8 @@ impl FromRequestParts<Shared> for Authorized {
 /// the 413 answer can say it). Applied to the whole router in [`crate::app()`].
 pub const MAX_CONTROL_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-/// The body as `T`. Over [`MAX_CONTROL_BODY_BYTES`]: 413 naming the limit. Not a JSON
+/// The body as `T`. Over [`MAX_CONTROL_BODY_BYTES`]: 413 naming the limit. Cut by the
+/// listener's minimum body rate: 408 `body_too_slow` naming the rule. Not a JSON
 /// object: 400 saying what object was expected (`expected`, e.g. `a runner {"id", ...}`),
 /// not serde's Rust type name. Otherwise serde's message after the field's path
 /// (`attach.pid: ...`), its Rust type names said in JSON's words ([`plain_serde_message`]).
@@ -82,7 +83,12 @@ fn json_body<T: serde::de::DeserializeOwned>(
                 limit: MAX_CONTROL_BODY_BYTES,
             })
         }
-        Err(e) => return Err(bad(e.body_text())),
+        Err(e) => {
+            return Err(match stallwatch_storage::listen::too_slow(&e) {
+                Some(t) => DashboardError::BodyTooSlow(t.clone()),
+                None => bad(e.body_text()),
+            })
+        }
     };
     let kind = match &value {
         serde_json::Value::Object(_) => {

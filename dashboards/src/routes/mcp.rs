@@ -89,9 +89,13 @@ pub(crate) async fn handle(State(ctx): State<Shared>, req: Request) -> Response 
     }
     let bytes = match axum::body::to_bytes(body, MAX_MCP_BODY_BYTES).await {
         Ok(b) => b,
-        Err(_) => {
-            return crate::error::DashboardError::BodyTooLarge {
-                limit: MAX_MCP_BODY_BYTES,
+        // cut by the listener's minimum body rate: 408 naming the rule, not a 413
+        Err(e) => {
+            return match stallwatch_storage::listen::too_slow(&e) {
+                Some(t) => crate::error::DashboardError::BodyTooSlow(t.clone()),
+                None => crate::error::DashboardError::BodyTooLarge {
+                    limit: MAX_MCP_BODY_BYTES,
+                },
             }
             .into_response()
         }
