@@ -60,6 +60,8 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     ("stallwatch_watchdog_sidecar_degraded", "counter", ""),
     ("stallwatch_watchdog_evaluations", "counter", ""),
     ("stallwatch_watchdog_ledger_open_spans", "gauge", ""),
+    ("stallwatch_watchdog_ledger_capacity", "gauge", ""),
+    ("stallwatch_watchdog_ledger_untracked", "counter", "source"),
     ("stallwatch_watchdog_runners", "gauge", ""),
     ("stallwatch_reaper_runners_spawned", "counter", ""),
     ("stallwatch_reaper_runner_restarts", "counter", ""),

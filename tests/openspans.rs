@@ -886,3 +886,185 @@ fn now_page_in_chromium_drops_a_crashed_runner_s_span_within_a_second() {
         "const c = document.querySelector('.runner[data-runner-id=\"crashy\"]'); return c && c.dataset.lifecycle === 'exited' && c.innerText.includes('exited')",
     );
 }
+
+/// One OTLP/HTTP protobuf export of `n` never-ending `execute_tool` spans of nobody (no
+/// runner id, no pid): the report's flood (the report sent 5,000 a request).
+fn flood_export(seed: u64, n: u64) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
+    let now = unix_nanos();
+    let spans = (0..n)
+        .map(|i| {
+            let mut trace = [0u8; 16];
+            trace[..8].copy_from_slice(&(seed + 1).to_be_bytes());
+            trace[8..].copy_from_slice(&(i / 8 + 1).to_be_bytes());
+            Span {
+                trace_id: trace.to_vec(),
+                span_id: (seed << 32 | (i + 1)).to_be_bytes().to_vec(),
+                name: format!("execute_tool read_file {}", i % 97),
+                kind: 1,
+                start_time_unix_nano: now,
+                end_time_unix_nano: 0,
+                attributes: vec![
+                    crate::spine::kv("gen_ai.operation.name", crate::spine::s("execute_tool")),
+                    crate::spine::kv("gen_ai.tool.name", crate::spine::s("read_file")),
+                ],
+                ..Default::default()
+            }
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![crate::spine::kv("service.name", crate::spine::s("flood"))],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// The outside tester's report: 100,000 never-ending spans of nobody grew the open-span
+/// ledger without limit, and one read of `/api/v1/open-spans` answered every row (34 MB at
+/// 100k, 1.4 GB of peak memory for eight reads). Now the ledger holds at most
+/// `max_open_spans` (here 1,000, of which spans of no registered runner fill 750): the
+/// first 750 are tracked, the rest counted in `/metrics` and logged once for the burst;
+/// the list comes a page at a time, oldest first, each span once, with the other lists'
+/// `limit`/`cursor` rules; and a registered runner's stuck tool span, sent after the flood,
+/// is still tracked and trips its runner.
+#[test]
+fn an_open_span_flood_is_bounded_and_the_open_span_list_is_paged() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = chain_config("").replace("[reaper]", "max_open_spans = 1000\n[reaper]");
+    let server = Server::start_with(ServerOpts::new(&dir.path().join("data")).config(&cfg));
+    for k in 0..5 {
+        let r = crate::spine::post_protobuf(&server, "/v1/traces", flood_export(k, 1000));
+        assert_eq!(r.status(), 200, "export {k}");
+    }
+    let untracked = "stallwatch_watchdog_ledger_untracked_total{source=\"other\"} ";
+    wait_until!(
+        Duration::from_secs(20),
+        "the flood counted as untracked",
+        server.metric(untracked) == Some(4250)
+    );
+    // healthy: the spans below the bound are tracked, and listed
+    assert_eq!(
+        server.metric("stallwatch_watchdog_ledger_open_spans "),
+        Some(750)
+    );
+    assert_eq!(
+        server.metric("stallwatch_watchdog_ledger_capacity "),
+        Some(1000)
+    );
+    // the list (the durable copy, written in batches after the ledger) ...
+    wait_until!(
+        Duration::from_secs(20),
+        "the tracked spans written",
+        server.get_json("/api/v1/open-spans?limit=1000").1["items"]
+            .as_array()
+            .is_some_and(|a| a.len() == 750)
+    );
+    // ... a page at a time: 100 by default, with a cursor
+    let (st, first) = server.get_json("/api/v1/open-spans");
+    assert_eq!(st, 200, "{first}");
+    assert_eq!(first["items"].as_array().unwrap().len(), 100);
+    assert!(first["next_cursor"].is_string(), "{}", first["next_cursor"]);
+    // every page of 300: each tracked span once, oldest first (first arrival, ids)
+    let mut seen: Vec<(u64, String, String)> = Vec::new();
+    let mut sizes = Vec::new();
+    let mut path = "/api/v1/open-spans?limit=300".to_string();
+    loop {
+        let (st, page) = server.get_json(&path);
+        assert_eq!(st, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        sizes.push(items.len());
+        seen.extend(items.iter().map(|s| {
+            (
+                nanos(&s["first_seen_unix_nano"]),
+                s["trace_id"].as_str().unwrap().to_string(),
+                s["span_id"].as_str().unwrap().to_string(),
+            )
+        }));
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/api/v1/open-spans?limit=300&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(sizes, vec![300, 300, 150]);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted, "oldest first, each span once");
+    // a runner's filter reads its own spans only (none here), at once
+    let (st, none) = server.get_json("/api/v1/open-spans?runner_id=none");
+    assert_eq!(st, 200, "{none}");
+    assert_eq!(none["items"], serde_json::json!([]));
+    assert!(none["next_cursor"].is_null());
+    // refused like the other lists' bad values
+    for (path, code, needle) in [
+        (
+            "/api/v1/open-spans?limit=0",
+            "invalid_parameter",
+            "\"limit\"",
+        ),
+        (
+            "/api/v1/open-spans?limit=1001",
+            "invalid_parameter",
+            "1 to 1000",
+        ),
+        (
+            "/api/v1/open-spans?cursor=%21%21",
+            "invalid_cursor",
+            "invalid cursor",
+        ),
+        ("/api/v1/open-spans?page=2", "invalid_parameter", "\"page\""),
+    ] {
+        let (st, body) = server.get_json(path);
+        assert_eq!(st, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], code, "{path}: {body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{path}: {msg}");
+    }
+    // one log line for the burst, not one per span
+    let stderr = server.stderr();
+    assert_eq!(
+        stderr.matches("open-span ledger at its bound (").count(),
+        1,
+        "{stderr}"
+    );
+    // a registered runner's stuck tool span, after the flood: tracked in the reserve, and
+    // its runner tripped
+    spawn_runner(&server, "stuck", &["sleep", "300"], None, &[]);
+    wait_until!(
+        Duration::from_secs(10),
+        "the watchdog to know the runner",
+        server.metric("stallwatch_watchdog_runners ") == Some(1)
+    );
+    post_snapshot(
+        &server,
+        "stuck",
+        &"5c".repeat(16),
+        &"5d".repeat(8),
+        unix_nanos(),
+    );
+    wait_until!(
+        Duration::from_secs(10),
+        "the stuck span listed",
+        server.get_json("/api/v1/open-spans?runner_id=stuck").1["items"]
+            .as_array()
+            .is_some_and(|a| a.len() == 1)
+    );
+    let opened = wait_incident(&server, "stuck", "breaker.opened", Duration::from_secs(10));
+    assert!(
+        opened["reason"].as_str().unwrap().contains("fit_model"),
+        "{opened:#}"
+    );
+    assert_eq!(server.metric(untracked), Some(4250));
+}

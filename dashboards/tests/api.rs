@@ -129,6 +129,40 @@ async fn paging_walks_every_trace_once() {
     h.stop().await;
 }
 
+/// The name lists are paged like the others: every span name of a service once, in order,
+/// across pages of 3; one page of the most holds them all (the golden answers).
+#[tokio::test]
+async fn name_lists_are_paged() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    seed(&h).await;
+    let (_, whole) = h.get_json("/api/v1/span-names?service=python-runner").await;
+    assert!(whole["next_cursor"].is_null(), "{whole}");
+    let mut seen: Vec<Value> = Vec::new();
+    let mut path = "/api/v1/span-names?service=python-runner&limit=3".to_string();
+    let mut pages = 0;
+    loop {
+        let (status, page) = h.get_json(&path).await;
+        assert_eq!(status, 200, "{page}");
+        pages += 1;
+        assert!(pages < 10, "paging does not end: {page}");
+        seen.extend(page["items"].as_array().unwrap().iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(c) => {
+                path = format!(
+                    "/api/v1/span-names?service=python-runner&limit=3&cursor={}",
+                    c.replace(' ', "%20")
+                )
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, 2);
+    assert_eq!(Value::from(seen), whole["items"]);
+    let (_, one) = h.get_json("/api/v1/services?limit=1").await;
+    assert_eq!(one["items"].as_array().map(Vec::len), Some(1), "{one}");
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn bad_parameters_get_clear_400s() {
     let h = Harness::start(DashboardConfig::default()).await;
@@ -144,6 +178,14 @@ async fn bad_parameters_get_clear_400s() {
             "end_unix_nano",
         ),
         ("/api/v1/traces?cursor=%21%21", "cursor"),
+        ("/api/v1/open-spans?limit=0", "limit"),
+        ("/api/v1/open-spans?limit=1001", "limit"),
+        ("/api/v1/open-spans?cursor=%21%21", "cursor"),
+        ("/api/v1/open-spans?page=2", "page"),
+        ("/api/v1/services?limit=0", "limit"),
+        ("/api/v1/span-names?limit=1001", "limit"),
+        ("/api/v1/metrics?limit=0", "limit"),
+        ("/api/v1/metrics?cursor=zz", "cursor"),
         ("/api/v1/traces/xyz", "trace_id"),
         (
             "/api/v1/traces/0af7651916cd43dd8448eb211c80319c/spans/zz",
@@ -187,6 +229,9 @@ async fn bad_parameters_get_clear_400s() {
     assert_eq!(body["error"]["code"], "not_found");
     let (status, _) = h.get_json("/api/v1/runners/ghost").await;
     assert_eq!(status, 404);
+    let (status, body) = h.get_json("/api/v1/metrics/ghost.metric/points").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
     h.stop().await;
 }
 
@@ -500,6 +545,39 @@ async fn mcp_tools_and_transport_rules() {
     )
     .await;
     assert_eq!(bad["isError"], true, "{bad}");
+    // list_open_spans is the paged route: a page, its cursor, and the route's limit rule
+    let open = result(
+        call("list_open_spans", serde_json::json!({"limit": 1}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(open["isError"], false, "{open}");
+    assert_eq!(
+        open["structuredContent"]["items"].as_array().map(Vec::len),
+        Some(1),
+        "{open}"
+    );
+    assert!(
+        open["structuredContent"]
+            .as_object()
+            .is_some_and(|o| o.contains_key("next_cursor")),
+        "{open}"
+    );
+    let bad = result(
+        call("list_open_spans", serde_json::json!({"limit": 5000}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(bad["isError"], true, "{bad}");
+    assert!(
+        bad["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("limit"),
+        "{bad}"
+    );
     // several attr filters: all must hold
     let both = result(
         call(

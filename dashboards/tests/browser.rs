@@ -197,3 +197,56 @@ async fn ui_shows_traces_open_spans_and_live_incidents() {
     block_in_place(|| drop(d));
     h.stop().await;
 }
+
+/// The Now page shows open spans a page at a time (GET /api/v1/open-spans, 100 a page):
+/// with 250 open spans it shows the oldest 100 and a Next button, walks to the last 50
+/// (no Next there), and back with Previous; never the whole ledger at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn now_page_pages_open_spans() {
+    let h = Harness::start(DashboardConfig::default()).await;
+    let now = stallwatch_storage::model::now_unix_nano();
+    let rows: Vec<_> = (0..250u64)
+        .map(|i| {
+            let mut r = open_ledger_row(now - 1_000_000_000 + i);
+            r.span_id = stallwatch_storage::model::SpanId((i + 1).to_be_bytes());
+            r.name = format!("execute_tool page_{i:03}");
+            stallwatch_storage::ledger::LedgerWrite::Upsert(Box::new(r))
+        })
+        .collect();
+    h.storage.ledger_apply(rows.into()).await.unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let d = block_in_place(|| Driver::start(profile.path()));
+    block_in_place(|| d.goto(&h.url("/#/now")));
+    // the first page: the oldest 100, and a way on
+    let shown = "const r = document.querySelectorAll('tr.open-span'); return r.length";
+    let first = block_in_place(|| {
+        d.wait_for(
+            "the first page of open spans",
+            WAIT,
+            &format!("{shown} === 100 ? document.querySelector('tr.open-span').innerText : null"),
+        )
+    });
+    assert!(first.as_str().unwrap().contains("page_000"), "{first}");
+    let next =
+        "Array.from(document.querySelectorAll('.pager button')).find(b => b.innerText === 'Next')";
+    let prev = "Array.from(document.querySelectorAll('.pager button')).find(b => b.innerText === 'Previous')";
+    for (page, first_name, count) in [(2, "page_100", 100), (3, "page_200", 50)] {
+        block_in_place(|| d.js(&format!("{next}.click(); return true")));
+        let row = block_in_place(|| {
+            d.wait_for(&format!("page {page}"), WAIT, &format!("const r = document.querySelector('tr.open-span'); return r && r.innerText.includes('{first_name}') && document.querySelectorAll('tr.open-span').length === {count} ? r.innerText : null"))
+        });
+        assert!(row.as_str().unwrap().contains(first_name), "{row}");
+    }
+    assert_eq!(
+        block_in_place(|| d.js(&format!("return !!{next}"))),
+        json!(false),
+        "a Next button on the last page"
+    );
+    block_in_place(|| d.js(&format!("{prev}.click(); return true")));
+    block_in_place(|| {
+        d.wait_for("back on page 2", WAIT, "const r = document.querySelector('tr.open-span'); return r && r.innerText.includes('page_100') && document.querySelectorAll('tr.open-span').length === 100")
+    });
+    block_in_place(|| d.screenshot("dashboards/now-open-spans-paged.png"));
+    block_in_place(|| drop(d));
+    h.stop().await;
+}

@@ -9,7 +9,7 @@ const state = {
   board: [],            // runners, from the last board event or fetch
   incidents: [],        // newest first, as loaded or streamed
   lastIncidentId: 0,
-  openSpans: [],
+  openSpans: [],        // the open-span page shown (one page of GET /api/v1/open-spans)
   es: null,
   render: null,         // re-render hook of the current view for live data
 };
@@ -163,25 +163,51 @@ function openSpansTable(items) {
       h("td", {}, o.service_name), h("td", {}, badge(o.state === "open" ? "running" : "inferred", o.state === "open" ? "running" : "inferred")),
       h("td", {}, fmtDur(o.elapsed_ms)), h("td", {}, o.sla_ms ? fmtDur(o.sla_ms) : "—"), h("td", {}, o.progress !== null ? progressBar(o.progress) : "—")))));
 }
+// Open spans a page at a time (GET /api/v1/open-spans: oldest first, OPEN_SPANS_PAGE per
+// page, next_cursor for more), never the whole ledger: a flood of never-ending spans made one
+// unpaged read tens of MB. `load()` reads the page shown again (live refresh); the pager walks
+// pages like the trace search's.
+const OPEN_SPANS_PAGE = 100;
+function openSpansPanel(box, runnerId) {
+  const table = h("div", {}), pager = h("div", { class: "pager" });
+  box.replaceChildren(table, pager);
+  const pages = [null];
+  const load = async () => {
+    const q = new URLSearchParams({ limit: String(OPEN_SPANS_PAGE) });
+    if (runnerId) q.set("runner_id", runnerId);
+    const cursor = pages[pages.length - 1];
+    if (cursor) q.set("cursor", cursor);
+    try {
+      const page = await api(`/api/v1/open-spans?${q}`);
+      state.openSpans = page.items;
+      table.replaceChildren(openSpansTable(page.items));
+      pager.replaceChildren(
+        pages.length > 1 ? h("button", { class: "secondary", onclick: () => { pages.pop(); load(); } }, "Previous") : "",
+        page.next_cursor ? h("span", { class: "muted" }, `oldest first, ${OPEN_SPANS_PAGE} a page; more are open `) : "",
+        page.next_cursor ? h("button", { class: "secondary", onclick: () => { pages.push(page.next_cursor); load(); } }, "Next") : "");
+    } catch (e) { table.replaceChildren(errorBox(e)); }
+  };
+  return { load };
+}
 async function viewNow() {
   const runnersBox = h("div", { class: "cards" });
   const openBox = h("div", { class: "panel" });
   const incBox = h("div", { class: "panel timeline" });
   mount(h("h2", {}, "Runners"), runnersBox, h("h2", {}, "Open spans"), openBox, h("h2", {}, "Latest incidents"), incBox);
   const drawRunners = () => runnersBox.replaceChildren(...(state.board.length ? state.board.map(runnerCard) : [h("div", { class: "empty" }, "no runners registered")]));
-  const drawOpen = () => openBox.replaceChildren(openSpansTable(state.openSpans));
   const drawInc = () => incBox.replaceChildren(...(state.incidents.length ? state.incidents.slice(0, 10).map(incidentRow) : [h("div", { class: "empty" }, "no incidents")]));
+  const open = openSpansPanel(openBox, null);
   let pending = null;
   const refreshOpen = () => {
     if (pending) return;
-    pending = setTimeout(async () => { pending = null; try { state.openSpans = (await api("/api/v1/open-spans")).items; drawOpen(); } catch (e) { openBox.replaceChildren(errorBox(e)); } }, 300);
+    pending = setTimeout(() => { pending = null; open.load(); }, 300);
   };
   state.render = (what) => { if (what === "board") { drawRunners(); refreshOpen(); } else { drawInc(); refreshOpen(); } };
   try {
-    const [runners, open] = await Promise.all([api("/api/v1/runners"), api("/api/v1/open-spans")]);
-    state.board = runners.items; state.openSpans = open.items;
+    const [runners] = await Promise.all([api("/api/v1/runners"), open.load()]);
+    state.board = runners.items;
   } catch (e) { runnersBox.replaceChildren(errorBox(e)); }
-  drawRunners(); drawOpen(); drawInc();
+  drawRunners(); drawInc();
 }
 
 // ---------- Incidents ----------
@@ -347,9 +373,8 @@ async function viewRunner(id) {
     if (what === "incident" && inc.runner_id === id && !incs.some(i => i.id === inc.id)) { incs.unshift({ ...inc, _fresh: true }); drawInc(); }
   };
   try {
-    const [runners, i, o] = await Promise.all([api("/api/v1/runners"), api(`/api/v1/incidents?runner_id=${encodeURIComponent(id)}&limit=200`), api(`/api/v1/open-spans?runner_id=${encodeURIComponent(id)}`)]);
+    const [runners, i] = await Promise.all([api("/api/v1/runners"), api(`/api/v1/incidents?runner_id=${encodeURIComponent(id)}&limit=200`), openSpansPanel(openBox, id).load()]);
     state.board = runners.items; incs = i.items;
-    openBox.replaceChildren(openSpansTable(o.items));
   } catch (e) { incBox.replaceChildren(errorBox(e)); }
   drawCard(); drawInc();
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use serde::Serialize;
 use stallwatch_storage::control::{AttachSpec, RunnerSpec};
 use stallwatch_storage::ledger::LedgerWrite;
-use stallwatch_storage::model::{now_unix_nano, EventKind, SpanId, SpanState, TraceId};
+use stallwatch_storage::model::{now_unix_nano, EventKind, SpanId, TraceId};
 use stallwatch_storage::runners::{RunnerRow, RunnerRowState};
 
 use crate::platform;
@@ -253,13 +253,11 @@ async fn resume_from_ledger(h: &ReaperHandle, id: &str) -> Option<Resume> {
 async fn orphan(h: &ReaperHandle, row: &RunnerRow, reason: &str, rep: &mut SweepReport) {
     let id = row.id.clone();
     let now = now_unix_nano();
-    // Open tool spans of this runner (the watchdog's durable open-span ledger).
-    let spans: Vec<(TraceId, SpanId)> = match h.storage().open_spans().await {
-        Ok(rows) => rows
-            .into_iter()
-            .filter(|s| s.runner_id.as_deref() == Some(id.as_str()) && s.state == SpanState::Open)
-            .map(|s| (s.trace_id, s.span_id))
-            .collect(),
+    // Open spans of this runner (the watchdog's durable open-span ledger), by its runner
+    // index: not the whole ledger read to keep one runner's rows.
+    let spans: Vec<(TraceId, SpanId)> = match h.storage().ledger_runner_open(id.clone(), None).await
+    {
+        Ok(spans) => spans,
         Err(e) => {
             rep.errors.push(format!("open spans of {id}: {e}"));
             Vec::new()

@@ -3,7 +3,9 @@
 //!
 //! The watchdog owns the in-memory index that the hot path reads; this table lets the
 //! ledger survive a restart and lets the dashboard list open spans (`GET
-//! /api/v1/open-spans`). Monotonic time cannot be persisted as an `Instant`, so each row
+//! /api/v1/open-spans`, a page at a time: [`Storage::open_spans`]). It mirrors the watchdog's
+//! index, so it holds at most `[watchdog] max_open_spans` rows; a file that holds more (a
+//! lower bound, a file from before it) is cut down at start ([`Storage::ledger_trim`]). Monotonic time cannot be persisted as an `Instant`, so each row
 //! stores `CLOCK_MONOTONIC` nanoseconds together with the boot id
 //! (`/proc/sys/kernel/random/boot_id`) they belong to (docs/design.md, Durability levels); wall-clock
 //! times are kept for display only. The watchdog batches its writes: one control
@@ -15,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::db::Storage;
 use crate::error::StorageError;
 use crate::model::{SpanId, SpanState, TraceId};
+use crate::telemetry::QueryError;
 
 /// DDL for this module's tables (part of migration 1).
 pub(crate) const SCHEMA: &str = "
@@ -40,6 +43,25 @@ CREATE TABLE open_spans (
 ) WITHOUT ROWID;
 CREATE INDEX open_spans_runner ON open_spans(runner_id);
 ";
+
+/// DDL of migration 10: the open-span list in pages, oldest first
+/// ([`Storage::open_spans`]), walks an index in that order, for all runners or one, and
+/// reads a page's rows only (`LIMIT`), not the whole ledger. The runner index is replaced
+/// by one that also serves the runner's own lookups ([`Storage::ledger_runner_open`]).
+/// Idempotent (`IF [NOT] EXISTS`): a file whose version number was taken back (the
+/// migration tests do) migrates again.
+pub(crate) const PAGING_SCHEMA: &str = "
+DROP INDEX IF EXISTS open_spans_runner;
+CREATE INDEX IF NOT EXISTS open_spans_age
+    ON open_spans(first_seen_unix_nano, trace_id, span_id);
+CREATE INDEX IF NOT EXISTS open_spans_runner_age
+    ON open_spans(runner_id, first_seen_unix_nano, trace_id, span_id);
+";
+
+/// Default page size of [`Storage::open_spans`] (`GET /api/v1/open-spans`).
+pub const DEFAULT_OPEN_SPANS_PAGE: usize = 100;
+/// Largest page size of [`Storage::open_spans`].
+pub const MAX_OPEN_SPANS_PAGE: usize = 1000;
 
 /// One row of the durable open-span ledger, as the watchdog writes and reloads it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,6 +137,49 @@ pub struct OpenSpanRow {
     pub last_seen_unix_nano: u64,
     /// Effective SLA in ms (tool spans only).
     pub sla_ms: Option<u64>,
+}
+
+/// One page request of [`Storage::open_spans`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpenSpanQuery {
+    /// Only the spans bound to this runner.
+    pub runner_id: Option<String>,
+    /// Page size, 1..=[`MAX_OPEN_SPANS_PAGE`] (0 reads as 1, more as the maximum).
+    pub limit: usize,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of open spans, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpenSpanPage {
+    /// The spans, by first arrival, then trace id, then span id.
+    pub items: Vec<OpenSpanRow>,
+    /// Cursor for the next page; `None` when this page is the last.
+    pub next_cursor: Option<String>,
+}
+
+/// Encodes a page cursor: the key (first arrival, trace id, span id) of the last row shown,
+/// as `<first_seen hex>.<trace id hex><span id hex>`.
+fn encode_cursor(r: &OpenSpanRow) -> String {
+    format!(
+        "{:x}.{}{}",
+        r.first_seen_unix_nano,
+        r.trace_id.to_hex(),
+        r.span_id.to_hex()
+    )
+}
+
+fn decode_cursor(s: &str) -> Result<(i64, TraceId, SpanId), QueryError> {
+    let (t, ids) = s.split_once('.').ok_or(QueryError::BadCursor)?;
+    let first = u64::from_str_radix(t, 16).map_err(|_| QueryError::BadCursor)?;
+    let first = i64::try_from(first).map_err(|_| QueryError::BadCursor)?;
+    if ids.len() != 48 || !ids.is_char_boundary(32) {
+        return Err(QueryError::BadCursor);
+    }
+    let trace = TraceId::from_hex(&ids[..32]).ok_or(QueryError::BadCursor)?;
+    let span = SpanId::from_hex(&ids[32..]).ok_or(QueryError::BadCursor)?;
+    Ok((first, trace, span))
 }
 
 const COLUMNS: &str = "trace_id, span_id, parent_span_id, name, tool_name, runner_id, service_name, pid, state, boot_id, first_seen_mono_ns, last_seen_mono_ns, refreshes, first_seen_unix_nano, last_seen_unix_nano, sla_ms, sla_override_ms";
@@ -225,12 +290,42 @@ impl Storage {
         .await
     }
 
-    /// Every row of the ledger, for the watchdog to rebuild its in-memory index at start.
-    pub async fn ledger_load(&self) -> Result<Vec<LedgerRow>, StorageError> {
-        self.read(|c| {
-            let mut st = c.prepare(&format!("SELECT {COLUMNS} FROM open_spans"))?;
-            let rows = st.query_map([], row_to_ledger)?;
+    /// The rows of the ledger, for the watchdog to rebuild its in-memory index at start: at
+    /// most `max_rows` (its bound, `max_open_spans`), those [`Storage::ledger_trim`] keeps.
+    pub async fn ledger_load(&self, max_rows: usize) -> Result<Vec<LedgerRow>, StorageError> {
+        let limit = i64::try_from(max_rows).unwrap_or(i64::MAX);
+        self.read(move |c| {
+            let mut st = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM open_spans ORDER BY {KEEP_ORDER} LIMIT ?1"
+            ))?;
+            let rows = st.query_map([limit], row_to_ledger)?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Cuts the ledger down to `max_rows` rows (the watchdog's bound), in one control
+    /// transaction; answers how many were removed (0 when it held no more). Kept first: the
+    /// spans bound to a runner, open ones before inferred parents, the latest seen. Run at
+    /// start, before [`Storage::ledger_load`]: a file may hold more rows than the bound
+    /// (written before it, or under a larger `max_open_spans`).
+    ///
+    /// Errors: [`StorageError::Sqlite`] (nothing removed then).
+    pub async fn ledger_trim(&self, max_rows: usize) -> Result<u64, StorageError> {
+        let limit = i64::try_from(max_rows).unwrap_or(i64::MAX);
+        self.control(move |tx| {
+            let n: i64 = tx.query_row("SELECT count(*) FROM open_spans", [], |r| r.get(0))?;
+            if n <= limit {
+                return Ok(0);
+            }
+            let removed = tx.execute(
+                &format!(
+                    "DELETE FROM open_spans WHERE (trace_id, span_id) NOT IN
+                     (SELECT trace_id, span_id FROM open_spans ORDER BY {KEEP_ORDER} LIMIT ?1)"
+                ),
+                [limit],
+            )?;
+            Ok(removed as u64)
         })
         .await
     }
@@ -239,7 +334,7 @@ impl Storage {
     /// for `runner_id`, in key order: the spans whose end the reaper writes when the runner
     /// ends, whatever ended it (issue 12 #1). With `pid`, the spans of another known process
     /// (`process.pid`) are left out: a new process of the same runner id may already export
-    /// its own, and the old one's end is not theirs. Uses the `open_spans_runner` index.
+    /// its own, and the old one's end is not theirs. Uses the `open_spans_runner_age` index.
     pub async fn ledger_runner_open(
         &self,
         runner_id: String,
@@ -260,26 +355,87 @@ impl Storage {
         .await
     }
 
-    /// Open and inferred spans for the dashboard, oldest first (by first arrival).
-    pub async fn open_spans(&self) -> Result<Vec<OpenSpanRow>, StorageError> {
-        let rows = self.ledger_load().await?;
-        let mut out: Vec<OpenSpanRow> = rows
-            .into_iter()
-            .map(|r| OpenSpanRow {
-                trace_id: r.trace_id,
-                span_id: r.span_id,
-                parent_span_id: r.parent_span_id,
-                name: r.name,
-                tool_name: r.tool_name,
-                runner_id: r.runner_id,
-                service_name: r.service_name,
-                state: r.state,
-                first_seen_unix_nano: r.first_seen_unix_nano,
-                last_seen_unix_nano: r.last_seen_unix_nano,
-                sla_ms: r.sla_ms,
+    /// One page of open and inferred spans for the dashboard, oldest first: by first
+    /// arrival, then trace id, then span id (a stable order: a span keeps its place while it
+    /// is open, so paging never shows one twice or skips one that stayed open). Reads the
+    /// page's rows only, along `open_spans_age` (or `open_spans_runner_age` for one runner),
+    /// plus one to know whether a next page exists.
+    ///
+    /// Errors: [`QueryError::BadCursor`] for a cursor this server did not issue,
+    /// [`QueryError::Storage`] when the read fails.
+    pub async fn open_spans(&self, q: OpenSpanQuery) -> Result<OpenSpanPage, QueryError> {
+        let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
+        let limit = q.limit.clamp(1, MAX_OPEN_SPANS_PAGE);
+        let page = self
+            .read(move |c| {
+                let mut args: Vec<rusqlite::types::Value> = Vec::new();
+                if let Some(r) = &q.runner_id {
+                    args.push(r.clone().into());
+                }
+                if let Some((first, t, sp)) = after {
+                    args.push(first.into());
+                    args.push(t.0.to_vec().into());
+                    args.push(sp.0.to_vec().into());
+                }
+                args.push((limit as i64 + 1).into());
+                let sql = page_sql(q.runner_id.is_some(), after.is_some());
+                let mut st = c.prepare_cached(&sql)?;
+                let rows = st.query_map(rusqlite::params_from_iter(args), row_to_open_span)?;
+                let mut items = rows.collect::<Result<Vec<_>, _>>()?;
+                let more = items.len() > limit;
+                items.truncate(limit);
+                let next_cursor = if more {
+                    items.last().map(encode_cursor)
+                } else {
+                    None
+                };
+                Ok(OpenSpanPage { items, next_cursor })
             })
-            .collect();
-        out.sort_by_key(|r| (r.first_seen_unix_nano, r.trace_id, r.span_id));
-        Ok(out)
+            .await?;
+        Ok(page)
     }
 }
+
+/// The query of one [`Storage::open_spans`] page: parameters the runner id (with
+/// `runner`), the cursor's key (with `after`), then the row limit.
+fn page_sql(runner: bool, after: bool) -> String {
+    let mut sql = String::from(
+        "SELECT trace_id, span_id, parent_span_id, name, tool_name, runner_id,
+                service_name, state, first_seen_unix_nano, last_seen_unix_nano, sla_ms
+         FROM open_spans WHERE 1",
+    );
+    if runner {
+        sql.push_str(" AND runner_id = ?");
+    }
+    if after {
+        sql.push_str(" AND (first_seen_unix_nano, trace_id, span_id) > (?, ?, ?)");
+    }
+    sql.push_str(" ORDER BY first_seen_unix_nano, trace_id, span_id LIMIT ?");
+    sql
+}
+
+/// The order in which [`Storage::ledger_trim`] keeps rows and [`Storage::ledger_load`]
+/// reads them: bound to a runner first, open before inferred, latest seen first.
+const KEEP_ORDER: &str =
+    "(runner_id IS NULL), (state <> 'open'), last_seen_unix_nano DESC, trace_id, span_id";
+
+fn row_to_open_span(r: &Row<'_>) -> rusqlite::Result<OpenSpanRow> {
+    let parent: Option<Vec<u8>> = r.get(2)?;
+    let state: String = r.get(7)?;
+    Ok(OpenSpanRow {
+        trace_id: blob_trace(r.get(0)?)?,
+        span_id: blob_span(r.get(1)?, 1)?,
+        parent_span_id: parent.map(|b| blob_span(b, 2)).transpose()?,
+        name: r.get(3)?,
+        tool_name: r.get(4)?,
+        runner_id: r.get(5)?,
+        service_name: r.get(6)?,
+        state: parse_state(&state),
+        first_seen_unix_nano: r.get::<_, i64>(8)? as u64,
+        last_seen_unix_nano: r.get::<_, i64>(9)? as u64,
+        sla_ms: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
+    })
+}
+
+#[cfg(test)]
+mod tests;

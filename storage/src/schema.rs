@@ -55,6 +55,9 @@ const MIGRATIONS: &[&[Step]] = &[
     // 9: trace payloads of several zstd frames (issue 16, one export encoded in parts):
     // no DDL, the version only keeps earlier binaries, which read one frame, from the file
     &[Sql(crate::telemetry::PAYLOAD_FRAMES_SCHEMA)],
+    // 10: open spans listed a page at a time, oldest first, along an index (the open-span
+    // list had no limit: one read of a 300k-span ledger answered 100 MB)
+    &[Sql(crate::ledger::PAGING_SCHEMA)],
 ];
 
 /// The schema version this binary writes.

@@ -310,7 +310,7 @@ async fn metric_points_aggregate_per_series_and_step() {
         .await
         .unwrap();
 
-    let inst = st.instruments(None).await.unwrap();
+    let inst = st.instruments(None, None, 1000).await.unwrap().items;
     let names: Vec<(String, String, String, u64)> = inst
         .iter()
         .map(|i| {
@@ -345,7 +345,47 @@ async fn metric_points_aggregate_per_series_and_step() {
         (req.first_time_unix_nano, req.last_time_unix_nano),
         (sec, 4 * sec)
     );
-    assert_eq!(st.instruments(Some("other".into())).await.unwrap().len(), 1);
+    assert_eq!(
+        st.instruments(Some("other".into()), None, 1000)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    // a page at a time: pages of 2 walk the same list, each instrument once, and a
+    // cursor this server did not issue is refused
+    let mut walked = Vec::new();
+    let mut cursor = None;
+    let mut pages = 0;
+    for _ in 0..10 {
+        let page = st.instruments(None, cursor, 2).await.unwrap();
+        pages += 1;
+        walked.extend(page.items);
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(walked, inst);
+    assert_eq!(pages, 3, "no empty last page");
+    assert!(st
+        .instruments(None, None, 1000)
+        .await
+        .unwrap()
+        .next_cursor
+        .is_none());
+    for bad in ["zz", "zz.00", "61", "ff.61"] {
+        assert!(
+            matches!(
+                st.instruments(None, Some(bad.into()), 2).await,
+                Err(stallwatch_storage::telemetry::QueryError::BadCursor)
+            ),
+            "{bad}"
+        );
+    }
+    assert!(st.instrument_known("temp".into()).await.unwrap());
+    assert!(!st.instrument_known("tem".into()).await.unwrap());
 
     let q = |name: &str, step: u64| PointsQuery {
         name: name.into(),

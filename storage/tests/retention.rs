@@ -813,7 +813,7 @@ async fn at_the_cap_the_instrument_list_stays_exact() {
         checked += stored.len();
     }
     // the API answers from the same table
-    let api = storage.instruments(None).await.unwrap();
+    let api = storage.instruments(None, None, 1000).await.unwrap().items;
     assert_eq!(api.len(), 6);
     let deleted: i64 = raw
         .query_row("SELECT count(*) FROM metric_points", [], |r| r.get(0))

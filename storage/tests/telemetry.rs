@@ -172,7 +172,7 @@ async fn rich_span_round_trips_exactly() {
     assert_eq!(page.items.len(), 1);
     assert_eq!(page.items[0].root_service, UNKNOWN_SERVICE);
     assert_eq!(
-        storage.services().await.unwrap(),
+        storage.services(None, 1000).await.unwrap().items,
         vec![UNKNOWN_SERVICE.to_string()]
     );
     assert_eq!(
@@ -699,19 +699,52 @@ async fn search_filters_and_paging() {
         (300, 800, 1, 0)
     );
 
-    // services and span names
+    // services and span names, a page at a time
+    let all = storage.services(None, 1000).await.unwrap();
+    assert_eq!(all.items, vec!["svc-a".to_string(), "svc-b".to_string()]);
+    assert_eq!(all.next_cursor, None);
+    let first = storage.services(None, 1).await.unwrap();
+    assert_eq!(first.items, vec!["svc-a".to_string()]);
+    assert_eq!(first.next_cursor.as_deref(), Some("svc-a"));
+    let second = storage.services(first.next_cursor, 1).await.unwrap();
     assert_eq!(
-        storage.services().await.unwrap(),
-        vec!["svc-a".to_string(), "svc-b".to_string()]
+        (second.items, second.next_cursor),
+        (vec!["svc-b".to_string()], None)
     );
+    let names = storage
+        .span_names(Some("svc-a".into()), None, 1000)
+        .await
+        .unwrap();
     assert_eq!(
-        storage.span_names(Some("svc-a".into())).await.unwrap(),
+        names.items,
         vec![
             "tools/call read_file".to_string(),
             "tools/call run_notebook".to_string()
         ]
     );
-    assert_eq!(storage.span_names(None).await.unwrap().len(), 2);
+    // one service's names, paged: the cursor is the name, not the stored pair
+    let one = storage
+        .span_names(Some("svc-a".into()), None, 1)
+        .await
+        .unwrap();
+    assert_eq!(one.next_cursor.as_deref(), Some("tools/call read_file"));
+    let two = storage
+        .span_names(Some("svc-a".into()), one.next_cursor, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (two.items, two.next_cursor),
+        (vec!["tools/call run_notebook".to_string()], None)
+    );
+    assert_eq!(
+        storage
+            .span_names(None, None, 1000)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
     storage.shutdown().await;
 }
 
@@ -1078,7 +1111,10 @@ async fn retention_by_age_removes_everything_old() {
     assert_eq!(report.traces_deleted, 1, "{report:?}");
     assert!(storage.trace(tid(1)).await.unwrap().is_none());
     assert!(storage.trace(tid(2)).await.unwrap().is_some());
-    assert_eq!(storage.services().await.unwrap(), vec!["new".to_string()]);
+    assert_eq!(
+        storage.services(None, 1000).await.unwrap().items,
+        vec!["new".to_string()]
+    );
     let page = storage
         .search_traces(TraceQuery {
             limit: 10,

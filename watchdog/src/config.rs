@@ -49,6 +49,17 @@ pub const DEFAULT_STOPPING_TIMEOUT: Duration = Duration::from_millis(30_000);
 /// future), else from its arrival (`docs/design.md`, Fusion and breakers: exporters on this
 /// machine share stallwatch's wall clock).
 pub const DEFAULT_MAX_BACKDATE: Duration = Duration::from_millis(10_000);
+/// Default bound of the open-span ledger: at most 25,000 spans tracked at once (in memory,
+/// and so in the durable copy, `open_spans`). Measured (`tests/ledger_memory.rs`, the ledger
+/// filled to this bound under a counting allocator): ~430 B of heap per tracked span with
+/// ordinary names (~10 MiB in all), ~1 KiB with every text at its clipped length
+/// ([`crate::ledger::MAX_ENTRY_TEXT_BYTES`], ~24 MiB). A desktop's runners (at most 1,024
+/// registered by default) keep a few open tool spans and parents each, far below it. Spans beyond the bound are not tracked, and counted (`docs/design.md`, "Open
+/// spans": the bound).
+pub const DEFAULT_MAX_OPEN_SPANS: usize = 25_000;
+/// Smallest `max_open_spans` accepted: a quarter of the bound is kept for the spans of
+/// registered runners, and below 16 that reserve would be a handful of spans.
+pub const MIN_MAX_OPEN_SPANS: usize = 16;
 /// Tool-name globs of the rendering / I/O class capped at [`DEFAULT_CLASS_CAP`].
 pub const DEFAULT_CLASS_GLOBS: &[&str] = &[
     "*render*",
@@ -90,6 +101,9 @@ pub struct RawWatchdogConfig {
     /// Back-dating window of a span's own start time, ms (default [`DEFAULT_MAX_BACKDATE`];
     /// 0 counts every span from its arrival).
     pub max_backdate_ms: Option<u64>,
+    /// Most open spans tracked at once (default [`DEFAULT_MAX_OPEN_SPANS`], at least
+    /// [`MIN_MAX_OPEN_SPANS`]).
+    pub max_open_spans: Option<u64>,
     /// Default tool SLA, ms (default [`DEFAULT_SLA`]).
     pub default_sla_ms: Option<u64>,
     /// Floor of `stallwatch.sla_ms` overrides, ms (default [`DEFAULT_MIN_SLA`]).
@@ -283,6 +297,11 @@ pub struct WatchdogConfig {
     pub stopping_timeout: Duration,
     /// Back-dating window of a span's own start time ([`DEFAULT_MAX_BACKDATE`]).
     pub max_backdate: Duration,
+    /// Most entries (open and inferred spans) the open-span ledger holds
+    /// ([`DEFAULT_MAX_OPEN_SPANS`]). Spans that would open an entry beyond it are not
+    /// tracked; the last quarter of it is kept for spans of registered runners
+    /// ([`crate::ledger::Ledger::has_room`]).
+    pub max_open_spans: usize,
     tool_set: GlobSet,
 }
 
@@ -329,6 +348,15 @@ impl WatchdogConfig {
                 ),
             });
         }
+        if self.max_open_spans < MIN_MAX_OPEN_SPANS {
+            return Err(WatchdogError::Config {
+                key: "watchdog.max_open_spans".into(),
+                message: format!(
+                    "must be at least {MIN_MAX_OPEN_SPANS}, got {}",
+                    self.max_open_spans
+                ),
+            });
+        }
         for (i, r) in self.sla.rules.iter().enumerate() {
             if r.sla.is_zero() {
                 return Err(WatchdogError::Config {
@@ -356,6 +384,7 @@ impl Default for WatchdogConfig {
             board_interval: DEFAULT_BOARD_INTERVAL,
             stopping_timeout: DEFAULT_STOPPING_TIMEOUT,
             max_backdate: DEFAULT_MAX_BACKDATE,
+            max_open_spans: DEFAULT_MAX_OPEN_SPANS,
             tool_set: GlobSet::empty(),
         }
     }
@@ -399,6 +428,10 @@ impl TryFrom<RawWatchdogConfig> for WatchdogConfig {
             board_interval: ms(raw.board_interval_ms, DEFAULT_BOARD_INTERVAL),
             stopping_timeout: ms(raw.stopping_timeout_ms, DEFAULT_STOPPING_TIMEOUT),
             max_backdate: ms(raw.max_backdate_ms, DEFAULT_MAX_BACKDATE),
+            // a value past usize (32-bit targets) is as good as unbounded: clamp it
+            max_open_spans: raw.max_open_spans.map_or(DEFAULT_MAX_OPEN_SPANS, |v| {
+                usize::try_from(v).unwrap_or(usize::MAX)
+            }),
             tool_set: GlobSet::empty(),
         }
         .with_tool_name_patterns(raw.tool_name_patterns)?;
@@ -471,6 +504,21 @@ mod tests {
         let e = parse(&format!("class_tools = [\"{}\"]", "a".repeat(5000))).unwrap_err();
         assert!(e.contains("over the limit of 4096") && e.len() < 300, "{e}");
         assert!(e.contains("(5000 bytes)"), "{e}");
+        // the open-span bound: a tiny one is refused by name, the default and a large one pass
+        let e = parse("max_open_spans = 3").unwrap_err();
+        assert!(
+            e.contains("watchdog.max_open_spans") && e.contains("at least 16"),
+            "{e}"
+        );
+        assert_eq!(parse("").unwrap().max_open_spans, DEFAULT_MAX_OPEN_SPANS);
+        assert_eq!(
+            parse("max_open_spans = 16").unwrap().max_open_spans,
+            MIN_MAX_OPEN_SPANS
+        );
+        assert_eq!(
+            parse("max_open_spans = 1000000").unwrap().max_open_spans,
+            1_000_000
+        );
         let e = parse("heartbeat_timeout = 5").unwrap_err();
         assert!(
             e.contains("unknown field") && e.contains("heartbeat_timeout"),

@@ -193,9 +193,53 @@ pub fn fuse(
     }
 }
 
+/// The verdict for a runner whose view is partial (`Ledger::partial_view`: one of its
+/// tool spans was not tracked at the open-span ledger's bound): `f` as [`fuse`] gave it on
+/// the spans the ledger does hold, with every trip held that a span missing from the view
+/// could have prevented. Never kill on a partial view (docs/design.md, "Open spans").
+///
+/// A tracked span over its SLA still trips (the worst span of the whole view is at least
+/// as far over). With the heartbeat lost, the most lenient whole view (a fresh untracked
+/// span within a long SLA) is *suspect* until `since + suspect_cap`, then
+/// `suspect_timeout`: so is this one. A stale tracked span (`not_configured`) trips no
+/// more: an untracked span with a higher elapsed / SLA could be the worst one, and fresh.
+/// Nothing that does not trip changes.
+pub fn hold_for_partial_view(
+    f: Fused,
+    heartbeat: HeartbeatState,
+    now: Instant,
+    suspect_cap: Duration,
+) -> Fused {
+    if !f.trip || f.cause == Cause::OverSla {
+        return f;
+    }
+    match heartbeat {
+        HeartbeatState::Lost { since } => {
+            let deadline = since + suspect_cap;
+            if now >= deadline {
+                fused(Verdict::SuspectTimeout, true, Cause::LostHeartbeat)
+            } else {
+                Fused {
+                    verdict: Verdict::Suspect,
+                    trip: false,
+                    cause: Cause::LostHeartbeat,
+                    trips_at: Some(deadline),
+                }
+            }
+        }
+        _ => Fused {
+            verdict: Verdict::Suspect,
+            trip: false,
+            cause: f.cause,
+            trips_at: None,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
@@ -355,5 +399,108 @@ mod tests {
         );
         assert_eq!(f.trips_at, Some(t0 + ms(30_000)));
         assert_eq!(f.cause, Cause::LostHeartbeat);
+    }
+
+    fn heartbeat(kind: u8, since_ago: u64, now: Instant) -> HeartbeatState {
+        match kind % 5 {
+            0 => HeartbeatState::Ok,
+            1 => HeartbeatState::Starting,
+            2 => HeartbeatState::NotConfigured,
+            3 => HeartbeatState::Unknown,
+            _ => HeartbeatState::Lost {
+                since: now - ms(since_ago),
+            },
+        }
+    }
+
+    fn facts() -> impl Strategy<Value = Option<SpanFacts>> {
+        proptest::option::of((0u64..200_000, 1_000u64..120_000, any::<bool>()).prop_map(
+            |(elapsed, sla, stale)| SpanFacts {
+                elapsed: ms(elapsed),
+                sla: ms(sla),
+                stale,
+            },
+        ))
+    }
+
+    fn ratio(f: &SpanFacts) -> f64 {
+        f.elapsed.as_secs_f64() / f.sla.as_secs_f64()
+    }
+
+    proptest! {
+        // the cases that matter (a lost heartbeat, nothing tracked, a fresh hidden span)
+        // are a few in a hundred: enough cases that every run meets them
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// Never kill on a partial view: whatever tool span the ledger did not track
+        /// (`hidden`), a trip made on the tracked spans alone, once held, is a trip of the
+        /// whole view too.
+        #[test]
+        fn a_held_partial_view_trips_only_when_the_whole_view_does(
+            kind in 0u8..5,
+            since_ago in 0u64..45_000,
+            tracked in facts(),
+            hidden in facts(),
+        ) {
+            let now = Instant::now() + ms(1_000_000);
+            let cap = ms(30_000);
+            let hb = heartbeat(kind, since_ago, now);
+            // the whole view's worst span: the higher elapsed / SLA
+            let whole = match (tracked, hidden) {
+                (Some(t), Some(h)) => Some(if ratio(&h) > ratio(&t) { h } else { t }),
+                (t, h) => t.or(h),
+            };
+            let held = hold_for_partial_view(fuse(hb, tracked, now, cap), hb, now, cap);
+            if held.trip {
+                prop_assert!(fuse(hb, whole, now, cap).trip, "held {held:?} on {tracked:?}, whole {whole:?}");
+            }
+            // a held suspect names when it trips, never later than the cap
+            if let (HeartbeatState::Lost { since }, Some(t)) = (hb, held.trips_at) {
+                prop_assert!(t <= since + cap);
+            }
+        }
+    }
+
+    /// The holds, one by one, each next to what still trips.
+    #[test]
+    fn a_partial_view_holds_only_what_a_missing_span_could_change() {
+        let t0 = Instant::now();
+        let now = t0 + ms(100_000);
+        let cap = ms(30_000);
+        let hold = |hb, worst| hold_for_partial_view(fuse(hb, worst, now, cap), hb, now, cap);
+        // a tracked span over its SLA still trips, whatever the heartbeat
+        for hb in [
+            HeartbeatState::Ok,
+            HeartbeatState::NotConfigured,
+            HeartbeatState::Lost { since: now - ms(1) },
+        ] {
+            let f = hold(hb, span(60_001, 60_000, false));
+            assert!(f.trip, "{hb:?}: {f:?}");
+            assert_eq!(f.cause, Cause::OverSla);
+        }
+        // lost heartbeat, none tracked: suspect until the cap, then suspect_timeout
+        let f = hold(HeartbeatState::Lost { since: now - ms(1) }, None);
+        assert_eq!((f.verdict, f.trip), (Verdict::Suspect, false));
+        assert_eq!(f.trips_at, Some(now - ms(1) + cap));
+        let f = hold(HeartbeatState::Lost { since: now - cap }, None);
+        assert_eq!((f.verdict, f.trip), (Verdict::SuspectTimeout, true));
+        // lost and stale: held the same way
+        let f = hold(
+            HeartbeatState::Lost { since: now - ms(1) },
+            span(10_000, 60_000, true),
+        );
+        assert_eq!((f.verdict, f.trip), (Verdict::Suspect, false));
+        // not configured and stale: suspect, no trip
+        let f = hold(HeartbeatState::NotConfigured, span(10_000, 60_000, true));
+        assert_eq!(
+            (f.verdict, f.trip, f.cause),
+            (Verdict::Suspect, false, Cause::StaleSpan)
+        );
+        // nothing that did not trip changes
+        let f = hold(HeartbeatState::Ok, span(10_000, 60_000, true));
+        assert_eq!(
+            f,
+            fuse(HeartbeatState::Ok, span(10_000, 60_000, true), now, cap)
+        );
     }
 }

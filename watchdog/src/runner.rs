@@ -12,7 +12,7 @@ use stallwatch_storage::labels::HeartbeatLabel;
 
 use crate::breaker::{Breaker, Transition};
 use crate::config::WatchdogConfig;
-use crate::fusion::{fuse, Cause, Fused, SpanFacts, Verdict};
+use crate::fusion::{fuse, hold_for_partial_view, Cause, Fused, SpanFacts, Verdict};
 use crate::heartbeat::{check_path, HeartbeatFailure, HeartbeatState, HeartbeatTracker};
 use crate::ledger::WorstView;
 use crate::shapes::SpanKey;
@@ -23,6 +23,9 @@ pub(crate) struct LedgerView {
     pub(crate) worst: Option<WorstView>,
     /// The next SLA or staleness crossing of its spans.
     pub(crate) next_crossing: Option<Instant>,
+    /// One of its tool spans was not tracked at the ledger's bound lately
+    /// (`Ledger::partial_view`): only a tracked span over its SLA may trip it.
+    pub(crate) partial: bool,
 }
 
 /// What one [`Runner::step`] decided.
@@ -275,6 +278,7 @@ impl Runner {
         let LedgerView {
             worst,
             next_crossing,
+            partial,
         } = view();
         let hb = self.hb.state(now, cfg.heartbeat_timeout, cfg.startup_grace);
         // thresholds are strict (">"): wake just after them
@@ -296,6 +300,10 @@ impl Runner {
                 cfg.suspect_cap,
             ),
         };
+        if partial && self.stopping_since.is_none() {
+            // never kill on a partial view (docs/design.md, "Open spans": the bound)
+            f = hold_for_partial_view(f, hb, now, cfg.suspect_cap);
+        }
         if let Some(until) = self.catch_up_until {
             if now >= until {
                 self.catch_up_until = None;
@@ -371,11 +379,14 @@ fn stopping_verdict(now: Instant, limit: Instant) -> Fused {
 /// only if fusion would not trip the runner at once with it: a PONG from a runner whose
 /// tool span is already over its SLA (a restarted runner that stalled again while its
 /// breaker was OPEN and unpinged) is no recovery, and closing would only re-open within a
-/// tick.
+/// tick. With a `partial` view (`Ledger::partial_view`) only a tracked span over its SLA
+/// keeps the breaker open: a stale one may not be the worst of the whole view
+/// ([`hold_for_partial_view`]), and opening again sends a trip.
 pub(crate) fn probe_outcome(
     answer: Result<(), String>,
     heartbeat: HeartbeatState,
     worst: Option<&WorstView>,
+    partial: bool,
     now: Instant,
     suspect_cap: Duration,
 ) -> Result<(), String> {
@@ -385,7 +396,10 @@ pub(crate) fn probe_outcome(
         sla: w.sla,
         stale: w.stale,
     });
-    let f = fuse(heartbeat, facts, now, suspect_cap);
+    let mut f = fuse(heartbeat, facts, now, suspect_cap);
+    if partial {
+        f = hold_for_partial_view(f, heartbeat, now, suspect_cap);
+    }
     match worst {
         Some(w) if f.trip => Err(format!(
             "the probe was answered but tool span {} is {}: {} ms, SLA {} ms",
@@ -425,6 +439,7 @@ mod tests {
         LedgerView {
             worst: None,
             next_crossing: None,
+            partial: false,
         }
     }
 
@@ -554,25 +569,97 @@ mod tests {
         let now = Instant::now();
         let cap = Duration::from_secs(30);
         let ok = HeartbeatState::Ok;
-        assert_eq!(probe_outcome(Ok(()), ok, None, now, cap), Ok(()));
+        assert_eq!(probe_outcome(Ok(()), ok, None, false, now, cap), Ok(()));
         let within = worst(1500, 2000, false);
-        assert_eq!(probe_outcome(Ok(()), ok, Some(&within), now, cap), Ok(()));
+        assert_eq!(
+            probe_outcome(Ok(()), ok, Some(&within), false, now, cap),
+            Ok(())
+        );
         let over = worst(2500, 2000, false);
-        let why = probe_outcome(Ok(()), ok, Some(&over), now, cap).unwrap_err();
+        let why = probe_outcome(Ok(()), ok, Some(&over), false, now, cap).unwrap_err();
         assert!(
             why.contains("run_notebook") && why.contains("over its SLA"),
             "{why}"
         );
         // a stale span trips only a runner without a heartbeat (the fusion table)
         let stale = worst(100, 2000, true);
-        assert_eq!(probe_outcome(Ok(()), ok, Some(&stale), now, cap), Ok(()));
-        let nc = HeartbeatState::NotConfigured;
-        let why = probe_outcome(Ok(()), nc, Some(&stale), now, cap).unwrap_err();
-        assert!(why.contains("stale"), "{why}");
         assert_eq!(
-            probe_outcome(Err("timeout".into()), ok, None, now, cap),
+            probe_outcome(Ok(()), ok, Some(&stale), false, now, cap),
+            Ok(())
+        );
+        let nc = HeartbeatState::NotConfigured;
+        let why = probe_outcome(Ok(()), nc, Some(&stale), false, now, cap).unwrap_err();
+        assert!(why.contains("stale"), "{why}");
+        // with a partial view a stale span keeps nothing open; one over its SLA still does
+        assert_eq!(
+            probe_outcome(Ok(()), nc, Some(&stale), true, now, cap),
+            Ok(())
+        );
+        assert!(probe_outcome(Ok(()), nc, Some(&over), true, now, cap).is_err());
+        assert_eq!(
+            probe_outcome(Err("timeout".into()), ok, None, false, now, cap),
             Err("timeout".into())
         );
+    }
+
+    /// Never kill on a partial view (the open-span ledger's bound): a runner whose lost
+    /// heartbeat would trip it at once with no tool span tracked is held *suspect* until
+    /// the suspect cap when one of its tool spans was not tracked, then tripped; a tracked
+    /// span over its SLA trips it at once all the same. Next to each: the whole view.
+    #[test]
+    fn a_partial_view_holds_the_trips_a_missing_span_could_prevent() {
+        let c = cfg();
+        let t0 = Instant::now();
+        let view = |worst: Option<WorstView>, partial: bool| {
+            move || LedgerView {
+                worst: worst.clone(),
+                next_crossing: None,
+                partial,
+            }
+        };
+        // the heartbeat is lost (no PONG since the start-up grace ended) and no tool span
+        // is tracked
+        let lost = t0 + c.startup_grace + Duration::from_millis(1);
+        let trips = |r: &mut Runner, now: Instant, v: &dyn Fn() -> LedgerView| {
+            r.step(now, &c, 4, v)
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::Trip))
+        };
+        let sock = Some(PathBuf::from("/tmp/r.sock"));
+        let mut whole = Runner::new("r".into(), Some(1), sock.clone(), true, t0);
+        assert!(
+            trips(&mut whole, lost, &view(None, false)),
+            "whole view: unresponsive at once"
+        );
+        let mut partial = Runner::new("r".into(), Some(1), sock.clone(), true, t0);
+        assert!(
+            !trips(&mut partial, lost, &view(None, true)),
+            "partial view: held"
+        );
+        assert_eq!(partial.fused.verdict, Verdict::Suspect);
+        let since = t0 + c.startup_grace;
+        assert_eq!(partial.fused.trips_at, Some(since + c.suspect_cap));
+        assert!(
+            trips(&mut partial, since + c.suspect_cap, &view(None, true)),
+            "then tripped"
+        );
+        assert_eq!(partial.fused.verdict, Verdict::SuspectTimeout);
+        // a tracked span over its SLA trips a partial view at once
+        let mut over = Runner::new("r".into(), Some(1), sock, true, t0);
+        assert!(trips(
+            &mut over,
+            t0 + Duration::from_millis(10),
+            &view(Some(worst(2500, 2000, false)), true)
+        ));
+        assert_eq!(over.fused.verdict, Verdict::ToolOverrun);
+        // without a heartbeat socket a stale span trips the whole view, not a partial one
+        let mut nc = Runner::new("r".into(), Some(1), None, true, t0);
+        let stale = Some(worst(100, 2000, true));
+        let at = t0 + Duration::from_millis(10);
+        assert!(!trips(&mut nc, at, &view(stale.clone(), true)));
+        let mut nc_whole = Runner::new("r".into(), Some(1), None, true, t0);
+        assert!(trips(&mut nc_whole, at, &view(stale, false)));
     }
 
     proptest! {
@@ -589,7 +676,7 @@ mod tests {
             let hb = if configured { HeartbeatState::Ok } else { HeartbeatState::NotConfigured };
             let w = span.map(|(e, s, st)| worst(e, s, st));
             let answer = if answered { Ok(()) } else { Err("no".to_string()) };
-            let out = probe_outcome(answer, hb, w.as_ref(), now, cap);
+            let out = probe_outcome(answer, hb, w.as_ref(), false, now, cap);
             let facts = w.as_ref().map(|w| SpanFacts { elapsed: w.elapsed, sla: w.sla, stale: w.stale });
             let trips = fuse(hb, facts, now, cap).trip;
             prop_assert_eq!(out.is_ok(), answered && !trips);

@@ -9,10 +9,11 @@ use stallwatch_storage::MetricsSource;
 
 use crate::fusion::Verdict;
 use crate::heartbeat::HeartbeatFailure;
+use crate::ledger::UntrackedSource;
 use crate::shapes::SkipReason;
 
 /// Counters of one watchdog. All monotonic except the gauges (`ledger_open_spans`,
-/// `runners`).
+/// `ledger_capacity`, `runners`).
 #[derive(Debug, Default)]
 pub struct WatchdogStats {
     /// Pings sent (including HALF_OPEN probes).
@@ -37,6 +38,11 @@ pub struct WatchdogStats {
     pub incident_errors: AtomicU64,
     /// Gauge: entries in the open-span ledger.
     pub ledger_open_spans: AtomicU64,
+    /// Gauge: the ledger's bound, `[watchdog] max_open_spans`.
+    pub ledger_capacity: AtomicU64,
+    /// Spans the ledger did not track at its bound, by
+    /// [`crate::ledger::UntrackedSource::index`].
+    pub ledger_untracked: [AtomicU64; 2],
     /// Gauge: registered runners.
     pub runners: AtomicU64,
     /// Open-span log records the ledger could not read, by [`SkipReason::ALL`] index.
@@ -161,11 +167,29 @@ impl MetricsSource for WatchdogStats {
             "Runner evaluations the watchdog ran (one per runner due at a wake).",
             g(&self.evaluations),
         );
+        let mut f = family(
+            out,
+            "stallwatch_watchdog_ledger_untracked_total",
+            Kind::Counter,
+            "Spans the open-span ledger did not track because it was at its bound (max_open_spans), by whose they were.",
+        );
+        for s in UntrackedSource::ALL {
+            f.sample(
+                &[("source", s.as_str())],
+                g(&self.ledger_untracked[s.index()]),
+            );
+        }
         gauge(
             out,
             "stallwatch_watchdog_ledger_open_spans",
             "Entries in the open-span ledger.",
             g(&self.ledger_open_spans),
+        );
+        gauge(
+            out,
+            "stallwatch_watchdog_ledger_capacity",
+            "Most entries the open-span ledger holds (max_open_spans).",
+            g(&self.ledger_capacity),
         );
         gauge(
             out,

@@ -460,8 +460,10 @@ fn tools() -> Value {
             "trace_id": s("32 lowercase hex digits"),
             "lean": json!({"type": "boolean", "description": "leave out attributes, events and links"}),
         }), &["trace_id"]),
-        tool("list_open_spans", "Tool spans still open, with their age and SLA.", json!({
+        tool("list_open_spans", "Spans still open (tool spans with their age and SLA), oldest first, a page at a time as GET /api/v1/open-spans answers them: {\"items\":[open span],\"next_cursor\"} (100 by default; pass next_cursor as cursor for more).", json!({
             "runner_id": s("only this runner's"),
+            "limit": page(),
+            "cursor": s("next_cursor of the previous page"),
         }), &[]),
         tool("list_runners", "Every runner as the watchdog sees it: breaker (CLOSED | OPEN | HALF_OPEN), verdict, heartbeat, lifecycle, worst open span.", json!({}), &[]),
         tool("list_incidents", "Incidents newest first (breaker.opened, runner.terminated, ...) with reason and evidence: why a tool was stopped.", json!({

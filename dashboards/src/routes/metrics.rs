@@ -13,7 +13,9 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use stallwatch_storage::model::now_unix_nano;
-use stallwatch_storage::telemetry::{MetricSeries, PointsQuery, StepValue, MAX_STEPS};
+use stallwatch_storage::telemetry::{
+    MetricSeries, PointsQuery, StepValue, MAX_NAMES_PAGE, MAX_STEPS,
+};
 
 use crate::error::DashboardError;
 use crate::json::nanos;
@@ -26,21 +28,23 @@ pub const DEFAULT_WINDOW_NS: u64 = 3_600_000_000_000;
 /// Steps in the window when `step` is not given.
 pub const DEFAULT_STEPS: u64 = 240;
 
-/// `GET /api/v1/metrics[?service=]` → `{"items":[{"name","type","unit","description",
-/// "service_name","point_count","first_time_unix_nano","last_time_unix_nano"}]}`, by name
-/// then service.
+/// `GET /api/v1/metrics[?service=&limit=&cursor=]` → `{"items":[{"name","type","unit",
+/// "description","service_name","point_count","first_time_unix_nano",
+/// "last_time_unix_nano"}],"next_cursor"}`, by name then service, a page at a time like
+/// every list whose length follows what exporters send: `limit` 1..=1000 (default 1000),
+/// `cursor` the previous page's `next_cursor` (`null` on the last page).
 pub(crate) async fn list(
     State(ctx): State<Shared>,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
     let mut p = Params::new(q)?;
     let service = p.string("service")?;
+    let limit = p.limit(MAX_NAMES_PAGE as u64, MAX_NAMES_PAGE as u64)?;
+    let cursor = p.string("cursor")?;
     p.finish()?;
-    let items: Vec<Value> = ctx
-        .app
-        .storage
-        .instruments(service)
-        .await?
+    let page = ctx.app.storage.instruments(service, cursor, limit).await?;
+    let items: Vec<Value> = page
+        .items
         .iter()
         .map(|i| {
             json!({
@@ -55,7 +59,9 @@ pub(crate) async fn list(
             })
         })
         .collect();
-    Ok(Json(json!({ "items": items })))
+    Ok(Json(
+        json!({ "items": items, "next_cursor": page.next_cursor }),
+    ))
 }
 
 /// A step: Prometheus-style duration (`500ms`, `15s`, `5m`, `1h`, `1d`) or a bare number of
@@ -208,8 +214,7 @@ pub(crate) async fn points(
             (to - from).div_ceil(step)
         )));
     }
-    let known = ctx.app.storage.instruments(None).await?;
-    if !known.iter().any(|i| i.name == name) {
+    if !ctx.app.storage.instrument_known(name.clone()).await? {
         return Err(DashboardError::NotFound(format!(
             "metric {name:?} not found"
         )));

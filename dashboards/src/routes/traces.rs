@@ -6,8 +6,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use stallwatch_storage::ledger::{OpenSpanQuery, DEFAULT_OPEN_SPANS_PAGE, MAX_OPEN_SPANS_PAGE};
 use stallwatch_storage::model::{now_unix_nano, SpanId, TraceId};
-use stallwatch_storage::telemetry::{StatusFilter, TraceQuery};
+use stallwatch_storage::telemetry::{StatusFilter, TraceQuery, MAX_NAMES_PAGE};
 
 use crate::error::DashboardError;
 use crate::json;
@@ -224,43 +225,61 @@ pub(crate) async fn span(
     Err(DashboardError::NotFound(format!("span {t}/{s} not found")))
 }
 
-/// `GET /api/v1/open-spans[?runner_id=]` → `{"items":[open span...]}` from the open-span
-/// ledger, oldest first.
+/// `GET /api/v1/open-spans[?runner_id=&limit=&cursor=]` → `{"items":[open span...],
+/// "next_cursor":string|null}` from the open-span ledger, oldest first (first arrival, then
+/// trace id, then span id), a page at a time like the other lists: `limit` 1..=1000
+/// (default 100, [`DEFAULT_OPEN_SPANS_PAGE`]), `cursor` the previous page's `next_cursor`
+/// (`null` on the last page). The storage reads the page's rows only.
 pub(crate) async fn open_spans(
     State(ctx): State<Shared>,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
     let mut p = Params::new(q)?;
-    let runner = p.string("runner_id")?;
+    let query = OpenSpanQuery {
+        runner_id: p.string("runner_id")?,
+        limit: p.limit(DEFAULT_OPEN_SPANS_PAGE as u64, MAX_OPEN_SPANS_PAGE as u64)?,
+        cursor: p.string("cursor")?,
+    };
     p.finish()?;
     let now = now_unix_nano();
-    let rows = ctx.app.storage.open_spans().await?;
-    let items: Vec<Value> = rows
-        .iter()
-        .filter(|r| runner.is_none() || r.runner_id == runner)
-        .map(|r| json::open_span(r, now))
-        .collect();
-    Ok(Json(json!({ "items": items })))
+    let page = ctx.app.storage.open_spans(query).await?;
+    let items: Vec<Value> = page.items.iter().map(|r| json::open_span(r, now)).collect();
+    Ok(Json(
+        json!({ "items": items, "next_cursor": page.next_cursor }),
+    ))
 }
 
-/// `GET /api/v1/services` → `{"items":[name...]}`.
+/// `GET /api/v1/services[?limit=&cursor=]` → `{"items":[name...],"next_cursor"}`: distinct
+/// `service.name` values, sorted, a page at a time (`limit` 1..=1000, default 1000: the
+/// whole list while it is that short; `cursor` the previous page's `next_cursor`, `null` on
+/// the last page). Names grow with what exporters send, so this list is paged like the rest.
 pub(crate) async fn services(
     State(ctx): State<Shared>,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
-    Params::new(q)?.finish()?;
-    Ok(Json(json!({ "items": ctx.app.storage.services().await? })))
+    let mut p = Params::new(q)?;
+    let limit = p.limit(MAX_NAMES_PAGE as u64, MAX_NAMES_PAGE as u64)?;
+    let after = p.string("cursor")?;
+    p.finish()?;
+    let page = ctx.app.storage.services(after, limit).await?;
+    Ok(Json(
+        json!({ "items": page.items, "next_cursor": page.next_cursor }),
+    ))
 }
 
-/// `GET /api/v1/span-names[?service=]` → `{"items":[name...]}`.
+/// `GET /api/v1/span-names[?service=&limit=&cursor=]` → `{"items":[name...],"next_cursor"}`,
+/// sorted, paged as [`services`].
 pub(crate) async fn span_names(
     State(ctx): State<Shared>,
     Query(q): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, DashboardError> {
     let mut p = Params::new(q)?;
     let service = p.string("service")?;
+    let limit = p.limit(MAX_NAMES_PAGE as u64, MAX_NAMES_PAGE as u64)?;
+    let after = p.string("cursor")?;
     p.finish()?;
+    let page = ctx.app.storage.span_names(service, after, limit).await?;
     Ok(Json(
-        json!({ "items": ctx.app.storage.span_names(service).await? }),
+        json!({ "items": page.items, "next_cursor": page.next_cursor }),
     ))
 }

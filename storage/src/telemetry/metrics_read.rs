@@ -37,6 +37,7 @@ use serde_json::Value;
 use super::encode::PointRow;
 use super::metrics_hist::Hist;
 use super::read::snapshot;
+use super::{QueryError, MAX_NAMES_PAGE};
 use crate::error::StorageError;
 use crate::model::{KeyValue, MetricKind, MetricPoint, Resource, Scope};
 
@@ -286,28 +287,95 @@ fn reread_edge(
     Ok(())
 }
 
-/// The stored instruments, by name then service; optionally of one service.
+/// One page of stored instruments, by name then service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstrumentPage {
+    /// The instruments.
+    pub items: Vec<Instrument>,
+    /// Cursor for the next page; `None` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// A page cursor: the (name, service) of the last instrument shown, each in hex (names may
+/// hold any character), as `<name hex>.<service hex>`.
+fn encode_cursor(i: &Instrument) -> String {
+    format!("{}.{}", hex::encode(&i.name), hex::encode(&i.service))
+}
+
+fn decode_cursor(s: &str) -> Result<(String, String), QueryError> {
+    let (n, sv) = s.split_once('.').ok_or(QueryError::BadCursor)?;
+    let text = |h: &str| {
+        hex::decode(h)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or(QueryError::BadCursor)
+    };
+    Ok((text(n)?, text(sv)?))
+}
+
+/// The stored instruments, by name then service, a page at a time: after `cursor` (the
+/// previous page's `next_cursor`), at most `limit` (held to 1..=[`MAX_NAMES_PAGE`]);
+/// optionally of one service. Without a service the page is read along the primary key
+/// `(name, service)`, its rows only; one service's filters that walk.
 pub(super) fn instruments(
     conn: &Connection,
     service: Option<&str>,
-) -> Result<Vec<Instrument>, StorageError> {
-    let mut st = conn.prepare_cached(
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<InstrumentPage, QueryError> {
+    let after = cursor.map(decode_cursor).transpose()?;
+    let limit = limit.clamp(1, MAX_NAMES_PAGE);
+    let mut sql = String::from(
         "SELECT name, service, kind, unit, description, point_count, first_time, last_time
-         FROM metric_instruments WHERE ?1 IS NULL OR service = ?1 ORDER BY name, service",
-    )?;
-    let rows = st.query_map([service], |r| {
-        Ok(Instrument {
-            name: r.get(0)?,
-            service: r.get(1)?,
-            kind: r.get(2)?,
-            unit: r.get(3)?,
-            description: r.get(4)?,
-            point_count: r.get::<_, i64>(5)? as u64,
-            first_time_unix_nano: r.get::<_, i64>(6)? as u64,
-            last_time_unix_nano: r.get::<_, i64>(7)? as u64,
+         FROM metric_instruments WHERE 1",
+    );
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(s) = service {
+        sql.push_str(" AND service = ?");
+        args.push(s.to_string().into());
+    }
+    if let Some((n, s)) = after {
+        sql.push_str(" AND (name, service) > (?, ?)");
+        args.push(n.into());
+        args.push(s.into());
+    }
+    sql.push_str(" ORDER BY name, service LIMIT ?");
+    args.push((limit as i64 + 1).into());
+    let mut st = conn.prepare_cached(&sql).map_err(StorageError::from)?;
+    let rows = st
+        .query_map(rusqlite::params_from_iter(args), |r| {
+            Ok(Instrument {
+                name: r.get(0)?,
+                service: r.get(1)?,
+                kind: r.get(2)?,
+                unit: r.get(3)?,
+                description: r.get(4)?,
+                point_count: r.get::<_, i64>(5)? as u64,
+                first_time_unix_nano: r.get::<_, i64>(6)? as u64,
+                last_time_unix_nano: r.get::<_, i64>(7)? as u64,
+            })
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        .map_err(StorageError::from)?;
+    let mut items = rows
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StorageError::from)?;
+    let more = items.len() > limit;
+    items.truncate(limit);
+    let next_cursor = if more {
+        items.last().map(encode_cursor)
+    } else {
+        None
+    };
+    Ok(InstrumentPage { items, next_cursor })
+}
+
+/// Whether an instrument named `name` is stored (of any service): one seek.
+pub(super) fn instrument_known(conn: &Connection, name: &str) -> Result<bool, StorageError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM metric_instruments WHERE name = ?1 LIMIT 1")?
+        .query_row([name], |_| Ok(()))
+        .optional()?
+        .is_some())
 }
 
 fn decode_point(payload: &[u8]) -> Result<(Resource, Scope, MetricPoint), StorageError> {

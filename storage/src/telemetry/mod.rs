@@ -58,7 +58,9 @@ pub use log_body::{MAX_INDEX_CANDIDATES, MIN_INDEXED_QUERY_CHARS};
 pub use logs_read::{
     body_text, LogEntry, LogPage, LogQuery, LogQueryError, MAX_SCANNED_ROWS, MAX_SEVERITY,
 };
-pub use metrics_read::{Instrument, MetricSeries, PointsQuery, StepValue, MAX_STEPS};
+pub use metrics_read::{
+    Instrument, InstrumentPage, MetricSeries, PointsQuery, StepValue, MAX_STEPS,
+};
 pub use schema::INDEXED_ATTRIBUTE_KEYS;
 pub(crate) use schema::{
     LOGS_BODY_SCHEMA, PAYLOAD_FRAMES_SCHEMA, POSTINGS_SCHEMA, QUERY_INDEX_SCHEMA, READBACK_SCHEMA,
@@ -221,6 +223,20 @@ impl OperationStats {
         let rank = (p * n).div_ceil(100).clamp(1, n);
         sorted[(rank - 1) as usize]
     }
+}
+
+/// Largest (and default) page of [`Storage::services`] and [`Storage::span_names`]: the
+/// distinct names grow with what exporters send (a name per span is possible), so they are
+/// listed a page at a time like every other list.
+pub const MAX_NAMES_PAGE: usize = 1000;
+
+/// One page of distinct names, sorted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamePage {
+    /// The names.
+    pub items: Vec<String>,
+    /// The last name of this page, to pass as `after` for the next one; `None` on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// Errors of a search query's shape.
@@ -559,14 +575,27 @@ impl Storage {
         .map_err(|e| QueryError::Storage(StorageError::Task(e.to_string())))??
     }
 
-    /// Distinct `service.name` values of stored spans, sorted.
-    pub async fn services(&self) -> Result<Vec<String>, StorageError> {
-        self.read(read::services).await
+    /// Distinct `service.name` values of stored spans, sorted, a page at a time: those after
+    /// `after` (the previous page's `next_cursor`, the last name it showed), at most `limit`
+    /// (held to 1..=[`MAX_NAMES_PAGE`]). Reads the page's rows only.
+    pub async fn services(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<NamePage, StorageError> {
+        self.read(move |c| read::services(c, after.as_deref(), limit))
+            .await
     }
 
-    /// Distinct span names of stored spans, sorted, optionally for one service.
-    pub async fn span_names(&self, service: Option<String>) -> Result<Vec<String>, StorageError> {
-        self.read(move |c| read::span_names(c, service.as_deref()))
+    /// Distinct span names of stored spans, sorted, optionally for one service, a page at a
+    /// time as [`Storage::services`].
+    pub async fn span_names(
+        &self,
+        service: Option<String>,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<NamePage, StorageError> {
+        self.read(move |c| read::span_names(c, service.as_deref(), after.as_deref(), limit))
             .await
     }
 
@@ -617,13 +646,32 @@ impl Storage {
         self.read(logs_read::newest_log_id).await
     }
 
-    /// The stored instruments, one per (metric name, service), sorted; optionally of one
-    /// service.
+    /// The stored instruments, one per (metric name, service), sorted, a page at a time:
+    /// after `cursor` (the previous page's `next_cursor`), at most `limit` (held to
+    /// 1..=[`MAX_NAMES_PAGE`]); optionally of one service.
+    ///
+    /// Errors: [`QueryError::BadCursor`] for a cursor this server did not issue,
+    /// [`QueryError::Storage`] when the read fails.
     pub async fn instruments(
         &self,
         service: Option<String>,
-    ) -> Result<Vec<Instrument>, StorageError> {
-        self.read(move |c| metrics_read::instruments(c, service.as_deref()))
+        cursor: Option<String>,
+        limit: usize,
+    ) -> Result<InstrumentPage, QueryError> {
+        self.read(move |c| {
+            Ok(metrics_read::instruments(
+                c,
+                service.as_deref(),
+                cursor.as_deref(),
+                limit,
+            ))
+        })
+        .await?
+    }
+
+    /// Whether an instrument named `name` is stored, of any service (one index seek).
+    pub async fn instrument_known(&self, name: String) -> Result<bool, StorageError> {
+        self.read(move |c| metrics_read::instrument_known(c, &name))
             .await
     }
 

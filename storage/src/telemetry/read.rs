@@ -13,7 +13,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::encode::{decode_header, decode_index, decode_span, payload_owned, BatchIndex};
 use super::schema::{PAIR_SEP, TERM_SERVICE, TERM_SERVICE_SPAN, TERM_SPAN_NAME};
 use super::traceidx::{fold, trace_batches};
-use super::{StoredLog, StoredMetricPoint, StoredSpan, TraceView, MAX_SEARCH_LIMIT};
+use super::{
+    NamePage, StoredLog, StoredMetricPoint, StoredSpan, TraceView, MAX_NAMES_PAGE, MAX_SEARCH_LIMIT,
+};
 use crate::error::StorageError;
 use crate::model::{LogRecord, MetricPoint, Resource, Scope, SpanId, SpanState, TraceId};
 
@@ -167,40 +169,84 @@ pub(super) fn load_span(
     })
 }
 
-/// Distinct values of a term key, sorted.
-fn term_values(conn: &Connection, key: &str) -> Result<Vec<String>, StorageError> {
-    let mut st = conn.prepare_cached("SELECT value FROM terms WHERE key = ?1 ORDER BY value")?;
-    let rows = st.query_map([key], |r| r.get::<_, String>(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
+/// A page of distinct values of a term key, sorted, each after `after` (exclusive) when
+/// given, at most `limit` (held to 1..=[`MAX_NAMES_PAGE`]): along the `(key, value)` index,
+/// the page's rows only plus one to know whether more follow.
+fn term_values(
+    conn: &Connection,
+    key: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<NamePage, StorageError> {
+    term_range(conn, key, "", after.map(str::to_string), None, limit)
 }
 
-/// Services seen (`service.name` terms).
-pub(super) fn services(conn: &Connection) -> Result<Vec<String>, StorageError> {
-    term_values(conn, TERM_SERVICE)
+/// The values of `key` in `[lo, hi)` (no upper end without `hi`), after `after` (a full
+/// value, exclusive) when given, each answered without its first `lo.len()` bytes.
+fn term_range(
+    conn: &Connection,
+    key: &str,
+    lo: &str,
+    after: Option<String>,
+    hi: Option<&str>,
+    limit: usize,
+) -> Result<NamePage, StorageError> {
+    let limit = limit.clamp(1, MAX_NAMES_PAGE);
+    let mut sql = String::from("SELECT value FROM terms WHERE key = ?");
+    let mut args: Vec<rusqlite::types::Value> = vec![key.to_string().into()];
+    match after {
+        Some(a) => {
+            sql.push_str(" AND value > ?");
+            args.push(a.into());
+        }
+        None => {
+            sql.push_str(" AND value >= ?");
+            args.push(lo.to_string().into());
+        }
+    }
+    if let Some(hi) = hi {
+        sql.push_str(" AND value < ?");
+        args.push(hi.to_string().into());
+    }
+    sql.push_str(" ORDER BY value LIMIT ?");
+    args.push((limit as i64 + 1).into());
+    let mut st = conn.prepare_cached(&sql)?;
+    let rows = st
+        .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = rows.len() > limit;
+    let items: Vec<String> = rows
+        .into_iter()
+        .take(limit)
+        .map(|v| v.get(lo.len()..).unwrap_or_default().to_string())
+        .collect();
+    let next_cursor = if more { items.last().cloned() } else { None };
+    Ok(NamePage { items, next_cursor })
 }
 
-/// Span names seen, optionally of one service.
+/// Services seen (`service.name` terms), a page at a time.
+pub(super) fn services(
+    conn: &Connection,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<NamePage, StorageError> {
+    term_values(conn, TERM_SERVICE, after, limit)
+}
+
+/// Span names seen, optionally of one service, a page at a time.
 pub(super) fn span_names(
     conn: &Connection,
     service: Option<&str>,
-) -> Result<Vec<String>, StorageError> {
+    after: Option<&str>,
+    limit: usize,
+) -> Result<NamePage, StorageError> {
     let Some(service) = service else {
-        return term_values(conn, TERM_SPAN_NAME);
+        return term_values(conn, TERM_SPAN_NAME, after, limit);
     };
     let lo = format!("{service}{PAIR_SEP}");
     let hi = format!("{service}{}", char::from(PAIR_SEP as u8 + 1));
-    let mut st = conn.prepare_cached(
-        "SELECT value FROM terms WHERE key = ?1 AND value >= ?2 AND value < ?3 ORDER BY value",
-    )?;
-    let rows = st.query_map(params![TERM_SERVICE_SPAN, lo, hi], |r| {
-        r.get::<_, String>(0)
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let v = row?;
-        out.push(v[lo.len()..].to_string());
-    }
-    Ok(out)
+    let after = after.map(|a| format!("{lo}{a}"));
+    term_range(conn, TERM_SERVICE_SPAN, &lo, after, Some(&hi), limit)
 }
 
 /// Newest metric points, optionally of one metric name.

@@ -8,6 +8,23 @@
 //! span that already ended ("the ended one wins"). Changed keys are collected and handed to
 //! storage in batches ([`Ledger::take_writes`]) so the durable copy costs one transaction
 //! per batch, not one per span.
+//!
+//! **The bound** (`[watchdog] max_open_spans`): the ledger never holds more entries than
+//! that, and each entry's texts are clipped to [`MAX_ENTRY_TEXT_BYTES`], so a flood of
+//! never-ending spans costs bounded memory (in the durable copy too, which mirrors it). A
+//! record that would open an entry beyond the bound is not tracked ([`Applied::Untracked`],
+//! counted by [`UntrackedSource`]); entries already tracked are never pushed out, and their
+//! refreshes and ends always apply. Spans of registered runners ([`Ledger::runner_registered`])
+//! may use the whole bound, any other span only the first three quarters
+//! ([`Ledger::has_room`]), so a flood from unregistered sources leaves room for the runners
+//! stallwatch watches. An end of an untracked span finds nothing and changes nothing.
+//!
+//! Not tracking a span can hide a stall (a missed detection), but must never cause a trip:
+//! a runner whose tool span was not tracked has a *partial view*
+//! ([`Ledger::partial_view`]) until `max_sla_ms` after the last such span, and the runner's
+//! step then holds every trip that a missing span could have prevented
+//! ([`crate::fusion::hold_for_partial_view`]). After `max_sla_ms` any such span still open
+//! is past every SLA, so the whole view would trip the runner anyway.
 
 mod views;
 
@@ -31,6 +48,17 @@ pub const REFRESH_PERSIST_INTERVAL: Duration = Duration::from_secs(1);
 /// is forgotten no sooner than this many later ends, a repeated end counting again (and
 /// once every end of two generations was distinct, no later than twice this many).
 pub const RECENTLY_ENDED_CAPACITY: usize = 65_536;
+
+/// Longest text an entry keeps (span name, tool name, `service.name`, runner id), bytes:
+/// longer ones are cut at the last character boundary within it. Display only: a span's
+/// SLA is resolved from its whole tool name first, and a runner id longer than this is not
+/// a valid one (at most 63 bytes), so it never names a registered runner. Without it an
+/// entry's size would follow what an exporter sends (up to the 20 MiB request cap).
+pub const MAX_ENTRY_TEXT_BYTES: usize = 128;
+
+/// The part of the bound kept for registered runners' spans: `max_open_spans / 4`
+/// ([`Ledger::has_room`]).
+pub const REGISTERED_RESERVE_DIVISOR: usize = 4;
 
 /// One ledger entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,6 +141,57 @@ pub enum Applied {
     Closed,
     /// Nothing changed (an end for an unknown span, or a late open after its end).
     Ignored,
+    /// A new span was not tracked: the ledger is at its bound (`max_open_spans`, or the
+    /// share of it open to spans of no registered runner). Counted by [`UntrackedSource`].
+    Untracked,
+}
+
+/// Whose span the ledger did not track at its bound (the `source` label of
+/// `stallwatch_watchdog_ledger_untracked_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UntrackedSource {
+    /// A span bound to a registered runner (its view becomes partial).
+    RegisteredRunner,
+    /// Any other span: no runner, or a runner id or pid no registered runner has.
+    Other,
+}
+
+impl UntrackedSource {
+    /// Every source, in [`UntrackedSource::index`] order.
+    pub const ALL: [UntrackedSource; 2] =
+        [UntrackedSource::RegisteredRunner, UntrackedSource::Other];
+
+    /// `registered_runner` or `other`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            UntrackedSource::RegisteredRunner => "registered_runner",
+            UntrackedSource::Other => "other",
+        }
+    }
+
+    /// Index into [`UntrackedSource::ALL`].
+    pub fn index(&self) -> usize {
+        match self {
+            UntrackedSource::RegisteredRunner => 0,
+            UntrackedSource::Other => 1,
+        }
+    }
+}
+
+/// `s` cut to at most [`MAX_ENTRY_TEXT_BYTES`], at a character boundary.
+pub fn clipped(s: &str) -> &str {
+    if s.len() <= MAX_ENTRY_TEXT_BYTES {
+        return s;
+    }
+    let mut cut = MAX_ENTRY_TEXT_BYTES;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+fn clip(s: &str) -> String {
+    clipped(s).to_string()
 }
 
 /// The keys of recently ended spans, in two generations: a key stays in `current` until
@@ -210,6 +289,18 @@ pub struct Ledger {
     by_runner: HashMap<String, HashSet<SpanKey>>,
     ended: RecentlyEnded,
     dirty: HashSet<SpanKey>,
+    /// Ids of the registered runners (the worker keeps it current): their spans may use
+    /// the whole bound.
+    registered: HashSet<String>,
+    /// Registered runners whose tool span was not tracked, and when the last one arrived
+    /// (at most one key per registered runner).
+    partial: HashMap<String, Instant>,
+    /// When the last tool span that named a runner no registered runner had (by
+    /// `stallwatch.runner.id` or `process.pid`) was not tracked: a runner registered later
+    /// may be that one ([`Ledger::runner_registered`]).
+    refused_unbound_at: Option<Instant>,
+    /// Spans not tracked at the bound, by [`UntrackedSource::index`] (monotonic).
+    untracked: [u64; 2],
 }
 
 impl Ledger {
@@ -236,6 +327,90 @@ impl Ledger {
     /// Every entry, in no order.
     pub fn iter(&self) -> impl Iterator<Item = &Entry> {
         self.entries.values()
+    }
+
+    /// Whether a new entry may be opened under the bound `max` (`max_open_spans`): one for
+    /// a span of a registered runner while fewer than `max` entries are held; any other
+    /// while fewer than `max - max / REGISTERED_RESERVE_DIVISOR` are (the last quarter is
+    /// kept for the runners stallwatch watches).
+    pub fn has_room(&self, for_registered: bool, max: usize) -> bool {
+        let limit = if for_registered {
+            max
+        } else {
+            max - max / REGISTERED_RESERVE_DIVISOR
+        };
+        self.entries.len() < limit
+    }
+
+    /// Spans not tracked at the bound so far, from `source` (monotonic).
+    pub fn untracked(&self, source: UntrackedSource) -> u64 {
+        self.untracked[source.index()]
+    }
+
+    /// `id` is registered (again): its spans may use the whole bound from now on. When a
+    /// tool span naming a runner that was not registered then was not tracked within the
+    /// last `max_sla`, it may have been this one's (sent before its registration): its view
+    /// is partial from then ([`Ledger::partial_view`]).
+    pub fn runner_registered(&mut self, id: &str, now: Instant, max_sla: Duration) {
+        if !self.registered.contains(id) {
+            self.registered.insert(id.to_string());
+        }
+        if let Some(t) = self.refused_unbound_at {
+            if now.saturating_duration_since(t) <= max_sla {
+                let p = self.partial.entry(id.to_string()).or_insert(t);
+                *p = (*p).max(t);
+            }
+        }
+    }
+
+    /// `id` is no longer registered (removed): its spans count as anyone's again.
+    pub fn runner_removed(&mut self, id: &str) {
+        self.registered.remove(id);
+        self.partial.remove(id);
+    }
+
+    /// Forgets the partial views older than `max_sla` (see [`Ledger::partial_view`]).
+    pub fn forget_partial_views(&mut self, now: Instant, max_sla: Duration) {
+        let fresh = |t: &Instant| now.saturating_duration_since(*t) <= max_sla;
+        self.partial.retain(|_, t| fresh(t));
+        if !self.refused_unbound_at.as_ref().is_some_and(fresh) {
+            self.refused_unbound_at = None;
+        }
+    }
+
+    /// A new span was not tracked: counts it and, for a tool span, marks whose view is
+    /// partial now.
+    fn refuse(
+        &mut self,
+        rec: &OpenRecord,
+        runner: Option<&str>,
+        registered: bool,
+        tool: bool,
+        now: Instant,
+    ) {
+        let source = if registered {
+            UntrackedSource::RegisteredRunner
+        } else {
+            UntrackedSource::Other
+        };
+        self.untracked[source.index()] += 1;
+        if !tool {
+            return;
+        }
+        match runner {
+            Some(r) if registered => match self.partial.get_mut(r) {
+                Some(t) => *t = (*t).max(now),
+                None => {
+                    self.partial.insert(r.to_string(), now);
+                }
+            },
+            // a span that names a runner may become a registered runner's (a registration
+            // by that id or pid); one that names none never can
+            _ if rec.runner_attr.is_some() || rec.pid.is_some() => {
+                self.refused_unbound_at = Some(self.refused_unbound_at.map_or(now, |t| t.max(now)));
+            }
+            _ => {}
+        }
     }
 
     fn unindex(&mut self, e: &Entry) {
@@ -293,13 +468,16 @@ impl Ledger {
         }
         let runner = rec
             .runner_attr
-            .clone()
+            .as_deref()
+            .map(clip)
             .or_else(|| rec.pid.and_then(pid_runner));
         let is_tool = rec.semconv_tool || config.name_is_tool(&rec.name);
-        let tool = is_tool.then(|| rec.tool_attr.clone().unwrap_or_else(|| rec.name.clone()));
-        let sla = tool
-            .as_deref()
-            .map(|t| config.sla.resolve(t, rec.sla_override_ms).0);
+        let tool_name = is_tool.then(|| rec.tool_attr.as_deref().unwrap_or(&rec.name));
+        // the SLA is resolved from the whole tool name, the entry keeps it clipped
+        let sla = tool_name.map(|t| config.sla.resolve(t, rec.sla_override_ms).0);
+        let tool = tool_name.map(clip);
+        let name = clipped(&rec.name);
+        let service = clipped(&rec.service);
         let mut persist = false;
         let applied = match self.entries.get_mut(&rec.key) {
             Some(e) => {
@@ -309,7 +487,7 @@ impl Ledger {
                 }
                 // a plain refresh is persisted at most once per REFRESH_PERSIST_INTERVAL
                 let material = was_inferred
-                    || e.name != rec.name
+                    || e.name != name
                     || e.sla_override_ms != rec.sla_override_ms
                     || now.saturating_duration_since(e.persisted_last_seen)
                         >= REFRESH_PERSIST_INTERVAL;
@@ -334,12 +512,16 @@ impl Ledger {
                 e.restored = false;
                 e.last_seen = e.last_seen.max(now);
                 e.last_seen_unix_nano = e.last_seen_unix_nano.max(now_unix_nano);
-                e.name = rec.name.clone();
+                if e.name != name {
+                    e.name = name.to_string();
+                }
                 e.tool = tool;
                 e.sla = sla;
                 e.sla_override_ms = rec.sla_override_ms;
                 e.parent = rec.parent.or(e.parent);
-                e.service = rec.service.clone();
+                if e.service != service {
+                    e.service = service.to_string();
+                }
                 e.pid = rec.pid.or(e.pid);
                 if runner.is_some() && e.runner != runner {
                     let old = e.clone();
@@ -353,6 +535,15 @@ impl Ledger {
                 Applied::Refreshed
             }
             None => {
+                let registered = runner
+                    .as_deref()
+                    .is_some_and(|r| self.registered.contains(r));
+                if !self.has_room(registered, config.max_open_spans) {
+                    // not tracked, nor its parent inferred: counted, and its runner's view
+                    // marked partial when it is a tool span
+                    self.refuse(rec, runner.as_deref(), registered, sla.is_some(), now);
+                    return Applied::Untracked;
+                }
                 self.entries.insert(
                     rec.key,
                     new_entry(
@@ -374,11 +565,21 @@ impl Ledger {
             self.dirty.insert(rec.key);
         }
         if let Some(parent) = rec.parent {
-            self.infer_parent(rec, parent, runner, now, now_unix_nano);
+            self.infer_parent(
+                rec,
+                parent,
+                runner,
+                now,
+                now_unix_nano,
+                config.max_open_spans,
+            );
         }
         applied
     }
 
+    /// Makes (or refreshes) the inferred entry of `parent`, named by the open `rec`. Under
+    /// the bound as any new entry ([`Ledger::has_room`]); an inferred parent not made is not
+    /// counted as untracked (it was never sent, and is never acted on).
     fn infer_parent(
         &mut self,
         rec: &OpenRecord,
@@ -386,6 +587,7 @@ impl Ledger {
         runner: Option<String>,
         now: Instant,
         now_unix_nano: u64,
+        max: usize,
     ) {
         let pkey = SpanKey {
             trace_id: rec.key.trace_id,
@@ -401,6 +603,12 @@ impl Ledger {
             }
             Some(_) => return,
             None => {
+                let registered = runner
+                    .as_deref()
+                    .is_some_and(|r| self.registered.contains(r));
+                if !self.has_room(registered, max) {
+                    return;
+                }
                 self.entries.insert(
                     pkey,
                     Entry {
@@ -409,7 +617,7 @@ impl Ledger {
                         name: String::new(),
                         tool: None,
                         runner: runner.clone(),
-                        service: rec.service.clone(),
+                        service: clip(&rec.service),
                         pid: rec.pid,
                         sla_override_ms: None,
                         sla: None,
@@ -487,7 +695,8 @@ impl Ledger {
 
     /// Rebuilds entries from the durable copy (at start). Rows from another boot get
     /// `now` as their arrival times (their monotonic offsets mean nothing after a reboot).
-    /// Every loaded entry is [`Entry::restored`] until a record of it arrives.
+    /// Every loaded entry is [`Entry::restored`] until a record of it arrives. The caller
+    /// gives at most the bound's rows (`Storage::ledger_load` takes it as its limit).
     pub fn load(&mut self, rows: Vec<LedgerRow>, clock: &MonoClock, now: Instant) {
         for r in rows {
             let key = SpanKey {
@@ -501,13 +710,14 @@ impl Ledger {
                 (Some(f), Some(l)) => (f, l, r.refreshes),
                 _ => (now, now, 0),
             };
+            let runner = r.runner_id.as_deref().map(clip);
             let e = Entry {
                 key,
                 parent: r.parent_span_id,
-                name: r.name,
-                tool: r.tool_name,
-                runner: r.runner_id.clone(),
-                service: r.service_name,
+                name: clip(&r.name),
+                tool: r.tool_name.as_deref().map(clip),
+                runner: runner.clone(),
+                service: clip(&r.service_name),
                 pid: r.pid,
                 sla_override_ms: r.sla_override_ms.map(|v| v.min(i64::MAX as u64) as i64),
                 sla: r.sla_ms.map(Duration::from_millis),
@@ -521,7 +731,7 @@ impl Ledger {
                 persisted_last_seen: last,
             };
             self.entries.insert(key, e);
-            self.index(key, &r.runner_id);
+            self.index(key, &runner);
         }
     }
 }
@@ -564,10 +774,10 @@ fn new_entry(
     Entry {
         key: rec.key,
         parent: rec.parent,
-        name: rec.name.clone(),
+        name: clip(&rec.name),
         tool,
         runner,
-        service: rec.service.clone(),
+        service: clip(&rec.service),
         pid: rec.pid,
         sla_override_ms: rec.sla_override_ms,
         sla,

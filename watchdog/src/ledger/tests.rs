@@ -348,3 +348,297 @@ fn a_restored_span_is_judged_only_once_a_record_confirms_it() {
     again.sweep_inferred(refreshed + Duration::from_secs(61), Duration::from_secs(60));
     assert!(again.get(&key(3)).is_none());
 }
+
+/// An open tool span numbered `i`, of `runner` (by `stallwatch.runner.id`) or of nobody.
+fn numbered_open(i: u64, runner: Option<&str>) -> Record {
+    Record::Open(OpenRecord {
+        key: numbered_key(i),
+        parent: None,
+        name: format!("execute_tool flood {i}"),
+        tool_attr: None,
+        semconv_tool: true,
+        sla_override_ms: None,
+        runner_attr: runner.map(str::to_string),
+        pid: None,
+        service: "svc".into(),
+        start_unix_nano: 0,
+        shape: Shape::Snapshot,
+    })
+}
+
+fn bounded(max: usize) -> WatchdogConfig {
+    let mut cfg = WatchdogConfig::default();
+    cfg.max_open_spans = max;
+    cfg
+}
+
+/// The bound (`max_open_spans`): below it every span is tracked; at the share open to
+/// anyone, new spans of no registered runner are not tracked and are counted, while a
+/// registered runner's span still opens in the reserved quarter and its stall is still
+/// detected; tracked spans keep their refreshes and ends, an end of an untracked span is
+/// harmless, and an end makes room again.
+#[test]
+fn the_bound_refuses_new_spans_of_unregistered_sources_and_keeps_room_for_runners() {
+    let cfg = bounded(16); // anyone: 12 entries; registered runners: up to 16
+    let mut l = Ledger::new();
+    l.runner_registered("r1", Instant::now(), cfg.sla.max_sla);
+    let t0 = Instant::now();
+    let none = |_| None;
+    // healthy: below the bound every span is tracked
+    for i in 0..12 {
+        assert_eq!(
+            l.apply(&numbered_open(i, None), t0, 1, &cfg, &none),
+            Applied::Opened,
+            "span {i}"
+        );
+    }
+    assert_eq!(l.len(), 12);
+    assert_eq!(l.untracked(UntrackedSource::Other), 0);
+    // at the shared limit: a span of nobody, and one naming an unregistered runner, are not
+    // tracked, and counted
+    assert_eq!(
+        l.apply(&numbered_open(100, None), t0, 2, &cfg, &none),
+        Applied::Untracked
+    );
+    assert_eq!(
+        l.apply(&numbered_open(101, Some("ghost")), t0, 2, &cfg, &none),
+        Applied::Untracked
+    );
+    assert_eq!(l.len(), 12);
+    assert_eq!(l.untracked(UntrackedSource::Other), 2);
+    assert!(l.get(&numbered_key(100)).is_none());
+    // a tracked span is still refreshed at the bound
+    let t1 = t0 + Duration::from_secs(1);
+    assert_eq!(
+        l.apply(&numbered_open(3, None), t1, 3, &cfg, &none),
+        Applied::Refreshed
+    );
+    // the end of an untracked span finds nothing and changes nothing
+    assert_eq!(
+        l.apply(&Record::Ended(numbered_key(100)), t1, 4, &cfg, &none),
+        Applied::Ignored
+    );
+    assert_eq!(l.len(), 12);
+    // a registered runner's stuck span opens in the reserve and trips when over its SLA
+    assert_eq!(
+        l.apply(&numbered_open(200, Some("r1")), t0, 5, &cfg, &none),
+        Applied::Opened
+    );
+    assert!(!l.partial_view("r1", t1, cfg.sla.max_sla));
+    let late = t0 + cfg.sla.default_sla + Duration::from_millis(1);
+    let w = l.worst_for("r1", late, cfg.staleness).expect("tracked");
+    assert_eq!(w.key, numbered_key(200));
+    let verdict = crate::fusion::fuse(
+        crate::heartbeat::HeartbeatState::Ok,
+        Some(crate::fusion::SpanFacts {
+            elapsed: w.elapsed,
+            sla: w.sla,
+            stale: w.stale,
+        }),
+        late,
+        cfg.suspect_cap,
+    );
+    assert!(verdict.trip, "{verdict:?}");
+    // the reserve fills too: then the registered runner's new span is not tracked either,
+    // counted apart, and its view is partial; nothing tracked was pushed out
+    for i in 201..204 {
+        assert_eq!(
+            l.apply(&numbered_open(i, Some("r1")), t0, 6, &cfg, &none),
+            Applied::Opened
+        );
+    }
+    assert_eq!(l.len(), 16);
+    assert_eq!(
+        l.apply(&numbered_open(204, Some("r1")), t1, 7, &cfg, &none),
+        Applied::Untracked
+    );
+    assert_eq!(l.untracked(UntrackedSource::RegisteredRunner), 1);
+    assert!(l.partial_view("r1", t1, cfg.sla.max_sla));
+    assert_eq!(
+        l.worst_for("r1", late, cfg.staleness).map(|w| w.key),
+        Some(numbered_key(200)),
+        "the stuck span is still judged"
+    );
+    // the partial view lasts max_sla after the last untracked tool span
+    assert!(l.partial_view("r1", t1 + cfg.sla.max_sla, cfg.sla.max_sla));
+    let after = t1 + cfg.sla.max_sla + Duration::from_millis(1);
+    assert!(!l.partial_view("r1", after, cfg.sla.max_sla));
+    l.forget_partial_views(after, cfg.sla.max_sla);
+    assert!(!l.partial_view("r1", t1, cfg.sla.max_sla), "forgotten");
+    // an end makes room: the next span of nobody is tracked again
+    assert_eq!(
+        l.apply(&Record::Ended(numbered_key(0)), t1, 8, &cfg, &none),
+        Applied::Closed
+    );
+    assert_eq!(
+        l.apply(&Record::Ended(numbered_key(1)), t1, 8, &cfg, &none),
+        Applied::Closed
+    );
+    assert_eq!(l.len(), 14);
+    for i in 201..204 {
+        l.apply(&Record::Ended(numbered_key(i)), t1, 9, &cfg, &none);
+    }
+    assert_eq!(l.len(), 11);
+    assert_eq!(
+        l.apply(&numbered_open(102, None), t1, 10, &cfg, &none),
+        Applied::Opened
+    );
+}
+
+/// A tool span naming a runner that is not registered yet (its id or pid) and not tracked
+/// at the bound may be that runner's: once it registers, its view is partial. A span that
+/// names no runner can never become one's and marks nobody.
+#[test]
+fn an_untracked_span_of_a_runner_registered_later_makes_its_view_partial() {
+    let cfg = bounded(16);
+    let t0 = Instant::now();
+    let none = |_| None;
+    let full = |l: &mut Ledger| {
+        for i in 0..12 {
+            l.apply(&numbered_open(i, None), t0, 1, &cfg, &none);
+        }
+    };
+    // healthy: only spans of nobody were refused
+    let mut l = Ledger::new();
+    full(&mut l);
+    assert_eq!(
+        l.apply(&numbered_open(50, None), t0, 2, &cfg, &none),
+        Applied::Untracked
+    );
+    l.runner_registered("late", t0, cfg.sla.max_sla);
+    assert!(!l.partial_view("late", t0, cfg.sla.max_sla));
+    // a span naming the runner before it registered
+    let mut l = Ledger::new();
+    full(&mut l);
+    assert_eq!(
+        l.apply(&numbered_open(51, Some("late")), t0, 2, &cfg, &none),
+        Applied::Untracked
+    );
+    l.runner_registered("late", t0 + Duration::from_secs(1), cfg.sla.max_sla);
+    assert!(l.partial_view("late", t0 + Duration::from_secs(1), cfg.sla.max_sla));
+    // by pid alike; registered past max_sla after the refusal, it is whole again
+    let mut l = Ledger::new();
+    full(&mut l);
+    let Record::Open(mut r) = numbered_open(52, None) else {
+        unreachable!()
+    };
+    r.pid = Some(4242);
+    assert_eq!(
+        l.apply(&Record::Open(r), t0, 2, &cfg, &none),
+        Applied::Untracked
+    );
+    let much_later = t0 + cfg.sla.max_sla + Duration::from_secs(1);
+    l.runner_registered("by-pid", much_later, cfg.sla.max_sla);
+    assert!(!l.partial_view("by-pid", much_later, cfg.sla.max_sla));
+    // a removed runner's spans count as anyone's again
+    l.runner_registered("gone", t0, cfg.sla.max_sla);
+    l.runner_removed("gone");
+    assert_eq!(
+        l.apply(&numbered_open(53, Some("gone")), t0, 3, &cfg, &none),
+        Applied::Untracked
+    );
+    assert_eq!(l.untracked(UntrackedSource::RegisteredRunner), 0);
+}
+
+/// Inferred parents are entries too: none is made beyond the bound (nor counted: never
+/// sent), and the child that names it is tracked.
+#[test]
+fn no_inferred_parent_is_made_beyond_the_bound() {
+    let cfg = bounded(16);
+    let mut l = Ledger::new();
+    l.runner_registered("r1", Instant::now(), cfg.sla.max_sla);
+    let t0 = Instant::now();
+    let none = |_| None;
+    for i in 0..11 {
+        l.apply(&numbered_open(i, None), t0, 1, &cfg, &none);
+    }
+    // healthy: with room, a child of nobody opens with its inferred parent (12 entries)
+    assert_eq!(
+        l.apply(&open(2, Some(1), true), t0, 2, &cfg, &none),
+        Applied::Opened
+    );
+    assert!(
+        l.get(&key(1)).is_some_and(|e| e.inferred),
+        "parent inferred"
+    );
+    l.apply(&Record::Ended(key(1)), t0, 3, &cfg, &none);
+    l.apply(&Record::Ended(key(2)), t0, 3, &cfg, &none);
+    assert_eq!(l.len(), 11);
+    // a runner's child at 15 entries: tracked, its parent not made
+    for i in 11..15 {
+        l.apply(&numbered_open(i, Some("r1")), t0, 4, &cfg, &none);
+    }
+    assert_eq!(
+        l.apply(&open(4, Some(3), true), t0, 5, &cfg, &none),
+        Applied::Opened
+    );
+    assert!(l.get(&key(3)).is_none());
+    assert_eq!(l.len(), 16);
+    assert_eq!(l.untracked(UntrackedSource::Other), 0);
+}
+
+/// An entry's texts are clipped to `MAX_ENTRY_TEXT_BYTES` at a character boundary, so its
+/// size does not follow what an exporter sends; the SLA still comes from the whole tool
+/// name, and short texts are kept whole.
+#[test]
+fn entry_texts_are_clipped_and_the_sla_is_resolved_from_the_whole_name() {
+    let raw = crate::config::RawWatchdogConfig {
+        sla_rules: vec![crate::config::RawSlaRule {
+            tool: "*_tail".into(),
+            sla_ms: 5000,
+        }],
+        ..Default::default()
+    };
+    let cfg = WatchdogConfig::try_from(raw).unwrap();
+    let mut l = Ledger::new();
+    let t0 = Instant::now();
+    let Record::Open(mut r) = open(7, None, true) else {
+        unreachable!()
+    };
+    let long = format!("{}_tail", "é".repeat(400));
+    r.name = long.clone();
+    r.tool_attr = Some(long.clone());
+    r.service = "s".repeat(10_000);
+    r.runner_attr = Some("r".repeat(1000));
+    l.apply(&Record::Open(r), t0, 1, &cfg, &|_| None);
+    let e = l.get(&key(7)).unwrap();
+    for text in [
+        &e.name,
+        e.tool.as_ref().unwrap(),
+        &e.service,
+        e.runner.as_ref().unwrap(),
+    ] {
+        assert!(
+            text.len() <= MAX_ENTRY_TEXT_BYTES && text.len() >= MAX_ENTRY_TEXT_BYTES - 3,
+            "{}",
+            text.len()
+        );
+    }
+    assert!(long.starts_with(e.name.as_str()));
+    assert_eq!(
+        e.sla,
+        Some(Duration::from_secs(5)),
+        "resolved from the whole name"
+    );
+    // a refresh with the same long name is not a change of name
+    let Record::Open(mut again) = open(7, None, true) else {
+        unreachable!()
+    };
+    again.name = long.clone();
+    again.tool_attr = Some(long);
+    again.service = "s".repeat(10_000);
+    again.runner_attr = Some("r".repeat(1000));
+    l.apply(
+        &Record::Open(again),
+        t0 + Duration::from_millis(10),
+        2,
+        &cfg,
+        &|_| None,
+    );
+    assert_eq!(l.get(&key(7)).unwrap().refreshes, 1);
+    assert_eq!(l.dirty_len(), 1, "not re-persisted for a clipped name");
+    // short texts are whole
+    l.apply(&open(8, None, true), t0, 3, &cfg, &|_| None);
+    assert_eq!(l.get(&key(8)).unwrap().name, "span8");
+    assert_eq!(clipped("abc"), "abc");
+}

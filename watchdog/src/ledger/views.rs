@@ -50,6 +50,19 @@ impl Ledger {
             .collect()
     }
 
+    /// Whether `runner`'s view is partial at `now`: one of its tool spans was not tracked
+    /// at the bound ([`Applied::Untracked`]) no longer than `max_sla` (`max_sla_ms`, the
+    /// ceiling of every SLA) ago. Until then what the ledger shows of it may lack a span
+    /// that would change its verdict (a fresh one explaining a lost heartbeat, one more
+    /// overdue than a stale one), so only a tracked span over its SLA may trip it
+    /// ([`crate::fusion::hold_for_partial_view`]). After that, such a span, if still open,
+    /// is past its SLA and the whole view would trip the runner too.
+    pub fn partial_view(&self, runner: &str, now: Instant, max_sla: Duration) -> bool {
+        self.partial
+            .get(runner)
+            .is_some_and(|t| now.saturating_duration_since(*t) <= max_sla)
+    }
+
     /// The worst open tool span of `runner` at `now`: highest elapsed / SLA; inferred
     /// entries and restored ones not confirmed since ([`super::Entry::restored`]) never
     /// count (docs/design.md, SLA and staleness; Orphan sweep).

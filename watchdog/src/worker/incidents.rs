@@ -34,6 +34,57 @@ impl Worker {
         .await;
     }
 
+    /// Raises one `sidecar.degraded` incident per registered runner whose tool spans the
+    /// open-span ledger did not track at its bound, once per burst (`UntrackedBurst`): a
+    /// stall among them may go undetected, and the runner is not tripped on a view that
+    /// may lack one of them (`Ledger::partial_view`). Counted in
+    /// `stallwatch_watchdog_ledger_untracked_total`, not in `sidecar_degraded_total`
+    /// (heartbeats are not affected). Each incident's time, and so its idempotency key, is
+    /// distinct even when several are raised within one nanosecond tick.
+    pub(super) async fn untracked_incidents(&mut self) {
+        let Some(b) = self.untracked_burst.as_mut() else {
+            return;
+        };
+        if b.pending.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut b.pending);
+        b.named.extend(ids.iter().cloned());
+        let max = self.cfg.max_open_spans;
+        let open = self.ledger.len();
+        let (max_sla, cap) = (
+            self.cfg.sla.max_sla.as_millis(),
+            self.cfg.suspect_cap.as_millis(),
+        );
+        let mut last_at = 0;
+        for id in ids {
+            let why = format!(
+                "the open-span ledger is at its bound (max_open_spans = {max}): tool spans of runner {id} are not tracked, so a stall among them may go undetected; until {max_sla} ms after the last one the runner is tripped only for a tracked span over its SLA, or a heartbeat lost for {cap} ms"
+            );
+            tracing::warn!(runner = %id, "stallwatch degraded: {why}");
+            let at = now_unix_nano().max(last_at + 1);
+            last_at = at;
+            self.emit(Effect::Incident(NewIncident {
+                kind: EventKind::SidecarDegraded,
+                runner_id: Some(id.clone()),
+                tool_name: None,
+                trace_id: None,
+                span_id: None,
+                reason: format!("stallwatch itself is degraded: {why}"),
+                evidence: json!({
+                    "runner": id,
+                    "why": "open_span_ledger_full",
+                    "max_open_spans": max,
+                    "open_spans": open,
+                    "untracked_registered_runner_spans": self.ledger.untracked(crate::ledger::UntrackedSource::RegisteredRunner),
+                }),
+                idempotency_key: keys::sidecar_degraded(at),
+                at_unix_nano: at,
+            }))
+            .await;
+        }
+    }
+
     /// After → CLOSED: drop the open spans of the tripped process, clear the verdict,
     /// record `breaker.closed`.
     pub(super) async fn after_close(&mut self, id: &str, now: Instant, why: &str) {
@@ -167,6 +218,7 @@ impl Worker {
                 answer,
                 HeartbeatState::NotConfigured,
                 worst.as_ref(),
+                self.ledger.partial_view(id, now, self.cfg.sla.max_sla),
                 now,
                 self.cfg.suspect_cap,
             );

@@ -76,6 +76,8 @@ impl Worker {
                     self.pids.insert(p, id.clone());
                     self.ledger.bind_pid(p, &id);
                 }
+                self.ledger
+                    .runner_registered(&id, now, self.cfg.sla.max_sla);
                 self.sync_breaker(&id);
             }
             RunnerChange::Gone { id, removed, pid } => {
@@ -85,6 +87,7 @@ impl Worker {
                             self.pids.remove(&p);
                         }
                     }
+                    self.ledger.runner_removed(&id);
                     if let Ok(mut m) = self.breakers.write() {
                         m.remove(&id);
                     }
@@ -204,8 +207,15 @@ impl Worker {
                             self.begin_stopping(&d.runner, now, SelfStop::Goodbye)
                         }
                         Err(HeartbeatFailure::SocketMissing)
-                            if had_pong && self.ledger.runner_tool_spans(&d.runner).is_empty() =>
+                            if had_pong
+                                && self.ledger.runner_tool_spans(&d.runner).is_empty()
+                                && !self.ledger.partial_view(
+                                    &d.runner,
+                                    now,
+                                    self.cfg.sla.max_sla,
+                                ) =>
                         {
+                            // (with a partial view "no tool span open" is not known)
                             // the kits remove the socket first at exit
                             self.begin_stopping(&d.runner, now, SelfStop::SocketGone)
                         }
@@ -241,6 +251,8 @@ impl Worker {
                     answer,
                     HeartbeatState::Ok,
                     worst.as_ref(),
+                    self.ledger
+                        .partial_view(&d.runner, now, self.cfg.sla.max_sla),
                     now,
                     self.cfg.suspect_cap,
                 );

@@ -55,6 +55,24 @@ mod lifecycle;
 /// Bound of the handle's command queue.
 const COMMAND_CAPACITY: usize = 64;
 
+/// A burst of spans not tracked at the ledger's bound ends once none was refused for this
+/// long: its start is logged once, and its end once with the count (never a line per span).
+pub(crate) const UNTRACKED_BURST_QUIET: Duration = Duration::from_secs(10);
+
+/// The current burst of spans the ledger did not track at its bound.
+struct UntrackedBurst {
+    /// When its first span was refused.
+    since: Instant,
+    /// When its latest span was refused.
+    last: Instant,
+    /// The untracked totals (by `UntrackedSource::index`) before it began.
+    before: [u64; 2],
+    /// Registered runners whose spans were refused and already named in an incident.
+    named: BTreeSet<String>,
+    /// Registered runners whose spans were refused, not named yet.
+    pending: BTreeSet<String>,
+}
+
 /// The watchdog: see the module docs. Start it with [`Watchdog::start`].
 pub struct Watchdog;
 
@@ -95,6 +113,8 @@ struct Worker {
     /// Reading an observation took longer than [`late_limit`] since the last evaluation:
     /// counted as our own stall there.
     stalled_in_observe: bool,
+    /// The burst of spans not tracked at the ledger's bound, while one lasts.
+    untracked_burst: Option<UntrackedBurst>,
 }
 
 impl Watchdog {
@@ -133,7 +153,17 @@ impl Watchdog {
                 tokio::spawn(run_persister(storage.clone(), persist_rx, stats.clone()));
             let clock = MonoClock::new();
             let mut ledger = Ledger::new();
-            match storage.ledger_load().await {
+            // the durable copy may hold more rows than the bound (a lower max_open_spans, or
+            // a file from before the bound): the surplus goes, the rest is reloaded
+            let max = config.max_open_spans;
+            match storage.ledger_trim(max).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(
+                    "open-span ledger: {n} stored rows over max_open_spans = {max} removed at start"
+                ),
+                Err(e) => tracing::error!("open-span ledger not trimmed to max_open_spans: {e}"),
+            }
+            match storage.ledger_load(max).await {
                 Ok(rows) => ledger.load(rows, &clock, Instant::now()),
                 Err(e) => tracing::error!("open-span ledger not reloaded: {e}"),
             }
@@ -161,10 +191,12 @@ impl Watchdog {
                 last_eval: Instant::now(),
                 degraded_at: None,
                 stalled_in_observe: false,
+                untracked_burst: None,
             };
             w.stats
                 .ledger_open_spans
                 .store(w.ledger.len() as u64, Ordering::Relaxed);
+            w.stats.ledger_capacity.store(max as u64, Ordering::Relaxed);
             w.run(observations, runner_changes, cmd_rx, shutdown).await;
             w.flush_ledger(true).await;
             drop(w);
@@ -269,6 +301,8 @@ impl Worker {
             let mut changed = 0u64;
             let mut opened = Vec::new();
             let mut touched: BTreeSet<String> = BTreeSet::new();
+            let mut refused = false;
+            let mut refused_runners: BTreeSet<String> = BTreeSet::new();
             let now = Instant::now();
             let bound = |l: &Ledger, key: &SpanKey| l.get(key).and_then(|e| e.runner.clone());
             for r in &records {
@@ -285,6 +319,16 @@ impl Worker {
                 }
                 match applied {
                     Applied::Ignored => {}
+                    Applied::Untracked => {
+                        if let Record::Open(rec) = r {
+                            let runner =
+                                rec.runner_attr.clone().or_else(|| rec.pid.and_then(lookup));
+                            if let Some(id) = runner.filter(|id| self.runners.contains_key(id)) {
+                                refused_runners.insert(id);
+                            }
+                        }
+                        refused = true;
+                    }
                     Applied::Opened => {
                         changed += 1;
                         if let Record::Open(rec) = r {
@@ -322,8 +366,71 @@ impl Worker {
             self.stats
                 .ledger_open_spans
                 .store(self.ledger.len() as u64, Ordering::Relaxed);
+            if refused {
+                self.untracked(now, refused_runners);
+            }
         }
         self.records = records;
+    }
+
+    /// Spans were not tracked at the ledger's bound (`refused`: the registered runners
+    /// among their owners): counts them, logs the start of a burst (once), and marks the
+    /// registered runners whose view is now partial (a tool span of theirs was refused,
+    /// `Ledger::partial_view`) to name in a `sidecar.degraded` incident at the next
+    /// evaluation, once per runner and burst. (A refused span that is no tool span changes
+    /// no verdict: it is counted only.)
+    fn untracked(&mut self, now: Instant, refused: BTreeSet<String>) {
+        use crate::ledger::UntrackedSource;
+        let totals = UntrackedSource::ALL.map(|s| self.ledger.untracked(s));
+        for s in UntrackedSource::ALL {
+            self.stats.ledger_untracked[s.index()].store(totals[s.index()], Ordering::Relaxed);
+        }
+        let (len, max) = (self.ledger.len(), self.cfg.max_open_spans);
+        let burst = self.untracked_burst.get_or_insert_with(|| {
+            tracing::warn!(
+                "open-span ledger at its bound ({len} spans tracked, max_open_spans = {max}; the last quarter is kept for registered runners): new spans are not tracked, a stall among them may go undetected; counted in stallwatch_watchdog_ledger_untracked_total, logged again when no span was refused for {} s",
+                UNTRACKED_BURST_QUIET.as_secs()
+            );
+            UntrackedBurst {
+                since: now,
+                last: now,
+                before: totals,
+                named: BTreeSet::new(),
+                pending: BTreeSet::new(),
+            }
+        });
+        burst.last = now;
+        let max_sla = self.cfg.sla.max_sla;
+        for id in refused {
+            if !burst.named.contains(&id) && self.ledger.partial_view(&id, now, max_sla) {
+                burst.pending.insert(id);
+            }
+        }
+        if !burst.pending.is_empty() {
+            self.sched.wake_by(now);
+        }
+    }
+
+    /// Ends the burst of untracked spans once none was refused for
+    /// [`UNTRACKED_BURST_QUIET`], with one log line counting it.
+    fn end_untracked_burst(&mut self, now: Instant) {
+        use crate::ledger::UntrackedSource;
+        let Some(b) = &self.untracked_burst else {
+            return;
+        };
+        if now.saturating_duration_since(b.last) < UNTRACKED_BURST_QUIET {
+            return;
+        }
+        let n = |s: UntrackedSource| self.ledger.untracked(s) - b.before[s.index()];
+        tracing::warn!(
+            "open-span ledger: {} spans were not tracked in {} s at its bound (max_open_spans = {}), {} of them of registered runners ({}); none refused since",
+            n(UntrackedSource::RegisteredRunner) + n(UntrackedSource::Other),
+            b.last.saturating_duration_since(b.since).as_secs(),
+            self.cfg.max_open_spans,
+            n(UntrackedSource::RegisteredRunner),
+            b.named.iter().chain(&b.pending).cloned().collect::<Vec<_>>().join(", "),
+        );
+        self.untracked_burst = None;
     }
 
     /// A span that arrives after its runner was restarted, from the process the restart
@@ -462,6 +569,7 @@ impl Worker {
                 let view = || LedgerView {
                     worst: ledger.worst_for(&id, now, cfg.staleness),
                     next_crossing: ledger.next_crossing(&id, now, cfg.staleness),
+                    partial: ledger.partial_view(&id, now, cfg.sla.max_sla),
                 };
                 let st = r.step(now, cfg, self.max_in_flight, &view);
                 if st.ping {
@@ -501,6 +609,7 @@ impl Worker {
             }
             self.board_dirty.insert(id);
         }
+        self.untracked_incidents().await;
         self.flush_ledger(false).await;
         let mut next_wake = self
             .due
@@ -539,6 +648,8 @@ impl Worker {
             self.last_board_full = now;
             self.board_dirty.clear();
             self.ledger.sweep_inferred(now, self.cfg.sla.max_sla);
+            self.ledger.forget_partial_views(now, self.cfg.sla.max_sla);
+            self.end_untracked_burst(now);
             self.stats
                 .ledger_open_spans
                 .store(self.ledger.len() as u64, Ordering::Relaxed);

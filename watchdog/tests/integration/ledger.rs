@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use stallwatch_storage::ledger::OpenSpanRow;
-use stallwatch_storage::model::{SpanId, SpanState};
+use stallwatch_storage::ledger::{OpenSpanQuery, OpenSpanRow, MAX_OPEN_SPANS_PAGE};
+use stallwatch_storage::model::{EventKind, SpanId, SpanState};
 use stallwatch_storage::{Storage, StorageConfig};
 
 use crate::common::*;
@@ -19,11 +19,25 @@ async fn rows_until(
         let st = storage.clone();
         let ok = &pred;
         async move {
-            let rows = st.open_spans().await.ok()?;
+            let rows = all_open_spans(&st).await.ok()?;
             ok(&rows).then_some(rows)
         }
     })
     .await
+}
+
+/// Every open span (these tests hold a few), oldest first: one page of the most.
+async fn all_open_spans(
+    storage: &Storage,
+) -> Result<Vec<OpenSpanRow>, stallwatch_storage::telemetry::QueryError> {
+    let page = storage
+        .open_spans(OpenSpanQuery {
+            limit: MAX_OPEN_SPANS_PAGE,
+            ..Default::default()
+        })
+        .await?;
+    assert!(page.next_cursor.is_none(), "more open spans than one page");
+    Ok(page.items)
 }
 
 fn find(rows: &[OpenSpanRow], sp: SpanId) -> Option<&OpenSpanRow> {
@@ -149,7 +163,7 @@ async fn each_wire_shape_opens_refreshes_and_closes() {
     .await;
 
     // nothing is left open except the inferred parent of shape 1 and the board agrees
-    let rows = rig.storage.open_spans().await.unwrap();
+    let rows = all_open_spans(&rig.storage).await.unwrap();
     assert!(
         rows.iter().all(|r| r.state == SpanState::Inferred),
         "{rows:?}"
@@ -189,7 +203,7 @@ async fn ledger_survives_reopening_the_storage() {
 
     // a fresh Storage on the same file sees the row
     let reopened = Storage::open(StorageConfig::new(&path)).unwrap();
-    let rows = reopened.open_spans().await.unwrap();
+    let rows = all_open_spans(&reopened).await.unwrap();
     assert_eq!(
         find(&rows, sid(7)).map(|r| r.tool_name.clone()),
         Some(Some("long_tool".into()))
@@ -232,5 +246,96 @@ async fn ledger_survives_reopening_the_storage() {
         "elapsed restarted at reload: {} ms",
         worst.elapsed_ms
     );
+    rig.stop().await;
+}
+
+/// The open-span bound (`max_open_spans`) at the watchdog: a flood of never-ending spans
+/// from nobody fills only the share open to anyone (the first spans are all tracked), the
+/// rest is counted and not tracked, in memory and in the durable copy; a registered
+/// runner's stuck tool span still opens in the reserve and trips; when the runner's own
+/// spans fill the reserve, the one not tracked raises `sidecar.degraded` naming it, and
+/// the stuck span still trips it (over its SLA: a partial view holds no such trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_is_bounded_and_a_registered_runners_stall_still_trips() {
+    use stallwatch_storage::MetricsSource;
+    use std::sync::atomic::Ordering;
+    let mut cfg = fast_config();
+    cfg.max_open_spans = 64; // anyone: 48; registered runners: the last 16 too
+    let mut rig = Rig::start(cfg).await;
+    rig.register("stuck", None, None, false).await;
+    let stats = rig.handle.stats();
+    wait_for("the runner registered", LONG, || async {
+        (stats.runners.load(Ordering::Relaxed) == 1).then_some(())
+    })
+    .await;
+    // a root tool span (no parent to infer) of nobody, or of `runner`
+    let span = |t: u8, sp: u8, sla: Option<i64>| {
+        let mut s = tool_span(t, sp, "flood_tool", sla, 0);
+        s.parent_span_id = None;
+        s
+    };
+    for t in 0..4u8 {
+        rig.observe_spans(batch(
+            resource(None, None),
+            (0..50u8).map(|i| span(10 + t, i + 1, None)).collect(),
+        ))
+        .await;
+    }
+    wait_for("the flood read", LONG, || async {
+        (stats.ledger_untracked[1].load(Ordering::Relaxed) == 200 - 48).then_some(())
+    })
+    .await;
+    // healthy: the spans below the shared limit are all tracked
+    assert_eq!(stats.ledger_open_spans.load(Ordering::Relaxed), 48);
+    // the stuck runner: a short-SLA tool span, then more than the reserve holds
+    let res = resource(Some("stuck"), None);
+    rig.observe_spans(batch(res.clone(), vec![span(1, 1, Some(300))]))
+        .await;
+    rig.observe_spans(batch(
+        res,
+        (0..16u8).map(|i| span(2, i + 1, Some(600_000))).collect(),
+    ))
+    .await;
+    let trip = rig
+        .next_trip(Duration::from_secs(5))
+        .await
+        .expect("the stuck span trips its runner");
+    assert_eq!(trip.runner_id, "stuck");
+    assert_eq!(trip.verdict, "tool_overrun", "{trip:?}");
+    assert_eq!(stats.ledger_open_spans.load(Ordering::Relaxed), 64);
+    assert_eq!(stats.ledger_untracked[0].load(Ordering::Relaxed), 1);
+    let degraded = wait_for("the degraded incident", LONG, || {
+        let rig = &rig;
+        async move {
+            rig.incidents("stuck")
+                .await
+                .into_iter()
+                .find(|i| i.incident.kind == EventKind::SidecarDegraded)
+        }
+    })
+    .await;
+    assert!(
+        degraded.incident.reason.contains("max_open_spans = 64"),
+        "{}",
+        degraded.incident.reason
+    );
+    // the durable copy mirrors the bound
+    let rows = rows_until(&rig.storage, "the ledger written", |r| r.len() == 64).await;
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.runner_id.as_deref() == Some("stuck"))
+            .count(),
+        16
+    );
+    let mut text = String::new();
+    stats.render_prometheus(&mut text);
+    for line in [
+        "stallwatch_watchdog_ledger_untracked_total{source=\"other\"} 152",
+        "stallwatch_watchdog_ledger_untracked_total{source=\"registered_runner\"} 1",
+        "stallwatch_watchdog_ledger_capacity 64",
+        "stallwatch_watchdog_ledger_open_spans 64",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
     rig.stop().await;
 }
