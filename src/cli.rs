@@ -77,17 +77,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// A listen address: `IP:PORT` (`127.0.0.1:4317`, `[::1]:0`). Host names are refused with
-/// a message that says so: a listener binds an address, and resolving `localhost` could
-/// give a non-loopback one.
-///
-/// Errors: anything else, as text naming the expected form.
-fn listen_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse().map_err(|_| {
-        "expected IP:PORT such as 127.0.0.1:4317 or [::1]:0 (a host name such as localhost is not resolved; port 0 picks a free one)".to_string()
-    })
-}
-
 /// Flags of `stallwatch serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -100,13 +89,13 @@ pub struct ServeArgs {
     #[arg(long, env = "STALLWATCH_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// OTLP/gRPC listen address (default 127.0.0.1:4317; port 0 picks one).
-    #[arg(long, env = "STALLWATCH_OTLP_GRPC_LISTEN", value_name = "ADDR", value_parser = listen_addr)]
+    #[arg(long, env = "STALLWATCH_OTLP_GRPC_LISTEN", value_name = "ADDR", value_parser = stallwatch_storage::listen::parse_listen_addr)]
     pub otlp_grpc_listen: Option<SocketAddr>,
     /// OTLP/HTTP listen address (default 127.0.0.1:4318; port 0 picks one).
-    #[arg(long, env = "STALLWATCH_OTLP_HTTP_LISTEN", value_name = "ADDR", value_parser = listen_addr)]
+    #[arg(long, env = "STALLWATCH_OTLP_HTTP_LISTEN", value_name = "ADDR", value_parser = stallwatch_storage::listen::parse_listen_addr)]
     pub otlp_http_listen: Option<SocketAddr>,
     /// Dashboard, JSON API, /healthz, /readyz and /metrics (default 127.0.0.1:4319).
-    #[arg(long, env = "STALLWATCH_DASHBOARD_LISTEN", value_name = "ADDR", value_parser = listen_addr)]
+    #[arg(long, env = "STALLWATCH_DASHBOARD_LISTEN", value_name = "ADDR", value_parser = stallwatch_storage::listen::parse_listen_addr)]
     pub dashboard_listen: Option<SocketAddr>,
     /// Log format on stderr.
     #[arg(long, env = "STALLWATCH_LOG_FORMAT", value_enum)]

@@ -58,6 +58,28 @@ fn a_host_name_as_listen_address_is_refused_saying_an_ip_is_needed() {
         !dir.path().join("d").exists(),
         "refused before anything is made"
     );
+    // the same words from the config file, for each listener's key
+    for (section, key) in [
+        ("otlp", "grpc_listen"),
+        ("otlp", "http_listen"),
+        ("dashboard", "listen"),
+    ] {
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, format!("[{section}]\n{key} = \"localhost:1\"\n")).unwrap();
+        let out = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(dir.path().join("d"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(key) && err.contains("IP:PORT") && err.contains("host name"),
+            "{key}: {err}"
+        );
+    }
 }
 
 /// A value that parses but is out of range is refused like a parse error: named, and

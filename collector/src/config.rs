@@ -52,8 +52,16 @@ pub const DEFAULT_CORS_ALLOWED_ORIGINS: [&str; 5] = [
 #[serde(deny_unknown_fields)]
 pub struct RawOtlpConfig {
     /// OTLP/gRPC listen address; default [`DEFAULT_GRPC_LISTEN`].
+    #[serde(
+        default,
+        deserialize_with = "stallwatch_storage::listen::deserialize_listen_addr"
+    )]
     pub grpc_listen: Option<SocketAddr>,
     /// OTLP/HTTP listen address; default [`DEFAULT_HTTP_LISTEN`].
+    #[serde(
+        default,
+        deserialize_with = "stallwatch_storage::listen::deserialize_listen_addr"
+    )]
     pub http_listen: Option<SocketAddr>,
     /// Largest request body after decompression, bytes; default
     /// [`DEFAULT_MAX_REQUEST_BYTES`].

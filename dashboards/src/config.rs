@@ -311,8 +311,7 @@ impl TryFrom<(RawDashboardConfig, RawAlertsConfig)> for DashboardConfig {
         let listen_limits = ListenLimits::try_from(&raw.listen_limits())
             .map_err(|e| DashboardError::Config(format!("dashboard.{e}")))?;
         let listen = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
-        let listen: SocketAddr = listen
-            .parse()
+        let listen: SocketAddr = stallwatch_storage::listen::parse_listen_addr(listen)
             .map_err(|e| DashboardError::Config(format!("dashboard.listen {listen:?}: {e}")))?;
         let mut allowed_hosts = Vec::new();
         for h in raw.allowed_hosts {

@@ -463,6 +463,31 @@ impl<B: Body + Unpin> Body for TrackedBody<B> {
     }
 }
 
+/// A listen address: `IP:PORT` (`127.0.0.1:4317`, `[::1]:0`), the form every listener's
+/// flag, environment variable and config key takes. Host names are refused with a message
+/// that says so: a listener binds an address, and resolving `localhost` could give a
+/// non-loopback one.
+///
+/// Errors: anything else, as text naming the expected form.
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        "expected IP:PORT such as 127.0.0.1:4317 or [::1]:0 (a host name such as localhost is not resolved; port 0 picks a free one)".to_string()
+    })
+}
+
+/// serde's `deserialize_with` for an optional listen address in a config file, read by
+/// [`parse_listen_addr`] so the file's error says what the flag's does.
+///
+/// Errors: a value that is not a string, or not `IP:PORT`.
+pub fn deserialize_listen_addr<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_listen_addr(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 /// A request body cut by the minimum-rate rule (the module doc, "Minimum body rate"): what
 /// it had received and how long its service had waited for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
