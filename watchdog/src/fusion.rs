@@ -176,20 +176,23 @@ pub fn fuse(
             None => fused(Verdict::Unresponsive, true, Cause::LostNoSpan),
             Some(w) if w.elapsed > w.sla => fused(Verdict::Unresponsive, true, Cause::OverSla),
             Some(w) if w.stale => fused(Verdict::Stalled, true, Cause::StaleSpan),
-            Some(w) => {
-                let deadline = since + w.sla.min(suspect_cap);
-                if now >= deadline {
-                    fused(Verdict::SuspectTimeout, true, Cause::LostHeartbeat)
-                } else {
-                    Fused {
-                        verdict: Verdict::Suspect,
-                        trip: false,
-                        cause: Cause::LostHeartbeat,
-                        trips_at: Some(deadline),
-                    }
-                }
-            }
+            Some(w) => suspect_until(since + w.sla.min(suspect_cap), now),
         },
+    }
+}
+
+/// A lost heartbeat with a span still within its SLA: *suspect* until `deadline`, then
+/// `suspect_timeout` (a trip).
+fn suspect_until(deadline: Instant, now: Instant) -> Fused {
+    if now >= deadline {
+        fused(Verdict::SuspectTimeout, true, Cause::LostHeartbeat)
+    } else {
+        Fused {
+            verdict: Verdict::Suspect,
+            trip: false,
+            cause: Cause::LostHeartbeat,
+            trips_at: Some(deadline),
+        }
     }
 }
 
@@ -214,19 +217,7 @@ pub fn hold_for_partial_view(
         return f;
     }
     match heartbeat {
-        HeartbeatState::Lost { since } => {
-            let deadline = since + suspect_cap;
-            if now >= deadline {
-                fused(Verdict::SuspectTimeout, true, Cause::LostHeartbeat)
-            } else {
-                Fused {
-                    verdict: Verdict::Suspect,
-                    trip: false,
-                    cause: Cause::LostHeartbeat,
-                    trips_at: Some(deadline),
-                }
-            }
-        }
+        HeartbeatState::Lost { since } => suspect_until(since + suspect_cap, now),
         _ => Fused {
             verdict: Verdict::Suspect,
             trip: false,
