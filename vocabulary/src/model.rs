@@ -694,7 +694,9 @@ pub fn now_unix_nano() -> u64 {
 }
 
 mod borrowed;
+pub mod encoded;
 pub use borrowed::{
     owned_attributes, AnyValueRef, EventRef, KeyValueRef, LinkRef, ResourceSpansRef, ScopeSpansRef,
     SpanRef, StatusRef,
 };
+pub use encoded::EncodedAttributes;

@@ -182,17 +182,25 @@ impl TermTable {
     }
 }
 
+/// The indexed attribute keys: each with its bit in a [`KeysSeen`] mask and the term key
+/// it is stored under. Every key here is one of
+/// [`crate::model::encoded::LOOKED_UP_KEYS`], the only attributes a borrowed span's
+/// terms are taken from (a test holds them to that).
+const TERM_KEYS: [(&str, u8, &str); 5] = [
+    ("error.type", 1, ATTR_TERM_KEYS[0]),
+    ("process.pid", 2, ATTR_TERM_KEYS[1]),
+    ("stallwatch.runner.id", 4, ATTR_TERM_KEYS[2]),
+    ("gen_ai.tool.name", 8, TERM_TOOL),
+    ("service.name", 16, TERM_SERVICE),
+];
+
 /// The term key an indexed attribute key is stored under, with its bit in a
-/// [`KeysSeen`] mask, or `None` for a key that is not indexed.
-fn term_key(key: &str) -> Option<(u8, &'static str)> {
-    Some(match key {
-        "error.type" => (1, ATTR_TERM_KEYS[0]),
-        "process.pid" => (2, ATTR_TERM_KEYS[1]),
-        "stallwatch.runner.id" => (4, ATTR_TERM_KEYS[2]),
-        "gen_ai.tool.name" => (8, TERM_TOOL),
-        "service.name" => (16, TERM_SERVICE),
-        _ => return None,
-    })
+/// [`KeysSeen`] mask, or `None` for a key that is not indexed ([`TERM_KEYS`]).
+fn term_key(key: &[u8]) -> Option<(u8, &'static str)> {
+    TERM_KEYS
+        .iter()
+        .find(|(k, _, _)| k.as_bytes() == key)
+        .map(|&(_, bit, term)| (bit, term))
 }
 
 /// The indexed keys already taken from one attribute list (bits of [`term_key`]).
@@ -210,7 +218,7 @@ type KeysSeen = u8;
 /// list (`seen`), and its value has a text.
 fn attr_term<'v>(
     table: &mut TermTable,
-    key: &str,
+    key: &[u8],
     text: impl FnOnce() -> Option<Cow<'v, str>>,
     seen: &mut KeysSeen,
     out: &mut Vec<u32>,
@@ -243,7 +251,7 @@ fn attr_terms(table: &mut TermTable, attrs: &[KeyValue], out: &mut Vec<u32>) {
     for kv in attrs {
         attr_term(
             table,
-            &kv.key,
+            kv.key.as_bytes(),
             || value_index_text(&kv.value),
             &mut seen,
             out,
@@ -323,8 +331,8 @@ impl StoredSpan for SpanRef<'_> {
     }
     fn attr_terms(&self, table: &mut TermTable, out: &mut Vec<u32>) {
         let mut seen = 0;
-        for kv in &self.attributes {
-            attr_term(table, kv.key, || kv.value.index_text(), &mut seen, out);
+        for (key, value) in self.attributes.looked_up() {
+            attr_term(table, key.as_bytes(), || value.index_text(), &mut seen, out);
         }
     }
     fn write_body(&self, out: &mut Vec<u8>) -> Result<(), String> {
@@ -1278,6 +1286,18 @@ mod tests {
         assert_eq!(terms.len(), p.index.terms.len());
     }
 
+    /// A borrowed span's terms come from its looked-up attributes only; so every indexed
+    /// key must be one of them.
+    #[test]
+    fn every_indexed_key_is_looked_up() {
+        for (key, _, _) in TERM_KEYS {
+            assert!(
+                crate::model::encoded::LOOKED_UP_KEYS.contains(&key),
+                "{key}"
+            );
+        }
+    }
+
     /// Borrowed spans (the protobuf ingest path) are stored as the very bytes of their
     /// owned twins: every value kind, nested lists, events, links and status, plus the
     /// index and terms.
@@ -1292,6 +1312,9 @@ mod tests {
             kv("gen_ai.tool.name", V::String("run_notebook")),
             kv("process.pid", V::Int(4242)),
             kv("error.type", V::Bool(true)),
+            // every indexed key (each of `LOOKED_UP_KEYS` that `term_key` maps)
+            kv("stallwatch.runner.id", V::String("r-7")),
+            kv("service.name", V::String("own-service")),
             kv("ratio", V::Double(f64::NAN)),
             kv("raw", V::Bytes(&[0, 1, 255])),
             kv("none", V::Empty),
@@ -1316,7 +1339,7 @@ mod tests {
             kind: 3,
             start_time_unix_nano: 1_700_000_000_000_000_000,
             end_time_unix_nano: end,
-            attributes: attrs.clone(),
+            attributes: attrs.clone().into(),
             dropped_attributes_count: 2,
             events: vec![EventRef {
                 time_unix_nano: 5,

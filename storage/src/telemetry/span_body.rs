@@ -8,13 +8,19 @@
 //! then the value; a `str`, a byte slice and a `Vec` as a varint length then the items; an
 //! enum as the varint of its variant's index then its content; a newtype as its content; a
 //! fixed array item by item (postcard's wire format specification, "Serde Data Model
-//! Types"). The tests hold the two writers to the same bytes.
+//! Types"). The tests hold the two writers to the same bytes. A span's own attributes
+//! arrive already written ([`crate::model::EncodedAttributes`], by the decoder as it reads
+//! them) and are copied as they are; the writer of values is shared with them
+//! ([`crate::model::encoded`]).
 //!
 //! Why: serde's per-value calls (a capacity check and a one-byte extend per id byte, a
 //! call per field) were ~17% of a trace export's exporter-side instructions, this writer
 //! about half of that (callgrind, issue 16: 28.2M against 14.9M per 20 exports).
 
-use crate::model::{AnyValueRef, KeyValueRef, SpanRef};
+use crate::model::encoded::{
+    write_bytes, write_key_values as attributes, write_signed as signed, write_varint as varint,
+};
+use crate::model::SpanRef;
 
 /// Appends the stored body of `s` to `out`.
 pub(crate) fn write_span(s: &SpanRef<'_>, out: &mut Vec<u8>) {
@@ -33,7 +39,7 @@ pub(crate) fn write_span(s: &SpanRef<'_>, out: &mut Vec<u8>) {
     signed(out, i64::from(s.kind));
     varint(out, s.start_time_unix_nano);
     varint(out, s.end_time_unix_nano);
-    attributes(out, &s.attributes);
+    s.attributes.write_to(out);
     varint(out, u64::from(s.dropped_attributes_count));
     varint(out, s.events.len() as u64);
     for e in &s.events {
@@ -57,86 +63,17 @@ pub(crate) fn write_span(s: &SpanRef<'_>, out: &mut Vec<u8>) {
     text(out, s.status.message);
 }
 
-/// An unsigned LEB128 varint (postcard's `u16` … `u64` and lengths).
-#[inline]
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// A zigzag-encoded varint (postcard's `i16` … `i64`; an `i32` and the same value as
-/// `i64` encode alike).
-#[inline]
-fn signed(out: &mut Vec<u8>, v: i64) {
-    varint(out, ((v << 1) ^ (v >> 63)) as u64);
-}
-
-/// A length-prefixed string or byte slice.
+/// A length-prefixed string.
 #[inline]
 fn text(out: &mut Vec<u8>, s: &str) {
-    bytes(out, s.as_bytes());
-}
-
-#[inline]
-fn bytes(out: &mut Vec<u8>, b: &[u8]) {
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
-
-fn attributes(out: &mut Vec<u8>, kvs: &[KeyValueRef<'_>]) {
-    varint(out, kvs.len() as u64);
-    for kv in kvs {
-        text(out, kv.key);
-        value(out, &kv.value);
-    }
-}
-
-/// An [`AnyValueRef`]: its variant's index in declaration order, then its content.
-fn value(out: &mut Vec<u8>, v: &AnyValueRef<'_>) {
-    match v {
-        AnyValueRef::Empty => varint(out, 0),
-        AnyValueRef::String(s) => {
-            varint(out, 1);
-            text(out, s);
-        }
-        AnyValueRef::Bool(b) => {
-            varint(out, 2);
-            out.push(u8::from(*b));
-        }
-        AnyValueRef::Int(i) => {
-            varint(out, 3);
-            signed(out, *i);
-        }
-        AnyValueRef::Double(d) => {
-            varint(out, 4);
-            out.extend_from_slice(&d.to_bits().to_le_bytes());
-        }
-        AnyValueRef::Bytes(b) => {
-            varint(out, 5);
-            bytes(out, b);
-        }
-        AnyValueRef::Array(items) => {
-            varint(out, 6);
-            varint(out, items.len() as u64);
-            for item in items {
-                value(out, item);
-            }
-        }
-        AnyValueRef::KvList(kvs) => {
-            varint(out, 7);
-            attributes(out, kvs);
-        }
-    }
+    write_bytes(out, s.as_bytes());
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::model::{EventRef, LinkRef, SpanId, StatusRef, TraceId};
+    use crate::model::{AnyValueRef, EventRef, KeyValueRef, LinkRef, SpanId, StatusRef, TraceId};
     use proptest::prelude::*;
 
     fn same(s: &SpanRef<'_>) {
@@ -144,6 +81,9 @@ mod tests {
         write_span(s, &mut mine);
         let serde = postcard::to_extend(s, vec![0xAA]).unwrap();
         assert_eq!(mine, serde, "{s:?}");
+        // and the owned twin's bytes, which readers decode
+        let owned = postcard::to_extend(&s.to_span(), vec![0xAA]).unwrap();
+        assert_eq!(mine, owned, "{s:?}");
     }
 
     /// Every value kind, nested lists, events, links, status, a parent and none, and
@@ -197,7 +137,7 @@ mod tests {
             kind: i32::MIN,
             start_time_unix_nano: u64::MAX,
             end_time_unix_nano: 1 << 56,
-            attributes: attrs.clone(),
+            attributes: attrs.clone().into(),
             dropped_attributes_count: 128,
             events: vec![EventRef {
                 time_unix_nano: 127,
@@ -305,7 +245,7 @@ mod tests {
                 kind: numbers.1,
                 start_time_unix_nano: numbers.2,
                 end_time_unix_nano: numbers.3,
-                attributes,
+                attributes: attributes.into(),
                 dropped_attributes_count: numbers.4,
                 events: events
                     .into_iter()

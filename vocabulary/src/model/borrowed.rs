@@ -7,11 +7,16 @@
 //! writes the same bytes for both and stored rows read back as the owned types (storage's
 //! `encode` tests hold them to that). What outlives the request (the watchdog's view of an
 //! open span) is made owned with [`SpanRef::to_span`].
+//!
+//! A span's own attributes are not borrowed but kept in their stored encoding
+//! ([`EncodedAttributes`]), written once as the decoder reads them; events' and links'
+//! attributes (rare) are borrowed like the rest.
 
 use std::borrow::Cow;
 
 use serde::Serialize;
 
+use super::encoded::EncodedAttributes;
 use super::{
     AnyValue, Event, KeyValue, Link, Resource, Scope, Span, SpanId, Status, TraceId,
     LOGFIRE_PENDING_SPAN, LOGFIRE_SPAN_TYPE,
@@ -146,8 +151,8 @@ pub struct SpanRef<'a> {
     pub start_time_unix_nano: u64,
     /// End, ns since the Unix epoch; 0 while open.
     pub end_time_unix_nano: u64,
-    /// Span attributes.
-    pub attributes: Vec<KeyValueRef<'a>>,
+    /// Span attributes, in their stored encoding.
+    pub attributes: EncodedAttributes,
     /// OTLP `dropped_attributes_count`.
     pub dropped_attributes_count: u32,
     /// Span events.
@@ -171,11 +176,8 @@ impl SpanRef<'_> {
     /// [`Span::watched_whole`]: open, or a Logfire pending twin.
     pub fn watched_whole(&self) -> bool {
         !self.is_ended()
-            || self
-                .attributes
-                .iter()
-                .find(|kv| kv.key == LOGFIRE_SPAN_TYPE)
-                .is_some_and(|kv| kv.value == AnyValueRef::String(LOGFIRE_PENDING_SPAN))
+            || self.attributes.get(LOGFIRE_SPAN_TYPE)
+                == Some(AnyValueRef::String(LOGFIRE_PENDING_SPAN))
     }
 
     /// The owned twin.
@@ -190,7 +192,7 @@ impl SpanRef<'_> {
             kind: self.kind,
             start_time_unix_nano: self.start_time_unix_nano,
             end_time_unix_nano: self.end_time_unix_nano,
-            attributes: owned_attributes(&self.attributes),
+            attributes: self.attributes.to_owned_attributes(),
             dropped_attributes_count: self.dropped_attributes_count,
             events: self
                 .events

@@ -18,6 +18,7 @@
 //! below hold this decoder to the prost path on generated, merged and damaged spans;
 //! `decode::tests` on the fixtures.
 
+use stallwatch_storage::model::encoded::Scalar;
 use stallwatch_storage::model::{AnyValueRef, EventRef, KeyValueRef, LinkRef, SpanRef, StatusRef};
 
 use super::traces::accept;
@@ -26,11 +27,11 @@ use crate::decode::path::Path;
 use crate::decode::wire::{self, Fields, Value};
 use crate::decode::{DecodeError, Limits};
 
-/// Room made for a span's attributes at its first one: instrumented tool and model spans
-/// carry 5–10 (`gen_ai.*`, `mcp.*`, `process.pid`, ...), and growing from 4 to 8 was
-/// one extra allocation and copy per span (~4% of a trace export's decode-and-encode
-/// instructions, callgrind, issue 16). More grow as usual.
-const SPAN_ATTRIBUTES_RESERVED: usize = 8;
+/// Room made for a span's encoded attributes at its first one, bytes: instrumented tool
+/// and model spans carry 5–10 (`gen_ai.*`, `mcp.*`, `process.pid`, ...) of some 20–60
+/// bytes each, and growing from a small start was one extra allocation and copy per span
+/// (issue 16). More grow as usual.
+const SPAN_ATTRIBUTE_BYTES_RESERVED: usize = 512;
 
 /// A malformed field at `p`, worded like the request-level wire errors.
 fn bad(p: &Path, why: &str) -> DecodeError {
@@ -87,9 +88,16 @@ pub(super) fn span<'a>(
             9 => {
                 let pi = pa.index(s.attributes.len());
                 if s.attributes.capacity() == 0 {
-                    s.attributes.reserve_exact(SPAN_ATTRIBUTES_RESERVED);
+                    s.attributes.reserve(SPAN_ATTRIBUTE_BYTES_RESERVED);
                 }
-                key_value_pushed(&mut s.attributes, bytes(v, &pi)?, &pi, 1, limits)?;
+                let b = bytes(v, &pi)?;
+                match scalar_key_value(b, 1, limits) {
+                    Some((key, value)) => s.attributes.push_scalar(key, value),
+                    None => {
+                        let kv = key_value_looped(b, &pi, 1, limits)?;
+                        s.attributes.push(kv.key, &kv.value);
+                    }
+                }
             }
             10 => {
                 s.dropped_attributes_count = varint(v, &p.field("droppedAttributesCount"))? as u32
@@ -186,11 +194,9 @@ fn link<'a>(b: &'a [u8], p: &Path, limits: &Limits) -> Result<LinkRef<'a>, Decod
 }
 
 /// Appends to `to` the `KeyValue` at path `p` whose value sits at nesting `depth` (1 for
-/// top-level attributes). It is decoded in its place in `to`: a `KeyValueRef` built apart,
-/// returned in a `Result` and then moved into the list was copied field by field through
-/// the stack, and those copies (store-forwarding stalls) were a third of the span loop's
-/// own time (`perf annotate`, issue 16). On an error the request is refused and `to`,
-/// holding the part decoded, is dropped with it.
+/// top-level attributes): read by [`scalar_key_value`] when it can, else by
+/// [`key_value_looped`]. On an error the request is refused and `to`, holding the part
+/// decoded, is dropped with it.
 fn key_value_pushed<'a>(
     to: &mut Vec<KeyValueRef<'a>>,
     b: &'a [u8],
@@ -198,22 +204,28 @@ fn key_value_pushed<'a>(
     depth: usize,
     limits: &Limits,
 ) -> Result<(), DecodeError> {
-    if depth <= limits.max_nesting_depth {
-        // Read in its place in `to`, like the loop below (a `KeyValueRef` returned and
-        // then pushed went through the stack, and reloading it stalled: `perf annotate`).
-        to.push(KeyValueRef::default());
-        if let Some(kv) = to.last_mut() {
-            if scalar_key_value(kv, b) {
-                return Ok(());
-            }
-        }
-        to.pop();
-    }
+    let kv = match scalar_key_value(b, depth, limits) {
+        Some((key, value)) => KeyValueRef {
+            key,
+            value: value.into(),
+        },
+        None => key_value_looped(b, p, depth, limits)?,
+    };
+    to.push(kv);
+    Ok(())
+}
+
+/// The `KeyValue` at path `p` whose value sits at nesting `depth`, read field by field
+/// by the general rules (any layout, merged and repeated fields, nested values).
+fn key_value_looped<'a>(
+    b: &'a [u8],
+    p: &Path,
+    depth: usize,
+    limits: &Limits,
+) -> Result<KeyValueRef<'a>, DecodeError> {
     let pv = p.field("value");
     check_depth(&pv, depth, limits)?;
-    let at = to.len();
-    to.push(KeyValueRef::default());
-    let kv = &mut to[at];
+    let mut kv = KeyValueRef::default();
     for f in Fields::new(b) {
         let (field, v) = f.map_err(|e| bad(p, e))?;
         match field {
@@ -227,25 +239,27 @@ fn key_value_pushed<'a>(
             _ => {}
         }
     }
-    Ok(())
+    Ok(kv)
 }
 
-/// A `KeyValue` in the form every OpenTelemetry SDK writes for a scalar attribute, read
-/// into `kv` without the general field loop: `key` (field 1), then `value` (field 2)
-/// holding one `stringValue`, `boolValue`, `intValue`, `doubleValue` or `bytesValue`,
-/// each field once, nothing else, every varint shorter than 10 bytes and every string
-/// UTF-8. What [`key_value_pushed`]'s loop makes of the same bytes; false for anything
-/// else (other members, repeated or extra fields, another order, a malformed or
-/// non-UTF-8 field; `kv` then holds anything), which the loop then reads, or refuses, by
-/// the general rules. Attributes are most of a span's fields, and the loop's per-field
-/// tag dispatch was most of their cost (issue 16).
-#[inline]
-fn scalar_key_value<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> bool {
-    scalar_key_value_parts(kv, b).is_some()
-}
-
+/// A `KeyValue` (its value at nesting `depth`) in the form every OpenTelemetry SDK writes
+/// for a scalar attribute, read without the general field loop: `key` (field 1), then
+/// `value` (field 2) holding one `stringValue`, `boolValue`, `intValue`, `doubleValue` or
+/// `bytesValue`, each field once, nothing else, every varint shorter than 10 bytes and
+/// every string UTF-8. What [`key_value_looped`] makes of the same bytes; `None` for
+/// anything else (other members, repeated or extra fields, another order, a malformed or
+/// non-UTF-8 field, a depth past the limit), which the loop then reads, or refuses, by the
+/// general rules. Attributes are most of a span's fields, and the loop's per-field tag
+/// dispatch was most of their cost (issue 16).
 #[inline(always)]
-fn scalar_key_value_parts<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> Option<()> {
+fn scalar_key_value<'a>(
+    b: &'a [u8],
+    depth: usize,
+    limits: &Limits,
+) -> Option<(&'a str, Scalar<'a>)> {
+    if depth > limits.max_nesting_depth {
+        return None;
+    }
     let rest = b.strip_prefix(&[0x0a])?;
     let (key, rest) = short_len(rest)?;
     let rest = rest.strip_prefix(&[0x12])?;
@@ -253,9 +267,9 @@ fn scalar_key_value_parts<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> Option<(
     if !rest.is_empty() {
         return None;
     }
-    kv.key = wire::utf8(key)?;
+    let key = wire::utf8(key)?;
     let (&tag, v) = value.split_first()?;
-    kv.value = match tag {
+    let value = match tag {
         // stringValue (1) and bytesValue (7): length-delimited
         0x0a | 0x3a => {
             let (body, rest) = short_len(v)?;
@@ -263,9 +277,9 @@ fn scalar_key_value_parts<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> Option<(
                 return None;
             }
             if tag == 0x0a {
-                AnyValueRef::String(wire::utf8(body)?)
+                Scalar::String(wire::utf8(body)?)
             } else {
-                AnyValueRef::Bytes(body)
+                Scalar::Bytes(body)
             }
         }
         // boolValue (2) and intValue (3): varints
@@ -275,19 +289,19 @@ fn scalar_key_value_parts<'a>(kv: &mut KeyValueRef<'a>, b: &'a [u8]) -> Option<(
                 return None;
             }
             if tag == 0x10 {
-                AnyValueRef::Bool(n != 0)
+                Scalar::Bool(n != 0)
             } else {
-                AnyValueRef::Int(n as i64)
+                Scalar::Int(n as i64)
             }
         }
         // doubleValue (4): fixed64
         0x21 => {
             let bits: [u8; 8] = v.try_into().ok()?;
-            AnyValueRef::Double(f64::from_bits(u64::from_le_bytes(bits)))
+            Scalar::Double(f64::from_bits(u64::from_le_bytes(bits)))
         }
         _ => return None,
     };
-    Some(())
+    Some((key, value))
 }
 
 /// A varint of at most 9 bytes (every value below 2^63) at the start of `b`, and the bytes
@@ -743,9 +757,8 @@ mod tests {
         ];
         for (cases, on_short_path) in [(&short, true), (&looped, false)] {
             for (name, kv) in cases {
-                let mut read = stallwatch_storage::model::KeyValueRef::default();
                 assert_eq!(
-                    super::scalar_key_value(&mut read, kv),
+                    super::scalar_key_value(kv, 1, &DEEP).is_some(),
                     on_short_path,
                     "{name}"
                 );
