@@ -67,15 +67,23 @@ impl FileConfig {
 }
 
 /// Deserializes an optional crate-owned section into its raw config type, naming the
-/// section in errors.
+/// section and the key in errors (`[reaper] grace_ms: invalid value: integer `-1`,
+/// expected u64`; a section read as a value has no line numbers left to give).
 pub fn section<T: serde::de::DeserializeOwned + Default>(
     name: &str,
     table: &Option<toml::Table>,
 ) -> Result<T> {
     match table {
         None => Ok(T::default()),
-        Some(t) => T::deserialize(toml::Value::Table(t.clone()))
-            .map_err(|e| anyhow::anyhow!("[{name}] {}", e.message())),
+        Some(t) => serde_path_to_error::deserialize(toml::Value::Table(t.clone())).map_err(|e| {
+            let path = e.path().to_string();
+            let why = e.into_inner();
+            if path == "." {
+                anyhow::anyhow!("[{name}] {}", why.message())
+            } else {
+                anyhow::anyhow!("[{name}] {path}: {}", why.message())
+            }
+        }),
     }
 }
 
@@ -179,6 +187,23 @@ mod tests {
         let c = StorageConfig::try_from((s.storage, "x.db".into())).unwrap();
         assert_eq!(c.telemetry_synchronous, Synchronous::Full);
         assert_eq!(c.retention, Duration::from_secs(7200));
+    }
+
+    /// A wrong value in a crate's section names the section and the key (toml's own error
+    /// is lost when the section is read as a value), nested keys by their path.
+    #[test]
+    fn a_bad_value_in_a_section_names_its_key() {
+        let s: FileConfig = toml::from_str("[reaper]\ngrace_ms = -1\n").unwrap();
+        let err = section::<stallwatch_reaper::RawReaperConfig>("reaper", &s.reaper)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("[reaper] grace_ms: "), "{err}");
+        assert!(err.contains("-1"), "{err}");
+        let s: FileConfig = toml::from_str("[watchdog]\nmax_open_spans = \"many\"\n").unwrap();
+        let err = section::<stallwatch_watchdog::RawWatchdogConfig>("watchdog", &s.watchdog)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("[watchdog] max_open_spans: "), "{err}");
     }
 
     #[test]
