@@ -1628,8 +1628,8 @@ fn extreme_histograms_chart_and_no_read_fails_after_them() {
     let t = "1700000000000000000";
     let body = serde_json::json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
         {"name": "h5", "histogram": {"aggregationTemporality": 2, "dataPoints": [
-            {"timeUnixNano": t, "count": "1",
-             "bucketCounts": ["18446744073709551615", "1"], "explicitBounds": [1.0]}]}},
+            {"timeUnixNano": t, "count": "18446744073709551615",
+             "bucketCounts": ["18446744073709551614", "1"], "explicitBounds": [1.0]}]}},
         {"name": "e5", "exponentialHistogram": {"aggregationTemporality": 2, "dataPoints": [
             {"timeUnixNano": t, "count": "3", "scale": 0,
              "positive": {"offset": 2147483647, "bucketCounts": ["1", "1", "1"]}}]}}
@@ -1639,7 +1639,11 @@ fn extreme_histograms_chart_and_no_read_fails_after_them() {
         .json(&body)
         .send()
         .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().unwrap());
+    let status = r.status();
+    let answer = r.text().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    // both stored: their counts are their buckets' sums, as OTLP requires
+    assert!(!answer.contains("rejected"), "{answer}");
     for _ in 0..3 {
         for name in ["h5", "e5"] {
             let (status, v) = server.get_json(&format!(

@@ -785,8 +785,9 @@ fn metrics_are_flattened_to_points() {
 }
 
 /// Histogram points that are not histograms are refused alone, each named (partial
-/// success), over JSON and protobuf alike; a valid one beside them is kept, and one with
-/// no buckets at all is valid.
+/// success); a valid one beside them is kept, and one with no buckets at all is valid.
+/// A count that is not the sum of the buckets (with `zero_count` for an exponential one)
+/// is refused too.
 #[test]
 fn invalid_histogram_points_are_refused_alone() {
     let v = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
@@ -795,17 +796,51 @@ fn invalid_histogram_points_are_refused_alone() {
             {"explicitBounds": [10, 1], "bucketCounts": ["1", "2", "3"], "count": "6"},
             {"explicitBounds": [1, "NaN"], "bucketCounts": ["1", "2", "3"], "count": "6"},
             {"explicitBounds": [1, 10], "bucketCounts": ["1", "2"], "count": "3"},
-            {"count": "4", "sum": 2.5}
+            {"count": "4", "sum": 2.5},
+            {"explicitBounds": [1, 10], "bucketCounts": ["1", "2", "3"], "count": "7"}
         ]}},
         {"name": "e", "exponentialHistogram": {"dataPoints": [
             {"scale": 3, "count": "1", "positive": {"offset": 1, "bucketCounts": ["1"]}},
             {"scale": 1000, "count": "1"},
-            {"scale": -11, "count": "1"}
+            {"scale": -11, "count": "1"},
+            {"scale": 3, "count": "6", "zeroCount": "1",
+                "positive": {"bucketCounts": ["1", "2"]}, "negative": {"bucketCounts": ["2"]}},
+            {"scale": 3, "count": "5", "zeroCount": "1",
+                "positive": {"bucketCounts": ["1", "2"]}, "negative": {"bucketCounts": ["2"]}}
         ]}}
     ]}]}]});
     let d = decode_metrics(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
-    assert_eq!(d.batch.point_count(), 3, "{}", d.message);
-    assert_eq!(d.rejected, 5, "{}", d.message);
+    assert_eq!(d.batch.point_count(), 4, "{}", d.message);
+    assert_eq!(d.rejected, 7, "{}", d.message);
+    use super::convert::histogram_count_invalid as count_invalid;
+    assert_eq!(count_invalid(9, []), None);
+    assert_eq!(count_invalid(3, [1, 2]), None);
+    assert!(count_invalid(0, [u64::MAX, 1]).is_some_and(|m| m.contains("past 2^64")));
+    // each named alone (the message gives the first refusal)
+    for (metric, point, why) in [
+        (
+            json!({"name": "h", "histogram": {"dataPoints": [
+                {"explicitBounds": [1, 10], "bucketCounts": ["1", "2", "3"], "count": "7"}]}}),
+            "histogram.dataPoints[0]",
+            "bucket counts sum to 6 but count is 7",
+        ),
+        (
+            json!({"name": "e", "exponentialHistogram": {"dataPoints": [
+                {"scale": 3, "count": "5", "zeroCount": "1",
+                    "positive": {"bucketCounts": ["1", "2"]}, "negative": {"bucketCounts": ["2"]}}]}}),
+            "exponentialHistogram.dataPoints[0]",
+            "bucket counts sum to 6 but count is 5",
+        ),
+    ] {
+        let v = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [metric]}]}]});
+        let d = decode_metrics(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
+        assert_eq!((d.batch.point_count(), d.rejected), (0, 1), "{}", d.message);
+        assert!(
+            d.message.contains(&format!("{point}: {why}")),
+            "{}",
+            d.message
+        );
+    }
     assert!(
         d.message.contains("not strictly increasing"),
         "{}",

@@ -233,6 +233,30 @@ pub(crate) fn histogram_buckets_invalid(bounds: &[f64], counts: usize) -> Option
     None
 }
 
+/// Why a histogram point's `count` disagrees with its buckets, if it does: OTLP
+/// `metrics.proto` requires `count` to equal the sum of `bucket_counts`
+/// (`HistogramDataPoint`), or of the positive and negative `bucket_counts` plus
+/// `zero_count` (`ExponentialHistogramDataPoint`). A point with no bucket counts at all
+/// is not checked (its count stands alone). Stored, such a point gave percentiles from
+/// buckets that did not hold the population the count and rate said.
+pub(crate) fn histogram_count_invalid(
+    count: u64,
+    buckets: impl IntoIterator<Item = u64>,
+) -> Option<String> {
+    let mut any = false;
+    let mut total: Option<u64> = Some(0);
+    for b in buckets {
+        any = true;
+        total = total.and_then(|t| t.checked_add(b));
+    }
+    match total {
+        _ if !any => None,
+        Some(t) if t == count => None,
+        Some(t) => Some(format!("bucket counts sum to {t} but count is {count}")),
+        None => Some(format!("bucket counts sum past 2^64 but count is {count}")),
+    }
+}
+
 fn metric(
     m: pm::Metric,
     p: &Path,
@@ -297,6 +321,12 @@ fn metric(
                     refusals.refuse(format!("data point at {pi}: {why}"));
                     continue;
                 }
+                if let Some(why) =
+                    histogram_count_invalid(dp.count, dp.bucket_counts.iter().copied())
+                {
+                    refusals.refuse(format!("data point at {pi}: {why}"));
+                    continue;
+                }
                 let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
                 let mut d = Map::new();
                 d.insert(
@@ -339,6 +369,17 @@ fn metric(
                         EXPONENTIAL_SCALES.start(),
                         EXPONENTIAL_SCALES.end()
                     ));
+                    continue;
+                }
+                let buckets = [&dp.positive, &dp.negative]
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|b| b.bucket_counts.iter().copied());
+                let zero = (dp.zero_count != 0).then_some(dp.zero_count);
+                if let Some(why) =
+                    histogram_count_invalid(dp.count, zero.into_iter().chain(buckets))
+                {
+                    refusals.refuse(format!("data point at {pi}: {why}"));
                     continue;
                 }
                 let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;

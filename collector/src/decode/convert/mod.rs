@@ -24,9 +24,9 @@ mod metrics;
 mod span_wire;
 mod traces;
 
-#[cfg(test)]
-pub(crate) use metrics::histogram_buckets_invalid;
 pub(crate) use metrics::metrics;
+#[cfg(test)]
+pub(crate) use metrics::{histogram_buckets_invalid, histogram_count_invalid};
 #[cfg(test)]
 pub(crate) use traces::traces;
 pub(crate) use traces::{traces_json, traces_wire, traces_wire_part, wire_cuts, WirePart};
