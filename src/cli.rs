@@ -123,3 +123,40 @@ pub struct DemoArgs {
     #[arg(long, value_name = "N", default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1000..=600_000))]
     pub sla_ms: u64,
 }
+/// The environment variable a refused value came from, when it came from one: clap names
+/// the flag (`invalid value 'localhost:0' for '--dashboard-listen <ADDR>'`) even when the
+/// user never typed it but set `STALLWATCH_DASHBOARD_LISTEN`. `Some` for an invalid-value
+/// error whose flag has a variable that is set while the flag is not on the command line.
+pub fn value_from_env(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let ContextValue::String(arg) = e.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    // "--dashboard-listen <ADDR>" → "dashboard-listen"
+    let long = arg.strip_prefix("--")?.split([' ', '=']).next()?;
+    let on_command_line = std::env::args().any(|a| {
+        a.strip_prefix("--")
+            .and_then(|a| a.split('=').next())
+            .is_some_and(|a| a == long)
+    });
+    if on_command_line {
+        return None;
+    }
+    let cmd = Cli::command();
+    let mut stack = vec![&cmd];
+    while let Some(c) = stack.pop() {
+        if let Some(a) = c.get_arguments().find(|a| a.get_long() == Some(long)) {
+            let var = a.get_env()?.to_str()?;
+            return std::env::var_os(var).map(|_| var.to_string());
+        }
+        stack.extend(c.get_subcommands());
+    }
+    None
+}

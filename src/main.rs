@@ -32,11 +32,25 @@ fn main() -> ExitCode {
     unset_empty_stallwatch_variables();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() && json_logs_asked() => {
-            // a usage error while JSON logs were asked for: one JSON line, as a fatal
-            // error of `serve` is (help and version stay plain, on stdout)
-            serve::init_json_fallback();
-            tracing::error!("stallwatch: {}", e.render().to_string().trim_end());
+        Err(e) if e.use_stderr() => {
+            let note = cli::value_from_env(&e)
+                .map(|var| format!("note: that value came from the environment variable {var}"));
+            if json_logs_asked() {
+                // a usage error while JSON logs were asked for: one JSON line, as a fatal
+                // error of `serve` is (help and version stay plain, on stdout)
+                serve::init_json_fallback();
+                let mut text = e.render().to_string().trim_end().to_string();
+                if let Some(note) = note {
+                    text = format!("{text}\n{note}");
+                }
+                tracing::error!("stallwatch: {text}");
+            } else {
+                // what `e.exit()` prints, then the note
+                let _ = e.print();
+                if let Some(note) = note {
+                    eprintln!("{note}");
+                }
+            }
             return ExitCode::from(2);
         }
         Err(e) => e.exit(),

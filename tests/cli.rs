@@ -53,6 +53,12 @@ fn a_host_name_as_listen_address_is_refused_saying_an_ip_is_needed() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag) && err.contains("IP:PORT"), "{err}");
         assert!(err.contains("host name"), "{err}");
+        // a value from the environment says so (clap names only the flag)
+        let from_env = err.contains("came from the environment variable");
+        assert_eq!(from_env, env.is_some(), "{err}");
+        if let Some(var) = env {
+            assert!(err.contains(var), "{err}");
+        }
     }
     assert!(
         !dir.path().join("d").exists(),
