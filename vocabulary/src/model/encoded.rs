@@ -290,10 +290,7 @@ impl EncodedAttributes {
 
     /// The attributes, read back, in order; strings and bytes borrow from `self`.
     pub fn iter(&self) -> Iter<'_> {
-        Iter {
-            r: Reader { b: &self.bytes },
-            left: self.len,
-        }
+        Iter(self.items())
     }
 
     /// The first attribute of each of the [`LOOKED_UP_KEYS`] present, in attribute
@@ -361,6 +358,13 @@ impl EncodedAttributes {
         n
     }
 
+    fn items(&self) -> Items<'_> {
+        Items {
+            r: Reader { b: &self.bytes },
+            left: self.len,
+        }
+    }
+
     /// The value written at `at` in `bytes`.
     fn value_at(&self, at: usize) -> Option<AnyValueRef<'_>> {
         Reader {
@@ -372,10 +376,7 @@ impl EncodedAttributes {
     /// Each attribute's key, as bytes, with its value still encoded: a scan that reads a
     /// value only when asked ([`RawValue::read`]).
     pub fn raw(&self) -> RawIter<'_> {
-        RawIter {
-            r: Reader { b: &self.bytes },
-            left: self.len,
-        }
+        RawIter(self.items())
     }
 
     /// Owned copies of the attributes.
@@ -391,30 +392,17 @@ impl EncodedAttributes {
 
 /// The attributes of an [`EncodedAttributes`] as (key bytes, encoded value), in order.
 #[derive(Clone, Debug)]
-pub struct RawIter<'a> {
-    r: Reader<'a>,
-    left: usize,
-}
+pub struct RawIter<'a>(Items<'a>);
 
 impl<'a> Iterator for RawIter<'a> {
     type Item = (&'a [u8], RawValue<'a>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.left == 0 {
-            return None;
-        }
-        self.left -= 1;
-        let item = self.r.raw_key_value();
-        // Only `push` writes the bytes, so they always read back.
-        debug_assert!(item.is_some(), "unreadable encoded attributes");
-        if item.is_none() {
-            self.left = 0;
-        }
-        item
+        self.0.next(Reader::raw_key_value)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.left, Some(self.left))
+        (self.0.left, Some(self.0.left))
     }
 }
 
@@ -465,30 +453,41 @@ impl Serialize for EncodedAttributes {
 
 /// The attributes of an [`EncodedAttributes`], read back in order.
 #[derive(Clone, Debug)]
-pub struct Iter<'a> {
+pub struct Iter<'a>(Items<'a>);
+
+/// The attributes left to read of a list, read one at a time by either iterator.
+#[derive(Clone, Debug)]
+struct Items<'a> {
     r: Reader<'a>,
     left: usize,
+}
+
+impl<'a> Items<'a> {
+    /// The next attribute, as `read` reads it.
+    fn next<T>(&mut self, read: fn(&mut Reader<'a>) -> Option<T>) -> Option<T> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let item = read(&mut self.r);
+        // Only `push` writes the bytes, so they always read back.
+        debug_assert!(item.is_some(), "unreadable encoded attributes");
+        if item.is_none() {
+            self.left = 0;
+        }
+        item
+    }
 }
 
 impl<'a> Iterator for Iter<'a> {
     type Item = KeyValueRef<'a>;
 
     fn next(&mut self) -> Option<KeyValueRef<'a>> {
-        if self.left == 0 {
-            return None;
-        }
-        self.left -= 1;
-        let kv = self.r.key_value();
-        // Only `push` writes the bytes, so they always read back.
-        debug_assert!(kv.is_some(), "unreadable encoded attributes");
-        if kv.is_none() {
-            self.left = 0;
-        }
-        kv
+        self.0.next(Reader::key_value)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.left, Some(self.left))
+        (self.0.left, Some(self.0.left))
     }
 }
 
