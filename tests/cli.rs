@@ -2,6 +2,7 @@
 //! schema versions.
 
 use std::process::Command;
+use std::time::Duration;
 
 use crate::support::*;
 
@@ -317,6 +318,12 @@ fn an_invalid_rust_log_is_reported_in_the_log_format_and_the_default_filter_used
     let mut opts = ServerOpts::new(&dir.path().join("data"));
     opts.env = vec![("RUST_LOG".into(), "debug,foo[".into())];
     let server = Server::start_with(opts);
+    // stderr is read by a thread: what start-up logged may still be on its way
+    wait_until!(
+        Duration::from_secs(10),
+        "an INFO line on stderr",
+        server.stderr().contains(" INFO ")
+    );
     let err = server.stderr();
     let line = err
         .lines()
@@ -335,6 +342,11 @@ fn an_invalid_rust_log_is_reported_in_the_log_format_and_the_default_filter_used
     let mut opts = ServerOpts::new(&dir.path().join("data2"));
     opts.env = vec![("RUST_LOG".into(), "warn,stallwatch=debug".into())];
     let server = Server::start_with(opts);
+    wait_until!(
+        Duration::from_secs(10),
+        "a DEBUG line on stderr",
+        server.stderr().contains(" DEBUG ")
+    );
     let err = server.stderr();
     assert!(err.contains(" DEBUG "), "{err}");
     assert!(!err.contains("not a valid filter"), "{err}");
