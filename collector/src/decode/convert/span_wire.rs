@@ -27,12 +27,6 @@ use crate::decode::path::Path;
 use crate::decode::wire::{self, Fields, Value};
 use crate::decode::{DecodeError, Limits};
 
-/// Room made for a span's encoded attributes at its first one, bytes: instrumented tool
-/// and model spans carry 5–10 (`gen_ai.*`, `mcp.*`, `process.pid`, ...) of some 20–60
-/// bytes each, and growing from a small start was one extra allocation and copy per span
-/// (issue 16). More grow as usual.
-const SPAN_ATTRIBUTE_BYTES_RESERVED: usize = 512;
-
 /// A malformed field at `p`, worded like the request-level wire errors.
 fn bad(p: &Path, why: &str) -> DecodeError {
     crate::decode::wire_error("ExportTraceServiceRequest", Some(p), why)
@@ -87,14 +81,18 @@ pub(super) fn span<'a>(
             8 => s.end_time_unix_nano = fixed64(v, &p.field("endTimeUnixNano"))?,
             9 => {
                 let pi = pa.index(s.attributes.len());
+                // Room for them all at the first: encoded, attributes never take more bytes
+                // than on the wire (postcard has no field tags), so the span's own length
+                // bounds them: no growing and copying, and the room a request's spans
+                // hold for them is at most its body's size.
                 if s.attributes.capacity() == 0 {
-                    s.attributes.reserve(SPAN_ATTRIBUTE_BYTES_RESERVED);
+                    s.attributes.reserve(b.len());
                 }
-                let b = bytes(v, &pi)?;
-                match scalar_key_value(b, 1, limits) {
+                let kv_bytes = bytes(v, &pi)?;
+                match scalar_key_value(kv_bytes, 1, limits) {
                     Some((key, value)) => s.attributes.push_scalar(key, value),
                     None => {
-                        let kv = key_value_looped(b, &pi, 1, limits)?;
+                        let kv = key_value_looped(kv_bytes, &pi, 1, limits)?;
                         s.attributes.push(kv.key, &kv.value);
                     }
                 }
