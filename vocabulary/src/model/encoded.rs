@@ -216,16 +216,6 @@ pub struct EncodedAttributes {
 }
 
 impl EncodedAttributes {
-    /// An empty list with room for `bytes` bytes of attributes.
-    pub fn with_capacity(bytes: usize) -> Self {
-        EncodedAttributes {
-            len: 0,
-            first: [0; LOOKED_UP_KEYS.len()],
-            unrecorded: false,
-            bytes: Vec::with_capacity(bytes),
-        }
-    }
-
     /// Number of attributes.
     pub fn len(&self) -> usize {
         self.len
