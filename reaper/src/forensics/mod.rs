@@ -231,7 +231,7 @@ impl Forensics {
             match tokio::time::timeout_at(
                 deadline,
                 tokio::task::spawn_blocking(move || {
-                    let p = procfs::read_process(pid)?;
+                    let p = procfs::read_settled(pid)?;
                     Some((p, Instant::now(), now_unix_nano()))
                 }),
             )

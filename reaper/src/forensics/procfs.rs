@@ -296,6 +296,40 @@ pub fn read_process(pid: u32) -> Option<ProcessSnapshot> {
     })
 }
 
+/// How many times [`read_settled`] reads again while the main thread is caught running.
+pub const RUNNING_REREADS: usize = 4;
+/// The pause between those reads.
+pub const RUNNING_REREAD_GAP: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Reads the process ([`read_process`]), and reads it again (up to [`RUNNING_REREADS`]
+/// times, [`RUNNING_REREAD_GAP`] apart, at most 20 ms) while its main thread is running
+/// (`R`): a waiting thread that one read catches woken (a timer, a heartbeat, or a loaded
+/// machine's run queue) shows no system call and would read as "running at 0% CPU"; a
+/// second read finds it back in its wait. A busy thread stays `R` and is answered as last
+/// read. `None` when the process is gone before the first read.
+pub fn read_settled(pid: u32) -> Option<ProcessSnapshot> {
+    settle(|| read_process(pid), RUNNING_REREADS, RUNNING_REREAD_GAP)
+}
+
+fn settle(
+    mut read: impl FnMut() -> Option<ProcessSnapshot>,
+    rereads: usize,
+    gap: std::time::Duration,
+) -> Option<ProcessSnapshot> {
+    let mut p = read()?;
+    for _ in 0..rereads {
+        if p.main_thread().is_none_or(|m| m.state != 'R') {
+            break;
+        }
+        std::thread::sleep(gap);
+        match read() {
+            Some(q) => p = q,
+            None => break,
+        }
+    }
+    Some(p)
+}
+
 /// Only the CPU figures (the cheap read of the sampler): `(tid, ticks)` per thread, the
 /// process total of ticks and of run + run-queue ns. `None` when the process is gone.
 #[allow(clippy::type_complexity)]
@@ -348,6 +382,64 @@ mod tests {
         let (nr, args) = parse_syscall("202 0x7f1 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f2\n").unwrap();
         assert_eq!(nr, 202);
         assert_eq!(args, vec![0x7f1, 0x80, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_main_thread_caught_running_is_read_again_until_it_waits() {
+        let snap = |state| ProcessSnapshot {
+            pid: 7,
+            state,
+            threads: vec![ThreadSnapshot {
+                tid: 7,
+                main: true,
+                state,
+                ..Default::default()
+            }],
+            thread_count: 1,
+            ..Default::default()
+        };
+        let gap = std::time::Duration::ZERO;
+        // Woken for a moment: the third read finds it back in its wait.
+        let mut states = ['R', 'R', 'S', 'R'].into_iter();
+        let mut reads = 0;
+        let p = settle(
+            || {
+                reads += 1;
+                states.next().map(snap)
+            },
+            4,
+            gap,
+        )
+        .unwrap();
+        assert_eq!((p.state, reads), ('S', 3));
+        // Busy: read 1 + 4 times, answered as running.
+        let mut reads = 0;
+        let p = settle(
+            || {
+                reads += 1;
+                Some(snap('R'))
+            },
+            4,
+            gap,
+        )
+        .unwrap();
+        assert_eq!((p.state, reads), ('R', 5));
+        // Waiting at once: one read.
+        let mut reads = 0;
+        settle(
+            || {
+                reads += 1;
+                Some(snap('S'))
+            },
+            4,
+            gap,
+        )
+        .unwrap();
+        assert_eq!(reads, 1);
+        // Gone between reads: the last read stands.
+        let mut states = [Some('R'), None].into_iter();
+        let p = settle(|| states.next().flatten().map(snap), 4, gap).unwrap();
+        assert_eq!(p.state, 'R');
     }
 
     #[test]
