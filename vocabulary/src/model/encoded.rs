@@ -305,8 +305,10 @@ impl EncodedAttributes {
             .filter_map(|(at, i)| Some((LOOKED_UP_KEYS[i], self.value_at(at)?)))
     }
 
-    /// True when an attribute is named by one of the [`LOOKED_UP_KEYS`].
-    pub fn has_looked_up_keys(&self) -> bool {
+    /// True when an attribute is named by one of the [`LOOKED_UP_KEYS`] (the tests' check
+    /// of the offsets pushed).
+    #[cfg(test)]
+    fn has_looked_up_keys(&self) -> bool {
         self.unrecorded || self.first.iter().any(|&at| at != 0)
     }
 
