@@ -836,6 +836,76 @@ fn a_thousand_slow_clients_are_closed_and_no_one_waits_for_them() {
     );
 }
 
+/// Sends `request` on a new connection to `addr`, shuts down the sending side at once (as
+/// `nc -N` and HTTP/1.0 scripts do), and answers everything the server wrote back.
+fn half_closed_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A client that shuts down its sending side after a whole request is answered on every
+/// listener, and an export sent so is stored: before, hyper took the end of input for an
+/// abort, and some of such requests (those that waited on storage) were dropped
+/// unanswered and unstored. HTTP/1.0 without `Host` is served (the protocol does not
+/// require it); HTTP/1.1 without it is still refused.
+#[test]
+fn half_closed_requests_are_answered_on_every_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    for i in 0..20u32 {
+        let trace = format!("{:032x}", 0xa1f0_0000u64 + u64::from(i));
+        let body = format!(
+            r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"traceId":"{trace}","spanId":"00000000000000a1","name":"half-{i}","startTimeUnixNano":"1","endTimeUnixNano":"2"}}]}}]}}]}}"#
+        );
+        // HTTP/1.0 without Host on odd rounds.
+        let (version, host) = if i % 2 == 1 {
+            ("1.0", String::new())
+        } else {
+            ("1.1", "Host: 127.0.0.1\r\n".to_string())
+        };
+        let req = format!(
+            "POST /v1/traces HTTP/{version}\r\n{host}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let said = half_closed_exchange(server.http, req.as_bytes());
+        assert!(
+            said.starts_with(&format!("HTTP/{version} 200")),
+            "export {i}: {said:?}"
+        );
+        let (_, t) = server.get_json(&format!("/api/v1/traces/{trace}"));
+        assert_eq!(
+            t["spans"].as_array().map(Vec::len),
+            Some(1),
+            "export {i} not stored: {t}"
+        );
+        // The dashboard: a read that waits on storage, then one that does not.
+        for path in ["/api/v1/traces?limit=5", "/healthz"] {
+            let req = format!("GET {path} HTTP/{version}\r\n{host}\r\n");
+            let said = half_closed_exchange(server.dashboard, req.as_bytes());
+            assert!(
+                said.contains(" 200 "),
+                "dashboard {path} round {i}: {said:?}"
+            );
+        }
+        // The gRPC port answers HTTP/1.x with its hint.
+        let req = b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n";
+        let said = half_closed_exchange(server.grpc, req);
+        assert!(
+            said.starts_with("HTTP/1.1 415"),
+            "gRPC port round {i}: {said:?}"
+        );
+    }
+    // HTTP/1.1 must name its host (RFC 9112 §3.2).
+    let said = half_closed_exchange(server.dashboard, b"GET /healthz HTTP/1.1\r\n\r\n");
+    assert!(said.starts_with("HTTP/1.1 421"), "{said:?}");
+}
+
 /// Issue 11, "Slow and idle clients": the per-listener connection cap closes a connection
 /// over it at once (counted), the idle timeout closes a kept-alive connection, and once
 /// the holders are gone the listener serves again (the healthy case).

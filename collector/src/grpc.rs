@@ -100,7 +100,7 @@ impl tower::Service<Request<Body>> for GrpcService {
         let state = self.state.clone();
         if req.version() < http::Version::HTTP_2 {
             // The Host rule first, as on every listener: the hint names the OTLP/HTTP port.
-            let resp = match state.foreign_host(req.uri(), req.headers()) {
+            let resp = match state.foreign_host(req.version(), req.uri(), req.headers()) {
                 Some(host) => misdirected(&host),
                 None => http1_answer(&state, self.http_addr),
             };
@@ -173,7 +173,7 @@ fn ok_response(message: Vec<u8>) -> Response<Body> {
 
 async fn handle(state: IngestState, req: Request<Body>) -> Response<Body> {
     let received = Instant::now();
-    if let Some(host) = state.foreign_host(req.uri(), req.headers()) {
+    if let Some(host) = state.foreign_host(req.version(), req.uri(), req.headers()) {
         return status_response(Status::permission_denied(
             stallwatch_storage::hosts::refusal_message(&host),
         ));

@@ -46,7 +46,7 @@ async fn check_host(
     req: Request,
     next: middleware::Next,
 ) -> Response {
-    match s.foreign_host(req.uri(), req.headers()) {
+    match s.foreign_host(req.version(), req.uri(), req.headers()) {
         None => next.run(req).await,
         Some(host) => {
             let format = media_format(req.headers()).unwrap_or(Format::Json);

@@ -514,13 +514,16 @@ impl IngestState {
     /// A request with neither is refused (as `""`).
     pub(crate) fn foreign_host(
         &self,
+        version: http::Version,
         uri: &http::Uri,
         headers: &http::HeaderMap,
     ) -> Option<String> {
-        let host = stallwatch_storage::hosts::request_host(uri, headers);
-        if stallwatch_storage::hosts::host_allowed(&host, &self.inner.allowed_hosts) {
-            return None;
-        }
+        let host = stallwatch_storage::hosts::refused_host(
+            version,
+            uri,
+            headers,
+            &self.inner.allowed_hosts,
+        )?;
         self.inner.stats.refuse_request(RefuseReason::ForbiddenHost);
         tracing::warn!(host = %host, "refused an OTLP request for a foreign Host (DNS rebinding guard)");
         Some(host)

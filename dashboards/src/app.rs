@@ -115,10 +115,14 @@ async fn check_host(
     req: Request,
     next: Next,
 ) -> Response {
-    let host = stallwatch_storage::hosts::request_host(req.uri(), req.headers());
-    if host_allowed(&host, &config.allowed_hosts) {
+    let Some(host) = stallwatch_storage::hosts::refused_host(
+        req.version(),
+        req.uri(),
+        req.headers(),
+        &config.allowed_hosts,
+    ) else {
         return next.run(req).await;
-    }
+    };
     if !host.is_empty() {
         tracing::warn!(host = %host, "refused a request for a foreign Host (DNS rebinding guard)");
     }

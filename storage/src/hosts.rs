@@ -20,12 +20,23 @@ pub fn refusal_message(host: &str) -> String {
 /// target's authority (HTTP/2 `:authority`, or an absolute-form HTTP/1.1 target, which
 /// overrides `Host`: RFC 9112 §3.2.2), else its one `Host` header; `""` when it has none.
 /// Several `Host` lines are answered joined (`"a, b"`), which no rule allows: RFC 9112 §3.2
-/// refuses such a request, and a proxy and stallwatch could each read a different one.
-pub fn request_host(uri: &http::Uri, headers: &http::HeaderMap) -> String {
-    if let Some(a) = uri.authority() {
-        return a.as_str().to_string();
-    }
+/// refuses such a request, and a proxy and stallwatch could each read a different one. So
+/// is an HTTP/2 `Host` that names another host than `:authority` (RFC 9113 §8.3.1: such a
+/// request is malformed).
+pub fn request_host(version: http::Version, uri: &http::Uri, headers: &http::HeaderMap) -> String {
     let mut all = headers.get_all(http::header::HOST).iter();
+    if let Some(a) = uri.authority() {
+        let mut host = a.as_str().to_string();
+        if version == http::Version::HTTP_2 {
+            for h in all {
+                if !h.as_bytes().eq_ignore_ascii_case(host.as_bytes()) {
+                    host.push_str(", ");
+                    host.push_str(&String::from_utf8_lossy(h.as_bytes()));
+                }
+            }
+        }
+        return host;
+    }
     let Some(first) = all.next() else {
         return String::new();
     };
@@ -35,6 +46,21 @@ pub fn request_host(uri: &http::Uri, headers: &http::HeaderMap) -> String {
         host.push_str(&String::from_utf8_lossy(more.as_bytes()));
     }
     host
+}
+
+/// The host of a request the shared rule refuses ([`request_host`], [`host_allowed`]), or
+/// `None` when it is served. An HTTP/1.0 request that names no host at all is served: the
+/// protocol does not require `Host` (RFC 9112 §3.2 requires it of HTTP/1.1 only), and the
+/// rule guards against browsers, which always send it.
+pub fn refused_host(
+    version: http::Version,
+    uri: &http::Uri,
+    headers: &http::HeaderMap,
+    allowed: &[String],
+) -> Option<String> {
+    let host = request_host(version, uri, headers);
+    let unnamed = host.is_empty() && version < http::Version::HTTP_11;
+    (!unnamed && !host_allowed(&host, allowed)).then_some(host)
 }
 
 /// True for the port of a `Host` (RFC 3986 §3.2.3: `port = *DIGIT`, so it may be empty):
@@ -73,4 +99,59 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
         }
     }
     allowed.iter().any(|a| a == name)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use http::{HeaderMap, HeaderValue, Uri, Version};
+
+    fn hosts(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(http::header::HOST, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_rule_over_versions_targets_and_host_lines() {
+        let path: Uri = "/v1/traces".parse().unwrap();
+        let absolute: Uri = "http://127.0.0.1:4318/v1/traces".parse().unwrap();
+        let refused = |v, u: &Uri, h: &[&str]| refused_host(v, u, &hosts(h), &[]);
+        // Healthy: a loopback Host on HTTP/1.1; HTTP/2 whose Host repeats :authority (any
+        // case); HTTP/1.0 naming no host at all.
+        assert_eq!(refused(Version::HTTP_11, &path, &["127.0.0.1:4318"]), None);
+        assert_eq!(
+            refused(Version::HTTP_2, &absolute, &["127.0.0.1:4318"]),
+            None
+        );
+        assert_eq!(refused(Version::HTTP_2, &absolute, &[]), None);
+        assert_eq!(refused(Version::HTTP_10, &path, &[]), None);
+        // An absolute-form HTTP/1.1 target overrides Host (RFC 9112 §3.2.2).
+        assert_eq!(
+            refused(Version::HTTP_11, &absolute, &["evil.example"]),
+            None
+        );
+        // Refused: HTTP/1.1 without Host, HTTP/1.0 naming a foreign one, two Host lines,
+        // and an HTTP/2 Host that differs from :authority (RFC 9113 §8.3.1).
+        assert_eq!(refused(Version::HTTP_11, &path, &[]), Some(String::new()));
+        assert_eq!(
+            refused(Version::HTTP_10, &path, &["evil.example"]),
+            Some("evil.example".into())
+        );
+        assert_eq!(
+            refused(Version::HTTP_11, &path, &["127.0.0.1", "evil.example"]),
+            Some("127.0.0.1, evil.example".into())
+        );
+        assert_eq!(
+            refused(Version::HTTP_2, &absolute, &["evil.example"]),
+            Some("127.0.0.1:4318, evil.example".into())
+        );
+        assert_eq!(
+            request_host(Version::HTTP_2, &absolute, &hosts(&["127.0.0.1:4318"])),
+            "127.0.0.1:4318"
+        );
+    }
 }

@@ -821,7 +821,11 @@ fn builder(limits: &ListenLimits) -> auto::Builder<TokioExecutor> {
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .keep_alive(true);
+        .keep_alive(true)
+        // A client may shut down its sending side once the request is sent (`nc -N`,
+        // HTTP/1.0 scripts): the request is whole, so it is answered. Without this, hyper
+        // takes the end of input for an abort and drops the request unanswered.
+        .half_close(true);
     b.http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive_interval)
