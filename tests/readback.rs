@@ -865,6 +865,29 @@ fn ui_logs_metrics_and_a_10000_span_trace_in_chromium() {
         d.js("return document.getElementById('trace-import-status').innerText"),
         "dropped.otlp.json: 12 spans imported, 0 rejected"
     );
+    // The proto's own field names, which the server reads too, are counted as well.
+    let snake = "7c".repeat(16);
+    let snake_file = file
+        .replace(&small, &snake)
+        .replace("\"resourceSpans\"", "\"resource_spans\"")
+        .replace("\"scopeSpans\"", "\"scope_spans\"");
+    assert!(snake_file.contains("\"scope_spans\""));
+    d.js_with(
+        "const dt = new DataTransfer(); \
+         dt.items.add(new File([arguments[0]], 'snake.otlp.json', {type: 'application/json'})); \
+         document.getElementById('trace-drop').dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true})); \
+         return 1",
+        serde_json::json!([snake_file]),
+    );
+    d.wait_for(
+        "the snake_case trace in the list",
+        wait,
+        &format!("return !!document.querySelector('#trace-list tr[data-trace-id=\"{snake}\"]')"),
+    );
+    assert_eq!(
+        d.js("return document.getElementById('trace-import-status').innerText"),
+        "snake.otlp.json: 12 spans imported, 0 rejected"
+    );
     let names = |t: &str| {
         let (st, v) = server.get_json(&format!("/api/v1/traces/{t}"));
         assert_eq!(st, 200);
@@ -958,6 +981,130 @@ fn ui_logs_metrics_and_a_10000_span_trace_in_chromium() {
         ready.as_f64().unwrap(),
         j1[0].as_f64().unwrap()
     );
+    drop(d);
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// A trace whose spans name each other (or themselves) as parents, as any exporter may:
+/// every span is drawn, search finds each and the page stays responsive, and the span
+/// where a cycle was broken says so. Before, a cycle's spans were never drawn and searching
+/// a self-parented span hung the tab.
+#[test]
+fn a_trace_whose_parents_form_cycles_is_drawn_whole_in_chromium() {
+    use crate::browser::Driver;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let tid = "cc".repeat(15) + "01";
+    let base: u64 = 1_700_000_000_000_000_000;
+    // (span id, parent id, name, start offset ms, end offset ms; None: open)
+    let spans: [(&str, &str, &str, u64, Option<u64>); 8] = [
+        (
+            "00000000000000a1",
+            "00000000000000a1",
+            "self-parent",
+            0,
+            Some(10),
+        ),
+        (
+            "00000000000000b1",
+            "00000000000000b2",
+            "cycle-b1",
+            1,
+            Some(9),
+        ),
+        (
+            "00000000000000b2",
+            "00000000000000b1",
+            "cycle-b2",
+            2,
+            Some(8),
+        ),
+        (
+            "00000000000000d1",
+            "00000000000000b2",
+            "below-cycle",
+            3,
+            Some(4),
+        ),
+        ("00000000000000c1", "00000000000000c2", "open-c1", 5, None),
+        ("00000000000000c2", "00000000000000c1", "open-c2", 6, None),
+        ("00000000000000e1", "", "plain-root", 0, Some(30)),
+        (
+            "00000000000000e2",
+            "00000000000000e1",
+            "plain-child",
+            1,
+            Some(2),
+        ),
+    ];
+    let spans: Vec<Value> = spans
+        .iter()
+        .map(|(id, parent, name, start, end)| {
+            let mut s = serde_json::json!({
+                "traceId": tid, "spanId": id, "name": name,
+                "startTimeUnixNano": (base + start * 1_000_000).to_string(),
+            });
+            if !parent.is_empty() {
+                s["parentSpanId"] = (*parent).into();
+            }
+            if let Some(end) = end {
+                s["endTimeUnixNano"] = (base + end * 1_000_000).to_string().into();
+            }
+            s
+        })
+        .collect();
+    post_otlp_json(
+        &server,
+        "/v1/traces",
+        &serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}),
+    );
+    let (_, t) = server.get_json(&format!("/api/v1/traces/{tid}"));
+    assert_eq!(t["spans"].as_array().map(Vec::len), Some(8), "{t}");
+
+    let profile = tempfile::tempdir().unwrap();
+    let d = Driver::start(profile.path());
+    d.goto(&server.api(&format!("/#/trace/{tid}")));
+    d.wait_for(
+        "the trace view",
+        Duration::from_secs(30),
+        "return window.__traceViewReady ? window.__traceViewReady.at : null",
+    );
+    assert_eq!(
+        d.js("return document.querySelectorAll('#waterfall .tv-row').length"),
+        8,
+        "every span drawn"
+    );
+    // Each search answers (a hung page fails the WebDriver call) and shows the span.
+    let search = |q: &str| {
+        d.js(&format!(
+            "const s = document.getElementById('tv-search'); s.value = '{q}'; \
+             s.dispatchEvent(new Event('input')); \
+             const n = document.getElementById('span-note'); \
+             return [document.getElementById('tv-count').innerText, \
+                     document.querySelector('#span-details h3').innerText, n ? n.innerText : null]"
+        ))
+    };
+    let cases = [
+        ("self-parent", Some("names itself")),
+        ("cycle-b1", Some("form a cycle")),
+        ("cycle-b2", None),
+        ("below-cycle", None),
+        ("open-c1", Some("form a cycle")),
+        ("open-c2", None),
+        ("plain-child", None),
+    ];
+    for (name, note) in cases {
+        let got = search(name);
+        assert_eq!(got[0], "1 match", "{name}: {got}");
+        assert!(got[1].as_str().unwrap().starts_with(name), "{name}: {got}");
+        match note {
+            Some(words) => assert!(
+                got[2].as_str().is_some_and(|n| n.contains(words)),
+                "{name}: {got}"
+            ),
+            None => assert!(got[2].is_null(), "{name}: {got}"),
+        }
+    }
     drop(d);
     assert_eq!(server.stop(), Some(0));
 }

@@ -194,9 +194,13 @@ window.addEventListener("DOMContentLoaded", setupTheme);
 // choose it: it is POSTed to /api/v1/import/traces, which stores it through the same ingest
 // as /v1/traces. The dashboard's own page needs no token unless an ingest token is set;
 // then the token field (the data folder's `token` file) is sent as a bearer token.
+// The spans of an OTLP/JSON export, read as the server reads it: lowerCamelCase field
+// names or the proto's own (snake_case), the first winning when both are there.
 function countSpans(doc) {
   let n = 0;
-  for (const rs of (doc && doc.resourceSpans) || []) for (const ss of rs.scopeSpans || []) n += (ss.spans || []).length;
+  for (const rs of (doc && (doc.resourceSpans ?? doc.resource_spans)) || []) {
+    for (const ss of (rs && (rs.scopeSpans ?? rs.scope_spans)) || []) n += ((ss && ss.spans) || []).length;
+  }
   return n;
 }
 function importPanel(onImported) {
@@ -247,16 +251,19 @@ async function viewBreakers() {
   mount(h("h2", {}, "Circuit breakers"),
     h("p", { class: "muted" }, "One breaker per runner: CLOSED admits work; OPEN refuses it after a trip until the cooldown ends; HALF_OPEN admits one probe. Tools ask GET /api/v1/runners/{id}/admit."),
     box);
+  const ticket = newestRead();
   const load = async () => {
+    const current = ticket();
     try {
       const items = (await api("/api/v1/breakers")).items;
+      if (!current()) return;
       box.replaceChildren(items.length ? h("table", { id: "breaker-list" },
         h("thead", {}, h("tr", {}, ["runner", "breaker", "verdict", "reason", "retry after"].map(t => h("th", {}, t)))),
         h("tbody", {}, items.map(b => h("tr", { class: "breaker-row", dataset: { runnerId: b.runner_id, state: b.state } },
           h("td", {}, h("a", { href: `#/runner/${b.runner_id}` }, b.runner_id)), h("td", {}, breakerBadge(b.state)),
           h("td", {}, b.verdict ? badge(b.verdict, b.verdict === "healthy" ? "ok" : "warn") : "—"), h("td", {}, b.reason || "—"),
           h("td", {}, b.retry_after_ms ? fmtDur(b.retry_after_ms) : "—"))))) : h("div", { class: "empty" }, "no runners registered"));
-    } catch (e) { box.replaceChildren(errorBox(e)); }
+    } catch (e) { if (current()) box.replaceChildren(errorBox(e)); }
   };
   let t = null;
   state.render = (what) => { if (what === "board") { clearTimeout(t); t = setTimeout(load, 300); } };

@@ -24,10 +24,30 @@ function tvBuild(t) {
   const base = spans.length ? BigInt(spans[0].start_time_unix_nano) : 0n;
   const off = (ns) => Number(BigInt(ns) - base);
   const start = spans.map(s => off(s.start_time_unix_nano));
-  spans.forEach((s, i) => {
-    const p = s.parent_span_id && byId.get(s.parent_span_id);
-    if (p !== undefined && p !== null && p !== i) kids[p].push(i); else roots.push(i);
+  // the drawn tree's parent of each span (-1: a root); a span naming itself is a root
+  const selfParent = new Set();
+  const parent = spans.map((s, i) => {
+    const p = s.parent_span_id ? byId.get(s.parent_span_id) : undefined;
+    if (p === i) selfParent.add(i);
+    return p === undefined || p === i ? -1 : p;
   });
+  // Parents form a cycle when an exporter (or anyone posting OTLP) names them so: a span
+  // of each cycle becomes a root (noted in its details), so every span is drawn and no
+  // walk up the parents runs forever. Walking up from each span, colouring the walk's
+  // spans, finds each cycle once (linear in the spans).
+  const cycleRoot = new Set();
+  const walked = new Int32Array(spans.length).fill(-1);
+  for (let i = 0; i < spans.length; i++) {
+    let j = i;
+    while (j !== -1 && walked[j] === -1) { walked[j] = i; j = parent[j]; }
+    if (j !== -1 && walked[j] === i) {
+      // j is on a cycle: break it at its earliest-starting span
+      let r = j, k = parent[j];
+      while (k !== j) { if (start[k] < start[r]) r = k; k = parent[k]; }
+      parent[r] = -1; cycleRoot.add(r);
+    }
+  }
+  parent.forEach((p, i) => { if (p === -1) roots.push(i); else kids[p].push(i); });
   const cmp = (a, b) => start[a] - start[b];
   kids.forEach(k => { if (k.length > 1) k.sort(cmp); });
   roots.sort(cmp);
@@ -56,6 +76,8 @@ function tvBuild(t) {
   const openBelow = new Array(spans.length).fill(false);
   for (let k = order.length - 1; k >= 0; k--) { const i = order[k]; openBelow[i] = spans[i].state === "open" || kids[i].some(c => openBelow[c]); }
   const label = spans.map((s, i) => s.state !== "inferred" ? null : openBelow[i] ? "in progress (inferred)" : "parent not received");
+  const note = spans.map((s, i) => cycleRoot.has(i) ? "its parents form a cycle (each names another as parent): shown here as a root"
+    : selfParent.has(i) ? "it names itself as its parent: shown here as a root" : null);
   // critical path: from each root, follow the child that ends last (the one the parent waited on)
   const critical = new Set();
   for (const r of roots) {
@@ -68,7 +90,7 @@ function tvBuild(t) {
       i = best;
     }
   }
-  return { spans, kids, roots, start, runEnd, depth, order, label, critical, t0, t1, toNow, total: (t1 - t0) || 1 };
+  return { spans, parent, kids, roots, start, runEnd, depth, order, label, note, critical, t0, t1, toNow, total: (t1 - t0) || 1 };
 }
 
 function tvTicks(totalNs, n) {
@@ -121,13 +143,12 @@ async function viewTraceV2(traceId, spanId) {
   let visible = [];
   const recompute = () => {
     visible = [];
-    const hidden = new Set();
+    const hidden = new Uint8Array(m.spans.length);
     for (const i of m.order) {
-      const s = m.spans[i];
-      const p = s.parent_span_id;
-      if (p && hidden.has(p)) { hidden.add(s.span_id); continue; }
+      const p = m.parent[i];
+      if (p !== -1 && hidden[p]) { hidden[i] = 1; continue; }
       visible.push(i);
-      if (collapsed.has(i)) hidden.add(s.span_id);
+      if (collapsed.has(i)) hidden[i] = 1;
     }
   };
   recompute();
@@ -180,7 +201,7 @@ async function viewTraceV2(traceId, spanId) {
     const i = visible[cur];
     if (i === undefined) { details.replaceChildren(h("div", { class: "empty" }, "no span")); return; }
     const s = m.spans[i];
-    details.replaceChildren(tvDetails(s, resources[s.resource_index], scopes[s.scope_index], m.label[i]));
+    details.replaceChildren(tvDetails(s, resources[s.resource_index], scopes[s.scope_index], m.label[i], m.note[i]));
     const want = `#/span/${t.trace_id}/${s.span_id}`;
     if (location.hash !== want) history.replaceState(null, "", want);
   };
@@ -202,9 +223,7 @@ async function viewTraceV2(traceId, spanId) {
     if (matches.size) {
       // open the ancestors of the first match, then go to it
       const first = m.order.find(i => matches.has(i));
-      let p = m.spans[first].parent_span_id;
-      const idx = new Map(m.spans.map((s, i) => [s.span_id, i]));
-      while (p && idx.has(p)) { collapsed.delete(idx.get(p)); p = m.spans[idx.get(p)].parent_span_id; }
+      for (let p = m.parent[first]; p !== -1; p = m.parent[p]) collapsed.delete(p);
       recompute();
       cur = Math.max(0, visible.indexOf(first));
       ensureVisible();
@@ -263,10 +282,11 @@ async function viewTraceV2(traceId, spanId) {
 
 function sevClass(n) { return n >= 17 ? "error" : n >= 13 ? "warn" : n >= 9 ? "info" : "debug"; }
 
-function tvDetails(s, resource, scope, inferredLabel) {
+function tvDetails(s, resource, scope, inferredLabel, note) {
   const state_ = s.state === "open" ? badge("running", "running") : s.state === "inferred" ? badge(inferredLabel || "in progress (inferred)", "inferred") : badge(s.status.code_name, s.status.code_name);
   return h("div", { id: "span-details", dataset: { spanId: s.span_id } },
     h("h3", {}, s.name, " ", state_),
+    note ? h("p", { class: "muted", id: "span-note" }, note) : null,
     h("dl", { class: "kv" },
       h("dt", {}, "span"), h("dd", { class: "mono" }, s.span_id),
       h("dt", {}, "parent"), h("dd", { class: "mono" }, s.parent_span_id ? h("a", { href: `#/span/${s.trace_id}/${s.parent_span_id}` }, s.parent_span_id) : "—"),
