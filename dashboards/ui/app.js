@@ -168,24 +168,34 @@ function openSpansTable(items) {
 // unpaged read tens of MB. `load()` reads the page shown again (live refresh); the pager walks
 // pages like the trace search's.
 const OPEN_SPANS_PAGE = 100;
+// For reads that can overlap (a live refresh and a click): take a ticket before the read
+// and draw only while it is still the newest, so an older answer that arrives last never
+// draws over a newer one (a page turned by Next came back to page 1).
+function newestRead() {
+  let n = 0;
+  return () => { const mine = ++n; return () => mine === n; };
+}
 function openSpansPanel(box, runnerId) {
   const table = h("div", {}), pager = h("div", { class: "pager" });
   box.replaceChildren(table, pager);
   const pages = [null];
+  const ticket = newestRead();
   const load = async () => {
+    const current = ticket();
     const q = new URLSearchParams({ limit: String(OPEN_SPANS_PAGE) });
     if (runnerId) q.set("runner_id", runnerId);
     const cursor = pages[pages.length - 1];
     if (cursor) q.set("cursor", cursor);
     try {
       const page = await api(`/api/v1/open-spans?${q}`);
+      if (!current()) return;
       state.openSpans = page.items;
       table.replaceChildren(openSpansTable(page.items));
       pager.replaceChildren(
         pages.length > 1 ? h("button", { class: "secondary", onclick: () => { pages.pop(); load(); } }, "Previous") : "",
         page.next_cursor ? h("span", { class: "muted" }, `oldest first, ${OPEN_SPANS_PAGE} a page; more are open `) : "",
         page.next_cursor ? h("button", { class: "secondary", onclick: () => { pages.push(page.next_cursor); load(); } }, "Next") : "");
-    } catch (e) { table.replaceChildren(errorBox(e)); }
+    } catch (e) { if (current()) table.replaceChildren(errorBox(e)); }
   };
   return { load };
 }
@@ -392,7 +402,12 @@ function deliveriesTable(items) {
 async function viewWebhooks() {
   const box = h("div", { class: "panel" }, h("div", { class: "empty" }, "loading…"));
   mount(h("h2", {}, "Webhook deliveries"), box);
-  const load = async () => { try { box.replaceChildren(deliveriesTable((await api("/api/v1/webhooks/deliveries?limit=100")).items)); } catch (e) { box.replaceChildren(errorBox(e)); } };
+  const ticket = newestRead();
+  const load = async () => {
+    const current = ticket();
+    try { const items = (await api("/api/v1/webhooks/deliveries?limit=100")).items; if (current()) box.replaceChildren(deliveriesTable(items)); }
+    catch (e) { if (current()) box.replaceChildren(errorBox(e)); }
+  };
   let t = null;
   state.render = (what) => { if (what === "incident") { clearTimeout(t); t = setTimeout(load, 1500); } };
   await load();
