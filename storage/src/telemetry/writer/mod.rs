@@ -982,12 +982,14 @@ mod tests {
         holder.join().unwrap();
         assert_eq!(stats.led_commits(), led, "the export was queued, not led");
         assert!(storage.trace(TraceId([2; 16])).await.unwrap().is_some());
-        // (the thread may still hold the writer's lock for a moment after answering)
-        for n in 3..=8 {
+        // (the thread may still hold the writer's lock for a moment after answering, a
+        // long one on a loaded machine: up to 10 s, an export every 20 ms)
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let mut n = 3u8;
+        while stats.led_commits() == led && std::time::Instant::now() < until {
             storage.write_traces(batch(n)).await.unwrap();
-            if stats.led_commits() > led {
-                break;
-            }
+            n = n.wrapping_add(1).max(3);
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(
             stats.led_commits() > led,
