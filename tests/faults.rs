@@ -836,6 +836,83 @@ fn a_thousand_slow_clients_are_closed_and_no_one_waits_for_them() {
     );
 }
 
+/// Strings cut inside a character by JavaScript (a lone UTF-16 surrogate, which
+/// `JSON.stringify` writes as an escape), sent by the Node SDK's own OTLP/JSON serializers:
+/// the span and the log record are stored with U+FFFD in place of the half character, and
+/// the answer says so (`partialSuccess`, nothing rejected). Before, serde_json refused the
+/// whole export with a 400 that named no field, and the batch was lost.
+#[test]
+fn strings_cut_inside_a_character_by_javascript_are_stored_with_a_replacement() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let modules =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integrations/node/node_modules");
+    assert!(
+        modules.join("@opentelemetry/otlp-transformer").exists(),
+        "integrations/node/node_modules is missing: run scripts/setup-test-env (npm ci)"
+    );
+    let out = Command::new("node")
+        .arg(test_data("node/export_json_cut_strings.js"))
+        .env("NODE_PATH", &modules)
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{}", server.http),
+        )
+        .output()
+        .expect("run node (is Node.js installed?)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    for a in &answers {
+        // the SDK really sent the escape
+        assert!(a["sent"].as_str().unwrap().contains("\\ud83d"), "{a}");
+        assert_eq!(a["status"], 200, "{a}");
+        let body: serde_json::Value = serde_json::from_str(a["body"].as_str().unwrap()).unwrap();
+        let msg = body["partialSuccess"]["errorMessage"]
+            .as_str()
+            .unwrap_or("");
+        assert!(msg.contains("replaced by U+FFFD"), "{a}");
+    }
+    let (_, list) = server.get_json("/api/v1/traces?service=node-cut-strings");
+    let trace_id = list["items"][0]["trace_id"].as_str().unwrap().to_string();
+    let (_, t) = server.get_json(&format!("/api/v1/traces/{trace_id}"));
+    let attrs = &t["spans"][0]["attributes"];
+    let value = |k: &str| {
+        attrs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|kv| kv["key"] == k)
+            .map(|kv| kv["value"].clone())
+            .unwrap_or_else(|| panic!("no {k} in {attrs}"))
+    };
+    assert_eq!(
+        value("user.input"),
+        serde_json::json!({"stringValue": "hi \u{FFFD}"})
+    );
+    assert_eq!(
+        value("user.tail"),
+        serde_json::json!({"stringValue": "\u{FFFD}x"})
+    );
+    assert_eq!(
+        value("user.whole"),
+        serde_json::json!({"stringValue": "hi \u{1F600}"})
+    );
+    let (_, logs) = server.get_json("/api/v1/logs?service=node-cut-strings");
+    assert_eq!(
+        logs["items"][0]["body"],
+        serde_json::json!({"stringValue": "hi \u{FFFD}"}),
+        "{logs}"
+    );
+}
+
 /// Sends `request` on a new connection to `addr`, shuts down the sending side at once (as
 /// `nc -N` and HTTP/1.0 scripts do), and answers everything the server wrote back.
 fn half_closed_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {

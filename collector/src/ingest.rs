@@ -648,8 +648,17 @@ impl IngestState {
         let threads = Arc::clone(&self.inner.decode_threads);
         let counters = Arc::clone(&self.inner.stats);
         let work = move |raw: Bytes, charge: &mut Charge| -> Result<Batch, Refusal> {
-            let body = decompress::decompress(raw, &codings, limit, charge)?;
+            let mut body = decompress::decompress(raw, &codings, limit, charge)?;
             charge.grow_for_decode(body.len(), signal, format)?;
+            // JSON strings cut inside a character: replaced, not the export refused.
+            let mut replaced = 0;
+            if format == Format::Json {
+                if let Some((fixed, n)) = decode::replace_lone_surrogates(&body) {
+                    body = Bytes::from(fixed);
+                    replaced = n;
+                }
+            }
+            let warned = |message| decode::lone_surrogates_warning(message, replaced);
             let bad = |e: decode::DecodeError| Refusal::BadRequest(e.0);
             Ok(match signal {
                 Signal::Traces if format == Format::Protobuf => {
@@ -701,14 +710,18 @@ impl IngestState {
                         batch: chunked,
                         rejected: d.rejected,
                         rejected_end_before_start: d.rejected_end_before_start,
-                        message: d.message,
+                        message: warned(d.message),
                     })
                 }
                 Signal::Logs => {
-                    Batch::Logs(decode::decode_logs(&body, format, &limits).map_err(bad)?)
+                    let mut d = decode::decode_logs(&body, format, &limits).map_err(bad)?;
+                    d.message = warned(d.message);
+                    Batch::Logs(d)
                 }
                 Signal::Metrics => {
-                    Batch::Metrics(decode::decode_metrics(&body, format, &limits).map_err(bad)?)
+                    let mut d = decode::decode_metrics(&body, format, &limits).map_err(bad)?;
+                    d.message = warned(d.message);
+                    Batch::Metrics(d)
                 }
             })
         };

@@ -20,6 +20,7 @@ use stallwatch_storage::model::{LogBatch, MetricBatch, TraceBatch};
 
 pub(crate) use convert::{wire_cuts, Refusals, WirePart};
 pub use convert::{Collect, SpanSink};
+pub(crate) use json::{lone_surrogates_warning, replace_lone_surrogates};
 pub use path::Path;
 
 /// The body encoding of an export request.

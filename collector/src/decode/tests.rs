@@ -1008,3 +1008,38 @@ fn a_json_metric_with_thousands_of_points_keeps_them_all_and_names_bad_ones_exac
     let err = decode_metrics(two.to_string().as_bytes(), Format::Json, &LIMITS).unwrap_err();
     assert!(err.0.contains("more than one"), "{err}");
 }
+
+/// Lone surrogate escapes are replaced (high alone, low alone, a high before another high,
+/// either case), pairs and escaped backslashes are left, and the result is JSON serde reads.
+#[test]
+fn lone_surrogate_escapes_are_replaced_and_pairs_kept() {
+    use super::json::replace_lone_surrogates as fix;
+    let read = |b: &[u8]| serde_json::from_slice::<String>(b).unwrap();
+    for (input, replaced, text) in [
+        (r#""hi \ud83d""#, 1, "hi \u{FFFD}"),
+        (r#""\uDE00x""#, 1, "\u{FFFD}x"),
+        (r#""\ud83d\ud83d\ude00""#, 1, "\u{FFFD}\u{1F600}"),
+        (r#""\ud83d\u0041""#, 1, "\u{FFFD}A"),
+    ] {
+        let (fixed, n) = fix(input.as_bytes()).unwrap_or_else(|| panic!("{input}"));
+        assert_eq!(n, replaced, "{input}");
+        assert_eq!(fixed.len(), input.len());
+        assert_eq!(read(&fixed), text, "{input}");
+    }
+    for kept in [
+        r#""\ud83d\ude00""#,
+        r#""\\ud83d""#,
+        r#""\\\\ud83d is text""#,
+        r#""plain \u00e9""#,
+        r#"{"k": "\uD83D\uDE00", "v": 1}"#,
+    ] {
+        assert!(fix(kept.as_bytes()).is_none(), "{kept}");
+    }
+    // serde refuses the original, reads the replaced text
+    assert!(serde_json::from_slice::<String>(br#""hi \ud83d""#).is_err());
+    assert_eq!(
+        super::json::lone_surrogates_warning("1 span refused".into(), 2),
+        "1 span refused; 2 unpaired UTF-16 surrogate escapes in JSON strings (a string cut inside a character) replaced by U+FFFD"
+    );
+    assert_eq!(super::json::lone_surrogates_warning(String::new(), 0), "");
+}

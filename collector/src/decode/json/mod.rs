@@ -299,6 +299,87 @@ fn nested_deeper_than(body: &[u8], max: usize) -> bool {
     false
 }
 
+/// Lone UTF-16 surrogate escapes in the strings of a JSON body replaced by `\ufffd`
+/// (U+FFFD REPLACEMENT CHARACTER, the same six bytes), with how many were replaced; `None`
+/// when there are none (the usual case: one `memmem` pass finds no `\uD`).
+///
+/// JSON text may hold an escaped surrogate that is not half of a pair (RFC 8259 §8.2 calls
+/// the result unpredictable), and JavaScript makes them whenever a string is cut between
+/// the two halves of an emoji (`JSON.stringify("hi 😀".substring(0, 4))` is `"hi \ud83d"`).
+/// No protobuf string can hold one, and serde_json refuses the whole body for it; so one
+/// truncated attribute would lose a whole export to a 400 that cannot be retried. The
+/// character is replaced, as a lossy UTF-8 decoder replaces invalid bytes, and the answer
+/// says so ([`lone_surrogates_warning`]). Escapes are read as JSON reads them: only inside
+/// strings, and `\\u` is an escaped backslash, not an escape.
+pub(crate) fn replace_lone_surrogates(body: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let candidate = memchr::memmem::find_iter(body, b"\\u")
+        .any(|i| matches!(body.get(i + 2), Some(b'd' | b'D')));
+    if !candidate {
+        return None;
+    }
+    let hex4 = |at: usize| -> Option<u32> {
+        let h = body.get(at..at + 4)?;
+        u32::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok()
+    };
+    let is_low = |u: u32| (0xDC00..0xE000).contains(&u);
+    let mut lone = Vec::new();
+    let (mut i, mut in_string) = (0, false);
+    while i < body.len() {
+        match (in_string, body[i]) {
+            (false, b'"') => in_string = true,
+            (false, _) => {}
+            (true, b'"') => in_string = false,
+            (true, b'\\') => {
+                if body.get(i + 1) == Some(&b'u') {
+                    match hex4(i + 2) {
+                        Some(u) if (0xD800..0xDC00).contains(&u) => {
+                            let paired = body.get(i + 6..i + 8) == Some(&b"\\u"[..])
+                                && hex4(i + 8).is_some_and(is_low);
+                            if paired {
+                                i += 12;
+                                continue;
+                            }
+                            lone.push(i);
+                        }
+                        Some(u) if is_low(u) => lone.push(i),
+                        // not an escape serde_json takes: it names the fault itself
+                        _ => {}
+                    }
+                }
+                i += 2;
+                continue;
+            }
+            (true, _) => {}
+        }
+        i += 1;
+    }
+    if lone.is_empty() {
+        return None;
+    }
+    let mut fixed = body.to_vec();
+    for &at in &lone {
+        fixed[at..at + 6].copy_from_slice(b"\\ufffd");
+    }
+    Some((fixed, lone.len()))
+}
+
+/// `message` (an export's `partial_success.error_message`, maybe empty) with the warning
+/// that `replaced` lone surrogates were replaced ([`replace_lone_surrogates`]).
+pub(crate) fn lone_surrogates_warning(message: String, replaced: usize) -> String {
+    if replaced == 0 {
+        return message;
+    }
+    let warning = format!(
+        "{replaced} unpaired UTF-16 surrogate escape{} in JSON strings (a string cut inside a character) replaced by U+FFFD",
+        if replaced == 1 { "" } else { "s" }
+    );
+    if message.is_empty() {
+        warning
+    } else {
+        format!("{message}; {warning}")
+    }
+}
+
 /// `T` from JSON text without serde_json's recursion limit: only for text inside a body
 /// [`walk`] has bounded by [`MAX_JSON_DEPTH`].
 fn parse<'a, T: serde::Deserialize<'a>>(text: &'a str) -> Result<T, DecodeError> {
