@@ -47,7 +47,108 @@ pub fn app(state: AppState) -> Router {
     if let Some(cors) = cors_layer(&config) {
         router = router.layer(cors);
     }
-    router.layer(middleware::from_fn_with_state(config, check_host))
+    router
+        .layer(middleware::from_fn(refuse_content_coding))
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(config, check_host))
+}
+
+/// Largest error body [`json_errors`] reads to wrap, bytes (axum's rejections are a line).
+const MAX_WRAPPED_ERROR_BYTES: usize = 16 * 1024;
+
+/// Every error answer in the documented shape, `{"error":{"code","message"}}`
+/// (docs/design.md, "Read API JSON"), also those the routing layer writes itself: a path
+/// segment that is not UTF-8 (axum's plain-text 400 `Invalid URL: …`, code `invalid_path`)
+/// and a method a route does not take (an empty 405, code `method_not_allowed`, its
+/// `Allow` header kept). Successes, and errors in any other media type, pass untouched.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    // Only plain text or no body type: the routing layer's. (JSON is ours; the trace
+    // import's OTLP refusals may be protobuf `google.rpc.Status`, kept as they are.)
+    let plain = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"));
+    if !(status.is_client_error() || status.is_server_error()) || !plain {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, MAX_WRAPPED_ERROR_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let (code, message) = match status {
+        axum::http::StatusCode::METHOD_NOT_ALLOWED => {
+            let allow = parts
+                .headers
+                .get(axum::http::header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            (
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}; allowed: {allow}"),
+            )
+        }
+        axum::http::StatusCode::BAD_REQUEST if text.starts_with("Invalid URL") => {
+            ("invalid_path", text)
+        }
+        s => (
+            "error",
+            if text.is_empty() {
+                s.canonical_reason().unwrap_or("error").to_string()
+            } else {
+                text
+            },
+        ),
+    };
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    parts.headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let body = crate::error::error_body(code, &message).to_string();
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// 415 for a request body in a content coding other than `identity` on any route but the
+/// trace import (which decodes gzip, deflate and zstd as OTLP/HTTP does): the control and
+/// MCP routes read their JSON as sent, and a gzip body read as JSON was refused as
+/// "expected value at line 1 column 1", naming the wrong fault (RFC 9110 §15.5.16: answer
+/// 415 with the codings taken in `Accept-Encoding`).
+async fn refuse_content_coding(req: Request, next: Next) -> Response {
+    let coding = req
+        .headers()
+        .get_all(axum::http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        .map(str::to_string);
+    let Some(coding) = coding else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/api/v1/import/traces" {
+        return next.run(req).await;
+    }
+    let mut resp = (
+        axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        axum::Json(crate::error::error_body(
+            "unsupported_encoding",
+            &format!(
+                "Content-Encoding {coding:?} is not taken here: send the JSON body uncompressed"
+            ),
+        )),
+    )
+        .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    resp
 }
 
 /// Serves `app` on `listener` with the default connection limits; see [`serve_with`].

@@ -211,6 +211,16 @@ async fn bad_parameters_get_clear_400s() {
         ("/api/v1/runners/nb-1?verbose=1", "verbose"),
         ("/api/v1/runners/nb-1/admit?force=1", "force"),
         ("/api/v1/incidents/1?full=1", "full"),
+        ("/api/v1/openapi.json?zzz=1", "zzz"),
+        // a path segment that is not UTF-8: the routing layer's refusal, in the same shape
+        ("/api/v1/traces/%FF", "UTF-8"),
+        ("/api/v1/runners/%FF", "UTF-8"),
+        ("/api/v1/incidents/%FF", "UTF-8"),
+        ("/api/v1/metrics/%FF/points", "UTF-8"),
+        (
+            "/api/v1/traces/0af7651916cd43dd8448eb211c80319c/spans/%FF",
+            "UTF-8",
+        ),
     ];
     for (path, needle) in cases {
         let (status, body) = h.get_json(path).await;
@@ -221,6 +231,26 @@ async fn bad_parameters_get_clear_400s() {
             msg.contains(needle),
             "{path}: {msg:?} should name {needle:?}"
         );
+    }
+    let (_, body) = h.get_json("/api/v1/traces/%FF").await;
+    assert_eq!(body["error"]["code"], "invalid_path", "{body}");
+    // A method a route does not take: 405 with Allow, in the same shape.
+    for (method, path) in [
+        (reqwest::Method::DELETE, "/api/v1/traces"),
+        (reqwest::Method::PUT, "/api/v1/shutdown"),
+        (reqwest::Method::POST, "/api/v1/runners/nb-1/admit"),
+    ] {
+        let r = reqwest::Client::new()
+            .request(method.clone(), h.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 405, "{method} {path}");
+        assert!(r.headers().contains_key("allow"), "{method} {path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(method.as_str()) && msg.contains(path), "{msg}");
     }
     let (status, body) = h
         .get_json("/api/v1/traces/0af7651916cd43dd8448eb211c80319d")

@@ -286,6 +286,47 @@ async fn wrong_shape_and_oversized_bodies_are_named() {
         v["error"]["message"].as_str().unwrap().contains(&limit),
         "{v}"
     );
+    // A compressed body is refused for its coding (415, Accept-Encoding), not read as
+    // broken JSON; `identity` is no coding at all.
+    let spec = r#"{"id":"nb-9","attach":{"pid":4242}}"#;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, spec.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    for (path, body) in [
+        ("/api/v1/runners", gz.clone()),
+        ("/api/v1/shutdown", gz.clone()),
+        ("/mcp", gz),
+    ] {
+        let r = h
+            .client
+            .post(h.url(path))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("content-encoding", "gzip")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 415, "{path}");
+        assert_eq!(r.headers()["accept-encoding"], "identity", "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "unsupported_encoding", "{path}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("gzip"),
+            "{v}"
+        );
+    }
     assert!(matches!(h.control.try_recv(), Err(TryRecvError::Empty)));
+    let r = h
+        .client
+        .post(h.url("/api/v1/runners"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("content-encoding", "identity")
+        .body("[]")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "identity is read as sent");
     h.stop().await;
 }

@@ -137,7 +137,10 @@ pub(crate) async fn asset(
 }
 
 /// `GET /api/v1/openapi.json`.
-pub(crate) async fn openapi(headers: HeaderMap) -> Result<Response, DashboardError> {
+pub(crate) async fn openapi(
+    _: crate::params::NoQuery,
+    headers: HeaderMap,
+) -> Result<Response, DashboardError> {
     serve(&headers, &OPENAPI)
 }
 
