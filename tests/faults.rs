@@ -836,6 +836,51 @@ fn a_thousand_slow_clients_are_closed_and_no_one_waits_for_them() {
     );
 }
 
+/// Framing hyper lets through is refused on both HTTP listeners, each in its envelope: a
+/// transfer coding other than chunked (501: its body would be read still compressed), and
+/// two Content-Type fields (400: which one is meant cannot be known). Chunked framing and
+/// a content type with parameters are served (the healthy case).
+#[test]
+fn transfer_codings_and_two_content_types_are_refused_on_every_http_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let body = r#"{"resourceSpans":[]}"#;
+    let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    for (addr, path) in [
+        (server.http, "/v1/traces"),
+        (server.dashboard, "/api/v1/import/traces"),
+    ] {
+        let token = server.token();
+        let send = |headers: &str, payload: &str| {
+            let req = format!(
+                "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n{headers}\r\n{payload}"
+            );
+            half_closed_exchange(addr, req.as_bytes())
+        };
+        let said = send(
+            "Content-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n",
+            &chunked,
+        );
+        assert!(said.starts_with("HTTP/1.1 501"), "{path}: {said:?}");
+        assert!(said.contains("gzip"), "{path}: {said:?}");
+        let said = send(
+            &format!(
+                "Content-Type: application/json\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n",
+                body.len()
+            ),
+            body,
+        );
+        assert!(said.starts_with("HTTP/1.1 400"), "{path}: {said:?}");
+        assert!(said.contains("Content-Type"), "{path}: {said:?}");
+        // healthy: chunked framing, and a parameter on the one type
+        let said = send(
+            "Content-Type: application/json; charset=utf-8\r\nTransfer-Encoding: chunked\r\n",
+            &chunked,
+        );
+        assert!(said.starts_with("HTTP/1.1 200"), "{path}: {said:?}");
+    }
+}
+
 /// Strings cut inside a character by JavaScript (a lone UTF-16 surrogate, which
 /// `JSON.stringify` writes as an escape), sent by the Node SDK's own OTLP/JSON serializers:
 /// the span and the log record are stored with U+FFFD in place of the half character, and

@@ -40,14 +40,27 @@ pub fn http_app(state: IngestState) -> Router {
 
 /// 421 Misdirected Request for a `Host` that is neither loopback nor configured (DNS
 /// rebinding: a page on another site posting spans that could trip a runner), before CORS
-/// and before the body is read.
+/// and before the body is read; then the framing faults hyper lets through
+/// ([`stallwatch_storage::listen::framing_fault`]: 501 for a transfer coding, 400 for
+/// several content types).
 async fn check_host(
     State(s): State<IngestState>,
     req: Request,
     next: middleware::Next,
 ) -> Response {
     match s.foreign_host(req.version(), req.uri(), req.headers()) {
-        None => next.run(req).await,
+        None => match stallwatch_storage::listen::framing_fault(req.headers()) {
+            None => next.run(req).await,
+            Some((status, message)) => {
+                s.inner.stats.refuse_request(RefuseReason::BadRequest);
+                let code = if status == StatusCode::NOT_IMPLEMENTED {
+                    12
+                } else {
+                    3
+                };
+                status_response(status, Format::Json, code, &message, None)
+            }
+        },
         Some(host) => {
             let format = media_format(req.headers()).unwrap_or(Format::Json);
             status_response(

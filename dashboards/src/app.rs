@@ -114,12 +114,22 @@ async fn json_errors(req: Request, next: Next) -> Response {
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
-/// 415 for a request body in a content coding other than `identity` on any route but the
+/// The framing faults hyper lets through ([`listen::framing_fault`]: 501
+/// `unsupported_transfer_coding`, 400 `invalid_content_type`); then 415 for a request
+/// body in a content coding other than `identity` on any route but the
 /// trace import (which decodes gzip, deflate and zstd as OTLP/HTTP does): the control and
 /// MCP routes read their JSON as sent, and a gzip body read as JSON was refused as
 /// "expected value at line 1 column 1", naming the wrong fault (RFC 9110 §15.5.16: answer
 /// 415 with the codings taken in `Accept-Encoding`).
 async fn refuse_content_coding(req: Request, next: Next) -> Response {
+    if let Some((status, message)) = listen::framing_fault(req.headers()) {
+        let code = if status == axum::http::StatusCode::NOT_IMPLEMENTED {
+            "unsupported_transfer_coding"
+        } else {
+            "invalid_content_type"
+        };
+        return (status, axum::Json(crate::error::error_body(code, &message))).into_response();
+    }
     let coding = req
         .headers()
         .get_all(axum::http::header::CONTENT_ENCODING)

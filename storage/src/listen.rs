@@ -816,6 +816,72 @@ where
     }
 }
 
+/// A request's framing fault that hyper lets through, answered by every HTTP listener in
+/// its own envelope before the body is read: the status and the message.
+///
+/// - a `Transfer-Encoding` naming a coding other than `chunked`: 501 (RFC 9112 §6.1: a
+///   server that receives a transfer coding it does not understand SHOULD answer 501;
+///   hyper removes only the chunked framing, so a `gzip, chunked` body would be read as
+///   if it were not compressed);
+/// - more than one `Content-Type` field, or one listing several types: 400 (RFC 9110
+///   §8.3: a single media type; which one is meant cannot be known, and a proxy and
+///   stallwatch could each read a different one).
+pub fn framing_fault(headers: &http::HeaderMap) -> Option<(http::StatusCode, String)> {
+    let codings = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
+        .collect::<Vec<_>>();
+    if !codings.is_empty() {
+        return Some((
+            http::StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "Transfer-Encoding {:?} is not supported: send the body chunked or with a Content-Length (Content-Encoding for compression)",
+                codings.join(", ")
+            ),
+        ));
+    }
+    let types: Vec<&http::HeaderValue> =
+        headers.get_all(http::header::CONTENT_TYPE).iter().collect();
+    let listed = types
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|t| media_types(t) > 1));
+    if types.len() > 1 || listed {
+        let all: Vec<String> = types
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        return Some((
+            http::StatusCode::BAD_REQUEST,
+            format!(
+                "more than one Content-Type ({}): send exactly one",
+                all.join("; ")
+            ),
+        ));
+    }
+    None
+}
+
+/// How many media types a `Content-Type` value lists: commas outside quoted parameter
+/// values separate them (`text/plain; a="x,y"` is one).
+fn media_types(value: &str) -> usize {
+    let mut n = 1;
+    let mut quoted = false;
+    let mut escaped = false;
+    for c in value.chars() {
+        match (quoted, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (_, _, '"') => quoted = !quoted,
+            (false, _, ',') => n += 1,
+            _ => {}
+        }
+    }
+    n
+}
+
 fn builder(limits: &ListenLimits) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()

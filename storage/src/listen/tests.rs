@@ -263,3 +263,44 @@ async fn a_trickled_body_is_cut_after_the_grace_and_a_slow_steady_one_is_read() 
     shutdown.cancel();
     server.await.unwrap();
 }
+
+#[test]
+fn framing_faults_hyper_lets_through() {
+    let h = |pairs: &[(&str, &str)]| {
+        let mut m = http::HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        super::framing_fault(&m).map(|(s, m)| (s.as_u16(), m))
+    };
+    // healthy
+    assert_eq!(h(&[]), None);
+    assert_eq!(h(&[("transfer-encoding", "chunked")]), None);
+    assert_eq!(h(&[("transfer-encoding", "Chunked")]), None);
+    assert_eq!(
+        h(&[("content-type", "application/json; charset=utf-8")]),
+        None
+    );
+    assert_eq!(h(&[("content-type", r#"text/plain; a="x,y""#)]), None);
+    // refused
+    let (status, msg) = h(&[("transfer-encoding", "gzip, chunked")]).unwrap();
+    assert_eq!(status, 501);
+    assert!(msg.contains("\"gzip\""), "{msg}");
+    let (status, msg) = h(&[
+        ("content-type", "application/json"),
+        ("content-type", "application/x-protobuf"),
+    ])
+    .unwrap();
+    assert_eq!(status, 400);
+    assert!(
+        msg.contains("application/json; application/x-protobuf"),
+        "{msg}"
+    );
+    assert_eq!(
+        h(&[("content-type", "application/json, application/x-protobuf")]).map(|(s, _)| s),
+        Some(400)
+    );
+}
