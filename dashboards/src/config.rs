@@ -189,6 +189,25 @@ impl TryFrom<RawWebhookConfig> for WebhookConfig {
                 "alerts.webhook {shown:?}: secret must not be empty"
             )));
         }
+        // A `whsec_` secret is the Standard Webhooks format: its receivers decode the
+        // base64 after the prefix and take that as the key, so one that is not base64
+        // would sign every delivery with a key no receiver uses.
+        if let Some(b64) = raw.secret.strip_prefix("whsec_") {
+            use base64::Engine as _;
+            match base64::engine::general_purpose::STANDARD.decode(b64) {
+                Ok(k) if !k.is_empty() => {}
+                Ok(_) => {
+                    return Err(DashboardError::Config(format!(
+                        "alerts.webhook {shown:?}: secret \"whsec_\" has no key after its prefix"
+                    )))
+                }
+                Err(e) => {
+                    return Err(DashboardError::Config(format!(
+                        "alerts.webhook {shown:?}: secret starts with \"whsec_\" (the Standard Webhooks format) but what follows is not base64 ({e}); give the secret as the receiver shows it, or a plain secret without the prefix"
+                    )))
+                }
+            }
+        }
         let mut events = Vec::new();
         for name in &raw.events {
             let kind = EventKind::parse(name).ok_or_else(|| {
@@ -626,6 +645,25 @@ mod tests {
             WebhookConfig::try_from(raw).unwrap().timeout,
             Duration::from_millis(1)
         );
+    }
+
+    #[test]
+    fn a_whsec_secret_must_be_base64() {
+        for (secret, ok) in [
+            ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", true),
+            ("plain secret !!!", true),
+            ("whsec_!!!", false),
+            ("whsec_", false),
+        ] {
+            let mut raw = hook("http://127.0.0.1:9/hook", &[]);
+            raw.secret = secret.into();
+            let got = WebhookConfig::try_from(raw);
+            assert_eq!(got.is_ok(), ok, "{secret}: {got:?}");
+            if let Err(e) = got {
+                let e = e.to_string();
+                assert!(e.contains("whsec_") && !e.contains("!!!"), "{e}");
+            }
+        }
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub const WEBHOOK_TIMESTAMP_HEADER: &str = "webhook-timestamp";
 pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
 
 /// The HMAC key of a configured secret: the base64 after `whsec_` (Standard Webhooks secret
-/// format), else the secret's own bytes (a plain secret, also when the base64 is invalid).
+/// format), else the secret's own bytes (a plain secret; the configuration refuses a
+/// `whsec_` secret whose base64 is invalid, so that fallback is never taken for one).
 pub fn signing_key(secret: &str) -> Vec<u8> {
     use base64::Engine as _;
     if let Some(b64) = secret.strip_prefix("whsec_") {
