@@ -789,6 +789,32 @@ fn metrics_are_flattened_to_points() {
 /// A count that is not the sum of the buckets (with `zero_count` for an exponential one)
 /// is refused too.
 #[test]
+fn invalid_summary_points_are_refused_alone() {
+    let v = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
+        {"name": "s", "summary": {"dataPoints": [
+            {"count": "3", "sum": 6, "quantileValues": [{"quantile": 0, "value": 1}, {"quantile": 0.5, "value": 2}, {"quantile": 1, "value": 3}]},
+            {"count": "0", "sum": 0, "quantileValues": [{"quantile": 0.5, "value": "NaN"}]},
+            {"count": "3", "sum": 6, "quantileValues": [{"quantile": 2, "value": 1}]},
+            {"count": "3", "sum": 6, "quantileValues": [{"quantile": "NaN", "value": 1}]},
+            {"count": "3", "sum": 6, "quantileValues": [{"quantile": 0.9, "value": -4}]}
+        ]}}
+    ]}]}]});
+    let d = decode_metrics(v.to_string().as_bytes(), Format::Json, &LIMITS).unwrap();
+    assert_eq!((d.batch.point_count(), d.rejected), (2, 3), "{}", d.message);
+    assert!(
+        d.message
+            .contains("summary.dataPoints[2]: quantile_values[0].quantile is 2"),
+        "{}",
+        d.message
+    );
+    use super::convert::summary_quantiles_invalid as invalid;
+    assert_eq!(invalid(&[(0.0, 0.0), (1.0, f64::NAN), (0.99, -0.0)]), None);
+    assert!(invalid(&[(f64::NAN, 1.0)]).is_some());
+    assert!(invalid(&[(-0.1, 1.0)]).is_some());
+    assert!(invalid(&[(0.5, -1.0)]).is_some_and(|m| m.contains("must not be negative")));
+}
+
+#[test]
 fn invalid_histogram_points_are_refused_alone() {
     let v = json!({"resourceMetrics": [{"scopeMetrics": [{"metrics": [
         {"name": "h", "histogram": {"dataPoints": [

@@ -257,6 +257,26 @@ pub(crate) fn histogram_count_invalid(
     }
 }
 
+/// Why a summary point's quantiles are not a summary's, if they are not (OTLP
+/// `metrics.proto`, `SummaryDataPoint.ValueAtQuantile`): each `quantile` "must be in the
+/// interval [0.0, 1.0]", and "quantile values must NOT be negative". A NaN value is kept
+/// (Prometheus reports a quantile with no observations so).
+pub(crate) fn summary_quantiles_invalid(quantiles: &[(f64, f64)]) -> Option<String> {
+    for (i, &(q, v)) in quantiles.iter().enumerate() {
+        if !(0.0..=1.0).contains(&q) {
+            return Some(format!(
+                "quantile_values[{i}].quantile is {q}: a quantile is from 0 to 1"
+            ));
+        }
+        if v < 0.0 {
+            return Some(format!(
+                "quantile_values[{i}].value is {v}: quantile values must not be negative"
+            ));
+        }
+    }
+    None
+}
+
 fn metric(
     m: pm::Metric,
     p: &Path,
@@ -420,6 +440,15 @@ fn metric(
             let pdp = pd.field("dataPoints");
             for (i, dp) in s.data_points.into_iter().enumerate() {
                 let pi = pdp.index(i);
+                let quantiles: Vec<(f64, f64)> = dp
+                    .quantile_values
+                    .iter()
+                    .map(|q| (q.quantile, q.value))
+                    .collect();
+                if let Some(why) = summary_quantiles_invalid(&quantiles) {
+                    refusals.refuse(format!("data point at {pi}: {why}"));
+                    continue;
+                }
                 let attrs = attributes(dp.attributes, &pi.field("attributes"), limits)?;
                 let mut d = Map::new();
                 d.insert(

@@ -26,7 +26,9 @@ mod traces;
 
 pub(crate) use metrics::metrics;
 #[cfg(test)]
-pub(crate) use metrics::{histogram_buckets_invalid, histogram_count_invalid};
+pub(crate) use metrics::{
+    histogram_buckets_invalid, histogram_count_invalid, summary_quantiles_invalid,
+};
 #[cfg(test)]
 pub(crate) use traces::traces;
 pub(crate) use traces::{traces_json, traces_wire, traces_wire_part, wire_cuts, WirePart};
