@@ -838,10 +838,11 @@ fn a_thousand_slow_clients_are_closed_and_no_one_waits_for_them() {
 
 /// Framing hyper lets through is refused on both HTTP listeners, each in its envelope: a
 /// transfer coding other than chunked (501: its body would be read still compressed), and
-/// two Content-Type fields (400: which one is meant cannot be known). Chunked framing and
-/// a content type with parameters are served (the healthy case).
+/// two Content-Type fields (400: which one is meant cannot be known); a body declared too
+/// large is refused unread with `Connection: close`. Chunked framing and a content type
+/// with parameters are served (the healthy case).
 #[test]
-fn transfer_codings_and_two_content_types_are_refused_on_every_http_listener() {
+fn framing_faults_are_refused_on_every_http_listener() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
     let body = r#"{"resourceSpans":[]}"#;
@@ -878,6 +879,17 @@ fn transfer_codings_and_two_content_types_are_refused_on_every_http_listener() {
             &chunked,
         );
         assert!(said.starts_with("HTTP/1.1 200"), "{path}: {said:?}");
+        // A body declared too large is refused unread, and the connection is said closed.
+        let said = send(
+            "Content-Type: application/json\r\nContent-Length: 999999999\r\n",
+            "",
+        );
+        assert!(said.starts_with("HTTP/1.1 413"), "{path}: {said:?}");
+        assert!(
+            said.to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
+            "{path}: {said:?}"
+        );
     }
 }
 

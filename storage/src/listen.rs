@@ -798,6 +798,7 @@ where
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let guard = ActiveGuard::new(self.activity.clone());
+        let http1 = req.version() <= http::Version::HTTP_11;
         let req = req.map(|inner| RequestBody {
             inner,
             activity: self.activity.clone(),
@@ -807,7 +808,16 @@ where
         });
         let svc = self.inner.clone();
         Box::pin(async move {
-            let resp = tower::ServiceExt::oneshot(svc, req).await?;
+            let mut resp = tower::ServiceExt::oneshot(svc, req).await?;
+            // A body refused as too large is left unread, so hyper closes the connection
+            // after the answer: say so (RFC 9112 §9.6), so a client does not send its next
+            // request on it.
+            if http1 && resp.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             Ok(resp.map(|inner| TrackedBody {
                 inner,
                 _guard: guard,

@@ -90,7 +90,14 @@ pub(crate) async fn traces(
     let mut fwd = Request::new(Body::new(body));
     *fwd.method_mut() = Method::POST;
     *fwd.uri_mut() = Uri::from_static("/v1/traces");
-    for name in [header::HOST, header::CONTENT_TYPE, header::CONTENT_ENCODING] {
+    // With its declared length, so a body too large is refused before it is read, as on
+    // the OTLP listener.
+    for name in [
+        header::HOST,
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LENGTH,
+    ] {
         if let Some(v) = parts.headers.get(&name) {
             fwd.headers_mut().insert(name, v.clone());
         }
