@@ -51,14 +51,15 @@ async fn check_host(
     match s.foreign_host(req.version(), req.uri(), req.headers()) {
         None => match stallwatch_storage::listen::framing_fault(req.headers()) {
             None => next.run(req).await,
-            Some((status, message)) => {
+            Some(fault) => {
+                use stallwatch_storage::listen::FramingFault;
                 s.inner.stats.refuse_request(RefuseReason::BadRequest);
-                let code = if status == StatusCode::NOT_IMPLEMENTED {
-                    12
-                } else {
-                    3
+                // gRPC codes in the OTLP Status: UNIMPLEMENTED, INVALID_ARGUMENT
+                let (status, code) = match fault {
+                    FramingFault::TransferCoding(_) => (StatusCode::NOT_IMPLEMENTED, 12),
+                    FramingFault::ContentTypes(_) => (StatusCode::BAD_REQUEST, 3),
                 };
-                status_response(status, Format::Json, code, &message, None)
+                status_response(status, Format::Json, code, &fault.to_string(), None)
             }
         },
         Some(host) => {

@@ -122,13 +122,8 @@ async fn json_errors(req: Request, next: Next) -> Response {
 /// "expected value at line 1 column 1", naming the wrong fault (RFC 9110 §15.5.16: answer
 /// 415 with the codings taken in `Accept-Encoding`).
 async fn refuse_content_coding(req: Request, next: Next) -> Response {
-    if let Some((status, message)) = listen::framing_fault(req.headers()) {
-        let code = if status == axum::http::StatusCode::NOT_IMPLEMENTED {
-            "unsupported_transfer_coding"
-        } else {
-            "invalid_content_type"
-        };
-        return (status, axum::Json(crate::error::error_body(code, &message))).into_response();
+    if let Some(fault) = listen::framing_fault(req.headers()) {
+        return DashboardError::Framing(fault).into_response();
     }
     let coding = req
         .headers()
@@ -144,21 +139,7 @@ async fn refuse_content_coding(req: Request, next: Next) -> Response {
     if req.uri().path() == "/api/v1/import/traces" {
         return next.run(req).await;
     }
-    let mut resp = (
-        axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        axum::Json(crate::error::error_body(
-            "unsupported_encoding",
-            &format!(
-                "Content-Encoding {coding:?} is not taken here: send the JSON body uncompressed"
-            ),
-        )),
-    )
-        .into_response();
-    resp.headers_mut().insert(
-        axum::http::header::ACCEPT_ENCODING,
-        HeaderValue::from_static("identity"),
-    );
-    resp
+    DashboardError::UnsupportedEncoding(coding).into_response()
 }
 
 /// Serves `app` on `listener` with the default connection limits; see [`serve_with`].

@@ -45,6 +45,16 @@ pub enum DashboardError {
     /// (`stallwatch_storage::listen`, "Minimum body rate").
     #[error("{0}")]
     BodyTooSlow(stallwatch_storage::listen::TooSlow),
+    /// Request framing hyper lets through ([`stallwatch_storage::listen::FramingFault`]):
+    /// a transfer coding other than chunked (HTTP 501, code `unsupported_transfer_coding`)
+    /// or several content types (HTTP 400, code `invalid_content_type`).
+    #[error("{0}")]
+    Framing(stallwatch_storage::listen::FramingFault),
+    /// A request body in a content coding (the coding) on a route that reads its body as
+    /// sent: HTTP 415, code `unsupported_encoding`, `Accept-Encoding: identity`
+    /// (RFC 9110 §15.5.16).
+    #[error("Content-Encoding {0:?} is not taken here: send the JSON body uncompressed")]
+    UnsupportedEncoding(String),
     /// The reaper refused to register a runner.
     #[error("{0}")]
     Register(#[from] RegisterError),
@@ -185,6 +195,23 @@ impl IntoResponse for DashboardError {
                 "body_too_large".into(),
                 self.to_string(),
             ),
+            DashboardError::Framing(f) => {
+                use stallwatch_storage::listen::FramingFault;
+                let (status, code) = match f {
+                    FramingFault::TransferCoding(_) => {
+                        (StatusCode::NOT_IMPLEMENTED, "unsupported_transfer_coding")
+                    }
+                    FramingFault::ContentTypes(_) => {
+                        (StatusCode::BAD_REQUEST, "invalid_content_type")
+                    }
+                };
+                (status, code.into(), self.to_string())
+            }
+            DashboardError::UnsupportedEncoding(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_encoding".into(),
+                self.to_string(),
+            ),
             DashboardError::BodyTooSlow(_) => (
                 StatusCode::REQUEST_TIMEOUT,
                 "body_too_slow".into(),
@@ -239,6 +266,12 @@ impl IntoResponse for DashboardError {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            resp.headers_mut().insert(
+                http::header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
         }
         resp
     }

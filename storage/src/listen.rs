@@ -826,17 +826,38 @@ where
     }
 }
 
-/// A request's framing fault that hyper lets through, answered by every HTTP listener in
-/// its own envelope before the body is read: the status and the message.
-///
-/// - a `Transfer-Encoding` naming a coding other than `chunked`: 501 (RFC 9112 §6.1: a
-///   server that receives a transfer coding it does not understand SHOULD answer 501;
-///   hyper removes only the chunked framing, so a `gzip, chunked` body would be read as
-///   if it were not compressed);
-/// - more than one `Content-Type` field, or one listing several types: 400 (RFC 9110
-///   §8.3: a single media type; which one is meant cannot be known, and a proxy and
-///   stallwatch could each read a different one).
-pub fn framing_fault(headers: &http::HeaderMap) -> Option<(http::StatusCode, String)> {
+/// A request's framing fault that hyper lets through, which every HTTP listener refuses
+/// before the body is read, each with its own status and envelope
+/// ([`framing_fault`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FramingFault {
+    /// A `Transfer-Encoding` naming a coding other than `chunked` (the codings, joined):
+    /// RFC 9112 §6.1 says a server that receives a transfer coding it does not understand
+    /// SHOULD answer 501; hyper removes only the chunked framing, so a `gzip, chunked` body
+    /// would be read as if it were not compressed.
+    TransferCoding(String),
+    /// More than one `Content-Type` field, or one listing several types (the values,
+    /// joined): RFC 9110 §8.3 allows a single media type; which one is meant cannot be
+    /// known, and a proxy and stallwatch could each read a different one (a 400).
+    ContentTypes(String),
+}
+
+impl std::fmt::Display for FramingFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TransferCoding(c) => write!(
+                f,
+                "Transfer-Encoding {c:?} is not supported: send the body chunked or with a Content-Length (Content-Encoding for compression)"
+            ),
+            Self::ContentTypes(t) => {
+                write!(f, "more than one Content-Type ({t}): send exactly one")
+            }
+        }
+    }
+}
+
+/// The [`FramingFault`] of a request's headers, if any.
+pub fn framing_fault(headers: &http::HeaderMap) -> Option<FramingFault> {
     let codings = headers
         .get_all(http::header::TRANSFER_ENCODING)
         .iter()
@@ -845,13 +866,7 @@ pub fn framing_fault(headers: &http::HeaderMap) -> Option<(http::StatusCode, Str
         .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
         .collect::<Vec<_>>();
     if !codings.is_empty() {
-        return Some((
-            http::StatusCode::NOT_IMPLEMENTED,
-            format!(
-                "Transfer-Encoding {:?} is not supported: send the body chunked or with a Content-Length (Content-Encoding for compression)",
-                codings.join(", ")
-            ),
-        ));
+        return Some(FramingFault::TransferCoding(codings.join(", ")));
     }
     let types: Vec<&http::HeaderValue> =
         headers.get_all(http::header::CONTENT_TYPE).iter().collect();
@@ -863,13 +878,7 @@ pub fn framing_fault(headers: &http::HeaderMap) -> Option<(http::StatusCode, Str
             .iter()
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect();
-        return Some((
-            http::StatusCode::BAD_REQUEST,
-            format!(
-                "more than one Content-Type ({}): send exactly one",
-                all.join("; ")
-            ),
-        ));
+        return Some(FramingFault::ContentTypes(all.join("; ")));
     }
     None
 }

@@ -274,7 +274,13 @@ fn framing_faults_hyper_lets_through() {
                 http::HeaderValue::from_str(v).unwrap(),
             );
         }
-        super::framing_fault(&m).map(|(s, m)| (s.as_u16(), m))
+        super::framing_fault(&m).map(|f| {
+            let status = match f {
+                super::FramingFault::TransferCoding(_) => 501,
+                super::FramingFault::ContentTypes(_) => 400,
+            };
+            (status, f.to_string())
+        })
     };
     // healthy
     assert_eq!(h(&[]), None);
