@@ -902,27 +902,8 @@ fn framing_faults_are_refused_on_every_http_listener() {
 fn strings_cut_inside_a_character_by_javascript_are_stored_with_a_replacement() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&dir.path().join("data"));
-    let modules =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("integrations/node/node_modules");
-    assert!(
-        modules.join("@opentelemetry/otlp-transformer").exists(),
-        "integrations/node/node_modules is missing: run scripts/setup-test-env (npm ci)"
-    );
-    let out = Command::new("node")
-        .arg(test_data("node/export_json_cut_strings.js"))
-        .env("NODE_PATH", &modules)
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://{}", server.http),
-        )
-        .output()
-        .expect("run node (is Node.js installed?)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answers: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+    let stdout = run_node_script(&server, "export_json_cut_strings.js", &[]);
+    let answers: Vec<serde_json::Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();

@@ -6,7 +6,6 @@
 //! a fresh stallwatch reproduces the trace in the API.
 
 use std::io::Read;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -34,25 +33,10 @@ fn run_python(script: &str, server: &Server, service: &str) -> Value {
 }
 
 fn run_node(server: &Server, service: &str) {
-    let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("integrations/node/node_modules");
-    assert!(
-        modules.join("@opentelemetry/sdk-metrics").exists(),
-        "integrations/node/node_modules is missing: run scripts/setup-test-env (npm ci)"
-    );
-    let out = Command::new("node")
-        .arg(test_data("node/export_logs_metrics.js"))
-        .env("NODE_PATH", &modules)
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://{}", server.http),
-        )
-        .env("OTEL_SERVICE_NAME", service)
-        .output()
-        .expect("run node (is Node.js installed?)");
-    assert!(
-        out.status.success(),
-        "node exporter failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_node_script(
+        server,
+        "export_logs_metrics.js",
+        &[("OTEL_SERVICE_NAME", service)],
     );
 }
 

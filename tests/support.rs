@@ -38,3 +38,31 @@ pub fn test_data(rel: &str) -> PathBuf {
         .join("tests")
         .join(rel)
 }
+
+/// Runs `tests/node/<script>` with Node.js and the Node kit's OpenTelemetry packages
+/// (`integrations/node/node_modules` on `NODE_PATH`), exporting to `server`'s OTLP/HTTP
+/// listener (`OTEL_EXPORTER_OTLP_ENDPOINT`) with `env` besides; panics when the packages
+/// are missing or the script fails, and answers its stdout.
+pub fn run_node_script(server: &Server, script: &str, env: &[(&str, &str)]) -> String {
+    let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("integrations/node/node_modules");
+    assert!(
+        modules.join("@opentelemetry/otlp-transformer").exists(),
+        "integrations/node/node_modules is missing: run scripts/setup-test-env (npm ci)"
+    );
+    let out = std::process::Command::new("node")
+        .arg(test_data(&format!("node/{script}")))
+        .env("NODE_PATH", &modules)
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{}", server.http),
+        )
+        .envs(env.iter().copied())
+        .output()
+        .expect("run node (is Node.js installed?)");
+    assert!(
+        out.status.success(),
+        "node {script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
