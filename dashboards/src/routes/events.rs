@@ -4,7 +4,7 @@
 //! JSON. With `Last-Event-ID` (or `?last_event_id=`), incidents recorded after that id are
 //! replayed from storage first, then the stream follows the [`EventBus`] live without gaps
 //! or repeats: it subscribes before replaying and skips live ids already sent. A subscriber
-//! that falls behind the bus re-reads from storage. Keep-alive comments every 15 s.
+//! that falls behind the bus re-reads from storage. Keep-alive comments every 5 s.
 //!
 //! Live incidents may reach the bus out of id order: two publishers whose writes share one
 //! group commit (`storage/src/group.rs`) are answered together and race to broadcast, so
@@ -38,8 +38,12 @@ use crate::json;
 use crate::params::Params;
 use crate::state::{Shared, ShutdownSignal};
 
-/// Keep-alive comment interval.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Keep-alive comment interval. Also how a closed stream is found: the listeners answer
+/// half-closed HTTP/1 requests (`stallwatch_storage::listen`), so a client's end of input
+/// no longer ends its stream at once; the write after the peer is gone draws its reset, the
+/// next fails and ends the connection, so a closed stream's slot comes back within two
+/// intervals (10 s).
+pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// Least time between two `board` frames.
 pub const BOARD_INTERVAL: Duration = Duration::from_secs(1);
 /// Incidents read per replay page.

@@ -5,7 +5,7 @@
 //! grow with arrival), `data:` = `{"items":[log...]}` oldest first. With `Last-Event-ID`
 //! (or `?last_event_id=`) it resumes after that row, else it starts with the records that
 //! arrive after it connected. It takes the search's filters (not `cursor`/`limit`) and
-//! polls storage every [`TAIL_POLL`]; keep-alive comments every 15 s. Log rows have
+//! polls storage every [`TAIL_POLL`]; keep-alive comments every 5 s. Log rows have
 //! their own id sequence, so the tail is a stream of its own rather than frames on the
 //! incident stream, whose `Last-Event-ID` is an incident id.
 
