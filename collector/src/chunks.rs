@@ -22,6 +22,7 @@ use stallwatch_storage::telemetry::{TraceChunk, TracePart};
 use stallwatch_storage::WriteError;
 
 use crate::decode::{self, DecodeError, Decoded, Limits, Refusals, SpanSink, WirePart};
+use crate::part_pool::PartPool;
 
 /// Why [`chunk_protobuf_traces`] failed.
 #[derive(Debug)]
@@ -68,7 +69,8 @@ pub(crate) fn wire_parts(body: &[u8], parts: usize) -> Vec<WirePart> {
 ///   spans of the export share (trace id, span id) the join declines and the body is
 ///   decoded again whole, which keeps one copy of each.
 /// - A larger body is handed to one [`TraceChunker`] in wire order, which cuts it into
-///   chunks: the first part decodes on the calling thread, each other part on `pool`.
+///   chunks: the first part decodes on the calling thread, each other part (it borrows
+///   the body) on a scoped thread of its own, started only when `pool` is given.
 ///
 /// Either way the resource and scope a part shares with the one before it count once, so
 /// the stored spans and index, the watchdog's view and what is refused are exactly those
@@ -79,14 +81,14 @@ pub(crate) fn wire_parts(body: &[u8], parts: usize) -> Vec<WirePart> {
 ///
 /// Errors: a bad body's first error in wire order, as one whole decode reports it, else the
 /// first other error: [`ChunkError::Decode`] for a bad body, [`ChunkError::Write`] when a chunk could not be
-/// encoded, [`ChunkError::Panicked`] when a part's decode panicked on `pool`, or, for a
+/// encoded, [`ChunkError::Panicked`] when a part's decode panicked off the calling thread, or, for a
 /// body under [`CHUNK_SOURCE_BYTES`], on any thread (one on the calling thread otherwise
 /// unwinds as any decode does).
 pub(crate) fn chunk_protobuf_traces(
     body: &Bytes,
     limits: &Limits,
     parts: usize,
-    pool: Option<&rayon_core::ThreadPool>,
+    pool: Option<&PartPool>,
 ) -> Result<Decoded<ChunkedTraces>, ChunkError> {
     let parts = wire_parts(body, parts);
     let mut chunker = TraceChunker::default();
@@ -120,28 +122,28 @@ pub(crate) fn chunk_protobuf_traces(
             Ok(PartOut::Gathered(g, refusals))
         };
         match pool {
-            Some(pool) => {
-                let mut later: Vec<Option<Result<PartOut<'_>, ChunkError>>> =
-                    parts[1..].iter().map(|_| None).collect();
-                let first = pool.in_place_scope(|scope| {
-                    for (slot, &part) in later.iter_mut().zip(&parts[1..]) {
-                        scope.spawn(move |_| {
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                gather(part)
-                            }));
-                            *slot = Some(r.unwrap_or(Err(ChunkError::Panicked)));
-                        });
-                    }
-                    gather(parts[0])
-                });
+            // The parts borrow the body, so they run on scoped threads, not the pool's:
+            // a thread's start is small beside a part of a megabyte or more.
+            Some(_) => std::thread::scope(|scope| {
+                let gather = &gather;
+                let later: Vec<_> = parts[1..]
+                    .iter()
+                    .map(|&part| {
+                        std::thread::Builder::new()
+                            .name("otlp-decode-part".into())
+                            .spawn_scoped(scope, move || gather(part))
+                            .map_err(|_| part)
+                    })
+                    .collect();
+                let first = gather(parts[0]);
                 std::iter::once(first)
-                    .chain(
-                        later
-                            .into_iter()
-                            .map(|r| r.unwrap_or(Err(ChunkError::Panicked))),
-                    )
+                    .chain(later.into_iter().map(|t| match t {
+                        Ok(t) => t.join().unwrap_or(Err(ChunkError::Panicked)),
+                        // No thread: this one decodes the part.
+                        Err(part) => gather(part),
+                    }))
                     .collect()
-            }
+            }),
             None => parts.iter().map(|&part| gather(part)).collect(),
         }
     };
@@ -288,7 +290,7 @@ impl Claims {
         body: &Bytes,
         parts: &[WirePart],
         limits: &Limits,
-        pool: Option<&rayon_core::ThreadPool>,
+        pool: Option<&PartPool>,
     ) -> Vec<Result<Encoded, ChunkError>> {
         let claims = Arc::new(Claims {
             body: body.clone(),
@@ -299,7 +301,7 @@ impl Claims {
             ready: Condvar::new(),
         });
         if let Some(pool) = pool {
-            let helpers = pool.current_num_threads().min(parts.len() - 1);
+            let helpers = pool.threads().min(parts.len() - 1);
             for _ in 0..helpers {
                 // Weak: a job that runs after the request ended must not keep its body.
                 let c = Arc::downgrade(&claims);
@@ -814,10 +816,7 @@ mod tests {
     /// `body` decoded in `parts` parts: the parts' chunk count and everything else. With
     /// more than one part, the parts after the first run on a pool of 3 threads.
     fn in_parts(body: &[u8], parts: usize) -> (usize, Decoded<ChunkedTraces>) {
-        let pool = rayon_core::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = PartPool::new(3, "part-test").unwrap();
         let d = chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, Some(&pool))
             .unwrap();
         let one_by_one =
@@ -935,10 +934,7 @@ mod tests {
     /// it never waits for one to come free, and stores what one whole decode stores.
     #[test]
     fn every_part_is_encoded_by_the_calling_thread_while_the_pool_is_busy() {
-        let pool = rayon_core::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
+        let pool = PartPool::new(1, "part-test").unwrap();
         let (release, blocked) = std::sync::mpsc::channel::<()>();
         let (started, running) = std::sync::mpsc::channel::<()>();
         pool.spawn(move || {
@@ -973,10 +969,7 @@ mod tests {
             }
             req.encode_to_vec()
         };
-        let pool = rayon_core::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = PartPool::new(3, "part-test").unwrap();
         let err = |body: &[u8], parts| {
             let on_pool = match chunk_protobuf_traces(
                 &Bytes::copy_from_slice(body),
@@ -1054,19 +1047,14 @@ mod tests {
     }
 
     /// A pool of 3 part decoders shared by the generated cases.
-    fn test_pool() -> &'static rayon_core::ThreadPool {
-        static POOL: std::sync::OnceLock<rayon_core::ThreadPool> = std::sync::OnceLock::new();
-        POOL.get_or_init(|| {
-            rayon_core::ThreadPoolBuilder::new()
-                .num_threads(3)
-                .build()
-                .unwrap()
-        })
+    fn test_pool() -> &'static PartPool {
+        static POOL: std::sync::OnceLock<PartPool> = std::sync::OnceLock::new();
+        POOL.get_or_init(|| PartPool::new(3, "part-test").unwrap())
     }
 
     /// One decode's whole outcome, comparable: the stored bytes, the watchdog's view, the
     /// refusals, or the error.
-    fn outcome(body: &[u8], parts: usize, pool: Option<&rayon_core::ThreadPool>) -> String {
+    fn outcome(body: &[u8], parts: usize, pool: Option<&PartPool>) -> String {
         match chunk_protobuf_traces(&Bytes::copy_from_slice(body), &LIMITS, parts, pool) {
             Ok(d) => format!(
                 "{:?} {:?} {:?} {} {} {} {}",

@@ -20,6 +20,7 @@ use crate::cors::CorsPolicy;
 use crate::decode::{self, Format, Limits};
 use crate::decompress::{self, Coding};
 use crate::error::CollectorError;
+use crate::part_pool::PartPool;
 use crate::stats::{IngestStats, RefuseReason};
 
 /// `Retry-After` when the in-flight budget or the write queue is full, seconds.
@@ -77,7 +78,7 @@ pub(crate) struct DecodeThreads {
     /// The threads that decode every part but the first (`cores − 1` of them, at most
     /// [`MAX_PARTS`] − 1), started at the first export cut into parts; `None` inside when
     /// they could not be started (exports then decode whole).
-    pool: std::sync::OnceLock<Option<rayon_core::ThreadPool>>,
+    pool: std::sync::OnceLock<Option<PartPool>>,
 }
 
 /// One export request in the pipeline ([`DecodeThreads::enter`]); leaves on drop.
@@ -148,13 +149,11 @@ impl DecodeThreads {
     }
 
     /// The part decoders ([`DecodeThreads::pool`]), started on first use.
-    fn pool(&self) -> Option<&rayon_core::ThreadPool> {
+    fn pool(&self) -> Option<&PartPool> {
         self.pool
             .get_or_init(|| {
-                rayon_core::ThreadPoolBuilder::new()
-                    .num_threads(self.cores.saturating_sub(1).clamp(1, MAX_PARTS - 1))
-                    .thread_name(|i| format!("otlp-decode-{i}"))
-                    .build()
+                let threads = self.cores.saturating_sub(1).clamp(1, MAX_PARTS - 1);
+                PartPool::new(threads, "otlp-decode")
                     .map_err(|e| {
                         tracing::warn!(error = %e, "trace decode threads not started; exports decode whole")
                     })

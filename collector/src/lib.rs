@@ -15,6 +15,7 @@ pub mod error;
 mod grpc;
 mod http;
 mod ingest;
+mod part_pool;
 pub mod rpc;
 mod server;
 mod stats;
