@@ -4,7 +4,9 @@
 //!
 //! gzip and x-gzip decode every member (multi-member gzip); `deflate` is sniffed: a zlib
 //! header (RFC 1950, what HTTP means) or raw deflate (RFC 1951, what some clients send);
-//! zstd decodes every frame with the window capped at 8 MiB.
+//! zstd decodes every frame with the window capped at 8 MiB. Bytes after the end of the
+//! compressed body that start no further gzip member or zstd frame are refused, saying how
+//! many: deflate would drop them unread, gzip and zstd would call the stream corrupt.
 
 use std::io::Read;
 
@@ -71,19 +73,30 @@ fn looks_like_zlib(b: &[u8]) -> bool {
         && (u16::from(b[0]) << 8 | u16::from(b[1])).is_multiple_of(31)
 }
 
-/// Reads `r` to the end into a buffer of at most `limit` bytes, charging the in-flight
-/// budget as it grows.
+/// The magic numbers a further member or frame starts with: gzip (RFC 1952 §2.3.1), and
+/// zstd's frame and skippable frames (RFC 8878 §3.1.1, §3.1.2; little-endian, a
+/// skippable frame's low nibble is free).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+fn starts_zstd_frame(b: &[u8]) -> bool {
+    b.starts_with(&ZSTD_MAGIC)
+        || (b.len() >= 4 && b[0] & 0xf0 == 0x50 && b[1..4] == [0x2a, 0x4d, 0x18])
+}
+
+/// Reads `r` to the end onto `out`, which stays at most `limit` bytes, charging the
+/// in-flight budget as it grows.
 fn read_capped(
     mut r: impl Read,
     coding: Coding,
     limit: usize,
     charge: &mut Charge,
-) -> Result<Vec<u8>, Refusal> {
-    let mut out = Vec::new();
+    out: &mut Vec<u8>,
+) -> Result<(), Refusal> {
     let mut buf = vec![0u8; CHUNK_BYTES];
     loop {
         let n = match r.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -102,6 +115,82 @@ fn read_capped(
         charge.grow(n)?;
         out.extend_from_slice(&buf[..n]);
     }
+}
+
+/// The refusal for `rest` bytes after the end of a compressed body that do not start
+/// another member or frame: they would otherwise be dropped unread (deflate) or reported
+/// as a corrupt stream.
+fn trailing(coding: Coding, rest: &[u8], what: &str) -> Refusal {
+    Refusal::BadRequest(format!(
+        "Content-Encoding {}: {} bytes follow the end of the compressed body and are not {what}",
+        coding.name(),
+        rest.len()
+    ))
+}
+
+/// Decodes one coding off `data`: every gzip member and zstd frame in turn, one zlib or
+/// raw deflate stream; bytes after the last that start no further member or frame are
+/// refused ([`trailing`]).
+fn decode_one(
+    data: &[u8],
+    coding: Coding,
+    limit: usize,
+    charge: &mut Charge,
+) -> Result<Vec<u8>, Refusal> {
+    let mut out = Vec::new();
+    match coding {
+        Coding::Identity => out.extend_from_slice(data),
+        Coding::Gzip => {
+            let mut rest = data;
+            loop {
+                let mut d = flate2::bufread::GzDecoder::new(rest);
+                read_capped(&mut d, coding, limit, charge, &mut out)?;
+                rest = d.into_inner();
+                if rest.is_empty() {
+                    break;
+                }
+                if !rest.starts_with(&GZIP_MAGIC) {
+                    return Err(trailing(coding, rest, "another gzip member"));
+                }
+            }
+        }
+        Coding::Deflate if looks_like_zlib(data) => {
+            let mut d = flate2::bufread::ZlibDecoder::new(data);
+            read_capped(&mut d, coding, limit, charge, &mut out)?;
+            if !d.get_ref().is_empty() {
+                return Err(trailing(coding, d.get_ref(), "part of the zlib stream"));
+            }
+        }
+        Coding::Deflate => {
+            let mut d = flate2::bufread::DeflateDecoder::new(data);
+            read_capped(&mut d, coding, limit, charge, &mut out)?;
+            if !d.get_ref().is_empty() {
+                return Err(trailing(coding, d.get_ref(), "part of the deflate stream"));
+            }
+        }
+        Coding::Zstd => {
+            let mut rest = data;
+            loop {
+                let mut dec = zstd::stream::read::Decoder::with_buffer(rest)
+                    .map_err(|e| {
+                        Refusal::BadRequest(format!(
+                            "Content-Encoding zstd: cannot start decoder: {e}"
+                        ))
+                    })?
+                    .single_frame();
+                dec.window_log_max(ZSTD_WINDOW_LOG_MAX)
+                    .map_err(|e| Refusal::BadRequest(format!("Content-Encoding zstd: {e}")))?;
+                read_capped(&mut dec, coding, limit, charge, &mut out)?;
+                rest = dec.finish();
+                if rest.is_empty() {
+                    break;
+                }
+                if !starts_zstd_frame(rest) {
+                    return Err(trailing(coding, rest, "another zstd frame"));
+                }
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -109,7 +198,8 @@ fn read_capped(
 /// than `limit` bytes.
 ///
 /// Errors: [`Refusal::TooLarge`] past the limit, [`Refusal::BadRequest`] for a corrupt or
-/// truncated stream, [`Refusal::Busy`] when the in-flight budget is exhausted.
+/// truncated stream or bytes after its end that start no further gzip member or zstd
+/// frame, [`Refusal::Busy`] when the in-flight budget is exhausted.
 pub(crate) fn decompress(
     body: bytes::Bytes,
     codings: &[Coding],
@@ -117,35 +207,11 @@ pub(crate) fn decompress(
     charge: &mut Charge,
 ) -> Result<bytes::Bytes, Refusal> {
     let mut cur = body;
-    for coding in codings.iter().rev() {
-        let data: &[u8] = &cur;
-        let out = match coding {
-            Coding::Identity => continue,
-            Coding::Gzip => read_capped(
-                flate2::read::MultiGzDecoder::new(data),
-                *coding,
-                limit,
-                charge,
-            )?,
-            Coding::Deflate if looks_like_zlib(data) => {
-                read_capped(flate2::read::ZlibDecoder::new(data), *coding, limit, charge)?
-            }
-            Coding::Deflate => read_capped(
-                flate2::read::DeflateDecoder::new(data),
-                *coding,
-                limit,
-                charge,
-            )?,
-            Coding::Zstd => {
-                let mut dec = zstd::stream::read::Decoder::with_buffer(data).map_err(|e| {
-                    Refusal::BadRequest(format!("Content-Encoding zstd: cannot start decoder: {e}"))
-                })?;
-                dec.window_log_max(ZSTD_WINDOW_LOG_MAX)
-                    .map_err(|e| Refusal::BadRequest(format!("Content-Encoding zstd: {e}")))?;
-                read_capped(dec, *coding, limit, charge)?
-            }
-        };
-        cur = bytes::Bytes::from(out);
+    for &coding in codings.iter().rev() {
+        if coding == Coding::Identity {
+            continue;
+        }
+        cur = bytes::Bytes::from(decode_one(&cur, coding, limit, charge)?);
     }
     Ok(cur)
 }
@@ -156,7 +222,8 @@ pub(crate) fn decompress(
 /// tools; the receivers go through the same decoder with their budget charge).
 ///
 /// Errors: the message the receivers answer with: an unknown coding (HTTP 415), output
-/// past `limit_bytes` (HTTP 413), a corrupt or truncated stream (HTTP 400).
+/// past `limit_bytes` (HTTP 413), a corrupt or truncated stream or bytes after its end
+/// (HTTP 400).
 pub fn decompress_body(
     body: bytes::Bytes,
     content_encoding: &str,
@@ -245,6 +312,67 @@ mod tests {
         match run(body, &[Coding::Gzip], 1024 * 1024) {
             Err(Refusal::TooLarge(m)) => assert!(m.contains("1048576"), "{m}"),
             other => panic!("want TooLarge, got {other:?}"),
+        }
+    }
+
+    fn zstd(data: &[u8]) -> Vec<u8> {
+        zstd::encode_all(data, 3).unwrap()
+    }
+
+    #[test]
+    fn every_zstd_frame_and_skippable_frame_is_read() {
+        let mut body = zstd(b"hello ");
+        // A skippable frame (magic 0x184D2A53, 3 bytes of user data) between the two.
+        body.extend([0x53, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3]);
+        body.extend(zstd(b"world"));
+        assert_eq!(
+            &run(body, &[Coding::Zstd], 1024).unwrap()[..],
+            b"hello world"
+        );
+    }
+
+    #[test]
+    fn bytes_after_the_compressed_body_are_refused_saying_how_many() {
+        let zlib = |data: &[u8]| {
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            z.write_all(data).unwrap();
+            z.finish().unwrap()
+        };
+        let raw = |data: &[u8]| {
+            let mut d = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+            d.write_all(data).unwrap();
+            d.finish().unwrap()
+        };
+        let cases: [(Vec<u8>, Coding, &str); 4] = [
+            (gz(b"body"), Coding::Gzip, "another gzip member"),
+            (zlib(b"body"), Coding::Deflate, "part of the zlib stream"),
+            (raw(b"body"), Coding::Deflate, "part of the deflate stream"),
+            (zstd(b"body"), Coding::Zstd, "another zstd frame"),
+        ];
+        for (body, coding, what) in cases {
+            // Whole: read; with junk after it: refused.
+            assert_eq!(&run(body.clone(), &[coding], 1024).unwrap()[..], b"body");
+            let mut junk = body.clone();
+            junk.extend(b"junk!");
+            match run(junk, &[coding], 1024) {
+                Err(Refusal::BadRequest(m)) => assert_eq!(
+                    m,
+                    format!(
+                        "Content-Encoding {}: 5 bytes follow the end of the compressed body \
+                         and are not {what}",
+                        coding.name()
+                    )
+                ),
+                other => panic!("{coding:?}: want BadRequest, got {other:?}"),
+            }
+        }
+        // A second member that is itself cut short is corrupt, not trailing.
+        let mut cut = gz(b"one");
+        let second = gz(b"two");
+        cut.extend(&second[..second.len() - 4]);
+        match run(cut, &[Coding::Gzip], 1024) {
+            Err(Refusal::BadRequest(m)) => assert!(m.contains("corrupt or truncated"), "{m}"),
+            other => panic!("want BadRequest, got {other:?}"),
         }
     }
 
