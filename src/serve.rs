@@ -282,6 +282,7 @@ async fn serve(
     // Watchdog: decides.
     let wd_config =
         WatchdogConfig::try_from(settings.watchdog).context("invalid [watchdog] section")?;
+    let heartbeat_timeout = wd_config.heartbeat_timeout;
     let wd_token = CancellationToken::new();
     let (watchdog, wd_task) = Watchdog::start(
         wd_config,
@@ -301,6 +302,7 @@ async fn serve(
         runners: settings.runners,
     })
     .context("invalid [reaper] section or [[runner]]")?;
+    reaper_config.heartbeat_timeout = heartbeat_timeout;
     let reaper_token = CancellationToken::new();
 
     // Dashboard config first: its `allowed_hosts` is the one Host rule of every listener.

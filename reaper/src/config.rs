@@ -52,6 +52,11 @@ impl Default for RestartPolicy {
     }
 }
 
+/// The watchdog's heartbeat timeout in ms, given to spawned runners: the runner kits
+/// answer `ERR export_stuck` instead of `PONG` once a span export has been stuck that long
+/// (integrations/python and integrations/node READMEs).
+pub const HEARTBEAT_TIMEOUT_ENV: &str = "STALLWATCH_HEARTBEAT_TIMEOUT_MS";
+
 /// Validated reaper configuration.
 #[derive(Clone, Debug)]
 pub struct ReaperConfig {
@@ -66,6 +71,12 @@ pub struct ReaperConfig {
     /// to `authorization=Bearer%20<token>` when `[otlp] ingest_token` is configured, so the
     /// runners' exporters are accepted). Default `None`.
     pub otlp_headers: Option<String>,
+    /// The watchdog's heartbeat timeout (`[watchdog] heartbeat_timeout_ms`), given to
+    /// spawned runners as `STALLWATCH_HEARTBEAT_TIMEOUT_MS`: the runner kits answer
+    /// `ERR export_stuck` instead of `PONG` once a span export has been stuck that long.
+    /// `src/` sets it from the watchdog's config; default
+    /// [`stallwatch_vocabulary::control::DEFAULT_HEARTBEAT_TIMEOUT`].
+    pub heartbeat_timeout: Duration,
     /// Restart policy of spawned runners.
     pub restart: RestartPolicy,
     /// Runners from the config file's `[[runner]]` tables, started at [`crate::Reaper::start`].
@@ -95,6 +106,7 @@ impl ReaperConfig {
             data_dir: data_dir.into(),
             otlp_endpoint: DEFAULT_OTLP_ENDPOINT.into(),
             otlp_headers: None,
+            heartbeat_timeout: stallwatch_vocabulary::control::DEFAULT_HEARTBEAT_TIMEOUT,
             restart: RestartPolicy::default(),
             runners: Vec::new(),
             sweep_batch: DEFAULT_SWEEP_BATCH,

@@ -210,6 +210,10 @@ pub fn runner_env(
         "STALLWATCH_HEARTBEAT_SOCKET",
         socket.to_string_lossy().into_owned(),
     );
+    set(
+        crate::config::HEARTBEAT_TIMEOUT_ENV,
+        config.heartbeat_timeout.as_millis().to_string(),
+    );
     if let Some((dir, cid)) = checkpoint {
         set(
             "STALLWATCH_CHECKPOINT_DIR",
@@ -418,8 +422,14 @@ mod tests {
         assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
         assert!(live.exists(), "a live socket was removed");
         assert!(socket_in_use(&live));
-        // the same file once its listener is gone: stale
+        // the same file once its listener is gone: stale. A child another test forks
+        // holds a copy of the listener until its exec closes it (CLOEXEC), so the socket
+        // may accept for a moment after the drop.
         drop(listener);
+        let gone = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while socket_in_use(&live) && std::time::Instant::now() < gone {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         assert!(!socket_in_use(&live));
         prepare_socket_dir(&live).unwrap();
         assert!(!live.exists(), "a stale socket was kept");
@@ -493,6 +503,32 @@ mod tests {
         assert_eq!(env["STALLWATCH_HEARTBEAT_SOCKET"], "/s");
         assert_eq!(env["STALLWATCH_RUNNER_ID"], "r2");
         assert_eq!(env["STALLWATCH_OWN_SETTING"], "kept");
+    }
+
+    /// The kits read the watchdog's heartbeat timeout from the environment; without it
+    /// they assume the default 5000 ms, and a PONG could vouch for a span export stuck
+    /// longer than a shorter configured timeout.
+    #[test]
+    fn spawned_runners_are_told_the_heartbeat_timeout() {
+        let mut cfg = ReaperConfig::new("/d");
+        cfg.heartbeat_timeout = std::time::Duration::from_millis(2000);
+        let spec = SpawnSpec {
+            argv: vec!["x".into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            workspace: None,
+        };
+        let env = runner_env(&cfg, "r1", &spec, Path::new("/s"), None, "u");
+        assert_eq!(env["STALLWATCH_HEARTBEAT_TIMEOUT_MS"], "2000");
+        let env = runner_env(
+            &ReaperConfig::new("/d"),
+            "r1",
+            &spec,
+            Path::new("/s"),
+            None,
+            "u",
+        );
+        assert_eq!(env["STALLWATCH_HEARTBEAT_TIMEOUT_MS"], "5000");
     }
 
     #[test]

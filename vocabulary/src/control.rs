@@ -21,6 +21,12 @@ use tokio::sync::oneshot;
 use crate::labels::HeartbeatLabel;
 use crate::model::{LogBatch, SpanId, TraceBatch, TraceId};
 
+/// Default heartbeat timeout: no PONG for 5000 ms since the last one means *lost*
+/// (docs/design.md, Defaults). The watchdog's default for `[watchdog] heartbeat_timeout_ms`,
+/// and what the reaper tells spawned runners (`STALLWATCH_HEARTBEAT_TIMEOUT_MS`) when it was
+/// given no other.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(5000);
+
 /// Runner ids match `^[a-z0-9][a-z0-9._-]{0,62}$` (docs/design.md, Interfaces: Runners).
 pub fn valid_runner_id(id: &str) -> bool {
     let b = id.as_bytes();

@@ -14,7 +14,7 @@ use crate::glob::{Glob, GlobSet};
 /// Default heartbeat ping interval: 2000 ms (docs/design.md, Defaults).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(2000);
 /// Default heartbeat timeout: no PONG for 5000 ms since the last one means *lost* (docs/design.md).
-pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(5000);
+pub use stallwatch_vocabulary::control::DEFAULT_HEARTBEAT_TIMEOUT;
 /// Default start-up grace before a new runner's first PONG is due: 30000 ms (docs/design.md,
 /// Interfaces: Heartbeat details, `startup_grace_ms`).
 pub const DEFAULT_STARTUP_GRACE: Duration = Duration::from_millis(30_000);

@@ -227,6 +227,10 @@ pub(super) fn runner_env(
         pipe.to_string_lossy().into_owned(),
     );
     env.insert(
+        crate::config::HEARTBEAT_TIMEOUT_ENV.into(),
+        config.heartbeat_timeout.as_millis().to_string(),
+    );
+    env.insert(
         "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
         config.otlp_endpoint.clone(),
     );
