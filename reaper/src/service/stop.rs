@@ -430,14 +430,59 @@ impl ReaperHandle {
         {
             self.inner.forensics.take(&entry.id);
         }
-        if let Some(report) = stopped {
-            self.after_stop(&entry, &report, &cause, &trip.open_spans)
-                .await;
-            if report.ended_by != "not_signalled" {
-                self.maybe_restart(&entry, &format!("was stopped by a trip ({})", trip.verdict))
+        match stopped {
+            Some(report) => {
+                self.after_stop(&entry, &report, &cause, &trip.open_spans)
                     .await;
+                if report.ended_by != "not_signalled" {
+                    self.maybe_restart(
+                        &entry,
+                        &format!("was stopped by a trip ({})", trip.verdict),
+                    )
+                    .await;
+                }
             }
+            None => self.settle_tripped_exit(&entry, &trip).await,
         }
+    }
+
+    /// A tripped runner that exited on its own before the trip could stop it (its exit is
+    /// recorded as `runner.exited` / `runner.crashed`): its open checkpoints are still
+    /// rolled back, as for a stopped one. From the trip on, their commits were refused as
+    /// being rolled back; left open, they were refused forever and their staging kept.
+    pub(super) async fn settle_tripped_exit(&self, entry: &Arc<Entry>, trip: &Trip) {
+        let id = &entry.id;
+        let (rolled, errors) = self
+            .inner
+            .checkpoints
+            .settle_runner(
+                Some(id),
+                &format!(
+                    "runner {id} tripped ({}) and exited before it was stopped",
+                    trip.verdict
+                ),
+                self.inner.config.sweep_batch,
+            )
+            .await;
+        if rolled.is_empty() && errors.is_empty() {
+            return;
+        }
+        let _ = self
+            .inner
+            .storage
+            .record_action(ActionRecord {
+                runner_id: id.clone(),
+                termination_id: keys::trip_termination_id(&entry.instance_id, trip.at_unix_nano),
+                step: "checkpoints_rolled_back".into(),
+                phase: "done".into(),
+                pid: Some(entry.pid),
+                detail: serde_json::json!({
+                    "why": "exited before it was stopped",
+                    "checkpoints_rolled_back": rolled, "checkpoint_errors": errors,
+                }),
+                at_unix_nano: now_unix_nano(),
+            })
+            .await;
     }
 
     pub(crate) async fn delete(&self, id: &str) -> Result<RunnerDeleted, RunnerError> {

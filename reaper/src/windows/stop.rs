@@ -341,8 +341,38 @@ impl ReaperHandle {
         )
         .await;
         let cause = stallwatch_storage::keys::StopCause::trip(trip.verdict.as_str()).to_string();
-        if let Some(report) = self.stop(&entry, &cause).await {
-            self.after_stop(&entry, &report, &trip.open_spans).await;
+        match self.stop(&entry, &cause).await {
+            Some(report) => self.after_stop(&entry, &report, &trip.open_spans).await,
+            // Exited on its own before the trip could stop it: what it staged is still
+            // rolled back, as for a stopped runner (the same rule as on Linux).
+            None => {
+                let id = &entry.id;
+                let (rolled, errors) = self
+                    .inner
+                    .checkpoints
+                    .settle_runner(
+                        Some(id),
+                        &format!(
+                            "runner {id} tripped ({}) and exited before it was stopped",
+                            trip.verdict
+                        ),
+                        self.inner.config.sweep_batch,
+                    )
+                    .await;
+                if !rolled.is_empty() || !errors.is_empty() {
+                    self.action(
+                        &entry,
+                        &tid,
+                        "checkpoints_rolled_back",
+                        "done",
+                        serde_json::json!({
+                            "why": "exited before it was stopped",
+                            "checkpoints_rolled_back": rolled, "checkpoint_errors": errors,
+                        }),
+                    )
+                    .await;
+                }
+            }
         }
     }
 

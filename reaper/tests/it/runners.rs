@@ -442,6 +442,69 @@ async fn trip_writes_span_ends_and_rolls_back_checkpoints() {
     h.delete("spans").await.unwrap();
 }
 
+/// A runner tripped just as it exits on its own (its exit recorded before the trip's stop
+/// could begin) still has its open checkpoint rolled back: from the trip on its commits are
+/// refused as "being rolled back", and left open it was refused forever, its staging kept.
+/// The healthy case beside it: a runner that exits with no trip keeps its checkpoint open
+/// for the app to commit.
+#[tokio::test]
+async fn a_runner_tripped_as_it_exits_on_its_own_still_has_its_checkpoint_rolled_back() {
+    use stallwatch_storage::checkpoints::CheckpointState;
+    let mut h = harness(1000).await;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "stable").unwrap();
+    let mut staged = Vec::new();
+    for id in ["tripped-exit", "plain-exit"] {
+        // Stages a half-written file, then exits 0 a second later.
+        let mut spec = spawn_spec(
+            id,
+            &[
+                "sh",
+                "-c",
+                "echo half > \"$STALLWATCH_CHECKPOINT_DIR/a.txt\"; sleep 1",
+            ],
+        );
+        spec.spawn.as_mut().unwrap().workspace = Some(ws.path().to_path_buf());
+        let reply = h.register(spec).await.unwrap();
+        let cp = reply["checkpoint"]["id"].as_str().unwrap().to_string();
+        let staging = std::path::PathBuf::from(reply["checkpoint"]["path"].as_str().unwrap());
+        staged.push((id, cp, staging));
+    }
+    for (id, _, _) in &staged {
+        h.incident(EventKind::RunnerExited, id).await;
+    }
+    // The trip decided while "tripped-exit" was still in its span arrives after its exit.
+    h.trip("tripped-exit").await;
+    let rolled = h
+        .incident(EventKind::CheckpointRolledBack, "tripped-exit")
+        .await;
+    assert!(
+        rolled
+            .incident
+            .reason
+            .contains("exited before it was stopped"),
+        "{}",
+        rolled.incident.reason
+    );
+    let (_, cp, staging) = &staged[0];
+    let row = h.storage.checkpoint(cp.clone()).await.unwrap().unwrap();
+    assert_eq!(row.state, CheckpointState::RolledBack);
+    assert!(!staging.exists(), "the tripped runner's staging was kept");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "stable"
+    );
+    // No trip: its checkpoint stays open, its staged file there to commit.
+    let (_, cp, staging) = &staged[1];
+    let row = h.storage.checkpoint(cp.clone()).await.unwrap().unwrap();
+    assert_eq!(row.state, CheckpointState::Open);
+    assert_eq!(
+        std::fs::read_to_string(staging.join("a.txt")).unwrap(),
+        "half\n"
+    );
+    h.close().await;
+}
+
 /// At an ordered shutdown every runner is stopped together and reaped at the end, but each
 /// report says when that runner ended: one that exits on SIGTERM is not reported as ending
 /// with the one that needed SIGKILL after the grace period.
