@@ -152,21 +152,56 @@ pub fn retry_after_secs(retry_after_ms: u64) -> u64 {
     retry_after_ms.div_ceil(1000).max(1)
 }
 
-/// Admission answer `{"state","admit","reason","retry_after_ms"}`.
-pub fn admission(r: &RunnerStatus) -> (bool, Value) {
-    let admit = r.breaker == BreakerState::Closed;
-    let retry = if admit {
-        None
-    } else {
-        Some(r.retry_after_ms.unwrap_or(1000))
+/// Admission answer `{"state","admit","reason","retry_after_ms","lifecycle"}` and the
+/// `retry_after_ms` a refusal's `Retry-After` is made of.
+///
+/// Admitted only while the breaker is CLOSED and the runner's process is there to answer.
+/// A breaker that is not CLOSED refuses with its own reason and retry. With it CLOSED, a
+/// runner that is stopping, restarting or has exited is refused for 1 s (an exit is
+/// followed by a restart decision a moment later), one the restart policy gave up on for
+/// [`HELD_RETRY_AFTER_MS`] (only a new registration can change that): a request sent to
+/// it would hang or fail. `state` stays the breaker's; `lifecycle` is the runner's.
+pub fn admission(r: &RunnerStatus) -> (bool, Option<u64>, Value) {
+    use stallwatch_vocabulary::control::{
+        RunnerLifecycle as L, HELD_RETRY_AFTER_MS, LIFECYCLE_RETRY_AFTER_MS,
+    };
+    let id = &r.id;
+    let gone = match r.lifecycle {
+        L::Stopping => Some((format!("runner {id} is stopping"), LIFECYCLE_RETRY_AFTER_MS)),
+        L::Restarting => Some((
+            format!("runner {id} is being restarted"),
+            LIFECYCLE_RETRY_AFTER_MS,
+        )),
+        L::Exited => Some((
+            format!("runner {id} has exited (register it again if it is not restarted)"),
+            LIFECYCLE_RETRY_AFTER_MS,
+        )),
+        L::GaveUp => Some((
+            format!(
+                "runner {id} has exited and the restart policy gave up on it; register it again"
+            ),
+            HELD_RETRY_AFTER_MS,
+        )),
+        L::Starting | L::Running | L::Detached => None,
+    };
+    let (admit, reason, retry) = match gone {
+        _ if r.breaker != BreakerState::Closed => (
+            false,
+            r.reason.clone(),
+            Some(r.retry_after_ms.unwrap_or(1000)),
+        ),
+        Some((why, retry)) => (false, why, Some(retry)),
+        None => (true, r.reason.clone(), None),
     };
     (
         admit,
+        retry,
         json!({
             "state": r.breaker.as_str(),
             "admit": admit,
-            "reason": r.reason,
+            "reason": reason,
             "retry_after_ms": retry,
+            "lifecycle": r.lifecycle.as_str(),
         }),
     )
 }
@@ -223,6 +258,53 @@ mod tests {
 
     fn any_value_json(v: &AnyValue) -> Value {
         serde_json::to_value(crate::wire::Any(v)).unwrap()
+    }
+
+    /// A runner whose process is not there to answer is refused even with its breaker
+    /// CLOSED; a running (or starting, or detached) one with a CLOSED breaker is admitted,
+    /// and an OPEN breaker answers with its own reason and retry whatever the lifecycle.
+    #[test]
+    fn admission_follows_the_breaker_and_the_runners_lifecycle() {
+        use stallwatch_vocabulary::control::{RunnerLifecycle as L, RunnerStatus};
+        use stallwatch_vocabulary::labels::HeartbeatLabel;
+        let status = |lifecycle, breaker| RunnerStatus {
+            id: "r".into(),
+            pid: Some(7),
+            spawned: true,
+            lifecycle,
+            breaker,
+            verdict: "healthy".into(),
+            reason: "breaker reason".into(),
+            retry_after_ms: (breaker != BreakerState::Closed).then_some(15_000),
+            heartbeat: HeartbeatLabel::Ok,
+            heartbeat_rtt_us: Vec::new(),
+            worst_span: None,
+        };
+        for l in [L::Starting, L::Running, L::Detached] {
+            let (admit, retry, body) = admission(&status(l, BreakerState::Closed));
+            assert!(admit, "{l:?}");
+            assert_eq!(retry, None);
+            assert_eq!(body["lifecycle"], l.as_str());
+        }
+        for (l, want_retry, says) in [
+            (L::Stopping, 1_000, "is stopping"),
+            (L::Restarting, 1_000, "is being restarted"),
+            (L::Exited, 1_000, "has exited"),
+            (L::GaveUp, 3_600_000, "gave up"),
+        ] {
+            let (admit, retry, body) = admission(&status(l, BreakerState::Closed));
+            assert!(!admit, "{l:?} admitted");
+            assert_eq!(retry, Some(want_retry), "{l:?}");
+            assert_eq!(body["retry_after_ms"], want_retry);
+            assert_eq!(body["state"], "CLOSED");
+            assert!(body["reason"].as_str().unwrap().contains(says), "{body}");
+        }
+        for l in L::ALL {
+            let (admit, retry, body) = admission(&status(l, BreakerState::Open));
+            assert!(!admit);
+            assert_eq!(retry, Some(15_000), "{l:?}: the breaker's own retry");
+            assert_eq!(body["reason"], "breaker reason");
+        }
     }
 
     #[test]

@@ -27,6 +27,16 @@ use crate::model::{LogBatch, SpanId, TraceBatch, TraceId};
 /// given no other.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_millis(5000);
 
+/// `retry_after_ms` of an admission that only a person (a breaker reset) or a new runner (a
+/// registration, a restart) can change: a breaker held OPEN with no probe in sight, or a
+/// runner that exited and is not restarted. 1 h, so a client that honours `Retry-After`
+/// does not poll every cooldown for it.
+pub const HELD_RETRY_AFTER_MS: u64 = 3_600_000;
+
+/// `retry_after_ms` of an admission refused while a runner is stopping or restarting: a
+/// moment, after which it is running again or known to be gone.
+pub const LIFECYCLE_RETRY_AFTER_MS: u64 = 1_000;
+
 /// Runner ids match `^[a-z0-9][a-z0-9._-]{0,62}$` (docs/design.md, Interfaces: Runners).
 pub fn valid_runner_id(id: &str) -> bool {
     let b = id.as_bytes();

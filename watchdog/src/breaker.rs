@@ -57,10 +57,8 @@ pub struct Breaker {
 }
 
 /// `retry_after_ms` of a breaker held OPEN with no probe in sight ([`Breaker::poll`] found
-/// it could not probe): 1 h, so a client that honours `Retry-After` does not poll every
-/// cooldown for an answer only a person (a reset) or a new runner (a registration, a
-/// restart) can change.
-pub const HELD_RETRY_AFTER_MS: u64 = 3_600_000;
+/// it could not probe): 1 h (the one definition, in the vocabulary).
+pub use stallwatch_vocabulary::control::HELD_RETRY_AFTER_MS;
 
 impl Default for Breaker {
     fn default() -> Self {

@@ -61,7 +61,8 @@ pub(crate) async fn breakers(
     Ok(Json(json!({ "items": items })))
 }
 
-/// `GET /api/v1/runners/{id}/admit` → `{"state","admit","reason","retry_after_ms"}`.
+/// `GET /api/v1/runners/{id}/admit` → `{"state","admit","reason","retry_after_ms","lifecycle"}`
+/// ([`json::admission`]).
 pub(crate) async fn admit(
     State(ctx): State<Shared>,
     Path(id): Path<String>,
@@ -72,11 +73,11 @@ pub(crate) async fn admit(
     let Some(r) = status else {
         return Err(DashboardError::NotFound(format!("runner {id:?} not found")));
     };
-    let (admit, body) = json::admission(&r);
+    let (admit, retry_after_ms, body) = json::admission(&r);
     if admit {
         return Ok((StatusCode::OK, Json(body)).into_response());
     }
-    let secs = json::retry_after_secs(r.retry_after_ms.unwrap_or(1000));
+    let secs = json::retry_after_secs(retry_after_ms.unwrap_or(1000));
     let mut resp = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
         resp.headers_mut().insert(http::header::RETRY_AFTER, v);

@@ -10,11 +10,13 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use stallwatch_vocabulary::control::{
-    valid_runner_id, AttachSpec, BreakerState, RunnerSpec, SpawnSpec,
+    valid_runner_id, AttachSpec, BreakerState, RunnerLifecycle, RunnerSpec, SpawnSpec,
 };
 
 /// The answer of `GET /api/v1/runners/{id}/admit`: `{"state","admit","reason",
-/// "retry_after_ms"}` (200 in CLOSED, 503 in OPEN and HALF_OPEN; docs/design.md, Control endpoints).
+/// "retry_after_ms","lifecycle"}` (200 in CLOSED; 503 in OPEN and HALF_OPEN, and in CLOSED
+/// while the runner is stopping, restarting, exited or given up on; docs/design.md, Control
+/// endpoints).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admission {
     /// The runner's breaker state.
@@ -28,6 +30,9 @@ pub struct Admission {
     /// same in whole seconds, ≥ 1).
     #[serde(default)]
     pub retry_after_ms: Option<u64>,
+    /// The runner's lifecycle (`None` from a stallwatch that did not send it).
+    #[serde(default)]
+    pub lifecycle: Option<RunnerLifecycle>,
 }
 
 impl Admission {
