@@ -252,7 +252,8 @@ pub enum RunnerLifecycle {
     /// Gone, and the restart policy's intensity limit refused another restart.
     GaveUp,
     /// Tripped but never signalled (attached without a start time): still running, not
-    /// under stallwatch's control; its breaker recovers through HALF_OPEN as usual.
+    /// under stallwatch's control; its breaker recovers through HALF_OPEN as usual when it
+    /// has a heartbeat socket (without one it is held OPEN until registered again or reset).
     Detached,
 }
 

@@ -58,7 +58,7 @@ pub struct Breaker {
 
 /// `retry_after_ms` of a breaker held OPEN with no probe in sight ([`Breaker::poll`] found
 /// it could not probe): 1 h (the one definition, in the vocabulary).
-pub use stallwatch_vocabulary::control::HELD_RETRY_AFTER_MS;
+pub use stallwatch_storage::control::HELD_RETRY_AFTER_MS;
 
 impl Default for Breaker {
     fn default() -> Self {

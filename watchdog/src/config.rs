@@ -14,7 +14,7 @@ use crate::glob::{Glob, GlobSet};
 /// Default heartbeat ping interval: 2000 ms (docs/design.md, Defaults).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(2000);
 /// Default heartbeat timeout: no PONG for 5000 ms since the last one means *lost* (docs/design.md).
-pub use stallwatch_vocabulary::control::DEFAULT_HEARTBEAT_TIMEOUT;
+pub use stallwatch_storage::control::DEFAULT_HEARTBEAT_TIMEOUT;
 /// Default start-up grace before a new runner's first PONG is due: 30000 ms (docs/design.md,
 /// Interfaces: Heartbeat details, `startup_grace_ms`).
 pub const DEFAULT_STARTUP_GRACE: Duration = Duration::from_millis(30_000);
@@ -328,6 +328,9 @@ impl WatchdogConfig {
             ("watchdog.min_sla_ms", self.sla.min_sla),
             ("watchdog.board_interval_ms", self.board_interval),
             ("watchdog.stopping_timeout_ms", self.stopping_timeout),
+            // zero sent a tripped runner through HALF_OPEN and back to OPEN (two incidents
+            // and their webhooks) as fast as the probe failed: thousands a second
+            ("watchdog.breaker_cooldown_ms", self.breaker_cooldown),
         ];
         for (key, d) in positive {
             if d.is_zero() {
@@ -482,6 +485,9 @@ mod tests {
         assert!(e.contains("watchdog.sla_rule[0].sla_ms"), "{e}");
         let e = parse("heartbeat_timeout_ms = 0").unwrap_err();
         assert!(e.contains("watchdog.heartbeat_timeout_ms"), "{e}");
+        let e = parse("breaker_cooldown_ms = 0").unwrap_err();
+        assert!(e.contains("watchdog.breaker_cooldown_ms"), "{e}");
+        assert!(parse("breaker_cooldown_ms = 1").is_ok());
         let e = parse("heartbeat_interval_ms = 5000\nheartbeat_timeout_ms = 300").unwrap_err();
         assert!(
             e.contains("watchdog.heartbeat_timeout_ms") && e.contains("5000"),

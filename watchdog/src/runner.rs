@@ -251,15 +251,19 @@ impl Runner {
         }
         // a dead attached runner is not probed until re-registered; a dead spawned one is
         // probed once (see `probed_dead`); one whose restart policy gave up will never
-        // answer again, so it is not probed either
-        let can_probe = (!self.dead || (self.spawned && !self.probed_dead))
+        // answer again, so it is not probed either. Nor is a live one with no heartbeat
+        // socket that was not restarted since the trip: its probe can only fail (only a
+        // restart answers for it), so it is held OPEN like a dead one, not sent through
+        // HALF_OPEN → OPEN (two incidents and webhooks) every cooldown, forever.
+        let unanswerable = self.dead || (self.socket.is_none() && !self.restarted_since_trip);
+        let can_probe = (!unanswerable || (self.spawned && !self.probed_dead))
             && self.lifecycle != RunnerLifecycle::GaveUp;
         match self
             .breaker
             .poll(now, can_probe, cfg.breaker_cooldown, cfg.heartbeat_timeout)
         {
             Some(Transition::HalfOpen { probe }) => {
-                self.probed_dead |= self.dead;
+                self.probed_dead |= unanswerable;
                 out.actions.push(Action::HalfOpen(probe))
             }
             Some(Transition::Opened) => out.actions.push(Action::Reopened),
@@ -519,7 +523,8 @@ mod tests {
         let c = cfg();
         let t0 = Instant::now();
         let probes = |dead: bool| {
-            let mut r = Runner::new("r".into(), Some(1), None, true, t0);
+            let socket = Some(PathBuf::from("/tmp/r.sock"));
+            let mut r = Runner::new("r".into(), Some(1), socket, true, t0);
             r.dead = dead;
             r.breaker.trip(t0, c.breaker_cooldown, "tool_overrun");
             let mut t = t0;
@@ -559,6 +564,53 @@ mod tests {
             st.actions.iter().any(|a| matches!(a, Action::HalfOpen(_))),
             "no probe after the re-registration"
         );
+    }
+
+    /// A live runner with no heartbeat socket has nothing to answer a probe with: only a
+    /// restart since the trip does. Spawned, it is probed once (a restart may be on its
+    /// way), attached never; either is then held OPEN with no probe each cooldown, where it
+    /// went HALF_OPEN → OPEN (two incidents and webhooks) every cooldown, forever. Once
+    /// restarted it is probed again, and one with a socket every cooldown (the case above).
+    #[test]
+    fn a_runner_without_a_heartbeat_socket_is_not_probed_every_cooldown() {
+        let c = cfg();
+        let t0 = Instant::now();
+        for (spawned, want) in [(true, 1), (false, 0)] {
+            let mut r = Runner::new("r".into(), Some(1), None, spawned, t0);
+            r.breaker.trip(t0, c.breaker_cooldown, "tool_overrun");
+            let mut t = t0;
+            let mut n = 0;
+            for _ in 0..6 {
+                t += c.breaker_cooldown + Duration::from_millis(1);
+                let st = r.step(t, &c, 4, &none);
+                for a in &st.actions {
+                    if let Action::HalfOpen(probe) = a {
+                        n += 1;
+                        r.breaker.probe_result(
+                            t,
+                            *probe,
+                            false,
+                            c.breaker_cooldown,
+                            "no heartbeat socket and no restart since the trip",
+                        );
+                    }
+                }
+            }
+            assert_eq!(n, want, "spawned {spawned}");
+            assert_eq!(r.breaker.state(), BreakerState::Open);
+            assert!(
+                r.breaker.admission(t).retry_after_ms >= Some(crate::breaker::HELD_RETRY_AFTER_MS)
+            );
+            // restarted since the trip: probed again after the cooldown
+            r.restarted_since_trip = true;
+            r.probed_dead = false;
+            let t = t + 2 * c.breaker_cooldown;
+            let st = r.step(t, &c, 4, &none);
+            assert!(
+                st.actions.iter().any(|a| matches!(a, Action::HalfOpen(_))),
+                "spawned {spawned}: no probe after the restart"
+            );
+        }
     }
 
     /// Healthy case next to the stalled one (issue 10 #5): a PONG with no span, or with a
