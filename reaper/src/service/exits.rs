@@ -13,6 +13,7 @@ use stallwatch_storage::model::{now_unix_nano, EventKind};
 use stallwatch_storage::runners::RunnerRowState;
 use tokio::task::JoinHandle;
 
+use super::restart::RestartPlan;
 use super::{Entry, ReaperHandle, OWNED_PIDS};
 use crate::ends::EndCause;
 use crate::platform::{self, ExitInfo};
@@ -160,15 +161,27 @@ impl ReaperHandle {
         let stderr = entry.tail.lines("stderr");
         let stdout = entry.tail.lines("stdout");
         let success = exit.success();
+        // Decided before the incident, so a give-up is said in it (not in a second one).
+        let plan = if success {
+            RestartPlan::None
+        } else {
+            self.plan_restart(&entry)
+        };
+        let gave_up = (plan == RestartPlan::GiveUp).then(|| self.gave_up_note());
         let (kind, state) = if success {
             (EventKind::RunnerExited, RunnerRowState::Exited)
         } else {
             (EventKind::RunnerCrashed, RunnerRowState::Crashed)
         };
-        let evidence = serde_json::json!({
+        let mut evidence = serde_json::json!({
             "pid": entry.pid, "exit": exit, "last_stderr": stderr, "last_stdout": stdout,
             "leftovers": report,
         });
+        if let (Some((_, fields)), Some(obj)) = (&gave_up, evidence.as_object_mut()) {
+            if let Some(add) = fields.as_object() {
+                obj.extend(add.clone());
+            }
+        }
         let _ = self
             .inner
             .storage
@@ -185,6 +198,9 @@ impl ReaperHandle {
             leftovers.iter().map(|p| p.pid),
             "it left running stopped with it",
         ));
+        if let Some((tail, _)) = &gave_up {
+            reason.push_str(tail);
+        }
         let cause = EndCause::of_exit(&exit);
         self.end_runner_spans(
             &id,
@@ -212,10 +228,8 @@ impl ReaperHandle {
         })
         .await;
         entry.settle();
-        if !success {
-            self.maybe_restart(&entry, &format!("exited with {}", exit.describe()))
-                .await;
-        }
+        self.apply_restart(&entry, plan, &format!("exited with {}", exit.describe()))
+            .await;
     }
 
     pub(super) async fn wait_readers(&self, entry: &Entry) {

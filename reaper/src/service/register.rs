@@ -427,7 +427,8 @@ impl ReaperHandle {
             let h = self.clone();
             stallwatch_vocabulary::task::spawn_boxed(async move {
                 if let Some(r) = h.stop(&entry, &StopCause::Resume, Some(resume)).await {
-                    h.after_stop(&entry, &r, &StopCause::Resume, &[]).await;
+                    h.after_stop(&entry, &r, &StopCause::Resume, &[], None)
+                        .await;
                 }
             });
         }

@@ -14,6 +14,7 @@ use stallwatch_storage::keys::{self, StopCause};
 use stallwatch_storage::model::{now_unix_nano, EventKind, SpanId, TraceId};
 use stallwatch_storage::runners::{ActionRecord, RunnerRowState};
 
+use super::restart::RestartPlan;
 use super::{Entry, ReaperHandle, OWNED_PIDS};
 
 /// At most this many runners go through their after-stop work (checkpoint rollback, span
@@ -60,7 +61,7 @@ impl ReaperHandle {
                         let r = h.stop(&e, &StopCause::Shutdown, None).await;
                         let _permit = permits.acquire_owned().await;
                         if let Some(r) = &r {
-                            h.after_stop(&e, r, &StopCause::Shutdown, &[]).await;
+                            h.after_stop(&e, r, &StopCause::Shutdown, &[], None).await;
                         }
                         r
                     });
@@ -116,7 +117,7 @@ impl ReaperHandle {
             after.spawn(async move {
                 let _permit = permits.acquire_owned().await;
                 h.wait_readers(&e).await;
-                h.after_stop(&e, &r2, &StopCause::Shutdown, &[]).await;
+                h.after_stop(&e, &r2, &StopCause::Shutdown, &[], None).await;
             });
             out.push(r);
         }
@@ -261,6 +262,7 @@ impl ReaperHandle {
         report: &TerminationReport,
         cause: &StopCause,
         open_spans: &[(TraceId, SpanId)],
+        gave_up: Option<(String, serde_json::Value)>,
     ) {
         let id = entry.id.clone();
         let batch = self.inner.config.sweep_batch;
@@ -349,6 +351,11 @@ impl ReaperHandle {
         if let (Some(fx), Some(obj)) = (&forensics, evidence.as_object_mut()) {
             obj.extend(fx.fields.clone());
         }
+        if let (Some((_, fields)), Some(obj)) = (&gave_up, evidence.as_object_mut()) {
+            if let Some(add) = fields.as_object() {
+                obj.extend(add.clone());
+            }
+        }
         let _ = self
             .inner
             .storage
@@ -359,7 +366,7 @@ impl ReaperHandle {
                 EventKind::RunnerTerminated,
                 &id,
                 format!(
-                    "runner {id} stopped ({cause}): ended by {} after {} ms{}{}{}",
+                    "runner {id} stopped ({cause}): ended by {} after {} ms{}{}{}{}",
                     report.ended_by,
                     report.duration_ms,
                     if report.survivors.is_empty() {
@@ -370,6 +377,10 @@ impl ReaperHandle {
                     unproven_note(&report.unproven),
                     forensics
                         .map(|f| format!("; why: {}", f.reason_line))
+                        .unwrap_or_default(),
+                    gave_up
+                        .as_ref()
+                        .map(|(tail, _)| tail.as_str())
                         .unwrap_or_default()
                 ),
                 evidence,
@@ -432,15 +443,22 @@ impl ReaperHandle {
         }
         match stopped {
             Some(report) => {
-                self.after_stop(&entry, &report, &cause, &trip.open_spans)
+                // Decided before `runner.terminated` is recorded, so a give-up is said in
+                // it (a second incident, a `runner.crashed`, misnamed a deliberate stop).
+                let plan = if report.ended_by != "not_signalled" {
+                    self.plan_restart(&entry)
+                } else {
+                    RestartPlan::None
+                };
+                let gave_up = (plan == RestartPlan::GiveUp).then(|| self.gave_up_note());
+                self.after_stop(&entry, &report, &cause, &trip.open_spans, gave_up)
                     .await;
-                if report.ended_by != "not_signalled" {
-                    self.maybe_restart(
-                        &entry,
-                        &format!("was stopped by a trip ({})", trip.verdict),
-                    )
-                    .await;
-                }
+                self.apply_restart(
+                    &entry,
+                    plan,
+                    &format!("was stopped by a trip ({})", trip.verdict),
+                )
+                .await;
             }
             None => self.settle_tripped_exit(&entry, &trip).await,
         }
@@ -491,7 +509,8 @@ impl ReaperHandle {
         };
         let report = self.stop(&entry, &StopCause::Delete, None).await;
         if let Some(r) = &report {
-            self.after_stop(&entry, r, &StopCause::Delete, &[]).await;
+            self.after_stop(&entry, r, &StopCause::Delete, &[], None)
+                .await;
         } else {
             let _ = self
                 .inner

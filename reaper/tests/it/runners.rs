@@ -47,6 +47,27 @@ async fn crash_records_stderr_and_restarts_until_the_intensity_limit() {
         }
     };
     assert!(gave_up.incident.reason.contains("gave up"));
+    // The give-up is said in the last crash's own incident, not in a second one.
+    assert!(
+        gave_up
+            .incident
+            .reason
+            .contains("exited with exit code 101: unhandled rejection: boom; gave up"),
+        "{}",
+        gave_up.incident.reason
+    );
+    assert_eq!(gave_up.incident.evidence["exit"]["code"], 101);
+    let more = tokio::time::timeout(Duration::from_millis(1500), async {
+        loop {
+            match h.incidents.recv().await {
+                Ok(i) if i.incident.kind == EventKind::RunnerCrashed => break i,
+                Ok(_) => continue,
+                Err(e) => panic!("event bus: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(more.is_err(), "a second runner.crashed: {more:?}");
     wait_for("row gave_up", || true).await;
     let row = h
         .storage
