@@ -185,11 +185,19 @@ pub fn admission(r: &RunnerStatus) -> (bool, Option<u64>, Value) {
         L::Starting | L::Running | L::Detached => None,
     };
     let (admit, reason, retry) = match gone {
-        _ if r.breaker != BreakerState::Closed => (
-            false,
-            r.reason.clone(),
-            Some(r.retry_after_ms.unwrap_or(1000)),
-        ),
+        _ if r.breaker != BreakerState::Closed => {
+            let retry = r.retry_after_ms.unwrap_or(1000);
+            // Held OPEN with no probe in sight: say what ends it, as the watchdog does.
+            let reason = if r.breaker == BreakerState::Open && retry >= HELD_RETRY_AFTER_MS {
+                format!(
+                    "{}; no probe until the runner is restarted or registered again, or the breaker is reset",
+                    r.reason
+                )
+            } else {
+                r.reason.clone()
+            };
+            (false, reason, Some(retry))
+        }
         Some((why, retry)) => (false, why, Some(retry)),
         None => (true, r.reason.clone(), None),
     };
@@ -305,6 +313,18 @@ mod tests {
             assert_eq!(retry, Some(15_000), "{l:?}: the breaker's own retry");
             assert_eq!(body["reason"], "breaker reason");
         }
+        // Held OPEN (no probe in sight): the reason says what ends it.
+        let mut held = status(L::Detached, BreakerState::Open);
+        held.retry_after_ms = Some(3_600_000);
+        let (_, retry, body) = admission(&held);
+        assert_eq!(retry, Some(3_600_000));
+        assert!(
+            body["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("breaker reason; no probe until the runner is restarted"),
+            "{body}"
+        );
     }
 
     #[test]
