@@ -274,7 +274,7 @@ async fn admission_follows_the_breaker() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(
         v,
-        serde_json::json!({"state":"CLOSED","admit":true,"reason":"","retry_after_ms":null})
+        serde_json::json!({"state":"CLOSED","admit":true,"reason":"","retry_after_ms":null,"lifecycle":"running"})
     );
     let r = h.get("/api/v1/runners/py-2/admit").await;
     assert_eq!(r.status(), 503);

@@ -307,6 +307,13 @@ mod tests {
         .unwrap();
         assert_eq!(a.state, BreakerState::HalfOpen);
         assert_eq!(a.retry_after(), Some(Duration::from_millis(2500)));
+        assert_eq!(a.lifecycle, None, "an answer without it");
+        let a: Admission = serde_json::from_str(
+            r#"{"state":"CLOSED","admit":false,"reason":"runner r has exited and the restart policy gave up on it; register it again","retry_after_ms":3600000,"lifecycle":"gave_up"}"#,
+        )
+        .unwrap();
+        assert!(!a.admit);
+        assert_eq!(a.lifecycle, Some(RunnerLifecycle::GaveUp));
     }
 
     #[test]
