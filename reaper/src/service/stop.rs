@@ -468,8 +468,13 @@ impl ReaperHandle {
     /// recorded as `runner.exited` / `runner.crashed`): its open checkpoints are still
     /// rolled back, as for a stopped one. From the trip on, their commits were refused as
     /// being rolled back; left open, they were refused forever and their staging kept.
+    /// Not when the runner was restarted or registered again meanwhile: its id's open
+    /// checkpoints are then the new instance's too, and that one was not tripped.
     pub(super) async fn settle_tripped_exit(&self, entry: &Arc<Entry>, trip: &Trip) {
         let id = &entry.id;
+        if !self.is_current(id, Some(&entry.instance_id)) {
+            return;
+        }
         let (rolled, errors) = self
             .inner
             .checkpoints

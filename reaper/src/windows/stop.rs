@@ -344,8 +344,12 @@ impl ReaperHandle {
         match self.stop(&entry, &cause).await {
             Some(report) => self.after_stop(&entry, &report, &trip.open_spans).await,
             // Exited on its own before the trip could stop it: what it staged is still
-            // rolled back, as for a stopped runner (the same rule as on Linux).
-            None => {
+            // rolled back, as for a stopped runner (the same rule as on Linux), unless it
+            // was registered again meanwhile (the id's checkpoints are then the new one's).
+            None if self
+                .entry(&entry.id)
+                .is_some_and(|current| Arc::ptr_eq(&current, &entry)) =>
+            {
                 let id = &entry.id;
                 let (rolled, errors) = self
                     .inner
@@ -373,6 +377,7 @@ impl ReaperHandle {
                     .await;
                 }
             }
+            None => {}
         }
     }
 
